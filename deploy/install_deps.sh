@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what packfeed needs to build and test, from Debian's packages.
+# Idempotent: asks dpkg first and touches apt only when something is missing,
+# so a second run takes well under a second.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libucx-dev libspdlog-dev libabsl-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev
+  clang libclang-rt-14-dev python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,15 @@
+// packfeedctl: the operator's command-line tool.
+
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "dataset_commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"packfeedctl: datasets, plans and admin queries for packfeed"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  packfeed::ctl::AddDatasetCommands(app, &exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}

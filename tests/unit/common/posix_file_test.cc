@@ -1,0 +1,69 @@
+#include "packfeed/common/posix_file.h"
+
+#include <fcntl.h>
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "test_paths.h"
+
+namespace packfeed {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PosixFileTest, MissingFileIsNotFoundNamingPath) {
+  absl::StatusOr<ScopedFd> fd = OpenForRead("/nonexistent/packfeed/file");
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(fd.status().message(), HasSubstr("/nonexistent/packfeed/file"));
+}
+
+TEST(PosixFileTest, DirectoryIsRejected) {
+  testing::ScopedTempDir dir;
+  absl::StatusOr<ScopedFd> fd = OpenForRead(dir.path().string());
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(fd.status().message(), HasSubstr("not a regular file"));
+}
+
+TEST(PosixFileTest, PreadPastEndIsDataLoss) {
+  testing::ScopedTempDir dir;
+  testing::WriteFileBytes(dir.path() / "f", "abcdef");
+  absl::StatusOr<ScopedFd> fd = OpenForRead((dir.path() / "f").string());
+  ASSERT_TRUE(fd.ok());
+  char buffer[4];
+  EXPECT_TRUE(PreadFully(fd->get(), "f", 2, absl::MakeSpan(buffer, 4)).ok());
+  EXPECT_EQ(std::string(buffer, 4), "cdef");
+  absl::Status past = PreadFully(fd->get(), "f", 4, absl::MakeSpan(buffer, 4));
+  EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(past.message(), HasSubstr("end of file at byte 6"));
+}
+
+TEST(PosixFileTest, MapsEmptyAndNonEmptyFiles) {
+  testing::ScopedTempDir dir;
+  testing::WriteFileBytes(dir.path() / "empty", "");
+  testing::WriteFileBytes(dir.path() / "full", "xyz");
+  absl::StatusOr<MappedFile> empty =
+      MappedFile::Open((dir.path() / "empty").string());
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->bytes().empty());
+  absl::StatusOr<MappedFile> full =
+      MappedFile::Open((dir.path() / "full").string());
+  ASSERT_TRUE(full.ok()) << full.status();
+  MappedFile moved = std::move(*full);
+  ASSERT_EQ(moved.bytes().size(), 3u);
+  EXPECT_EQ(moved.bytes()[2], 'z');
+}
+
+TEST(PosixFileTest, ScopedFdClosesOnDestruction) {
+  int raw;
+  {
+    ScopedFd fd(::open("/dev/null", O_RDONLY));
+    raw = fd.get();
+    ASSERT_GE(raw, 0);
+  }
+  EXPECT_EQ(::fcntl(raw, F_GETFD), -1);
+}
+
+}  // namespace
+}  // namespace packfeed
