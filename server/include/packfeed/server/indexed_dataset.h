@@ -80,6 +80,10 @@ class IndexedDataset {
   IndexedDataset(std::string prefix, std::string bin_path, MappedFile idx,
                  IndexView index, ScopedFd bin_fd, uint64_t bin_bytes,
                  std::optional<MappedFile> bin_map);
+  // Reads out.size() tokens at byte `offset` and widens them; `what` names
+  // the sequence(s) in errors.
+  absl::Status PreadAndWiden(uint64_t offset, absl::Span<int64_t> out,
+                             absl::string_view what) const;
   absl::StatusOr<uint64_t> CheckedByteRange(uint64_t sequence,
                                             uint64_t first_token,
                                             uint64_t count) const;
@@ -95,9 +99,9 @@ class IndexedDataset {
   std::unique_ptr<std::atomic<uint64_t>> bytes_read_;
 };
 
-// Widens `count` elements of `dtype` stored at `raw` into `out`. `raw` may
-// alias the tail of `out` (see the .cc for why that is safe). For float
-// dtypes, DataLoss naming the value when one is not an integer.
+// Widens `count` elements of `dtype` stored at `raw` (any alignment) into
+// `out`; the two must not overlap. For float dtypes, DataLoss naming the
+// value when one is not an integer.
 absl::Status WidenToInt64(DType dtype, const void* raw, size_t count,
                           int64_t* out);
 

@@ -1,0 +1,165 @@
+// Reads every sequence of a generated dataset into int64 buffers and compares
+// the rate with a single-thread memcpy of the same bytes, in the same run.
+//   dataset_read_bench [--gib 1] [--dir /tmp] [--dtype uint16] [--repeats 3]
+// The file is in the page cache (just written), so this measures the reader's
+// CPU cost (syscalls, widening), not the storage.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "packfeed/common/posix_file.h"
+#include "packfeed/server/dataset_generator.h"
+#include "packfeed/server/indexed_dataset.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Best of `repeats` runs, in seconds (the least disturbed by the noisy host).
+double BestSeconds(int repeats, const std::function<void()>& body) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = Clock::now();
+    body();
+    best = std::min(
+        best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best;
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "dataset_read_bench: %s\n", status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double gib = 1.0;
+  std::string dir = std::filesystem::temp_directory_path().string();
+  std::string dtype_name = "uint16";
+  int repeats = 3;
+  CLI::App app{"Indexed dataset read throughput against memcpy"};
+  app.add_option("--gib", gib, "Dataset size in GiB")->capture_default_str();
+  app.add_option("--dir", dir, "Scratch directory")->capture_default_str();
+  app.add_option("--dtype", dtype_name, "Token dtype")->capture_default_str();
+  app.add_option("--repeats", repeats, "Runs per figure (best is kept)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<packfeed::DType> dtype = packfeed::DTypeFromName(dtype_name);
+  Check(dtype.status());
+  const size_t item = packfeed::DTypeSize(*dtype);
+  const uint64_t target_tokens =
+      static_cast<uint64_t>(gib * (uint64_t{1} << 30)) / item;
+
+  // Lengths from the SFT trace's distribution until the target size.
+  packfeed::LengthDistribution dist;
+  std::vector<int64_t> lengths;
+  uint64_t tokens = 0;
+  for (uint64_t seed = 0; tokens < target_tokens; ++seed) {
+    absl::StatusOr<std::vector<int64_t>> chunk =
+        packfeed::GenerateLengths(dist, 4096, seed);
+    Check(chunk.status());
+    for (int64_t length : *chunk) {
+      if (tokens >= target_tokens) break;
+      length = std::min<int64_t>(length, target_tokens - tokens);
+      lengths.push_back(length);
+      tokens += static_cast<uint64_t>(length);
+    }
+  }
+  const std::string prefix = dir + "/packfeed_read_bench";
+  packfeed::GeneratedDatasetOptions options;
+  options.dtype = *dtype;
+  options.vocab_size = std::min<int64_t>(32000, packfeed::DTypeMaxValue(*dtype));
+  std::printf("generating %.2f GiB (%zu sequences, %llu tokens, %s) in %s\n",
+              tokens * item / double(1 << 30), lengths.size(),
+              static_cast<unsigned long long>(tokens), dtype_name.c_str(),
+              dir.c_str());
+  Check(packfeed::WriteGeneratedDataset(prefix, lengths, options));
+
+  packfeed::IndexedDatasetOptions open_options;
+  open_options.map_data = true;
+  absl::StatusOr<packfeed::IndexedDataset> dataset =
+      packfeed::IndexedDataset::Open(prefix, open_options);
+  Check(dataset.status());
+  const uint64_t bytes = dataset->index().data_bytes();
+  const uint64_t n = dataset->num_sequences();
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+
+  // Coalesced reads: batches of whole sequences of about 16 MiB of int64.
+  std::vector<std::pair<uint64_t, uint64_t>> batches;  // first, tokens
+  for (uint64_t first = 0; first < n;) {
+    uint64_t count = 0, batch_tokens = 0;
+    while (first + count < n && batch_tokens < (uint64_t{1} << 21)) {
+      batch_tokens += static_cast<uint64_t>(lengths[first + count]);
+      ++count;
+    }
+    batches.emplace_back(first, batch_tokens);
+    first += count;
+  }
+  uint64_t max_batch = 0;
+  for (auto& [first, batch_tokens] : batches) {
+    max_batch = std::max(max_batch, batch_tokens);
+  }
+  std::vector<int64_t> buffer(std::max<uint64_t>(max_batch, longest));
+
+  const double per_sequence = BestSeconds(repeats, [&] {
+    for (uint64_t i = 0; i < n; ++i) {
+      Check(dataset->Read(i, absl::MakeSpan(buffer.data(), lengths[i])));
+    }
+  });
+  const double mapped = BestSeconds(repeats, [&] {
+    for (uint64_t i = 0; i < n; ++i) {
+      Check(dataset->ReadMapped(i, absl::MakeSpan(buffer.data(), lengths[i])));
+    }
+  });
+  const double coalesced = BestSeconds(repeats, [&] {
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const uint64_t first = batches[b].first;
+      const uint64_t end = b + 1 < batches.size() ? batches[b + 1].first : n;
+      Check(dataset->ReadSequences(
+          first, end - first, absl::MakeSpan(buffer.data(), batches[b].second)));
+    }
+  });
+  // memcpy of the same bytes: the raw .bin, from the page-cache map into a
+  // buffer, in the same 16 MiB-of-output-sized steps.
+  absl::StatusOr<packfeed::MappedFile> bin =
+      packfeed::MappedFile::Open(prefix + ".bin");
+  Check(bin.status());
+  std::vector<char> destination(size_t{16} << 20);
+  const double copy = BestSeconds(repeats, [&] {
+    for (uint64_t at = 0; at < bytes; at += destination.size()) {
+      const size_t chunk = std::min<uint64_t>(destination.size(), bytes - at);
+      std::memcpy(destination.data(), bin->bytes().data() + at, chunk);
+    }
+  });
+  std::printf("sequences %llu, mean length %.0f, raw bytes %.3f GB\n",
+              static_cast<unsigned long long>(n), double(tokens) / n,
+              bytes / 1e9);
+  const double memcpy_gbs = bytes / copy / 1e9;
+  std::printf("%-28s %8s %10s\n", "method", "GB/s", "vs memcpy");
+  std::printf("%-28s %8.2f %10.2f\n", "memcpy (same raw bytes)", memcpy_gbs,
+              1.0);
+  for (auto [name, seconds] :
+       {std::pair{"pread per sequence", per_sequence},
+        std::pair{"pread coalesced batches", coalesced},
+        std::pair{"mmap per sequence", mapped}}) {
+    const double gbs = bytes / seconds / 1e9;
+    std::printf("%-28s %8.2f %10.2f\n", name, gbs, gbs / memcpy_gbs);
+  }
+  std::printf("(GB/s of raw dataset bytes; int64 output is %zux larger)\n",
+              8 / item);
+  std::filesystem::remove(prefix + ".idx");
+  std::filesystem::remove(prefix + ".bin");
+  return 0;
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for a bounded time over a seed corpus.
+#   tests/fuzz/run_fuzzers.sh BUILD_DIR SECONDS_PER_TARGET
+# Seeds: Megatron's fixture indexes (when ../shared is present) and indexes
+# made by packfeedctl. Longer runs: pass more seconds, or run the binary
+# directly, e.g. build-fuzz/tests/fuzz/index_parser_fuzz -max_total_time=3600 DIR
+set -euo pipefail
+build=$1
+seconds=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
+corpus=$(mktemp -d)
+trap 'rm -rf "$corpus"' EXIT
+
+shared=${PACKFEED_SHARED_DIR:-$root/../shared}
+if [[ -d $shared/fixtures ]]; then
+  find "$shared/fixtures" -name '*.idx' -exec cp {} "$corpus/" \;
+else
+  echo "run_fuzzers: $shared/fixtures not found; seeding with generated indexes only"
+fi
+ctl=$root/build/server/packfeedctl
+if [[ -x $ctl ]]; then
+  for dtype in uint8 int16 int32 int64 float32 uint16; do
+    "$ctl" make-dataset --out "$corpus/gen_$dtype" --count 5 --min 1 --max 9 \
+      --mean 4 --vocab 100 --dtype "$dtype" >/dev/null
+    rm -f "$corpus/gen_$dtype.bin"
+  done
+fi
+
+log=$corpus/log
+if ! "$build/tests/fuzz/index_parser_fuzz" -max_total_time="$seconds" \
+    -max_len=4096 -print_final_stats=1 "$corpus" >"$log" 2>&1; then
+  cat "$log"
+  echo "run_fuzzers: index_parser_fuzz FAILED"
+  exit 1
+fi
+grep -E '^(Done|stat::(number_of_executed_units|new_units_added))' "$log"
+echo "run_fuzzers: index_parser_fuzz ran ${seconds}s without a crash"
