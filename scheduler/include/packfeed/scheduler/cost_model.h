@@ -1,0 +1,52 @@
+#ifndef PACKFEED_SCHEDULER_COST_MODEL_H_
+#define PACKFEED_SCHEDULER_COST_MODEL_H_
+
+// Modelled work of one sequence on one rank of its CP group (DESIGN.md §5):
+//   cost(s, c) = (α·s² + β·s) / c  +  [c > 1]·(κ·s·(c−1)/c + λ·(c−1))
+// The first term is compute split c ways. The second is what CP adds and
+// does not divide away: each rank receives the K/V of the other c−1 chunks
+// (κ per token, the part compute may not hide) and pays a per-peer launch
+// cost λ. With κ = λ = 0 CP looks free, and a planner judged by that alone
+// splits every sequence across every rank.
+
+#include <cstdint>
+
+namespace packfeed {
+
+struct CostModel {
+  double alpha = 1.0;   // per s² (attention)
+  double beta = 0.0;    // per token (projections, MLP)
+  double kappa = 0.0;   // per token × (c−1)/c of K/V exchange
+  double lambda = 0.0;  // per extra CP peer
+
+  // Megatron's estimator: s²/c, nothing else.
+  static CostModel Megatron() { return {}; }
+
+  // From a transformer's shape, normalised so α = 1. Per layer forward:
+  // attention scores and values 4·h·s², projections 8·h²·s, MLP 4·h·f·s,
+  // so β = 2h + f. K/V exchange moves 2·h_kv values per token and peer;
+  // with overlap, `exposed_fraction` of its time shows (κ = that × 2·h_kv,
+  // in the same per-token units); λ = one small kernel's worth.
+  static CostModel FromModel(int64_t hidden, int64_t ffn_hidden,
+                             int64_t kv_hidden, double exposed_fraction = 0.5) {
+    CostModel model;
+    model.alpha = 1.0;
+    model.beta = 2.0 * static_cast<double>(hidden) +
+                 static_cast<double>(ffn_hidden);
+    model.kappa = exposed_fraction * 2.0 * static_cast<double>(kv_hidden);
+    model.lambda = 4.0 * static_cast<double>(hidden) * 1024.0;
+    return model;
+  }
+
+  double Cost(int64_t padded_length, int cp_size) const {
+    const double s = static_cast<double>(padded_length);
+    const double c = static_cast<double>(cp_size);
+    double cost = (alpha * s * s + beta * s) / c;
+    if (cp_size > 1) cost += kappa * s * (c - 1) / c + lambda * (c - 1);
+    return cost;
+  }
+};
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SCHEDULER_COST_MODEL_H_

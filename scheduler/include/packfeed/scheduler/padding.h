@@ -1,0 +1,25 @@
+#ifndef PACKFEED_SCHEDULER_PADDING_H_
+#define PACKFEED_SCHEDULER_PADDING_H_
+
+// Per-sequence padding (DESIGN.md §3): a sequence running with CP size c is
+// padded to a multiple of 2·c (1 when c = 1), times TP when sequence
+// parallelism is on, so that zigzag CP splits it evenly.
+
+#include <cstdint>
+
+namespace packfeed {
+
+// REQUIRES: cp_size >= 1, tp >= 1.
+inline int64_t PaddingDivisor(int cp_size, int tp, bool sequence_parallel) {
+  const int64_t cp_part = cp_size > 1 ? 2 * int64_t{cp_size} : 1;
+  return cp_part * (sequence_parallel ? tp : 1);
+}
+
+// `length` rounded up to a multiple of `divisor`. REQUIRES: divisor >= 1.
+inline int64_t PadTo(int64_t length, int64_t divisor) {
+  return (length + divisor - 1) / divisor * divisor;
+}
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SCHEDULER_PADDING_H_

@@ -1,0 +1,43 @@
+#ifndef PACKFEED_SCHEDULER_PLAN_STATS_H_
+#define PACKFEED_SCHEDULER_PLAN_STATS_H_
+
+// Figures that judge a plan (definitions in docs/SCHEDULER.md):
+//   W[m][r]       = Σ over the sequences rank r holds in microbatch m of
+//                   cost(padded, c) (the cost model divides by c)
+//   step/ideal    = Σ_m max_r W[m][r] / (Σ W / N)
+//   rank-sum      = max_r Σ_m W / mean_r Σ_m W
+//   M lower bound = ⌈Σ padded / (N · max tokens per rank)⌉
+//   padding %     = (Σ padded − Σ real) / Σ real · 100
+//   CP inflation  = token-weighted mean of c / c_needed, c_needed = the
+//                   smallest power of two ≥ min CP with ⌈padded/c⌉ ≤ cap
+
+#include <cstdint>
+#include <map>
+
+#include "packfeed/scheduler/cost_model.h"
+#include "packfeed/scheduler/plan.h"
+
+namespace packfeed {
+
+struct PlanStats {
+  double step_over_ideal = 1.0;
+  double rank_sum_max_over_mean = 1.0;
+  int num_microbatches = 0;
+  int microbatches_lower_bound = 0;
+  double padding_pct = 0.0;
+  double cp_inflation = 1.0;
+  int64_t max_tokens_on_a_rank = 0;  // per microbatch, after the CP split
+  std::map<int, int64_t> cp_size_histogram;  // c → sequences run at c
+};
+
+// REQUIRES: max_tokens_per_rank >= 1, min_cp >= 1, a well-formed plan.
+PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
+                           int64_t max_tokens_per_rank, int min_cp = 1);
+
+// The smallest power of two c ≥ min_cp with ⌈padded/c⌉ ≤ max_tokens_per_rank.
+int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank,
+                 int min_cp);
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SCHEDULER_PLAN_STATS_H_

@@ -1,0 +1,27 @@
+#ifndef PACKFEED_SCHEDULER_THD_PARTITION_H_
+#define PACKFEED_SCHEDULER_THD_PARTITION_H_
+
+// Zigzag (load-balanced) context-parallel split of a THD buffer, as
+// TransformerEngine's thd_get_partitioned_indices defines it: each sequence
+// of padded length L is cut into 2·c chunks of L/(2c) tokens, and CP rank k
+// takes chunk k then chunk 2c−1−k, sequence after sequence.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace packfeed {
+
+// Indices into the pre-split buffer that CP rank `cp_rank` of a group of
+// `cp_size` holds, in order; cu_seqlens_padded[-1] / cp_size of them.
+// InvalidArgument when cu_seqlens_padded does not start at 0, decreases, or
+// has an entry that is not a multiple of 2·cp_size (cp_size > 1), or when
+// cp_rank is outside [0, cp_size).
+absl::StatusOr<std::vector<int64_t>> ZigzagIndices(
+    absl::Span<const int64_t> cu_seqlens_padded, int cp_size, int cp_rank);
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SCHEDULER_THD_PARTITION_H_

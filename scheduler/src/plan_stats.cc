@@ -1,0 +1,71 @@
+#include "packfeed/scheduler/plan_stats.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace packfeed {
+
+int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank,
+                 int min_cp) {
+  int c = 1;
+  while (c < min_cp) c *= 2;
+  while ((padded_length + c - 1) / c > max_tokens_per_rank) c *= 2;
+  return c;
+}
+
+PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
+                           int64_t max_tokens_per_rank, int min_cp) {
+  PlanStats stats;
+  const int n = plan.dp_cp_size;
+  stats.num_microbatches = plan.num_microbatches();
+  std::vector<double> rank_sum(static_cast<size_t>(n), 0.0);
+  double total = 0.0;
+  double sum_of_max = 0.0;
+  int64_t real = 0;
+  int64_t padded = 0;
+  double inflation_weighted = 0.0;
+  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+    double microbatch_max = 0.0;
+    for (const CpGroup& group : microbatch.groups) {
+      double work = 0.0;
+      int64_t tokens = 0;
+      for (const PlannedSequence& s : group.sequences) {
+        work += model.Cost(s.padded_length, group.size);
+        tokens += s.padded_length;
+        real += s.length;
+        padded += s.padded_length;
+        stats.cp_size_histogram[group.size] += 1;
+        const int needed =
+            NeededCpSize(s.padded_length, max_tokens_per_rank, min_cp);
+        inflation_weighted += static_cast<double>(s.length) * group.size /
+                              static_cast<double>(needed);
+      }
+      const int64_t per_rank = (tokens + group.size - 1) / group.size;
+      stats.max_tokens_on_a_rank = std::max(stats.max_tokens_on_a_rank,
+                                            per_rank);
+      microbatch_max = std::max(microbatch_max, work);
+      for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
+        rank_sum[static_cast<size_t>(r)] += work;
+      }
+      total += work * group.size;
+    }
+    sum_of_max += microbatch_max;
+  }
+  if (total > 0) {
+    stats.step_over_ideal = sum_of_max / (total / n);
+    const double max_rank =
+        *std::max_element(rank_sum.begin(), rank_sum.end());
+    stats.rank_sum_max_over_mean = max_rank / (total / n);
+  }
+  const int64_t capacity = int64_t{n} * max_tokens_per_rank;
+  stats.microbatches_lower_bound =
+      static_cast<int>((padded + capacity - 1) / capacity);
+  if (real > 0) {
+    stats.padding_pct = 100.0 * static_cast<double>(padded - real) /
+                        static_cast<double>(real);
+    stats.cp_inflation = inflation_weighted / static_cast<double>(real);
+  }
+  return stats;
+}
+
+}  // namespace packfeed

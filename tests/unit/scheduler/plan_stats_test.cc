@@ -1,0 +1,79 @@
+#include "packfeed/scheduler/plan_stats.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "packfeed/scheduler/cost_model.h"
+
+namespace packfeed {
+namespace {
+
+// Two microbatches over N = 2 ranks:
+//   m0: rank 0 holds a 4-token sequence, rank 1 a 2-token one (W 16 | 4)
+//   m1: one CP-2 group holding an 8-token sequence (W 64/2 = 32 on each)
+GlobalPlan SmallPlan() {
+  GlobalPlan plan;
+  plan.dp_cp_size = 2;
+  plan.microbatches = {
+      {{{0, 1, {{0, 3, 4}}}, {1, 1, {{1, 2, 2}}}}},
+      {{{0, 2, {{2, 8, 8}}}}},
+  };
+  plan.flops = ComputeFlopsInputs(plan);
+  return plan;
+}
+
+TEST(PlanStatsTest, FiguresFollowTheirDefinitions) {
+  const PlanStats stats = ComputePlanStats(SmallPlan(), CostModel::Megatron(),
+                                           /*max_tokens_per_rank=*/4);
+  // Σ W = 16 + 4 + 32·2 = 84; ideal = 42; Σ max = 16 + 32 = 48.
+  EXPECT_DOUBLE_EQ(stats.step_over_ideal, 48.0 / 42.0);
+  // Rank sums 48 and 36, mean 42.
+  EXPECT_DOUBLE_EQ(stats.rank_sum_max_over_mean, 48.0 / 42.0);
+  EXPECT_EQ(stats.num_microbatches, 2);
+  EXPECT_EQ(stats.microbatches_lower_bound, 2);  // ⌈14 / (2·4)⌉
+  EXPECT_DOUBLE_EQ(stats.padding_pct, 100.0 * 1 / 13);
+  EXPECT_EQ(stats.max_tokens_on_a_rank, 4);
+  // Every sequence runs at the CP it needs: inflation 1.
+  EXPECT_DOUBLE_EQ(stats.cp_inflation, 1.0);
+  EXPECT_THAT(stats.cp_size_histogram,
+              ::testing::ElementsAre(::testing::Pair(1, 2),
+                                     ::testing::Pair(2, 1)));
+  EXPECT_EQ(SmallPlan().flops, (FlopsInputs{14, 16 + 4 + 64, 13, 9 + 4 + 64}));
+}
+
+TEST(PlanStatsTest, CpInflationCountsNeedlessSplits) {
+  // The 8-token sequence at CP 2 with a cap of 8 needs CP 1: inflation
+  // (3·1 + 2·1 + 8·2) / 13.
+  const PlanStats stats =
+      ComputePlanStats(SmallPlan(), CostModel::Megatron(), 8);
+  EXPECT_DOUBLE_EQ(stats.cp_inflation, (3.0 + 2.0 + 16.0) / 13.0);
+  EXPECT_EQ(NeededCpSize(9, 8, 1), 2);
+  EXPECT_EQ(NeededCpSize(3, 8, 4), 4);
+  EXPECT_EQ(NeededCpSize(49152, 3072, 1), 16);
+}
+
+TEST(PlanStatsTest, CpIsNeverFreeUnderTheFullModel) {
+  // A 400-token chat message split 16 ways costs the group more in total
+  // than running it on one rank; under Megatron's s²/c it looks free.
+  const CostModel full = CostModel::FromModel(4096, 14336, 1024);
+  EXPECT_GT(16 * full.Cost(400, 16), full.Cost(400, 1));
+  const CostModel megatron = CostModel::Megatron();
+  EXPECT_LT(16 * megatron.Cost(400, 16), 1.0001 * megatron.Cost(400, 1));
+  // For a long sequence, CP still pays: per-rank time falls with c.
+  EXPECT_LT(full.Cost(65536, 8), full.Cost(65536, 4));
+}
+
+TEST(PlanStatsTest, ValidatePlanCatchesMissingAndDuplicateSamples) {
+  GlobalPlan plan = SmallPlan();
+  EXPECT_TRUE(ValidatePlan(plan, 3).ok());
+  EXPECT_THAT(ValidatePlan(plan, 4).message(),
+              ::testing::HasSubstr("sample 3 placed 0 times"));
+  plan.microbatches[0].groups[1].sequences[0].sample = 0;
+  EXPECT_THAT(ValidatePlan(plan, 3).message(),
+              ::testing::HasSubstr("sample 0 placed 2 times"));
+  plan = SmallPlan();
+  plan.microbatches[1].groups[0].first_rank = 1;
+  EXPECT_FALSE(ValidatePlan(plan, 3).ok());
+}
+
+}  // namespace
+}  // namespace packfeed
