@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
   const std::string prefix = dir + "/packfeed_read_bench";
   packfeed::GeneratedDatasetOptions options;
   options.dtype = *dtype;
-  options.vocab_size = std::min<int64_t>(32000, packfeed::DTypeMaxValue(*dtype));
+  options.vocab_size =
+      std::min<int64_t>(32000, packfeed::DTypeMaxValue(*dtype));
   std::printf("generating %.2f GiB (%zu sequences, %llu tokens, %s) in %s\n",
               tokens * item / double(1 << 30), lengths.size(),
               static_cast<unsigned long long>(tokens), dtype_name.c_str(),
@@ -128,7 +129,8 @@ int main(int argc, char** argv) {
       const uint64_t first = batches[b].first;
       const uint64_t end = b + 1 < batches.size() ? batches[b + 1].first : n;
       Check(dataset->ReadSequences(
-          first, end - first, absl::MakeSpan(buffer.data(), batches[b].second)));
+          first, end - first,
+          absl::MakeSpan(buffer.data(), batches[b].second)));
     }
   });
   // memcpy of the same bytes: the raw .bin, from the page-cache map into a
@@ -150,10 +152,9 @@ int main(int argc, char** argv) {
   std::printf("%-28s %8s %10s\n", "method", "GB/s", "vs memcpy");
   std::printf("%-28s %8.2f %10.2f\n", "memcpy (same raw bytes)", memcpy_gbs,
               1.0);
-  for (auto [name, seconds] :
-       {std::pair{"pread per sequence", per_sequence},
-        std::pair{"pread coalesced batches", coalesced},
-        std::pair{"mmap per sequence", mapped}}) {
+  for (auto [name, seconds] : {std::pair{"pread per sequence", per_sequence},
+                               std::pair{"pread coalesced batches", coalesced},
+                               std::pair{"mmap per sequence", mapped}}) {
     const double gbs = bytes / seconds / 1e9;
     std::printf("%-28s %8.2f %10.2f\n", name, gbs, gbs / memcpy_gbs);
   }

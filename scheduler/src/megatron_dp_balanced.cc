@@ -12,9 +12,9 @@ absl::Status ValidateOptions(absl::Span<const int64_t> lengths,
                              absl::Span<const int64_t> padded_lengths,
                              const MegatronDpBalancedOptions& options) {
   if (options.dp < 1 || options.cp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dp_balanced: DP ", options.dp, " and CP ", options.cp,
-        " must be >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp_balanced: DP ", options.dp, " and CP ", options.cp,
+                     " must be >= 1"));
   }
   if (options.max_seqlen_per_dp_cp_rank < 1) {
     return absl::InvalidArgumentError(
@@ -25,15 +25,15 @@ absl::Status ValidateOptions(absl::Span<const int64_t> lengths,
         "dp_balanced: max_num_seqs and vpp_group_size must be >= 0");
   }
   if (lengths.size() != padded_lengths.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dp_balanced: ", lengths.size(), " lengths but ",
-        padded_lengths.size(), " padded lengths"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp_balanced: ", lengths.size(), " lengths but ",
+                     padded_lengths.size(), " padded lengths"));
   }
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] < 1 || padded_lengths[i] < lengths[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dp_balanced: sample ", i, " has length ", lengths[i],
-          " and padded length ", padded_lengths[i]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dp_balanced: sample ", i, " has length ", lengths[i],
+                       " and padded length ", padded_lengths[i]));
     }
   }
   return absl::OkStatus();
@@ -56,10 +56,9 @@ absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
   std::vector<int64_t> open;
   int64_t open_tokens = 0;
   for (size_t i = 0; i < padded_lengths.size(); ++i) {
-    const bool fits =
-        open_tokens + padded_lengths[i] <= capacity &&
-        (options.max_num_seqs == 0 ||
-         open.size() < static_cast<size_t>(options.max_num_seqs));
+    const bool fits = open_tokens + padded_lengths[i] <= capacity &&
+                      (options.max_num_seqs == 0 ||
+                       open.size() < static_cast<size_t>(options.max_num_seqs));
     if (!fits) {
       packs.push_back(std::move(open));
       open.clear();

@@ -54,8 +54,8 @@ absl::Status ValidatePlan(const GlobalPlan& plan, int64_t num_samples) {
               absl::StrCat(where(), "sample ", s.sample, " out of range"));
         }
         if (s.padded_length < s.length) {
-          return absl::InternalError(absl::StrCat(
-              where(), "sample ", s.sample, " padded below its length"));
+          return absl::InternalError(absl::StrCat(where(), "sample ", s.sample,
+                                                  " padded below its length"));
         }
         ++seen[static_cast<size_t>(s.sample)];
       }

@@ -41,8 +41,8 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
                               static_cast<double>(needed);
       }
       const int64_t per_rank = (tokens + group.size - 1) / group.size;
-      stats.max_tokens_on_a_rank = std::max(stats.max_tokens_on_a_rank,
-                                            per_rank);
+      stats.max_tokens_on_a_rank =
+          std::max(stats.max_tokens_on_a_rank, per_rank);
       microbatch_max = std::max(microbatch_max, work);
       for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
         rank_sum[static_cast<size_t>(r)] += work;
@@ -53,16 +53,15 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
   }
   if (total > 0) {
     stats.step_over_ideal = sum_of_max / (total / n);
-    const double max_rank =
-        *std::max_element(rank_sum.begin(), rank_sum.end());
+    const double max_rank = *std::max_element(rank_sum.begin(), rank_sum.end());
     stats.rank_sum_max_over_mean = max_rank / (total / n);
   }
   const int64_t capacity = int64_t{n} * max_tokens_per_rank;
   stats.microbatches_lower_bound =
       static_cast<int>((padded + capacity - 1) / capacity);
   if (real > 0) {
-    stats.padding_pct = 100.0 * static_cast<double>(padded - real) /
-                        static_cast<double>(real);
+    stats.padding_pct =
+        100.0 * static_cast<double>(padded - real) / static_cast<double>(real);
     stats.cp_inflation = inflation_weighted / static_cast<double>(real);
   }
   return stats;

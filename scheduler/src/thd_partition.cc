@@ -34,7 +34,8 @@ absl::StatusOr<std::vector<int64_t>> ZigzagIndices(
       continue;
     }
     const int64_t chunk = length / (2 * cp_size);
-    for (int64_t piece : {int64_t{cp_rank}, 2 * int64_t{cp_size} - 1 - cp_rank}) {
+    for (int64_t piece :
+         {int64_t{cp_rank}, 2 * int64_t{cp_size} - 1 - cp_rank}) {
       for (int64_t t = 0; t < chunk; ++t) {
         indices.push_back(start + piece * chunk + t);
       }

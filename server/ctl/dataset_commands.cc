@@ -120,9 +120,9 @@ absl::StatusOr<Summary> Summarize(const IndexedDataset& dataset) {
   for (uint64_t first = 0; first < n;) {
     uint64_t count = 0;
     uint64_t batch_tokens = 0;
-    while (first + count < n &&
-           (count == 0 || batch_tokens < kBatchTokens)) {
-      batch_tokens += static_cast<uint64_t>(dataset.sequence_length(first + count));
+    while (first + count < n && (count == 0 || batch_tokens < kBatchTokens)) {
+      batch_tokens +=
+          static_cast<uint64_t>(dataset.sequence_length(first + count));
       ++count;
     }
     tokens.resize(batch_tokens);
@@ -135,7 +135,8 @@ absl::StatusOr<Summary> Summarize(const IndexedDataset& dataset) {
 }
 
 absl::Status DatasetInfo(const DatasetInfoArgs& args) {
-  PF_ASSIGN_OR_RETURN(IndexedDataset dataset, IndexedDataset::Open(args.prefix));
+  PF_ASSIGN_OR_RETURN(IndexedDataset dataset,
+                      IndexedDataset::Open(args.prefix));
   PF_ASSIGN_OR_RETURN(Summary summary, Summarize(dataset));
   const bool is_float = DTypeIsFloat(dataset.dtype());
   const double mean_length =
@@ -234,7 +235,8 @@ void AddDatasetCommands(CLI::App& app, int* exit_code) {
 
   auto info_args = std::make_shared<DatasetInfoArgs>();
   CLI::App* info = app.add_subcommand(
-      "dataset-info", "Validate a dataset and summarise it (reads every token)");
+      "dataset-info",
+      "Validate a dataset and summarise it (reads every token)");
   info->add_option("prefix", info_args->prefix, "Dataset prefix")->required();
   info->add_flag("--json", info_args->json, "Print one JSON object");
   info->callback([info_args, exit_code] {

@@ -4,12 +4,14 @@
 
 #include "CLI/CLI.hpp"
 #include "dataset_commands.h"
+#include "plan_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"packfeedctl: datasets, plans and admin queries for packfeed"};
   app.require_subcommand(1);
   int exit_code = 0;
   packfeed::ctl::AddDatasetCommands(app, &exit_code);
+  packfeed::ctl::AddPlanCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

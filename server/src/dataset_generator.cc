@@ -40,14 +40,14 @@ int64_t UniformBelow(std::mt19937_64& rng, uint64_t n) {
 
 absl::Status ValidateLengthDistribution(const LengthDistribution& dist) {
   if (dist.min < 1 || dist.max < dist.min) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "length range [", dist.min, ", ", dist.max,
-        "] must satisfy 1 <= min <= max"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("length range [", dist.min, ", ", dist.max,
+                     "] must satisfy 1 <= min <= max"));
   }
   if (!(dist.mean > 0) || !(dist.sigma >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lognormal mean ", dist.mean, " must be > 0 and sigma ",
-                     dist.sigma, " >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat("lognormal mean ", dist.mean,
+                                                   " must be > 0 and sigma ",
+                                                   dist.sigma, " >= 0"));
   }
   return absl::OkStatus();
 }
@@ -62,8 +62,8 @@ absl::StatusOr<std::vector<int64_t>> GenerateLengths(
   for (uint64_t i = 0; i < count; ++i) {
     const double x = std::exp(mu + dist.sigma * StandardNormal(rng));
     // Clip in floating point first: exp() may exceed the int64 range.
-    const double clipped = std::clamp(std::floor(x), double(dist.min),
-                                      double(dist.max));
+    const double clipped =
+        std::clamp(std::floor(x), double(dist.min), double(dist.max));
     lengths.push_back(static_cast<int64_t>(clipped));
   }
   return lengths;
@@ -94,9 +94,9 @@ absl::Status WriteGeneratedDataset(absl::string_view prefix,
                                    const GeneratedDatasetOptions& options) {
   if (options.vocab_size < 1 ||
       options.vocab_size - 1 > DTypeMaxValue(options.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "vocabulary of ", options.vocab_size, " tokens does not fit dtype ",
-        DTypeName(options.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocabulary of ", options.vocab_size,
+                     " tokens does not fit dtype ", DTypeName(options.dtype)));
   }
   PF_ASSIGN_OR_RETURN(IndexedDatasetWriter writer,
                       IndexedDatasetWriter::Create(prefix, options.dtype));

@@ -30,9 +30,9 @@ absl::StatusOr<uint64_t> ExpectedIndexBytes(uint64_t num_sequences,
   size += absl::uint128(num_sequences) * (4 + 8 + (multimodal ? 1 : 0));
   size += absl::uint128(document_index_entries) * 8;
   if (size > absl::uint128(std::numeric_limits<int64_t>::max())) {
-    return absl::DataLossError(absl::StrCat(
-        "index size overflows: ", num_sequences, " sequences and ",
-        document_index_entries, " document index entries"));
+    return absl::DataLossError(
+        absl::StrCat("index size overflows: ", num_sequences, " sequences and ",
+                     document_index_entries, " document index entries"));
   }
   return absl::Uint128Low64(size);
 }
@@ -41,13 +41,14 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes,
                                      absl::string_view file_name) {
   const absl::string_view f = file_name;
   if (bytes.size() < kIndexHeaderBytes) {
-    return Corrupt(f, absl::StrCat("truncated header: ", bytes.size(),
-                                   " bytes, a header needs ",
-                                   kIndexHeaderBytes));
+    return Corrupt(f,
+                   absl::StrCat("truncated header: ", bytes.size(),
+                                " bytes, a header needs ", kIndexHeaderBytes));
   }
   if (std::memcmp(bytes.data(), kIndexMagic, sizeof(kIndexMagic)) != 0) {
-    return Corrupt(f, "bad magic: not a Megatron indexed dataset index "
-                      "(expected \"MMIDIDX\\0\\0\")");
+    return Corrupt(f,
+                   "bad magic: not a Megatron indexed dataset index "
+                   "(expected \"MMIDIDX\\0\\0\")");
   }
   const uint64_t version = LoadAt<uint64_t>(bytes, 9);
   if (version != kIndexVersion) {
@@ -62,8 +63,9 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes,
   const uint64_t num_sequences = LoadAt<uint64_t>(bytes, 18);
   const uint64_t doc_entries = LoadAt<uint64_t>(bytes, 26);
   if (doc_entries == 0) {
-    return Corrupt(f, "document index has 0 entries (it must hold at least "
-                      "the leading 0)");
+    return Corrupt(f,
+                   "document index has 0 entries (it must hold at least "
+                   "the leading 0)");
   }
   absl::StatusOr<uint64_t> plain_size =
       ExpectedIndexBytes(num_sequences, doc_entries, false);
@@ -83,8 +85,8 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes,
         f, absl::StrCat(bytes.size() < *plain_size ? "truncated" : "oversized",
                         ": file has ", bytes.size(), " bytes but ",
                         num_sequences, " sequences and ", doc_entries,
-                        " document index entries need ", *plain_size,
-                        " (or ", *multimodal_size, " with modes)"));
+                        " document index entries need ", *plain_size, " (or ",
+                        *multimodal_size, " with modes)"));
   }
 
   IndexView view;
@@ -106,8 +108,8 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes,
   for (uint64_t i = 0; i < num_sequences; ++i) {
     const int32_t length = view.length(i);
     if (length < 0) {
-      return Corrupt(f, absl::StrCat("sequence ", i, " has negative length ",
-                                     length));
+      return Corrupt(
+          f, absl::StrCat("sequence ", i, " has negative length ", length));
     }
     const int64_t pointer = view.pointer(i);
     if (pointer < 0 || absl::uint128(pointer) != end) {
@@ -124,8 +126,8 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes,
 
   const int64_t first = view.document_index(0);
   if (first != 0) {
-    return Corrupt(f, absl::StrCat("document index starts at ", first,
-                                   ", expected 0"));
+    return Corrupt(
+        f, absl::StrCat("document index starts at ", first, ", expected 0"));
   }
   for (uint64_t d = 1; d < doc_entries; ++d) {
     const int64_t previous = view.document_index(d - 1);
@@ -137,9 +139,9 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes,
   }
   const int64_t last = view.document_index(doc_entries - 1);
   if (last < 0 || static_cast<uint64_t>(last) != num_sequences) {
-    return Corrupt(f, absl::StrCat("document index ends at ", last,
-                                   ", expected the sequence count ",
-                                   num_sequences));
+    return Corrupt(
+        f, absl::StrCat("document index ends at ", last,
+                        ", expected the sequence count ", num_sequences));
   }
   return view;
 }

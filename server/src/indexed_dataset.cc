@@ -37,9 +37,9 @@ absl::Status WidenFloats(const uint8_t* raw, size_t count, int64_t* out) {
     // 2^63 is exactly representable, so this bound check is exact.
     if (!(std::trunc(value) == value && value >= -9223372036854775808.0 &&
           value < 9223372036854775808.0)) {
-      return absl::DataLossError(absl::StrCat(
-          "value ", static_cast<double>(value), " at element ", i,
-          " is not an integer token id"));
+      return absl::DataLossError(
+          absl::StrCat("value ", static_cast<double>(value), " at element ", i,
+                       " is not an integer token id"));
     }
     out[i] = static_cast<int64_t>(value);
   }
@@ -93,10 +93,10 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(
   PF_ASSIGN_OR_RETURN(ScopedFd bin_fd, OpenForRead(bin_path));
   PF_ASSIGN_OR_RETURN(uint64_t bin_bytes, FileSize(bin_fd.get(), bin_path));
   if (bin_bytes < index.data_bytes()) {
-    return absl::DataLossError(absl::StrCat(
-        bin_path, ": truncated data: file has ", bin_bytes,
-        " bytes but the index's ", index.num_sequences(),
-        " sequences end at byte ", index.data_bytes()));
+    return absl::DataLossError(
+        absl::StrCat(bin_path, ": truncated data: file has ", bin_bytes,
+                     " bytes but the index's ", index.num_sequences(),
+                     " sequences end at byte ", index.data_bytes()));
   }
   std::optional<MappedFile> bin_map;
   if (options.map_data) {
@@ -107,8 +107,8 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(
 }
 
 IndexedDataset::IndexedDataset(std::string prefix, std::string bin_path,
-                               MappedFile idx, IndexView index,
-                               ScopedFd bin_fd, uint64_t bin_bytes,
+                               MappedFile idx, IndexView index, ScopedFd bin_fd,
+                               uint64_t bin_bytes,
                                std::optional<MappedFile> bin_map)
     : prefix_(std::move(prefix)),
       bin_path_(std::move(bin_path)),
@@ -126,9 +126,9 @@ IndexedDataset::~IndexedDataset() = default;
 absl::StatusOr<uint64_t> IndexedDataset::CheckedByteRange(
     uint64_t sequence, uint64_t first_token, uint64_t count) const {
   if (sequence >= num_sequences()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        prefix_, ": sequence ", sequence, " out of range (dataset has ",
-        num_sequences(), ")"));
+    return absl::OutOfRangeError(absl::StrCat(prefix_, ": sequence ", sequence,
+                                              " out of range (dataset has ",
+                                              num_sequences(), ")"));
   }
   const uint64_t length = static_cast<uint64_t>(index_.length(sequence));
   if (first_token > length || count > length - first_token) {
@@ -173,23 +173,22 @@ absl::Status IndexedDataset::ReadSequences(uint64_t first, uint64_t count,
                                            absl::Span<int64_t> out) const {
   if (count == 0) return absl::OkStatus();
   if (first >= num_sequences() || count > num_sequences() - first) {
-    return absl::OutOfRangeError(absl::StrCat(
-        prefix_, ": sequences [", first, ", ", first, "+", count,
-        ") out of range (dataset has ", num_sequences(), ")"));
+    return absl::OutOfRangeError(
+        absl::StrCat(prefix_, ": sequences [", first, ", ", first, "+", count,
+                     ") out of range (dataset has ", num_sequences(), ")"));
   }
   const uint64_t last = first + count - 1;
   const uint64_t begin = static_cast<uint64_t>(index_.pointer(first));
-  const uint64_t end = static_cast<uint64_t>(index_.pointer(last)) +
-                       static_cast<uint64_t>(index_.length(last)) *
-                           DTypeSize(dtype());
+  const uint64_t end =
+      static_cast<uint64_t>(index_.pointer(last)) +
+      static_cast<uint64_t>(index_.length(last)) * DTypeSize(dtype());
   const uint64_t tokens = (end - begin) / DTypeSize(dtype());
   if (tokens != out.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix_, ": sequences [", first, ", ", first, "+", count, ") hold ",
         tokens, " tokens but the buffer holds ", out.size()));
   }
-  return PreadAndWiden(begin, out,
-                       absl::StrCat("sequences from ", first));
+  return PreadAndWiden(begin, out, absl::StrCat("sequences from ", first));
 }
 
 absl::Status IndexedDataset::ReadRaw(uint64_t sequence,
@@ -197,10 +196,10 @@ absl::Status IndexedDataset::ReadRaw(uint64_t sequence,
   const uint64_t item = DTypeSize(dtype());
   if (sequence < num_sequences() &&
       out.size() != static_cast<uint64_t>(index_.length(sequence)) * item) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix_, ": sequence ", sequence, " holds ",
-        static_cast<uint64_t>(index_.length(sequence)) * item,
-        " bytes but the buffer holds ", out.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix_, ": sequence ", sequence, " holds ",
+                     static_cast<uint64_t>(index_.length(sequence)) * item,
+                     " bytes but the buffer holds ", out.size()));
   }
   PF_ASSIGN_OR_RETURN(uint64_t offset,
                       CheckedByteRange(sequence, 0, out.size() / item));
@@ -223,9 +222,8 @@ absl::Status IndexedDataset::ReadMapped(uint64_t sequence,
   absl::Status widened = WidenToInt64(
       dtype(), bin_map_->bytes().data() + offset, out.size(), out.data());
   if (!widened.ok()) {
-    return absl::DataLossError(absl::StrCat(bin_path_, ": sequence ",
-                                            sequence, ": ",
-                                            widened.message()));
+    return absl::DataLossError(absl::StrCat(bin_path_, ": sequence ", sequence,
+                                            ": ", widened.message()));
   }
   return absl::OkStatus();
 }

@@ -25,14 +25,30 @@ void AppendValue(std::string& out, T value) {
 
 void AppendToken(std::string& out, DType dtype, int64_t token) {
   switch (dtype) {
-    case DType::kUint8: AppendValue(out, static_cast<uint8_t>(token)); break;
-    case DType::kInt8: AppendValue(out, static_cast<int8_t>(token)); break;
-    case DType::kInt16: AppendValue(out, static_cast<int16_t>(token)); break;
-    case DType::kUint16: AppendValue(out, static_cast<uint16_t>(token)); break;
-    case DType::kInt32: AppendValue(out, static_cast<int32_t>(token)); break;
-    case DType::kInt64: AppendValue(out, token); break;
-    case DType::kFloat32: AppendValue(out, static_cast<float>(token)); break;
-    case DType::kFloat64: AppendValue(out, static_cast<double>(token)); break;
+    case DType::kUint8:
+      AppendValue(out, static_cast<uint8_t>(token));
+      break;
+    case DType::kInt8:
+      AppendValue(out, static_cast<int8_t>(token));
+      break;
+    case DType::kInt16:
+      AppendValue(out, static_cast<int16_t>(token));
+      break;
+    case DType::kUint16:
+      AppendValue(out, static_cast<uint16_t>(token));
+      break;
+    case DType::kInt32:
+      AppendValue(out, static_cast<int32_t>(token));
+      break;
+    case DType::kInt64:
+      AppendValue(out, token);
+      break;
+    case DType::kFloat32:
+      AppendValue(out, static_cast<float>(token));
+      break;
+    case DType::kFloat64:
+      AppendValue(out, static_cast<double>(token));
+      break;
   }
 }
 
@@ -83,13 +99,14 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
   }
 }
 
-absl::Status IndexedDatasetWriter::AddSequence(
-    absl::Span<const int64_t> tokens, int8_t mode) {
+absl::Status IndexedDatasetWriter::AddSequence(absl::Span<const int64_t> tokens,
+                                               int8_t mode) {
   if (finished_) {
     return absl::FailedPreconditionError(
         absl::StrCat(prefix_, ": AddSequence after Finish"));
   }
-  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+  if (tokens.size() >
+      static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix_, ": sequence ", lengths_.size(), " has ", tokens.size(),
         " tokens; the format's int32 lengths allow at most 2147483647"));
@@ -98,10 +115,10 @@ absl::Status IndexedDatasetWriter::AddSequence(
   const int64_t hi = DTypeMaxValue(dtype_);
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < lo || tokens[i] > hi) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix_, ": sequence ", lengths_.size(), " token ", i, " = ",
-          tokens[i], " does not fit dtype ", DTypeName(dtype_), " [", lo,
-          ", ", hi, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix_, ": sequence ", lengths_.size(), " token ", i,
+                       " = ", tokens[i], " does not fit dtype ",
+                       DTypeName(dtype_), " [", lo, ", ", hi, "]"));
     }
   }
   for (int64_t token : tokens) AppendToken(buffer_, dtype_, token);

@@ -12,7 +12,7 @@ import tempfile
 
 CTL = sys.argv[1]
 SHARED = pathlib.Path(os.environ.get("PACKFEED_SHARED_DIR",
-                                     pathlib.Path(sys.argv[2]).parent / "shared"))
+                                     pathlib.Path(sys.argv[2]).resolve().parent / "shared"))
 failures = []
 passed = 0
 

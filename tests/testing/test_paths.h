@@ -29,13 +29,13 @@ inline std::optional<std::filesystem::path> SharedDir() {
 }
 
 // Skips the calling test when the shared fixtures are missing.
-#define PF_REQUIRE_SHARED_DIR(var)                                          \
-  const std::optional<std::filesystem::path> var##_opt =                    \
-      ::packfeed::testing::SharedDir();                                     \
-  if (!var##_opt) {                                                         \
+#define PF_REQUIRE_SHARED_DIR(var)                                           \
+  const std::optional<std::filesystem::path> var##_opt =                     \
+      ::packfeed::testing::SharedDir();                                      \
+  if (!var##_opt) {                                                          \
     GTEST_SKIP() << "shared fixtures not found (set PACKFEED_SHARED_DIR or " \
-                    "place shared/ beside the source tree)";                \
-  }                                                                         \
+                    "place shared/ beside the source tree)";                 \
+  }                                                                          \
   const std::filesystem::path var = *var##_opt
 
 // A fresh directory removed when the object goes away.

@@ -76,16 +76,17 @@ TEST(MegatronDpBalancedTest, ReproducesEveryMegatronVector) {
       continue;
     }
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(PerRankSamples(*plan),
-              (c["expected"]
-                   .get<std::vector<std::vector<std::vector<int64_t>>>>()));
+    EXPECT_EQ(
+        PerRankSamples(*plan),
+        (c["expected"].get<std::vector<std::vector<std::vector<int64_t>>>>()));
     EXPECT_TRUE(ValidatePlan(*plan, static_cast<int64_t>(padded.size())).ok());
     ++matched;
   }
   EXPECT_EQ(matched + errors + empty_packs, 157);
-  std::printf("dp_balanced vectors: %d identical plans, %d Megatron errors, "
-              "%d empty packs refused\n",
-              matched, errors, empty_packs);
+  std::printf(
+      "dp_balanced vectors: %d identical plans, %d Megatron errors, "
+      "%d empty packs refused\n",
+      matched, errors, empty_packs);
 }
 
 TEST(MegatronDpBalancedTest, EmptyPackIsRefusedWithTheReason) {
@@ -117,19 +118,17 @@ TEST(MegatronDpBalancedTest, FlopsInputsCountRealAndPadded) {
 TEST(MegatronDpBalancedTest, RejectsBadOptions) {
   std::vector<int64_t> lengths = {4};
   MegatronDpBalancedOptions options;
-  EXPECT_THAT(PlanMegatronDpBalanced(lengths, lengths, options)
-                  .status()
-                  .message(),
-              HasSubstr("max_seqlen_per_dp_cp_rank must be >= 1"));
+  EXPECT_THAT(
+      PlanMegatronDpBalanced(lengths, lengths, options).status().message(),
+      HasSubstr("max_seqlen_per_dp_cp_rank must be >= 1"));
   options.max_seqlen_per_dp_cp_rank = 8;
   options.dp = 0;
   EXPECT_FALSE(PlanMegatronDpBalanced(lengths, lengths, options).ok());
   options.dp = 1;
   std::vector<int64_t> shorter = {2};
-  EXPECT_THAT(PlanMegatronDpBalanced(lengths, shorter, options)
-                  .status()
-                  .message(),
-              HasSubstr("sample 0 has length 4 and padded length 2"));
+  EXPECT_THAT(
+      PlanMegatronDpBalanced(lengths, shorter, options).status().message(),
+      HasSubstr("sample 0 has length 4 and padded length 2"));
 }
 
 }  // namespace

@@ -34,9 +34,9 @@ TEST(PlanStatsTest, FiguresFollowTheirDefinitions) {
   EXPECT_EQ(stats.max_tokens_on_a_rank, 4);
   // Every sequence runs at the CP it needs: inflation 1.
   EXPECT_DOUBLE_EQ(stats.cp_inflation, 1.0);
-  EXPECT_THAT(stats.cp_size_histogram,
-              ::testing::ElementsAre(::testing::Pair(1, 2),
-                                     ::testing::Pair(2, 1)));
+  EXPECT_THAT(
+      stats.cp_size_histogram,
+      ::testing::ElementsAre(::testing::Pair(1, 2), ::testing::Pair(2, 1)));
   EXPECT_EQ(SmallPlan().flops, (FlopsInputs{14, 16 + 4 + 64, 13, 9 + 4 + 64}));
 }
 

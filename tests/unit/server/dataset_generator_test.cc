@@ -72,7 +72,8 @@ TEST(DatasetGeneratorTest, WritesAReadableDatasetWithTokensInVocabulary) {
   options.vocab_size = 50;
   options.dtype = DType::kUint8;
   ASSERT_TRUE(WriteGeneratedDataset(dir.Prefix("g"), lengths, options).ok());
-  absl::StatusOr<IndexedDataset> dataset = IndexedDataset::Open(dir.Prefix("g"));
+  absl::StatusOr<IndexedDataset> dataset =
+      IndexedDataset::Open(dir.Prefix("g"));
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   EXPECT_EQ(dataset->num_documents(), 3u);
   std::vector<int64_t> tokens(306);
@@ -80,8 +81,9 @@ TEST(DatasetGeneratorTest, WritesAReadableDatasetWithTokensInVocabulary) {
   EXPECT_THAT(tokens, ::testing::Each(::testing::AllOf(::testing::Ge(0),
                                                        ::testing::Lt(50))));
   options.vocab_size = 300;
-  EXPECT_THAT(WriteGeneratedDataset(dir.Prefix("h"), lengths, options).message(),
-              HasSubstr("does not fit dtype uint8"));
+  EXPECT_THAT(
+      WriteGeneratedDataset(dir.Prefix("h"), lengths, options).message(),
+      HasSubstr("does not fit dtype uint8"));
 }
 
 }  // namespace

@@ -12,8 +12,8 @@ TEST(DTypeTest, CodesMatchMegatron) {
     absl::string_view name;
     size_t size;
   };
-  const Case cases[] = {{1, "uint8", 1},   {2, "int8", 1},   {3, "int16", 2},
-                        {4, "int32", 4},   {5, "int64", 8},  {6, "float64", 8},
+  const Case cases[] = {{1, "uint8", 1},   {2, "int8", 1},  {3, "int16", 2},
+                        {4, "int32", 4},   {5, "int64", 8}, {6, "float64", 8},
                         {7, "float32", 4}, {8, "uint16", 2}};
   for (const Case& c : cases) {
     absl::StatusOr<DType> dtype = DTypeFromCode(c.code);

@@ -121,17 +121,17 @@ std::vector<BadInput> BadInputs() {
       {"sequence count disagrees with arrays",
        Rewrite([](RawIndex& r) { r.sequence_count = 4; }), kLoss,
        "4 sequences and 3 document index entries need 106"},
-      {"zero document index entries",
-       Rewrite([](RawIndex& r) {
+      {"zero document index entries", Rewrite([](RawIndex& r) {
          r.document_entries = 0;
          r.documents.clear();
        }),
        kLoss, "document index has 0 entries"},
       {"negative length", Rewrite([](RawIndex& r) { r.lengths[1] = -3; }),
        kLoss, "sequence 1 has negative length -3"},
-      {"first pointer not zero", Rewrite([](RawIndex& r) { r.pointers[0] = 2; }),
-       kLoss, "sequence 0 starts at byte 2 but the lengths and dtype uint16 put "
-              "it at byte 0"},
+      {"first pointer not zero",
+       Rewrite([](RawIndex& r) { r.pointers[0] = 2; }), kLoss,
+       "sequence 0 starts at byte 2 but the lengths and dtype uint16 put "
+       "it at byte 0"},
       {"pointer gap", Rewrite([](RawIndex& r) { r.pointers[2] = 12; }), kLoss,
        "sequence 2 starts at byte 12 but the lengths and dtype uint16 put it "
        "at byte 10"},
@@ -140,9 +140,10 @@ std::vector<BadInput> BadInputs() {
       {"document index starts at 1",
        Rewrite([](RawIndex& r) { r.documents[0] = 1; }), kLoss,
        "document index starts at 1, expected 0"},
-      {"document index decreases",
-       Rewrite([](RawIndex& r) { r.documents = {0, 3, 2}; }), kLoss,
-       "document index decreases at entry 2: 3 then 2"},
+      {"document index decreases", Rewrite([](RawIndex& r) {
+         r.documents = {0, 3, 2};
+       }),
+       kLoss, "document index decreases at entry 2: 3 then 2"},
       {"document index ends short",
        Rewrite([](RawIndex& r) { r.documents[2] = 2; }), kLoss,
        "document index ends at 2, expected the sequence count 3"},

@@ -15,9 +15,8 @@ namespace {
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,
-                                DType::kInt16,   DType::kInt32,
-                                DType::kInt64,   DType::kFloat64,
+constexpr DType kAllDTypes[] = {DType::kUint8,   DType::kInt8,  DType::kInt16,
+                                DType::kInt32,   DType::kInt64, DType::kFloat64,
                                 DType::kFloat32, DType::kUint16};
 
 // Values spanning the dtype's range, ends included.

@@ -75,10 +75,9 @@ TEST_P(MegatronFixtureTest, TokenSumAndProbes) {
   absl::StatusOr<IndexedDataset> dataset = IndexedDataset::Open(prefix_);
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   std::vector<int64_t> all(dataset->total_tokens());
-  ASSERT_TRUE(dataset
-                  ->ReadSequences(0, dataset->num_sequences(),
-                                  absl::MakeSpan(all))
-                  .ok());
+  ASSERT_TRUE(
+      dataset->ReadSequences(0, dataset->num_sequences(), absl::MakeSpan(all))
+          .ok());
   EXPECT_EQ(std::accumulate(all.begin(), all.end(), int64_t{0}),
             expected_["token_sum_all"].get<int64_t>());
   EXPECT_EQ(dataset->bytes_read(), expected_["bin_bytes"].get<uint64_t>());

@@ -52,8 +52,7 @@ absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset,
                         absl::Span<char> out);
 
 // Writes all of `data`, retrying short writes and EINTR.
-absl::Status WriteFully(int fd, absl::string_view path,
-                        absl::string_view data);
+absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data);
 
 // A read-only, private memory map of a whole file. An empty file maps to an
 // empty span (mmap refuses length 0). Move-only. Thread-compatible; the bytes

@@ -31,8 +31,8 @@ struct CostModel {
                              int64_t kv_hidden, double exposed_fraction = 0.5) {
     CostModel model;
     model.alpha = 1.0;
-    model.beta = 2.0 * static_cast<double>(hidden) +
-                 static_cast<double>(ffn_hidden);
+    model.beta =
+        2.0 * static_cast<double>(hidden) + static_cast<double>(ffn_hidden);
     model.kappa = exposed_fraction * 2.0 * static_cast<double>(kv_hidden);
     model.lambda = 4.0 * static_cast<double>(hidden) * 1024.0;
     return model;

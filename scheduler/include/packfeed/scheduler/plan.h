@@ -58,9 +58,7 @@ struct GlobalPlan {
   std::vector<PlannedMicrobatch> microbatches;
   FlopsInputs flops;
 
-  int num_microbatches() const {
-    return static_cast<int>(microbatches.size());
-  }
+  int num_microbatches() const { return static_cast<int>(microbatches.size()); }
   friend bool operator==(const GlobalPlan&, const GlobalPlan&) = default;
 };
 
@@ -73,8 +71,9 @@ const CpGroup& GroupOfRank(const PlannedMicrobatch& microbatch, int rank);
 
 // Checks the structural invariants every planner promises: groups disjoint,
 // ordered and covering [0, N); aligned (first_rank % size == 0; static CP
-// may use any size, dynamic CP's are powers of two); every sample in [0, num_samples) placed exactly
-// once; padded ≥ real. Internal error naming the first violation.
+// may use any size, dynamic CP's are powers of two); every sample in [0,
+// num_samples) placed exactly once; padded ≥ real. Internal error naming the
+// first violation.
 absl::Status ValidatePlan(const GlobalPlan& plan, int64_t num_samples);
 
 }  // namespace packfeed

@@ -5,9 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace packfeed {
 
@@ -26,7 +26,8 @@ enum class DType : uint8_t {
 // Returns the dtype for an on-disk code, or DataLoss for an unknown code.
 absl::StatusOr<DType> DTypeFromCode(uint8_t code);
 
-// Parses a numpy-style name ("uint16", "int32", ...); InvalidArgument otherwise.
+// Parses a numpy-style name ("uint16", "int32", ...); InvalidArgument
+// otherwise.
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 
 absl::string_view DTypeName(DType dtype);

@@ -19,7 +19,7 @@
 
 namespace packfeed {
 
-inline constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I',
+inline constexpr char kIndexMagic[9] = {'M', 'M', 'I',  'D', 'I',
                                         'D', 'X', '\0', '\0'};
 inline constexpr uint64_t kIndexVersion = 1;
 inline constexpr uint64_t kIndexHeaderBytes = 34;

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""packfeedctl plan, megatron_dp_balanced on the bench traces: our replay of
+Megatron's scheduler and our plan statistics must reproduce the figures
+measured by running Megatron-LM's own code (../shared/bench/README.md).
+
+Usage: packfeedctl_plan_test.py PATH_TO_PACKFEEDCTL SOURCE_ROOT
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+CTL = sys.argv[1]
+SHARED = pathlib.Path(os.environ.get("PACKFEED_SHARED_DIR",
+                                     pathlib.Path(sys.argv[2]).resolve().parent / "shared"))
+TRACES = SHARED / "bench" / "traces"
+failures, passed = [], 0
+
+
+def check(name, condition, detail=""):
+    global passed
+    if condition:
+        passed += 1
+    else:
+        failures.append(f"{name}: {detail}")
+
+
+def plan(*args, ok=True):
+    result = subprocess.run([CTL, "plan", *args], capture_output=True, text=True)
+    if ok and result.returncode != 0:
+        raise AssertionError(f"plan {args} failed: {result.stderr}")
+    return result
+
+
+# (trace, DP, CP, max tokens/rank, GBS) -> Megatron's M, lower bound,
+# step/ideal (s²), padding % as printed in bench/README.md.
+MEGATRON = [
+    ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, 16.5, 13.1, 2.04, 0.0),
+    ("trace_sft_lognormal_1024_8192", 4, 2, 4096, 256, 32.5, 25.7, 1.84, 0.03),
+    ("trace_sft_lognormal_1024_8192", 4, 2, 8192, 256, 15.3, 13.1, 1.40, 0.03),
+    ("trace_dcp_lognormal_512_49152", 2, 16, 3072, 256, 17.8, 15.3, 1.51, 0.25),
+    ("trace_dcp_lognormal_512_49152", 64, 16, 3072, 8192, 18, 15, 3.55, 0.25),
+]
+
+if TRACES.is_dir():
+    for trace, dp, cp, cap, gbs, m, lower, step_ideal, padding in MEGATRON:
+        name = f"{trace} DP{dp}xCP{cp} cap {cap} GBS {gbs}"
+        got = json.loads(plan("--lengths", str(TRACES / f"{trace}.txt"),
+                              "--dp", str(dp), "--cp", str(cp),
+                              "--max-tokens-per-rank", str(cap),
+                              "--global-batch", str(gbs), "--json").stdout)
+        check(name + " M", abs(got["microbatches_mean"] - m) < 0.051, got)
+        check(name + " lower bound",
+              abs(got["microbatches_lower_bound_mean"] - lower) < 0.051, got)
+        check(name + " step/ideal", abs(got["step_over_ideal"] - step_ideal) < 0.006, got)
+        check(name + " padding", abs(got["padding_pct"] - padding) < 0.006, got)
+else:
+    print(f"skipping Megatron figure checks: {TRACES} not found")
+
+with tempfile.TemporaryDirectory() as tmp:
+    lengths = pathlib.Path(tmp) / "l.txt"
+    lengths.write_text("\n".join(str(n) for n in [5, 11, 300, 7, 64, 9, 3, 12]))
+    dump = pathlib.Path(tmp) / "plan.json"
+    got = json.loads(plan("--lengths", str(lengths), "--dp", "2", "--cp", "2",
+                          "--max-tokens-per-rank", "200", "--global-batch", "4",
+                          "--dump-plan", str(dump), "--json").stdout)
+    check("two steps", got["steps"] == 2, got)
+    steps = json.loads(dump.read_text())
+    seen = sorted((s["step"], q["sample"]) for s in steps for mb in s["microbatches"]
+                  for rank in mb for q in rank)
+    # Every sample of each step appears on both CP ranks of its DP rank.
+    check("dump covers every sample twice (CP 2)",
+          seen == sorted([(st, i) for st in range(2) for i in range(4)] * 2), seen)
+    check("padding to 2·CP", all(q["padded_length"] % 4 == 0 for s in steps
+                                 for mb in s["microbatches"] for r in mb for q in r))
+    bad = plan("--lengths", str(lengths), "--dp", "2", "--max-tokens-per-rank",
+               "100", "--scheduler", "dynamic_cp", ok=False)
+    check("unbuilt scheduler says so", bad.returncode != 0 and
+          "UNIMPLEMENTED" in bad.stderr, bad.stderr)
+    bad = plan("--lengths", str(lengths), "--dp", "2", "--max-tokens-per-rank",
+               "100", "--global-batch", "64", ok=False)
+    check("too few batches", "holds 0 global batches" in bad.stderr, bad.stderr)
+    oversized_first = pathlib.Path(tmp) / "o.txt"
+    oversized_first.write_text("300\n5\n5\n5\n")
+    bad = plan("--lengths", str(oversized_first), "--dp", "2",
+               "--max-tokens-per-rank", "100", "--global-batch", "4", ok=False)
+    check("empty pack refused", "empty pack" in bad.stderr, bad.stderr)
+
+for failure in failures:
+    print("FAILED", failure)
+print(f"{passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)
