@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -40,19 +39,10 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 absl::Status MakeDataset(const MakeDatasetArgs& args) {
   std::vector<int64_t> lengths;
   if (!args.lengths_file.empty()) {
-    PF_ASSIGN_OR_RETURN(std::string text, ReadTextFile(args.lengths_file));
-    PF_ASSIGN_OR_RETURN(lengths, ParseLengths(text, args.lengths_file));
+    PF_ASSIGN_OR_RETURN(lengths, ReadLengthsFile(args.lengths_file));
   } else {
     PF_ASSIGN_OR_RETURN(lengths,
                         GenerateLengths(args.lengths, args.count, args.seed));

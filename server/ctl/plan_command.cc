@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,14 +35,6 @@ struct PlanArgs {
   std::string dump_plan;
   bool json = false;
 };
-
-absl::StatusOr<std::vector<int64_t>> ReadLengths(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseLengths(text.str(), path);
-}
 
 nlohmann::json PlanToJson(const GlobalPlan& plan) {
   nlohmann::json microbatches = nlohmann::json::array();
@@ -79,7 +70,7 @@ absl::Status Plan(const PlanArgs& args) {
         ">= 1");
   }
   PF_ASSIGN_OR_RETURN(std::vector<int64_t> lengths,
-                      ReadLengths(args.lengths_file));
+                      ReadLengthsFile(args.lengths_file));
   const int64_t available =
       static_cast<int64_t>(lengths.size()) / args.global_batch;
   const int64_t steps = args.steps > 0 ? args.steps : available;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/numbers.h"
@@ -87,6 +89,14 @@ absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
     lengths.push_back(length);
   }
   return lengths;
+}
+
+absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseLengths(text.str(), path);
 }
 
 absl::Status WriteGeneratedDataset(absl::string_view prefix,

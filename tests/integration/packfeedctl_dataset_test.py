@@ -4,33 +4,16 @@
 Usage: packfeedctl_dataset_test.py PATH_TO_PACKFEEDCTL SOURCE_ROOT
 """
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 
-CTL = sys.argv[1]
-SHARED = pathlib.Path(os.environ.get("PACKFEED_SHARED_DIR",
-                                     pathlib.Path(sys.argv[2]).resolve().parent / "shared"))
-failures = []
-passed = 0
+from ctl_checks import Checks, shared_dir
 
-
-def run(*args, ok=True):
-    result = subprocess.run([CTL, *args], capture_output=True, text=True)
-    if ok and result.returncode != 0:
-        raise AssertionError(f"{args} failed: {result.stderr}")
-    return result
-
-
-def check(name, condition, detail=""):
-    global passed
-    if condition:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
-
+checks = Checks(sys.argv[1])
+SHARED = shared_dir(sys.argv[2])
+check = checks.check
+run = checks.run
 
 with tempfile.TemporaryDirectory() as tmp:
     prefix = f"{tmp}/gen"
@@ -94,7 +77,4 @@ if fixture.is_dir():
 else:
     print(f"skipping Megatron fixture checks: {fixture} not found")
 
-for failure in failures:
-    print("FAILED", failure)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+checks.finish()

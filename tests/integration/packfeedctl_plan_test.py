@@ -6,32 +6,20 @@ measured by running Megatron-LM's own code (../shared/bench/README.md).
 Usage: packfeedctl_plan_test.py PATH_TO_PACKFEEDCTL SOURCE_ROOT
 """
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 
-CTL = sys.argv[1]
-SHARED = pathlib.Path(os.environ.get("PACKFEED_SHARED_DIR",
-                                     pathlib.Path(sys.argv[2]).resolve().parent / "shared"))
+from ctl_checks import Checks, shared_dir
+
+checks = Checks(sys.argv[1])
+SHARED = shared_dir(sys.argv[2])
 TRACES = SHARED / "bench" / "traces"
-failures, passed = [], 0
-
-
-def check(name, condition, detail=""):
-    global passed
-    if condition:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
+check = checks.check
 
 
 def plan(*args, ok=True):
-    result = subprocess.run([CTL, "plan", *args], capture_output=True, text=True)
-    if ok and result.returncode != 0:
-        raise AssertionError(f"plan {args} failed: {result.stderr}")
-    return result
+    return checks.run("plan", *args, ok=ok)
 
 
 # (trace, DP, CP, max tokens/rank, GBS) -> Megatron's M, lower bound,
@@ -88,7 +76,4 @@ with tempfile.TemporaryDirectory() as tmp:
                "--max-tokens-per-rank", "100", "--global-batch", "4", ok=False)
     check("empty pack refused", "empty pack" in bad.stderr, bad.stderr)
 
-for failure in failures:
-    print("FAILED", failure)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+checks.finish()

@@ -38,6 +38,9 @@ absl::StatusOr<std::vector<int64_t>> GenerateLengths(
 absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
                                                   absl::string_view source);
 
+// Reads and parses a length file (ParseLengths); NotFound when unreadable.
+absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path);
+
 struct GeneratedDatasetOptions {
   int64_t vocab_size = 32000;  // Tokens are uniform in [0, vocab_size).
   DType dtype = DType::kUint16;

@@ -1,0 +1,38 @@
+"""Shared helpers for the packfeedctl integration tests."""
+import os
+import pathlib
+import subprocess
+import sys
+
+
+def shared_dir(source_root):
+    """$PACKFEED_SHARED_DIR, else the shared/ beside the source tree."""
+    return pathlib.Path(os.environ.get(
+        "PACKFEED_SHARED_DIR", pathlib.Path(source_root).resolve().parent / "shared"))
+
+
+class Checks:
+    """Counts named checks and prints the closing 'N passed, N failed' line."""
+
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.passed = 0
+        self.failures = []
+
+    def run(self, *args, ok=True):
+        result = subprocess.run([self.ctl, *args], capture_output=True, text=True)
+        if ok and result.returncode != 0:
+            raise AssertionError(f"{args} failed: {result.stderr}")
+        return result
+
+    def check(self, name, condition, detail=""):
+        if condition:
+            self.passed += 1
+        else:
+            self.failures.append(f"{name}: {detail}")
+
+    def finish(self):
+        for failure in self.failures:
+            print("FAILED", failure)
+        print(f"{self.passed} passed, {len(self.failures)} failed")
+        sys.exit(1 if self.failures else 0)
