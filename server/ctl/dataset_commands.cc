@@ -10,6 +10,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "exit_code.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/server/dataset_generator.h"
@@ -33,11 +34,6 @@ struct DatasetInfoArgs {
   std::string prefix;
   bool json = false;
 };
-
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "packfeedctl: %s\n", status.ToString().c_str());
-  return 1;
-}
 
 absl::Status MakeDataset(const MakeDatasetArgs& args) {
   std::vector<int64_t> lengths;
@@ -219,8 +215,7 @@ void AddDatasetCommands(CLI::App& app, int* exit_code) {
   make->add_option("--seed", make_args->seed, "Random seed")
       ->capture_default_str();
   make->callback([make_args, exit_code] {
-    absl::Status status = MakeDataset(*make_args);
-    *exit_code = status.ok() ? 0 : Fail(status);
+    *exit_code = ExitCode(MakeDataset(*make_args));
   });
 
   auto info_args = std::make_shared<DatasetInfoArgs>();
@@ -230,8 +225,7 @@ void AddDatasetCommands(CLI::App& app, int* exit_code) {
   info->add_option("prefix", info_args->prefix, "Dataset prefix")->required();
   info->add_flag("--json", info_args->json, "Print one JSON object");
   info->callback([info_args, exit_code] {
-    absl::Status status = DatasetInfo(*info_args);
-    *exit_code = status.ok() ? 0 : Fail(status);
+    *exit_code = ExitCode(DatasetInfo(*info_args));
   });
 }
 

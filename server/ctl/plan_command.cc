@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "exit_code.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
@@ -202,13 +203,7 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   plan->add_option("--dump-plan", args->dump_plan,
                    "Write every step's plan as JSON to this file");
   plan->add_flag("--json", args->json, "Print one JSON object");
-  plan->callback([args, exit_code] {
-    absl::Status status = Plan(*args);
-    if (!status.ok()) {
-      std::fprintf(stderr, "packfeedctl: %s\n", status.ToString().c_str());
-    }
-    *exit_code = status.ok() ? 0 : 1;
-  });
+  plan->callback([args, exit_code] { *exit_code = ExitCode(Plan(*args)); });
 }
 
 }  // namespace packfeed::ctl
