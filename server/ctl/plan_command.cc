@@ -1,10 +1,7 @@
 #include "plan_command.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -14,10 +11,9 @@
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
-#include "packfeed/scheduler/megatron_dp_balanced.h"
-#include "packfeed/scheduler/padding.h"
-#include "packfeed/scheduler/plan_stats.h"
+#include "packfeed/scheduler/planner.h"
 #include "packfeed/server/dataset_generator.h"
+#include "packfeed/server/plan_replay.h"
 
 namespace packfeed::ctl {
 namespace {
@@ -31,8 +27,11 @@ struct PlanArgs {
   bool sequence_parallel = false;
   int vpp = 0;
   int64_t max_tokens_per_rank = 0;
-  std::string scheduler = "megatron_dp_balanced";
-  int steps = 0;  // 0: every whole global batch of the file
+  std::string scheduler = "balanced";
+  int min_cp = 0;
+  int max_cp = 0;
+  std::string cost_model = "megatron";
+  int64_t steps = 0;  // 0: every whole global batch of the file
   std::string dump_plan;
   bool json = false;
 };
@@ -58,102 +57,68 @@ nlohmann::json PlanToJson(const GlobalPlan& plan) {
   return microbatches;
 }
 
+absl::StatusOr<CostModel> CostModelFromName(const std::string& name) {
+  if (name == "megatron") return CostModel::Megatron();
+  if (name == "llama8b") return CostModel::FromModel(4096, 14336, 1024);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown cost model '", name, "'; expected megatron or llama8b"));
+}
+
 absl::Status Plan(const PlanArgs& args) {
-  if (args.scheduler != "megatron_dp_balanced") {
-    return absl::UnimplementedError(
-        absl::StrCat("scheduler '", args.scheduler,
-                     "' is not built yet; available: megatron_dp_balanced"));
-  }
-  if (args.max_tokens_per_rank < 1 || args.global_batch < 1 || args.dp < 1 ||
-      args.cp < 1 || args.tp < 1) {
-    return absl::InvalidArgumentError(
-        "--max-tokens-per-rank, --global-batch, --dp, --cp and --tp must be "
-        ">= 1");
-  }
+  ReplayOptions options;
+  PF_ASSIGN_OR_RETURN(options.planner.kind,
+                      SchedulerKindFromName(args.scheduler));
+  PF_ASSIGN_OR_RETURN(options.planner.cost_model,
+                      CostModelFromName(args.cost_model));
+  options.planner.dp = args.dp;
+  options.planner.cp = args.cp;
+  options.planner.tp = args.tp;
+  options.planner.sequence_parallel = args.sequence_parallel;
+  options.planner.vpp_group_size = args.vpp;
+  options.planner.max_tokens_per_rank = args.max_tokens_per_rank;
+  options.planner.min_cp = args.min_cp;
+  options.planner.max_cp = args.max_cp;
+  options.global_batch = args.global_batch;
+  options.steps = args.steps;
+  options.keep_plans = !args.dump_plan.empty();
   PF_ASSIGN_OR_RETURN(std::vector<int64_t> lengths,
                       ReadLengthsFile(args.lengths_file));
-  const int64_t available =
-      static_cast<int64_t>(lengths.size()) / args.global_batch;
-  const int64_t steps = args.steps > 0 ? args.steps : available;
-  if (steps < 1 || steps > available) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        args.lengths_file, " holds ", available, " global batches of ",
-        args.global_batch, "; asked for ", steps));
+  absl::StatusOr<ReplaySummary> summary = ReplayTrace(lengths, options);
+  if (!summary.ok()) {
+    return absl::Status(
+        summary.status().code(),
+        absl::StrCat(args.lengths_file, ": ", summary.status().message()));
   }
-  // Megatron's padding: every sequence to 2·CP (×TP with SP), whatever it
-  // is scheduled with.
-  const int64_t divisor =
-      PaddingDivisor(args.cp, args.tp, args.sequence_parallel);
-  MegatronDpBalancedOptions options;
-  options.dp = args.dp;
-  options.cp = args.cp;
-  options.max_seqlen_per_dp_cp_rank = args.max_tokens_per_rank;
-  options.vpp_group_size = args.vpp;
 
-  const CostModel s2 = CostModel::Megatron();
-  // A Llama-3-8B-like shape for the full model (hidden 4096, FFN 14336,
-  // 8 KV heads of 128).
-  const CostModel full = CostModel::FromModel(4096, 14336, 1024);
-  double step_ideal = 0, step_ideal_full = 0, rank_sum = 0, m_mean = 0,
-         m_lower = 0, inflation = 0;
-  int64_t real = 0, padded = 0;
-  std::map<int, int64_t> histogram;
-  std::vector<double> millis;
-  nlohmann::json dump = nlohmann::json::array();
-  for (int64_t step = 0; step < steps; ++step) {
-    const auto first = lengths.begin() + step * args.global_batch;
-    std::vector<int64_t> batch(first, first + args.global_batch);
-    std::vector<int64_t> padded_batch;
-    for (int64_t length : batch) padded_batch.push_back(PadTo(length, divisor));
-    const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<GlobalPlan> plan =
-        PlanMegatronDpBalanced(batch, padded_batch, options);
-    millis.push_back(std::chrono::duration<double, std::milli>(
-                         std::chrono::steady_clock::now() - start)
-                         .count());
-    if (!plan.ok()) {
-      return absl::Status(
-          plan.status().code(),
-          absl::StrCat("step ", step, ": ", plan.status().message()));
-    }
-    const PlanStats stats =
-        ComputePlanStats(*plan, s2, args.max_tokens_per_rank);
-    step_ideal += stats.step_over_ideal;
-    step_ideal_full +=
-        ComputePlanStats(*plan, full, args.max_tokens_per_rank).step_over_ideal;
-    rank_sum += stats.rank_sum_max_over_mean;
-    m_mean += stats.num_microbatches;
-    m_lower += stats.microbatches_lower_bound;
-    inflation += stats.cp_inflation;
-    real += plan->flops.real_sum;
-    padded += plan->flops.padded_sum;
-    for (auto [c, count] : stats.cp_size_histogram) histogram[c] += count;
-    if (!args.dump_plan.empty()) {
-      dump.push_back({{"step", step}, {"microbatches", PlanToJson(*plan)}});
-    }
-  }
-  std::sort(millis.begin(), millis.end());
-  const double n = static_cast<double>(steps);
   nlohmann::ordered_json out;
   out["scheduler"] = args.scheduler;
-  out["steps"] = steps;
+  out["cost_model"] = args.cost_model;
+  out["steps"] = summary->steps;
   out["dp"] = args.dp;
   out["cp"] = args.cp;
   out["max_tokens_per_rank"] = args.max_tokens_per_rank;
   out["global_batch"] = args.global_batch;
-  out["step_over_ideal"] = step_ideal / n;
-  out["step_over_ideal_full_model"] = step_ideal_full / n;
-  out["rank_sum_max_over_mean"] = rank_sum / n;
-  out["microbatches_mean"] = m_mean / n;
-  out["microbatches_lower_bound_mean"] = m_lower / n;
-  out["padding_pct"] =
-      100.0 * static_cast<double>(padded - real) / static_cast<double>(real);
-  out["schedule_ms_median"] = millis[millis.size() / 2];
-  nlohmann::ordered_json hist;
-  for (auto [c, count] : histogram) hist[std::to_string(c)] = count;
-  out["cp_size_histogram"] = hist;
-  out["cp_inflation"] = inflation / n;
+  out["step_over_ideal"] = summary->step_over_ideal;
+  out["step_over_ideal_full_model"] = summary->step_over_ideal_full_model;
+  out["step_over_ideal_bound"] = summary->step_over_ideal_bound;
+  out["rank_sum_max_over_mean"] = summary->rank_sum_max_over_mean;
+  out["microbatches_mean"] = summary->microbatches_mean;
+  out["microbatches_lower_bound_mean"] = summary->microbatches_lower_bound_mean;
+  out["padding_pct"] = summary->padding_pct;
+  out["schedule_ms_median"] = summary->schedule_ms_median;
+  nlohmann::ordered_json histogram = nlohmann::ordered_json::object();
+  for (auto [c, count] : summary->cp_size_histogram) {
+    histogram[std::to_string(c)] = count;
+  }
+  out["cp_size_histogram"] = histogram;
+  out["cp_inflation"] = summary->cp_inflation;
+  out["max_tokens_on_a_rank"] = summary->max_tokens_on_a_rank;
   if (!args.dump_plan.empty()) {
+    nlohmann::json dump = nlohmann::json::array();
+    for (size_t step = 0; step < summary->plans.size(); ++step) {
+      dump.push_back(
+          {{"step", step}, {"microbatches", PlanToJson(summary->plans[step])}});
+    }
     std::ofstream file(args.dump_plan);
     file << dump.dump() << "\n";
     if (!file) {
@@ -197,6 +162,16 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
       ->required();
   plan->add_option("--scheduler", args->scheduler,
                    "balanced | dynamic_cp | megatron_dp_balanced")
+      ->capture_default_str();
+  plan->add_option("--min-cp", args->min_cp,
+                   "dynamic_cp: smallest CP size (0 = 1)")
+      ->capture_default_str();
+  plan->add_option("--max-cp", args->max_cp,
+                   "dynamic_cp: largest CP size (0 = largest power of two "
+                   "<= DP×CP)")
+      ->capture_default_str();
+  plan->add_option("--cost-model", args->cost_model,
+                   "What the planner balances: megatron (s²/c) | llama8b")
       ->capture_default_str();
   plan->add_option("--steps", args->steps, "Global batches to replay (0 = all)")
       ->capture_default_str();

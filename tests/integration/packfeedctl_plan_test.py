@@ -36,6 +36,7 @@ if TRACES.is_dir():
     for trace, dp, cp, cap, gbs, m, lower, step_ideal, padding in MEGATRON:
         name = f"{trace} DP{dp}xCP{cp} cap {cap} GBS {gbs}"
         got = json.loads(plan("--lengths", str(TRACES / f"{trace}.txt"),
+                              "--scheduler", "megatron_dp_balanced",
                               "--dp", str(dp), "--cp", str(cp),
                               "--max-tokens-per-rank", str(cap),
                               "--global-batch", str(gbs), "--json").stdout)
@@ -52,6 +53,7 @@ with tempfile.TemporaryDirectory() as tmp:
     lengths.write_text("\n".join(str(n) for n in [5, 11, 300, 7, 64, 9, 3, 12]))
     dump = pathlib.Path(tmp) / "plan.json"
     got = json.loads(plan("--lengths", str(lengths), "--dp", "2", "--cp", "2",
+                          "--scheduler", "megatron_dp_balanced",
                           "--max-tokens-per-rank", "200", "--global-batch", "4",
                           "--dump-plan", str(dump), "--json").stdout)
     check("two steps", got["steps"] == 2, got)
@@ -64,16 +66,23 @@ with tempfile.TemporaryDirectory() as tmp:
     check("padding to 2·CP", all(q["padded_length"] % 4 == 0 for s in steps
                                  for mb in s["microbatches"] for r in mb for q in r))
     bad = plan("--lengths", str(lengths), "--dp", "2", "--max-tokens-per-rank",
-               "100", "--scheduler", "dynamic_cp", ok=False)
-    check("unbuilt scheduler says so", bad.returncode != 0 and
-          "UNIMPLEMENTED" in bad.stderr, bad.stderr)
+               "100", "--scheduler", "greedy", ok=False)
+    check("unknown scheduler says so", bad.returncode != 0 and
+          "unknown scheduler 'greedy'" in bad.stderr, bad.stderr)
     bad = plan("--lengths", str(lengths), "--dp", "2", "--max-tokens-per-rank",
                "100", "--global-batch", "64", ok=False)
     check("too few batches", "holds 0 global batches" in bad.stderr, bad.stderr)
     oversized_first = pathlib.Path(tmp) / "o.txt"
     oversized_first.write_text("300\n5\n5\n5\n")
     bad = plan("--lengths", str(oversized_first), "--dp", "2",
+               "--scheduler", "megatron_dp_balanced",
                "--max-tokens-per-rank", "100", "--global-batch", "4", ok=False)
     check("empty pack refused", "empty pack" in bad.stderr, bad.stderr)
+    for scheduler in ("balanced", "dynamic_cp"):
+        bad = plan("--lengths", str(oversized_first), "--dp", "2",
+                   "--scheduler", scheduler, "--max-cp", "1",
+                   "--max-tokens-per-rank", "100", "--global-batch", "4", ok=False)
+        check(f"{scheduler}: oversized sequence named",
+              "sample 0 of length 300 does not fit" in bad.stderr, bad.stderr)
 
 checks.finish()

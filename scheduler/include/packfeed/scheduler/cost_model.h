@@ -22,19 +22,25 @@ struct CostModel {
   // Megatron's estimator: s²/c, nothing else.
   static CostModel Megatron() { return {}; }
 
-  // From a transformer's shape, normalised so α = 1. Per layer forward:
-  // attention scores and values 4·h·s², projections 8·h²·s, MLP 4·h·f·s,
-  // so β = 2h + f. K/V exchange moves 2·h_kv values per token and peer;
-  // with overlap, `exposed_fraction` of its time shows (κ = that × 2·h_kv,
-  // in the same per-token units); λ = one small kernel's worth.
+  // From a transformer's shape, in units of 4·h FLOPs so that α = 1. Per
+  // layer forward: attention scores and values 4·h·s², projections 8·h²·s,
+  // MLP ≈ 4·h·f·s, so β = 2h + f. Under CP each rank receives the K/V of
+  // the other chunks: 2·kv_hidden bf16 values = 4·kv_hidden bytes per token;
+  // at `flops_per_byte` (an accelerator's FLOP rate over its CP link's byte
+  // rate, ≈ 1000 for H100 over NVLink) and with `exposed_fraction` of it
+  // not hidden behind compute, κ = exposed · 4·kv_hidden · flops_per_byte /
+  // 4h. λ: one ring step's launch and sync, ≈ 10 µs at 400 TFLOP/s.
   static CostModel FromModel(int64_t hidden, int64_t ffn_hidden,
-                             int64_t kv_hidden, double exposed_fraction = 0.5) {
+                             int64_t kv_hidden, double exposed_fraction = 0.5,
+                             double flops_per_byte = 1000.0) {
+    const double unit = 4.0 * static_cast<double>(hidden);
     CostModel model;
     model.alpha = 1.0;
     model.beta =
         2.0 * static_cast<double>(hidden) + static_cast<double>(ffn_hidden);
-    model.kappa = exposed_fraction * 2.0 * static_cast<double>(kv_hidden);
-    model.lambda = 4.0 * static_cast<double>(hidden) * 1024.0;
+    model.kappa = exposed_fraction * 4.0 * static_cast<double>(kv_hidden) *
+                  flops_per_byte / unit;
+    model.lambda = 10e-6 * 400e12 / unit;
     return model;
   }
 

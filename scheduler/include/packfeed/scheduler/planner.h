@@ -1,0 +1,75 @@
+#ifndef PACKFEED_SCHEDULER_PLANNER_H_
+#define PACKFEED_SCHEDULER_PLANNER_H_
+
+// packfeed's planners (DESIGN.md §1.2): from the real lengths of one global
+// batch and the topology, a GlobalPlan whose microbatches are balanced by
+// the cost model. Pure and deterministic: equal inputs give equal plans on
+// every node (no hashing, no unordered iteration, no wall clock).
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "packfeed/scheduler/cost_model.h"
+#include "packfeed/scheduler/plan.h"
+
+namespace packfeed {
+
+enum class SchedulerKind {
+  kBalanced,            // static CP: every sequence runs on its DP rank's CP
+  kDynamicCp,           // per-sequence CP size, aligned power-of-two groups
+  kMegatronDpBalanced,  // Megatron-LM's dp_balanced, reproduced exactly
+};
+
+// "balanced", "dynamic_cp", "megatron_dp_balanced".
+absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name);
+absl::string_view SchedulerKindName(SchedulerKind kind);
+
+struct PlannerOptions {
+  SchedulerKind kind = SchedulerKind::kBalanced;
+  int dp = 1;  // data-parallel size
+  int cp = 1;  // context-parallel size; N = DP × CP dp-cp ranks
+  int tp = 1;  // tensor-parallel size (padding only, with sequence_parallel)
+  bool sequence_parallel = false;
+  // microbatch_group_size_per_vp_stage; 0 = VPP off. When on, the number of
+  // microbatches is a multiple of it.
+  int vpp_group_size = 0;
+  // Padded tokens one rank may hold per microbatch, after the CP split.
+  // Required (>= 1).
+  int64_t max_tokens_per_rank = 0;
+  // dynamic_cp only: CP sizes allowed, powers of two; 0 = 1 and the largest
+  // power of two <= N.
+  int min_cp = 0;
+  int max_cp = 0;
+  // What the planner balances. The figures in bench/ also judge the plan
+  // under s²/c (CostModel::Megatron()).
+  CostModel cost_model = CostModel::Megatron();
+  // megatron_dp_balanced only: Megatron's thd_max_packed_sequences (0 = no
+  // cap).
+  int max_sequences_per_pack = 0;
+};
+
+// Plans one global batch. `lengths[i]` is the real length of sample i (i is
+// the sample's position in the batch). Every sample is placed exactly once,
+// never split across microbatches; every rank of every microbatch holds at
+// least one sequence; per-rank tokens (Σ padded / c over its group) stay
+// within max_tokens_per_rank; the number of microbatches is the same on
+// every DP rank and a multiple of the VPP group size.
+// Errors (InvalidArgument): bad options; a sequence that does not fit at the
+// largest allowed CP size (naming the sample and its length); a batch too
+// small to give every rank a sequence; Megatron's own dp_balanced failures.
+absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
+                                           const PlannerOptions& options);
+
+// The CP sizes a dynamic_cp plan may use, after defaults: [min, max].
+struct CpRange {
+  int min = 1;
+  int max = 1;
+};
+absl::StatusOr<CpRange> ResolveCpRange(const PlannerOptions& options);
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SCHEDULER_PLANNER_H_

@@ -1,0 +1,178 @@
+#include "packfeed/scheduler/planner.h"
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "internal/row_packer.h"
+#include "packfeed/scheduler/megatron_dp_balanced.h"
+#include "packfeed/scheduler/padding.h"
+
+namespace packfeed {
+namespace {
+
+bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+int LargestPowerOfTwoAtMost(int x) {
+  int p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+
+absl::Status ValidateCommon(absl::Span<const int64_t> lengths,
+                            const PlannerOptions& options) {
+  if (options.dp < 1 || options.cp < 1 || options.tp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DP ", options.dp, ", CP ", options.cp, " and TP ",
+                     options.tp, " must all be >= 1"));
+  }
+  if (options.max_tokens_per_rank < 1) {
+    return absl::InvalidArgumentError(
+        "max_tokens_per_rank must be >= 1 (padded tokens a rank may hold per "
+        "microbatch)");
+  }
+  if (options.vpp_group_size < 0) {
+    return absl::InvalidArgumentError("vpp_group_size must be >= 0");
+  }
+  if (lengths.empty()) {
+    return absl::InvalidArgumentError("the global batch holds no sequences");
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample ", i, " has length ", lengths[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GlobalPlan> PlanMegatron(absl::Span<const int64_t> lengths,
+                                        const PlannerOptions& options) {
+  // Megatron pads every sequence for the static CP, whatever it is
+  // scheduled with.
+  const int64_t divisor =
+      PaddingDivisor(options.cp, options.tp, options.sequence_parallel);
+  std::vector<int64_t> padded;
+  padded.reserve(lengths.size());
+  for (int64_t length : lengths) padded.push_back(PadTo(length, divisor));
+  MegatronDpBalancedOptions megatron;
+  megatron.dp = options.dp;
+  megatron.cp = options.cp;
+  megatron.max_seqlen_per_dp_cp_rank = options.max_tokens_per_rank;
+  megatron.max_num_seqs = options.max_sequences_per_pack;
+  megatron.vpp_group_size = options.vpp_group_size;
+  return PlanMegatronDpBalanced(lengths, padded, megatron);
+}
+
+// Each sequence's smallest group: CP under static CP; under dynamic CP the
+// smallest allowed power of two whose per-rank share fits the cap.
+absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(
+    absl::Span<const int64_t> lengths, const internal::PackerConfig& config) {
+  std::vector<internal::PackerItem> items;
+  items.reserve(lengths.size());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    int c = config.min_cp;
+    while (internal::ShapeAt(lengths[i], c, config).tokens_per_rank >
+               config.max_tokens_per_rank &&
+           c < config.max_cp) {
+      c *= 2;
+    }
+    if (internal::ShapeAt(lengths[i], c, config).tokens_per_rank >
+        config.max_tokens_per_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample ", i, " of length ", lengths[i], " does not fit in ",
+          config.max_tokens_per_rank, " tokens per rank even at CP size ", c,
+          " (the largest allowed)"));
+    }
+    items.push_back({static_cast<int64_t>(i), lengths[i], c});
+  }
+  return items;
+}
+
+}  // namespace
+
+absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name) {
+  if (name == "balanced") return SchedulerKind::kBalanced;
+  if (name == "dynamic_cp") return SchedulerKind::kDynamicCp;
+  if (name == "megatron_dp_balanced") return SchedulerKind::kMegatronDpBalanced;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown scheduler '", name,
+                   "'; expected balanced, dynamic_cp or megatron_dp_balanced"));
+}
+
+absl::string_view SchedulerKindName(SchedulerKind kind) {
+  switch (kind) {
+    case SchedulerKind::kBalanced:
+      return "balanced";
+    case SchedulerKind::kDynamicCp:
+      return "dynamic_cp";
+    case SchedulerKind::kMegatronDpBalanced:
+      return "megatron_dp_balanced";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<CpRange> ResolveCpRange(const PlannerOptions& options) {
+  const int n = options.dp * options.cp;
+  CpRange range;
+  range.min = options.min_cp > 0 ? options.min_cp : 1;
+  range.max = options.max_cp > 0 ? options.max_cp : LargestPowerOfTwoAtMost(n);
+  if (!IsPowerOfTwo(range.min) || !IsPowerOfTwo(range.max) ||
+      range.min > range.max || range.max > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dynamic CP sizes [", range.min, ", ", range.max,
+                     "] must be powers of two with min <= max <= DP×CP = ", n));
+  }
+  return range;
+}
+
+absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
+                                           const PlannerOptions& options) {
+  if (absl::Status status = ValidateCommon(lengths, options); !status.ok()) {
+    return status;
+  }
+  if (options.kind == SchedulerKind::kMegatronDpBalanced) {
+    return PlanMegatron(lengths, options);
+  }
+  internal::PackerConfig config;
+  config.num_ranks = options.dp * options.cp;
+  config.max_tokens_per_rank = options.max_tokens_per_rank;
+  config.tp = options.tp;
+  config.sequence_parallel = options.sequence_parallel;
+  config.cost_model = options.cost_model;
+  if (options.kind == SchedulerKind::kDynamicCp) {
+    absl::StatusOr<CpRange> range = ResolveCpRange(options);
+    if (!range.ok()) return range.status();
+    config.min_cp = range->min;
+    config.max_cp = range->max;
+  } else {
+    config.min_cp = config.max_cp = options.cp;
+  }
+  absl::StatusOr<std::vector<internal::PackerItem>> items =
+      MakeItems(lengths, config);
+  if (!items.ok()) return items.status();
+
+  // Start at the token lower bound (each sequence at its smallest group)
+  // and add microbatches until everything fits.
+  int64_t tokens = 0;
+  for (const internal::PackerItem& item : *items) {
+    tokens += internal::ShapeAt(item.length, item.cp_size, config).padded;
+  }
+  const int64_t capacity =
+      int64_t{config.num_ranks} * config.max_tokens_per_rank;
+  const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
+  int64_t rows = (tokens + capacity - 1) / capacity;
+  rows = (rows + step - 1) / step * step;
+  absl::Status last;
+  for (; rows <= static_cast<int64_t>(items->size()); rows += step) {
+    absl::StatusOr<GlobalPlan> plan =
+        internal::PackRows(*items, static_cast<int>(rows), config);
+    if (plan.ok() || !absl::IsResourceExhausted(plan.status())) return plan;
+    last = plan.status();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cannot plan ", items->size(), " sequences over ", config.num_ranks,
+      " ranks: ", last.ok() ? "too few sequences" : last.message()));
+}
+
+}  // namespace packfeed
