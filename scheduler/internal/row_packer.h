@@ -40,6 +40,9 @@ struct PackerConfig {
   // Dynamic CP: powers of two.
   int min_cp = 1;
   int max_cp = 1;
+  // Dynamic CP: the fraction of the batch's tokens that may run at a larger
+  // CP size than they need so as to use fewer microbatches.
+  double cp_upgrade_budget = 0.05;
 };
 
 struct PackerItem {

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "internal/plan_refiner.h"
 #include "internal/row_packer.h"
 #include "packfeed/scheduler/megatron_dp_balanced.h"
 #include "packfeed/scheduler/padding.h"
@@ -145,6 +146,7 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
     if (!range.ok()) return range.status();
     config.min_cp = range->min;
     config.max_cp = range->max;
+    config.cp_upgrade_budget = options.cp_upgrade_budget;
   } else {
     config.min_cp = config.max_cp = options.cp;
   }
@@ -167,7 +169,12 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   for (; rows <= static_cast<int64_t>(items->size()); rows += step) {
     absl::StatusOr<GlobalPlan> plan =
         internal::PackRows(*items, static_cast<int>(rows), config);
-    if (plan.ok() || !absl::IsResourceExhausted(plan.status())) return plan;
+    if (plan.ok()) {
+      internal::RefinePlan(*plan, config.cost_model,
+                           config.max_tokens_per_rank);
+      return plan;
+    }
+    if (!absl::IsResourceExhausted(plan.status())) return plan;
     last = plan.status();
   }
   return absl::InvalidArgumentError(absl::StrCat(

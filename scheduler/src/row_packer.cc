@@ -27,6 +27,10 @@ namespace {
 // lighter row.
 constexpr double kQualifyFraction = 0.9;
 
+// Groups examined in deficit order for each sequence before settling for
+// the roomiest one.
+constexpr int kFillScan = 32;
+
 struct Group {
   int row = 0;
   int first = 0;
@@ -44,6 +48,8 @@ class Packer {
   absl::StatusOr<GlobalPlan> Run();
 
  private:
+  absl::Status SetQuotas();
+  int ClassOf(int width) const;
   absl::Status AnchorRow(int row, int64_t budget);
   // Heaviest unplaced item of class `c`, or -1.
   int ClassHead(int class_index);
@@ -56,6 +62,8 @@ class Packer {
   bool DoubleIntoBuddy(int group);
   bool SpreadIntoSmallestFreeBlock(int row);
   int HeaviestGroup(int row) const;
+  // Keeps heaviest_ current after `group`'s cost rose.
+  void NoteCost(int group);
   absl::Status Fill();
   GlobalPlan Build() const;
 
@@ -68,12 +76,19 @@ class Packer {
   std::vector<int> order_;                  // items by own cost, heaviest first
   std::vector<std::vector<int>> by_class_;  // per widths_ entry, in order_
   std::vector<size_t> class_head_;
+  // Rank-units (group width × groups, over all rows) each size may anchor:
+  // its token demand, so that short sequences keep groups of their own
+  // size instead of all riding, inflated, in the heavy ones' spare room.
+  std::vector<int64_t> quota_;
+  std::vector<int64_t> used_width_;
   std::vector<char> placed_;
   int64_t unplaced_ = 0;
   std::vector<Group> groups_;
   std::vector<std::vector<int>> owner_;  // [row][rank] → group, −1 = free
   std::vector<int> free_ranks_;
   std::vector<std::vector<int>> rows_groups_;
+  std::vector<int> heaviest_;                    // per row, during anchoring
+  std::vector<std::map<int, int>> search_from_;  // [row][width] → rank
 };
 
 Packer::Packer(const std::vector<PackerItem>& items, int rows,
@@ -106,9 +121,66 @@ Packer::Packer(const std::vector<PackerItem>& items, int rows,
   owner_.assign(static_cast<size_t>(rows_), std::vector<int>(n_, -1));
   free_ranks_.assign(static_cast<size_t>(rows_), n_);
   rows_groups_.resize(static_cast<size_t>(rows_));
+  heaviest_.assign(static_cast<size_t>(rows_), -1);
+  search_from_.resize(static_cast<size_t>(rows_));
+}
+
+int Packer::ClassOf(int width) const {
+  const auto it = std::lower_bound(widths_.begin(), widths_.end(), width);
+  return it != widths_.end() && *it == width
+             ? static_cast<int>(it - widths_.begin())
+             : -1;
+}
+
+absl::Status Packer::SetQuotas() {
+  const int64_t cap = config_.max_tokens_per_rank;
+  const int64_t total = int64_t{rows_} * n_;
+  quota_.assign(widths_.size(), total);
+  used_width_.assign(widths_.size(), 0);
+  if (widths_.size() < 2) return absl::OkStatus();
+  // A sequence over half a group's tokens needs a group to itself; shorter
+  // ones share, so they need their tokens' worth of ranks.
+  int64_t demand = 0;
+  int64_t tokens = 0;
+  for (size_t k = 0; k < widths_.size(); ++k) {
+    int64_t alone = 0;
+    int64_t shared_tokens = 0;
+    for (int item : by_class_[k]) {
+      const SequenceShape shape =
+          ShapeAt(items_[item].length, widths_[k], config_);
+      tokens += shape.padded;
+      if (2 * shape.tokens_per_rank > cap) {
+        alone += widths_[k];
+      } else {
+        shared_tokens += shape.tokens_per_rank * widths_[k];
+      }
+    }
+    quota_[k] = alone + (shared_tokens + cap - 1) / cap;
+    demand += quota_[k];
+  }
+  // Too little room: the smallest sizes give way first (their sequences fit
+  // the spare room of the next size up, at twice their CP). Room to spare:
+  // the smallest size takes it.
+  int64_t excess = demand - total;
+  // Each rank-unit given way moves about a full rank of tokens to a larger
+  // CP size than they need.
+  if (static_cast<double>(excess * cap) >
+      config_.cp_upgrade_budget * static_cast<double>(tokens)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        rows_, " microbatches would run more than ",
+        config_.cp_upgrade_budget * 100, "% of tokens above their CP size"));
+  }
+  for (size_t k = 0; k + 1 < widths_.size() && excess > 0; ++k) {
+    const int64_t cut = std::min(excess, quota_[k]);
+    quota_[k] -= cut;
+    excess -= cut;
+  }
+  if (excess < 0) quota_[0] -= excess;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GlobalPlan> Packer::Run() {
+  if (absl::Status status = SetQuotas(); !status.ok()) return status;
   // The fewest groups that can tile a row: aligned blocks of the largest
   // allowed size.
   int64_t min_groups = 0;
@@ -143,7 +215,10 @@ bool Packer::BlockIsFree(int row, int first, int width) const {
 
 int Packer::FindFreeBlock(int row, int width) {
   if (free_ranks_[row] < width) return -1;
-  for (int first = 0; first + width <= n_; first += width) {
+  // Ranks only get taken while anchoring, so a block found busy stays busy:
+  // start where the last search for this width stopped.
+  int& first = search_from_[row][width];
+  for (; first + width <= n_; first += width) {
     if (BlockIsFree(row, first, width)) return first;
   }
   return -1;
@@ -155,6 +230,8 @@ void Packer::OpenGroup(int row, int first, int size, int item) {
   std::fill(owner_[row].begin() + first, owner_[row].begin() + first + size, g);
   free_ranks_[row] -= size;
   rows_groups_[row].push_back(g);
+  const int k = ClassOf(size);
+  if (k >= 0) used_width_[k] += size;
   AddMember(g, item);
 }
 
@@ -166,6 +243,7 @@ void Packer::AddMember(int group, int item) {
   g.members.push_back(item);
   placed_[item] = 1;
   --unplaced_;
+  NoteCost(group);
 }
 
 void Packer::Resize(int group, int first, int size) {
@@ -189,6 +267,12 @@ int Packer::HeaviestGroup(int row) const {
   return best;
 }
 
+void Packer::NoteCost(int group) {
+  const Group& g = groups_[group];
+  int& heaviest = heaviest_[g.row];
+  if (heaviest < 0 || g.cost > groups_[heaviest].cost) heaviest = group;
+}
+
 // Doubles `group` into its buddy block when that block is free and the
 // larger size is allowed: the group's sequences then run at twice the CP.
 bool Packer::DoubleIntoBuddy(int group) {
@@ -202,6 +286,7 @@ bool Packer::DoubleIntoBuddy(int group) {
             owner_[g.row].begin() + other + g.size, group);
   free_ranks_[g.row] -= g.size;
   Resize(group, first, size);
+  heaviest_[g.row] = HeaviestGroup(g.row);  // its cost fell
   return true;
 }
 
@@ -240,6 +325,7 @@ bool Packer::SpreadIntoSmallestFreeBlock(int row) {
         next += size;
       }
       free_ranks_[row] -= width;
+      heaviest_[row] = HeaviestGroup(row);
       return true;
     }
   }
@@ -250,7 +336,7 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
   const int64_t cap = config_.max_tokens_per_rank;
   int64_t taken = 0;
   while (free_ranks_[row] > 0) {
-    const int heaviest = HeaviestGroup(row);
+    const int heaviest = heaviest_[row];
     const double target = heaviest < 0 ? 0.0 : groups_[heaviest].cost;
     // 1. The heaviest sequence whose group could reach the row's target.
     int best = -1;
@@ -260,6 +346,7 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
       const int item = ClassHead(k);
       if (item < 0) continue;
       const int width = widths_[k];
+      if (used_width_[k] + width > quota_[k]) continue;
       const double capacity = config_.cost_model.Cost(width * cap, width);
       if (capacity < kQualifyFraction * target) continue;
       if (best >= 0 && own_cost_[item] <= own_cost_[best]) continue;
@@ -275,22 +362,33 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
     }
     // 2. Dynamic CP: halve the heaviest group's cost by doubling it.
     if (heaviest >= 0 && DoubleIntoBuddy(heaviest)) continue;
-    // 3. A lighter sequence rather than an idle rank, at its own size or,
-    //    if only larger blocks are free, at the smallest free one.
-    for (int k = 0;
-         taken < budget && best < 0 && k < static_cast<int>(widths_.size());
-         ++k) {
-      const int item = ClassHead(k);
-      if (item < 0) continue;
-      for (int width = widths_[k]; width <= config_.max_cp; width *= 2) {
-        const int first = FindFreeBlock(row, width);
-        if (first >= 0) {
-          OpenGroup(row, first, width, item);
-          ++taken;
-          best = item;
-          break;
+    // 3. A lighter sequence rather than an idle rank: the heaviest whose
+    //    size has quota left, else any, at the smallest free block that
+    //    holds it.
+    for (const bool within_quota : {true, false}) {
+      int best_width = 0;
+      for (int k = 0; taken < budget && k < static_cast<int>(widths_.size());
+           ++k) {
+        const int item = ClassHead(k);
+        if (item < 0 || (best >= 0 && own_cost_[item] <= own_cost_[best])) {
+          continue;
         }
-        if (config_.max_cp == config_.min_cp) break;  // static CP
+        if (within_quota && used_width_[k] + widths_[k] > quota_[k]) continue;
+        for (int width = widths_[k]; width <= config_.max_cp; width *= 2) {
+          const int first = FindFreeBlock(row, width);
+          if (first >= 0) {
+            best = item;
+            best_first = first;
+            best_width = width;
+            break;
+          }
+          if (config_.max_cp == config_.min_cp) break;  // static CP
+        }
+      }
+      if (best >= 0) {
+        OpenGroup(row, best_first, best_width, best);
+        ++taken;
+        break;
       }
     }
     if (best >= 0) continue;
@@ -318,14 +416,25 @@ absl::Status Packer::Fill() {
     const int heaviest = HeaviestGroup(row);
     if (heaviest >= 0) target[row] = groups_[heaviest].cost;
   }
-  // Per group size: (cost − row target, group), most room first.
-  std::map<int, std::set<std::pair<double, int>>> open;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    open[groups_[g].size].insert(
-        {groups_[g].cost - target[groups_[g].row], static_cast<int>(g)});
+  // Per group size, groups still open: by cost below the row's target
+  // (most deficit first) and by token room (most first).
+  struct Open {
+    std::set<std::pair<double, int>> by_deficit;
+    std::set<std::pair<int64_t, int>> by_room;  // (−room, group)
+  };
+  std::map<int, Open> open;
+  const auto key = [&](int g) {
+    return std::make_pair(groups_[g].cost - target[groups_[g].row], g);
+  };
+  const auto room_key = [&](int g) {
+    return std::make_pair(groups_[g].tokens - cap, g);
+  };
+  for (int g = 0; g < static_cast<int>(groups_.size()); ++g) {
+    open[groups_[g].size].by_deficit.insert(key(g));
+    open[groups_[g].size].by_room.insert(room_key(g));
   }
   // Shortest sequence still to place from each position on: groups with
-  // less room than that can be forgotten.
+  // less room than that are closed.
   std::vector<int64_t> shortest_after(order_.size() + 1, INT64_MAX);
   for (size_t p = order_.size(); p-- > 0;) {
     shortest_after[p] =
@@ -337,41 +446,54 @@ absl::Status Packer::Fill() {
     const int own = items_[item].cp_size;
     int chosen = -1;
     double chosen_after = 0;
-    bool chosen_exact = false;
-    for (auto& [size, candidates] : open) {
+    for (auto& [size, groups] : open) {
       if (size < own) continue;
       const SequenceShape shape = ShapeAt(items_[item].length, size, config_);
-      std::vector<std::pair<double, int>> full;
-      for (const auto& [key, g] : candidates) {
+      // The most deficit among the first few groups that have room; past
+      // them, the roomiest group, if anything fits at all. Bounded work per
+      // sequence keeps 1 024 ranks within milliseconds.
+      int found = -1;
+      int scanned = 0;
+      std::vector<int> closed;
+      for (const auto& [deficit, g] : groups.by_deficit) {
         const int64_t room = cap - groups_[g].tokens;
         if (room >= shape.tokens_per_rank) {
-          const double after = key + shape.cost_per_rank;
-          const bool exact = size == own;
-          // Own size while it stays within target; else least overshoot.
-          const bool better =
-              chosen < 0 || (exact && after <= 0) ||
-              (!(chosen_exact && chosen_after <= 0) && after < chosen_after);
-          if (better) {
-            chosen = g;
-            chosen_after = after;
-            chosen_exact = exact;
-          }
+          found = g;
           break;
         }
-        if (room * size < shortest_after[p]) full.push_back({key, g});
+        if (room * size < shortest_after[p]) closed.push_back(g);
+        if (++scanned == kFillScan) break;
       }
-      for (const auto& entry : full) candidates.erase(entry);
+      if (found < 0 && !groups.by_room.empty()) {
+        const int roomiest = groups.by_room.begin()->second;
+        if (cap - groups_[roomiest].tokens >= shape.tokens_per_rank) {
+          found = roomiest;
+        }
+      }
+      for (int g : closed) {
+        groups.by_deficit.erase(key(g));
+        groups.by_room.erase(room_key(g));
+      }
+      if (found < 0) continue;
+      // The smallest size whose group stays within its row's target;
+      // failing that, the least overshoot.
+      const double after = key(found).first + shape.cost_per_rank;
+      if (chosen < 0 || (chosen_after > 0 && after < chosen_after)) {
+        chosen = found;
+        chosen_after = after;
+      }
     }
     if (chosen < 0) {
       return absl::ResourceExhaustedError(
           absl::StrCat("sample ", items_[item].sample, " does not fit in ",
                        rows_, " microbatches"));
     }
-    const Group& g = groups_[chosen];
-    std::set<std::pair<double, int>>& candidates = open[g.size];
-    candidates.erase({g.cost - target[g.row], chosen});
+    Open& groups = open[groups_[chosen].size];
+    groups.by_deficit.erase(key(chosen));
+    groups.by_room.erase(room_key(chosen));
     AddMember(chosen, item);
-    candidates.insert({g.cost - target[g.row], chosen});
+    groups.by_deficit.insert(key(chosen));
+    groups.by_room.insert(room_key(chosen));
   }
   return absl::OkStatus();
 }

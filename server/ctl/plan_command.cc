@@ -30,6 +30,7 @@ struct PlanArgs {
   std::string scheduler = "balanced";
   int min_cp = 0;
   int max_cp = 0;
+  double cp_upgrade_budget = 0.05;
   std::string cost_model = "megatron";
   int64_t steps = 0;  // 0: every whole global batch of the file
   std::string dump_plan;
@@ -78,6 +79,7 @@ absl::Status Plan(const PlanArgs& args) {
   options.planner.max_tokens_per_rank = args.max_tokens_per_rank;
   options.planner.min_cp = args.min_cp;
   options.planner.max_cp = args.max_cp;
+  options.planner.cp_upgrade_budget = args.cp_upgrade_budget;
   options.global_batch = args.global_batch;
   options.steps = args.steps;
   options.keep_plans = !args.dump_plan.empty();
@@ -169,6 +171,11 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   plan->add_option("--max-cp", args->max_cp,
                    "dynamic_cp: largest CP size (0 = largest power of two "
                    "<= DP×CP)")
+      ->capture_default_str();
+  plan->add_option("--cp-upgrade-budget", args->cp_upgrade_budget,
+                   "dynamic_cp: fraction of tokens that may run above their "
+                   "needed CP size to save microbatches (1 = fewest "
+                   "microbatches)")
       ->capture_default_str();
   plan->add_option("--cost-model", args->cost_model,
                    "What the planner balances: megatron (s²/c) | llama8b")

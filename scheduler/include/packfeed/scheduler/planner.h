@@ -43,6 +43,13 @@ struct PlannerOptions {
   // power of two <= N.
   int min_cp = 0;
   int max_cp = 0;
+  // dynamic_cp only. Power-of-two groups leave a sequence just over half a
+  // group's cap with an almost half-empty group; filling that room means
+  // running shorter sequences at a larger CP size than they need. This is
+  // the fraction of the batch's tokens that may be moved up so, to save
+  // microbatches; beyond it the plan uses more microbatches instead. 1 =
+  // the fewest microbatches whatever the CP inflation.
+  double cp_upgrade_budget = 0.05;
   // What the planner balances. The figures in bench/ also judge the plan
   // under s²/c (CostModel::Megatron()).
   CostModel cost_model = CostModel::Megatron();
