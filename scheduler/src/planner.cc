@@ -12,6 +12,8 @@
 namespace packfeed {
 namespace {
 
+constexpr double kUnlimited = 1e300;
+
 bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 int LargestPowerOfTwoAtMost(int x) {
@@ -124,6 +126,11 @@ absl::StatusOr<CpRange> ResolveCpRange(const PlannerOptions& options) {
         absl::StrCat("dynamic CP sizes [", range.min, ", ", range.max,
                      "] must be powers of two with min <= max <= DP×CP = ", n));
   }
+  if (n % range.min != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DP×CP = ", n, " ranks cannot be split into groups of at least ",
+        range.min, " (the minimum CP size)"));
+  }
   return range;
 }
 
@@ -163,23 +170,32 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const int64_t capacity =
       int64_t{config.num_ranks} * config.max_tokens_per_rank;
   const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
-  int64_t rows = (tokens + capacity - 1) / capacity;
-  rows = (rows + step - 1) / step * step;
-  absl::Status last;
-  for (; rows <= static_cast<int64_t>(items->size()); rows += step) {
-    absl::StatusOr<GlobalPlan> plan =
-        internal::PackRows(*items, static_cast<int>(rows), config);
-    if (plan.ok()) {
-      internal::RefinePlan(*plan, config.cost_model,
-                           config.max_tokens_per_rank);
-      return plan;
+  const int64_t lower_bound =
+      ((tokens + capacity - 1) / capacity + step - 1) / step * step;
+  const int64_t most = static_cast<int64_t>(items->size());
+  absl::Status last = absl::InvalidArgumentError(
+      absl::StrCat("cannot give every one of the ", config.num_ranks,
+                   " ranks a sequence in each of ", lower_bound,
+                   " microbatches (a multiple of ", step, "): the batch holds ",
+                   most, " sequences"));
+  // If the upgrade budget pushes the microbatch count past what the batch
+  // can fill, giving every rank work matters more: plan without it.
+  for (const double budget : {options.cp_upgrade_budget, kUnlimited}) {
+    config.cp_upgrade_budget = budget;
+    for (int64_t rows = lower_bound; rows <= most; rows += step) {
+      absl::StatusOr<GlobalPlan> plan =
+          internal::PackRows(*items, static_cast<int>(rows), config);
+      if (plan.ok()) {
+        internal::RefinePlan(*plan, config.cost_model,
+                             config.max_tokens_per_rank);
+        return plan;
+      }
+      last = plan.status();
+      if (!absl::IsResourceExhausted(last)) break;  // more cannot help
     }
-    if (!absl::IsResourceExhausted(plan.status())) return plan;
-    last = plan.status();
+    if (budget >= kUnlimited) break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "cannot plan ", items->size(), " sequences over ", config.num_ranks,
-      " ranks: ", last.ok() ? "too few sequences" : last.message()));
+  return absl::InvalidArgumentError(last.message());
 }
 
 }  // namespace packfeed

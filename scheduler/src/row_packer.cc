@@ -51,6 +51,9 @@ class Packer {
   absl::Status SetQuotas();
   int ClassOf(int width) const;
   absl::Status AnchorRow(int row, int64_t budget);
+  // Opens a group in `row` for the heaviest sequence that fits a free
+  // block (of its own size or, under dynamic CP, larger); false if none.
+  bool PlaceLightest(int row, bool within_quota);
   // Heaviest unplaced item of class `c`, or -1.
   int ClassHead(int class_index);
   // Lowest aligned free block of `width` ranks in `row`, or -1.
@@ -332,6 +335,32 @@ bool Packer::SpreadIntoSmallestFreeBlock(int row) {
   return false;
 }
 
+bool Packer::PlaceLightest(int row, bool within_quota) {
+  int best = -1;
+  int best_first = -1;
+  int best_width = 0;
+  for (int k = 0; k < static_cast<int>(widths_.size()); ++k) {
+    const int item = ClassHead(k);
+    if (item < 0 || (best >= 0 && own_cost_[item] <= own_cost_[best])) {
+      continue;
+    }
+    if (within_quota && used_width_[k] + widths_[k] > quota_[k]) continue;
+    for (int width = widths_[k]; width <= config_.max_cp; width *= 2) {
+      const int first = FindFreeBlock(row, width);
+      if (first >= 0) {
+        best = item;
+        best_first = first;
+        best_width = width;
+        break;
+      }
+      if (config_.max_cp == config_.min_cp) break;  // static CP
+    }
+  }
+  if (best < 0) return false;
+  OpenGroup(row, best_first, best_width, best);
+  return true;
+}
+
 absl::Status Packer::AnchorRow(int row, int64_t budget) {
   const int64_t cap = config_.max_tokens_per_rank;
   int64_t taken = 0;
@@ -365,34 +394,12 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
     // 3. A lighter sequence rather than an idle rank: the heaviest whose
     //    size has quota left, else any, at the smallest free block that
     //    holds it.
-    for (const bool within_quota : {true, false}) {
-      int best_width = 0;
-      for (int k = 0; taken < budget && k < static_cast<int>(widths_.size());
-           ++k) {
-        const int item = ClassHead(k);
-        if (item < 0 || (best >= 0 && own_cost_[item] <= own_cost_[best])) {
-          continue;
-        }
-        if (within_quota && used_width_[k] + widths_[k] > quota_[k]) continue;
-        for (int width = widths_[k]; width <= config_.max_cp; width *= 2) {
-          const int first = FindFreeBlock(row, width);
-          if (first >= 0) {
-            best = item;
-            best_first = first;
-            best_width = width;
-            break;
-          }
-          if (config_.max_cp == config_.min_cp) break;  // static CP
-        }
-      }
-      if (best >= 0) {
-        OpenGroup(row, best_first, best_width, best);
-        ++taken;
-        break;
-      }
+    if (taken < budget &&
+        (PlaceLightest(row, true) || PlaceLightest(row, false))) {
+      ++taken;
+      continue;
     }
-    if (best >= 0) continue;
-    // 4. Spread groups over what is left.
+    // 4. Grow groups over what is left.
     bool grown = false;
     for (int g : rows_groups_[row]) {
       if (DoubleIntoBuddy(g)) {
@@ -401,6 +408,12 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
       }
     }
     if (grown || SpreadIntoSmallestFreeBlock(row)) continue;
+    // 5. A sequence meant for a later microbatch; that one may then grow
+    //    its groups instead.
+    if (PlaceLightest(row, false)) {
+      ++taken;
+      continue;
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot give every one of the ", n_, " ranks a sequence in each of ",
         rows_, " microbatches: the batch holds ", items_.size(), " sequences (",
