@@ -54,8 +54,13 @@ absl::StatusOr<ReplaySummary> ReplayTrace(absl::Span<const int64_t> lengths,
   }
   const int64_t available =
       static_cast<int64_t>(lengths.size()) / options.global_batch;
+  if (available == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the trace holds ", lengths.size(),
+        " lengths, fewer than one global batch of ", options.global_batch));
+  }
   const int64_t steps = options.steps > 0 ? options.steps : available;
-  if (steps < 1 || steps > available) {
+  if (steps > available) {
     return absl::InvalidArgumentError(
         absl::StrCat("the trace holds ", available, " global batches of ",
                      options.global_batch, "; asked for ", steps));

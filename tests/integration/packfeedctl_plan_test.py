@@ -45,6 +45,26 @@ if TRACES.is_dir():
               abs(got["microbatches_lower_bound_mean"] - lower) < 0.051, got)
         check(name + " step/ideal", abs(got["step_over_ideal"] - step_ideal) < 0.006, got)
         check(name + " padding", abs(got["padding_pct"] - padding) < 0.006, got)
+    # packfeed's planners on the same traces: better balanced than
+    # Megatron's best scheduler there, within a microbatch of the bound.
+    OURS = [  # trace, DP, CP, cap, GBS, scheduler, Megatron's best step/ideal
+        ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, "balanced", 1.035),
+        ("trace_sft_lognormal_1024_8192", 4, 2, 4096, 256, "balanced", 1.022),
+        ("trace_sft_lognormal_1024_8192", 4, 2, 8192, 256, "balanced", 1.40),
+        ("trace_dcp_lognormal_512_49152", 2, 16, 3072, 256, "balanced", 1.061),
+        ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, "dynamic_cp", 1.035),
+    ]
+    for trace, dp, cp, cap, gbs, scheduler, megatron_best in OURS:
+        name = f"{scheduler} {trace} DP{dp}xCP{cp} cap {cap}"
+        got = json.loads(plan("--lengths", str(TRACES / f"{trace}.txt"),
+                              "--scheduler", scheduler, "--dp", str(dp),
+                              "--cp", str(cp), "--max-tokens-per-rank", str(cap),
+                              "--global-batch", str(gbs), "--json").stdout)
+        check(name + " beats Megatron", got["step_over_ideal"] < megatron_best, got)
+        check(name + " M within one of its bound", got["microbatches_mean"] <=
+              got["microbatches_lower_bound_mean"] + 1, got)
+        check(name + " padding <= 0.5 %", got["padding_pct"] <= 0.5, got)
+        check(name + " tokens within the cap", got["max_tokens_on_a_rank"] <= cap, got)
 else:
     print(f"skipping Megatron figure checks: {TRACES} not found")
 
@@ -71,7 +91,8 @@ with tempfile.TemporaryDirectory() as tmp:
           "unknown scheduler 'greedy'" in bad.stderr, bad.stderr)
     bad = plan("--lengths", str(lengths), "--dp", "2", "--max-tokens-per-rank",
                "100", "--global-batch", "64", ok=False)
-    check("too few batches", "holds 0 global batches" in bad.stderr, bad.stderr)
+    check("too few batches", "holds 8 lengths, fewer than one global batch of 64"
+          in bad.stderr, bad.stderr)
     oversized_first = pathlib.Path(tmp) / "o.txt"
     oversized_first.write_text("300\n5\n5\n5\n")
     bad = plan("--lengths", str(oversized_first), "--dp", "2",
@@ -84,5 +105,31 @@ with tempfile.TemporaryDirectory() as tmp:
                    "--max-tokens-per-rank", "100", "--global-batch", "4", ok=False)
         check(f"{scheduler}: oversized sequence named",
               "sample 0 of length 300 does not fit" in bad.stderr, bad.stderr)
+
+with tempfile.TemporaryDirectory() as tmp:
+    # dynamic_cp's dump: every sample once per rank of its group, groups
+    # aligned, padding to 2·c for the sequence's own c.
+    lengths = pathlib.Path(tmp) / "l.txt"
+    lengths.write_text("\n".join(str(n) for n in [900, 40, 300, 7, 64, 9, 33, 12]))
+    dump = pathlib.Path(tmp) / "plan.json"
+    got = json.loads(plan("--lengths", str(lengths), "--dp", "4",
+                          "--scheduler", "dynamic_cp", "--max-tokens-per-rank", "256",
+                          "--global-batch", "8", "--dump-plan", str(dump), "--json").stdout)
+    steps = json.loads(dump.read_text())
+    entries = [(r, q) for mb in steps[0]["microbatches"] for r, rank in enumerate(mb)
+               for q in rank]
+    counts = {}
+    for r, q in entries:
+        counts[q["sample"]] = counts.get(q["sample"], 0) + 1
+        c = q["cp_size"]
+        check("aligned group", r // c == q["cp_group"], q)
+        check("padded for its own CP", q["padded_length"] % (2 * c if c > 1 else 1) == 0
+              and q["padded_length"] >= q["length"], q)
+    check("every sample on each rank of its group",
+          all(counts[q["sample"]] == q["cp_size"] for _, q in entries), counts)
+    check("all eight samples", sorted(counts) == list(range(8)), counts)
+    check("the 900-token sample needs CP 4",
+          any(q["sample"] == 0 and q["cp_size"] == 4 for _, q in entries), entries)
+    check("histogram printed", sum(got["cp_size_histogram"].values()) == 8, got)
 
 checks.finish()

@@ -1,0 +1,179 @@
+// Replays the bench traces through every planner on every configuration of
+// ../shared/bench/README.md and prints packfeed's figures beside the ones
+// measured there by running Megatron-LM's own schedulers.
+//   scheduler_bench [--traces DIR]
+// Megatron's figures are quoted from that README (they come from running
+// its code, not from this program); ours are measured in this run,
+// single-threaded.
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "packfeed/server/dataset_generator.h"
+#include "packfeed/server/plan_replay.h"
+
+namespace {
+
+using packfeed::PlannerOptions;
+using packfeed::ReplayOptions;
+using packfeed::ReplaySummary;
+using packfeed::SchedulerKind;
+
+struct MegatronFigures {
+  const char* scheduler;
+  double microbatches, lower_bound, step_over_ideal, padding_pct, ms;
+};
+
+struct Config {
+  const char* name;
+  const char* trace;
+  int dp, cp;
+  int64_t cap, global_batch;
+  std::vector<MegatronFigures> megatron;
+};
+
+// ../shared/bench/README.md, "Megatron-LM's own schedulers on these traces".
+const std::vector<Config>& Configs() {
+  static const std::vector<Config> configs = {
+      {"SFT, 8 ranks (DP8), 8192, 256",
+       "trace_sft_lognormal_1024_8192",
+       8,
+       1,
+       8192,
+       256,
+       {{"dp_balanced", 16.5, 13.1, 2.04, 0, 0.05},
+        {"dynamic CP", 13.4, 13.2, 1.035, 0.15, 13.6}}},
+      {"SFT, DP4xCP2, 4096, 256",
+       "trace_sft_lognormal_1024_8192",
+       4,
+       2,
+       4096,
+       256,
+       {{"dp_balanced", 32.5, 25.7, 1.84, 0.03, 0.07},
+        {"dynamic CP", 26.2, 25.7, 1.022, 0.15, 22}}},
+      {"SFT, DP4xCP2, 8192, 256",
+       "trace_sft_lognormal_1024_8192",
+       4,
+       2,
+       8192,
+       256,
+       {{"dp_balanced", 15.3, 13.1, 1.40, 0.03, 0.05}}},
+      {"long-tail, DP2xCP16 (32 ranks), 3072, 256",
+       "trace_dcp_lognormal_512_49152",
+       2,
+       16,
+       3072,
+       256,
+       {{"dp_balanced", 17.8, 15.3, 1.51, 0.25, 0.11},
+        {"dynamic CP", 15.4, 15.3, 1.061, 0.52, 29}}},
+      {"long-tail, DP64xCP16 (1024 ranks), 3072, 8192",
+       "trace_dcp_lognormal_512_49152",
+       64,
+       16,
+       3072,
+       8192,
+       {{"dp_balanced", 18, 15, 3.55, 0.25, 3.6},
+        {"dynamic CP", 18, 18, 1.10, 18.6, 89000}}},
+      {"example, DP16xCP4 (64 ranks), 2048, 128",
+       "trace_dcpex_lognormal_128_8192",
+       16,
+       4,
+       2048,
+       128,
+       {{"dynamic CP", 1.2, 1.2, 2.87, 5.6, 13}}},
+  };
+  return configs;
+}
+
+struct Variant {
+  const char* label;
+  SchedulerKind kind;
+  double cp_upgrade_budget;
+};
+
+const Variant kVariants[] = {
+    {"megatron_dp_balanced (ours)", SchedulerKind::kMegatronDpBalanced, 0},
+    {"balanced", SchedulerKind::kBalanced, 0},
+    {"dynamic_cp", SchedulerKind::kDynamicCp, 0.05},
+    {"dynamic_cp, fewest microbatches", SchedulerKind::kDynamicCp, 1e9},
+};
+
+void PrintRow(const char* scheduler, double m, double lower, double s2,
+              const std::string& full, const std::string& bound,
+              const std::string& inflation, double padding,
+              const std::string& ms) {
+  std::printf("  %-34s %6.2f (%5.2f) %8.4f %8s %7s %8s %7.3f %14s\n", scheduler,
+              m, lower, s2, full.c_str(), bound.c_str(), inflation.c_str(),
+              padding, ms.c_str());
+}
+
+std::string Fixed(double value, int digits) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.*f", digits, value);
+  return text;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Scheduler figures beside Megatron-LM's");
+  std::string traces = std::string(PF_SOURCE_DIR) + "/../shared/bench/traces";
+  app.add_option("--traces", traces, "Folder of trace_*.txt length files")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::printf(
+      "step/ideal: modelled step over perfect balance (s²/c, and the full "
+      "Llama-8B-shaped model);\nbound: what the batch's heaviest sequence "
+      "allows at its needed CP; infl: CP inflation; ms: median (max) per "
+      "global batch, one core\n");
+  for (const Config& config : Configs()) {
+    const std::string path = traces + "/" + config.trace + ".txt";
+    absl::StatusOr<std::vector<int64_t>> lengths =
+        packfeed::ReadLengthsFile(path);
+    if (!lengths.ok()) {
+      std::fprintf(stderr, "scheduler_bench: %s\n",
+                   lengths.status().ToString().c_str());
+      return 1;
+    }
+    // Each batch four times over: the same means, steadier timings.
+    std::vector<int64_t> replayed;
+    for (int r = 0; r < 4; ++r) {
+      replayed.insert(replayed.end(), lengths->begin(), lengths->end());
+    }
+    std::printf("\n%s  [%s]\n", config.name, config.trace);
+    std::printf("  %-34s %14s %8s %8s %7s %8s %7s %14s\n", "scheduler",
+                "M (lower b.)", "s2", "full", "bound", "infl", "pad %", "ms");
+    for (const MegatronFigures& m : config.megatron) {
+      PrintRow((std::string("Megatron ") + m.scheduler).c_str(), m.microbatches,
+               m.lower_bound, m.step_over_ideal, "-", "-", "-", m.padding_pct,
+               Fixed(m.ms, 2));
+    }
+    for (const Variant& variant : kVariants) {
+      ReplayOptions options;
+      options.planner.kind = variant.kind;
+      options.planner.dp = config.dp;
+      options.planner.cp = config.cp;
+      options.planner.max_tokens_per_rank = config.cap;
+      options.planner.cp_upgrade_budget = variant.cp_upgrade_budget;
+      options.global_batch = config.global_batch;
+      absl::StatusOr<ReplaySummary> s =
+          packfeed::ReplayTrace(replayed, options);
+      if (!s.ok()) {
+        std::printf("  %-34s %s\n", variant.label,
+                    s.status().ToString().c_str());
+        continue;
+      }
+      PrintRow(variant.label, s->microbatches_mean,
+               s->microbatches_lower_bound_mean, s->step_over_ideal,
+               Fixed(s->step_over_ideal_full_model, 4),
+               Fixed(s->step_over_ideal_bound, 3), Fixed(s->cp_inflation, 3),
+               s->padding_pct,
+               Fixed(s->schedule_ms_median, 2) + " (" +
+                   Fixed(s->schedule_ms_max, 1) + ")");
+    }
+  }
+  return 0;
+}
