@@ -2,8 +2,10 @@
 # packfeed quick start, from a fresh machine: installs what is missing,
 # builds, and runs the main job on an embedded default.
 # Today's main job: generate a Megatron indexed dataset (lengths drawn like
-# Megatron's mock SFT generator) and show what packfeed's reader sees in it.
-# Later stages grow this into daemon + client ranks.
+# Megatron's mock SFT generator), show what packfeed's reader sees in it, and
+# plan its global batches (drawn by packfeed's sampler) for 8 ranks with
+# Megatron's scheduler and packfeed's. Later stages grow this into daemon +
+# client ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,3 +25,10 @@ echo "== what the reader sees"
 echo
 echo "== the same as JSON"
 "$ctl" dataset-info "$work/demo" --json
+echo
+echo "== its global batches of 256, planned for DP4 x CP2, 4096 tokens per rank"
+for scheduler in megatron_dp_balanced balanced dynamic_cp; do
+  echo "-- $scheduler"
+  "$ctl" plan --dataset "$work/demo" --seed 1 --global-batch 256 --dp 4 --cp 2 \
+    --max-tokens-per-rank 4096 --scheduler "$scheduler"
+done

@@ -12,7 +12,9 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
+#include "packfeed/scheduler/sampler.h"
 #include "packfeed/server/dataset_generator.h"
+#include "packfeed/server/indexed_dataset.h"
 #include "packfeed/server/plan_replay.h"
 
 namespace packfeed::ctl {
@@ -20,6 +22,8 @@ namespace {
 
 struct PlanArgs {
   std::string lengths_file;
+  std::string dataset;
+  int64_t seed = -1;  // < 0: the file's or dataset's own order
   int64_t global_batch = 256;
   int dp = 1;
   int cp = 1;
@@ -65,6 +69,42 @@ absl::StatusOr<CostModel> CostModelFromName(const std::string& name) {
       "unknown cost model '", name, "'; expected megatron or llama8b"));
 }
 
+// The lengths to replay, batch after batch: the file's or dataset's own
+// order, or with --seed the order packfeed's sampler draws (shuffled per
+// epoch), as a job would see it.
+absl::StatusOr<std::vector<int64_t>> LoadLengths(const PlanArgs& args) {
+  if (args.dataset.empty() == args.lengths_file.empty()) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --lengths and --dataset");
+  }
+  std::vector<int64_t> stored;
+  if (!args.dataset.empty()) {
+    PF_ASSIGN_OR_RETURN(IndexedDataset dataset,
+                        IndexedDataset::Open(args.dataset));
+    stored.reserve(dataset.num_sequences());
+    for (uint64_t i = 0; i < dataset.num_sequences(); ++i) {
+      stored.push_back(dataset.sequence_length(i));
+    }
+  } else {
+    PF_ASSIGN_OR_RETURN(stored, ReadLengthsFile(args.lengths_file));
+  }
+  if (args.seed < 0) return stored;
+  PF_ASSIGN_OR_RETURN(
+      Sampler sampler,
+      Sampler::Create({{{static_cast<int64_t>(stored.size()), 1.0}},
+                       args.global_batch,
+                       static_cast<uint64_t>(args.seed),
+                       /*shuffle=*/true}));
+  std::vector<int64_t> drawn;
+  const int64_t steps = static_cast<int64_t>(stored.size()) / args.global_batch;
+  for (int64_t step = 0; step < steps; ++step) {
+    for (const SampleRef& ref : sampler.GlobalBatch(step)) {
+      drawn.push_back(stored[static_cast<size_t>(ref.index)]);
+    }
+  }
+  return drawn;
+}
+
 absl::Status Plan(const PlanArgs& args) {
   ReplayOptions options;
   PF_ASSIGN_OR_RETURN(options.planner.kind,
@@ -83,13 +123,13 @@ absl::Status Plan(const PlanArgs& args) {
   options.global_batch = args.global_batch;
   options.steps = args.steps;
   options.keep_plans = !args.dump_plan.empty();
-  PF_ASSIGN_OR_RETURN(std::vector<int64_t> lengths,
-                      ReadLengthsFile(args.lengths_file));
+  const std::string source =
+      args.dataset.empty() ? args.lengths_file : args.dataset;
+  PF_ASSIGN_OR_RETURN(std::vector<int64_t> lengths, LoadLengths(args));
   absl::StatusOr<ReplaySummary> summary = ReplayTrace(lengths, options);
   if (!summary.ok()) {
-    return absl::Status(
-        summary.status().code(),
-        absl::StrCat(args.lengths_file, ": ", summary.status().message()));
+    return absl::Status(summary.status().code(),
+                        absl::StrCat(source, ": ", summary.status().message()));
   }
 
   nlohmann::ordered_json out;
@@ -144,8 +184,12 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   CLI::App* plan = app.add_subcommand(
       "plan", "Replay global batches of a length file through a scheduler");
   plan->add_option("--lengths", args->lengths_file,
-                   "One sequence length per line")
-      ->required();
+                   "One sequence length per line");
+  plan->add_option("--dataset", args->dataset,
+                   "A Megatron indexed dataset prefix: plan its sequences");
+  plan->add_option("--seed", args->seed,
+                   "Draw batches with packfeed's sampler (shuffled per epoch) "
+                   "from this seed instead of in stored order");
   plan->add_option("--global-batch", args->global_batch, "Sequences per step")
       ->capture_default_str();
   plan->add_option("--dp", args->dp, "Data-parallel size")

@@ -132,4 +132,28 @@ with tempfile.TemporaryDirectory() as tmp:
           any(q["sample"] == 0 and q["cp_size"] == 4 for _, q in entries), entries)
     check("histogram printed", sum(got["cp_size_histogram"].values()) == 8, got)
 
+with tempfile.TemporaryDirectory() as tmp:
+    # A real dataset, batches drawn by the sampler: the same seed gives the
+    # same plans, another seed others; every sample of the dataset is used.
+    prefix = pathlib.Path(tmp) / "demo"
+    checks.run("make-dataset", "--out", str(prefix), "--count", "512",
+               "--dist", "lognormal", "--min", "16", "--max", "2048",
+               "--mean", "256", "--sigma", "1.2", "--seed", "3")
+    dumps = []
+    for seed in ("1", "1", "2"):
+        dump = pathlib.Path(tmp) / f"plan{len(dumps)}.json"
+        got = json.loads(plan("--dataset", str(prefix), "--seed", seed,
+                              "--global-batch", "128", "--dp", "4",
+                              "--scheduler", "dynamic_cp",
+                              "--max-tokens-per-rank", "1024",
+                              "--dump-plan", str(dump), "--json").stdout)
+        check("four steps of the dataset", got["steps"] == 4, got)
+        dumps.append(json.loads(dump.read_text()))
+    check("same seed, same plans", dumps[0] == dumps[1])
+    check("another seed, other plans", dumps[0] != dumps[2])
+    bad = plan("--dataset", str(prefix), "--lengths", "x", "--max-tokens-per-rank",
+               "8", ok=False)
+    check("one source only", "exactly one of --lengths and --dataset" in bad.stderr,
+          bad.stderr)
+
 checks.finish()
