@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "internal/group_merger.h"
 #include "internal/plan_refiner.h"
 #include "internal/row_packer.h"
 #include "packfeed/scheduler/megatron_dp_balanced.h"
@@ -90,6 +91,31 @@ absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(
     items.push_back({static_cast<int64_t>(i), lengths[i], c});
   }
   return items;
+}
+
+// After packing: local search; under dynamic CP, merges that spend what is
+// left of the upgrade budget on the heaviest groups, then search again.
+void Polish(GlobalPlan& plan, const std::vector<internal::PackerItem>& items,
+            const internal::PackerConfig& config, SchedulerKind kind,
+            double budget) {
+  internal::RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);
+  if (kind != SchedulerKind::kDynamicCp) return;
+  double total = 0;
+  double upgraded = 0;
+  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+    for (const CpGroup& group : microbatch.groups) {
+      for (const PlannedSequence& s : group.sequences) {
+        total += static_cast<double>(s.padded_length);
+        if (group.size > items[s.sample].cp_size) {
+          upgraded += static_cast<double>(s.padded_length);
+        }
+      }
+    }
+  }
+  const double left = std::min(budget, 1.0) * total - upgraded;
+  if (left < 1) return;
+  internal::MergeHeaviestGroups(plan, config, static_cast<int64_t>(left));
+  internal::RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);
 }
 
 }  // namespace
@@ -186,8 +212,7 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
       absl::StatusOr<GlobalPlan> plan =
           internal::PackRows(*items, static_cast<int>(rows), config);
       if (plan.ok()) {
-        internal::RefinePlan(*plan, config.cost_model,
-                             config.max_tokens_per_rank);
+        Polish(*plan, *items, config, options.kind, budget);
         return plan;
       }
       last = plan.status();

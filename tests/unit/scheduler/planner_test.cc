@@ -220,6 +220,28 @@ TEST(PlannerTest, DynamicCpGrowsGroupsRatherThanIdleRanks) {
   EXPECT_EQ(covered, 4);
 }
 
+TEST(PlannerTest, DynamicCpMergesGroupsOnlyWithinTheUpgradeBudget) {
+  // Two sequences that each fill a rank: apart, the ranks' work is 100² and
+  // 60²; merged into one CP-2 group each rank does (100² + 60²)/2. Merging
+  // runs all tokens above their needed CP size, so only a budget of 100 %
+  // allows it.
+  const std::vector<int64_t> lengths = {100, 60};
+  PlannerOptions options = Options(SchedulerKind::kDynamicCp, 2, 1, 100);
+  options.cp_upgrade_budget = 0.05;
+  const GlobalPlan apart = *PlanGlobalBatch(lengths, options);
+  ASSERT_EQ(apart.num_microbatches(), 1);
+  EXPECT_EQ(apart.microbatches[0].groups.size(), 2u);
+  options.cp_upgrade_budget = 1.0;
+  const GlobalPlan merged = *PlanGlobalBatch(lengths, options);
+  ASSERT_EQ(merged.num_microbatches(), 1);
+  ASSERT_EQ(merged.microbatches[0].groups.size(), 1u);
+  EXPECT_EQ(merged.microbatches[0].groups[0].size, 2);
+  EXPECT_EQ(merged.microbatches[0].groups[0].sequences.size(), 2u);
+  const PlanStats stats = ComputePlanStats(merged, CostModel::Megatron(), 100);
+  EXPECT_DOUBLE_EQ(stats.step_over_ideal, 1.0);
+  EXPECT_DOUBLE_EQ(stats.cp_inflation, 2.0);
+}
+
 TEST(PlannerTest, BadOptionsAreRefused) {
   const std::vector<int64_t> lengths = {10, 20};
   PlannerOptions options = Options(SchedulerKind::kDynamicCp, 2, 2, 1024);

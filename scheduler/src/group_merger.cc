@@ -1,0 +1,162 @@
+#include "internal/group_merger.h"
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+namespace packfeed::internal {
+namespace {
+
+int NeededSize(int64_t length, const PackerConfig& config) {
+  int c = config.min_cp;
+  while (c < config.max_cp && ShapeAt(length, c, config).tokens_per_rank >
+                                  config.max_tokens_per_rank) {
+    c *= 2;
+  }
+  return c;
+}
+
+// Per-rank cost and tokens of `groups`' sequences run together at `size`.
+struct Load {
+  double cost = 0;
+  int64_t tokens = 0;
+  int64_t padded = 0;
+};
+Load LoadAt(const std::vector<const CpGroup*>& groups, int size,
+            const PackerConfig& config) {
+  Load load;
+  for (const CpGroup* group : groups) {
+    for (const PlannedSequence& s : group->sequences) {
+      const SequenceShape shape = ShapeAt(s.length, size, config);
+      load.cost += shape.cost_per_rank;
+      load.tokens += shape.tokens_per_rank;
+      load.padded += shape.padded;
+    }
+  }
+  return load;
+}
+
+// A group may merge only while its sequences run at the size they need.
+bool AtNeededSize(const CpGroup& group, const PackerConfig& config) {
+  return std::all_of(group.sequences.begin(), group.sequences.end(),
+                     [&](const PlannedSequence& s) {
+                       return NeededSize(s.length, config) == group.size;
+                     });
+}
+
+struct Merge {
+  size_t heaviest = 0;
+  size_t partner = 0;
+  double gain = 0;     // fall of the microbatch's maximum
+  int64_t tokens = 0;  // padded tokens moved to twice their CP size
+};
+
+// The best merge for one microbatch: its heaviest group with the partner of
+// the same size that gives the lowest maximum.
+std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
+                               const PackerConfig& config) {
+  const std::vector<CpGroup>& groups = microbatch.groups;
+  std::vector<double> cost(groups.size());
+  size_t heaviest = 0;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    cost[i] = LoadAt({&groups[i]}, groups[i].size, config).cost;
+    if (cost[i] > cost[heaviest]) heaviest = i;
+  }
+  const CpGroup& top = groups[heaviest];
+  if (2 * top.size > config.max_cp || !AtNeededSize(top, config)) {
+    return std::nullopt;
+  }
+  // The largest cost outside the merged pair: the second largest overall,
+  // or the third when the partner is the second.
+  size_t second = groups.size(), third = groups.size();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (i == heaviest) continue;
+    if (second == groups.size() || cost[i] > cost[second]) {
+      third = second;
+      second = i;
+    } else if (third == groups.size() || cost[i] > cost[third]) {
+      third = i;
+    }
+  }
+  const auto others_max = [&](size_t partner) {
+    const size_t k = partner == second ? third : second;
+    return k < groups.size() ? cost[k] : 0.0;
+  };
+  std::optional<Merge> best;
+  double best_max = cost[heaviest];
+  for (size_t j = 0; j < groups.size(); ++j) {
+    if (j == heaviest || groups[j].size != top.size ||
+        !AtNeededSize(groups[j], config)) {
+      continue;
+    }
+    const Load merged = LoadAt({&top, &groups[j]}, 2 * top.size, config);
+    if (merged.tokens > config.max_tokens_per_rank) continue;
+    const double new_max = std::max(merged.cost, others_max(j));
+    if (new_max < best_max) {
+      best_max = new_max;
+      best = Merge{heaviest, j, cost[heaviest] - new_max, merged.padded};
+    }
+  }
+  return best;
+}
+
+// Replaces the two groups by one of twice the size and lays the
+// microbatch's groups out again, largest first: consecutive blocks sorted by
+// decreasing power-of-two size are always aligned.
+void Apply(PlannedMicrobatch& microbatch, const Merge& merge,
+           const PackerConfig& config) {
+  std::vector<CpGroup>& groups = microbatch.groups;
+  CpGroup merged;
+  merged.size = 2 * groups[merge.heaviest].size;
+  for (size_t index : {merge.heaviest, merge.partner}) {
+    for (const PlannedSequence& s : groups[index].sequences) {
+      merged.sequences.push_back(
+          {s.sample, s.length, ShapeAt(s.length, merged.size, config).padded});
+    }
+  }
+  std::vector<CpGroup> rest;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (i != merge.heaviest && i != merge.partner) {
+      rest.push_back(std::move(groups[i]));
+    }
+  }
+  rest.push_back(std::move(merged));
+  std::stable_sort(
+      rest.begin(), rest.end(),
+      [](const CpGroup& a, const CpGroup& b) { return a.size > b.size; });
+  int first = 0;
+  for (CpGroup& group : rest) {
+    group.first_rank = first;
+    first += group.size;
+  }
+  groups = std::move(rest);
+}
+
+}  // namespace
+
+void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
+                         int64_t budget_tokens) {
+  std::vector<std::optional<Merge>> best(plan.microbatches.size());
+  for (size_t m = 0; m < plan.microbatches.size(); ++m) {
+    best[m] = BestMerge(plan.microbatches[m], config);
+  }
+  while (true) {
+    // The most gain per token moved, within the budget.
+    std::optional<size_t> chosen;
+    for (size_t m = 0; m < best.size(); ++m) {
+      if (!best[m] || best[m]->tokens > budget_tokens) continue;
+      if (!chosen ||
+          best[m]->gain * static_cast<double>(best[*chosen]->tokens) >
+              best[*chosen]->gain * static_cast<double>(best[m]->tokens)) {
+        chosen = m;
+      }
+    }
+    if (!chosen) break;
+    budget_tokens -= best[*chosen]->tokens;
+    Apply(plan.microbatches[*chosen], *best[*chosen], config);
+    best[*chosen] = BestMerge(plan.microbatches[*chosen], config);
+  }
+  plan.flops = ComputeFlopsInputs(plan);
+}
+
+}  // namespace packfeed::internal
