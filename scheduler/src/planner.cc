@@ -93,28 +93,29 @@ absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(
   return items;
 }
 
-// After packing: local search; under dynamic CP, merges that spend what is
-// left of the upgrade budget on the heaviest groups, then search again.
+// After packing: under dynamic CP, merges that spend what is left of the
+// upgrade budget on the heaviest groups; then local search.
 void Polish(GlobalPlan& plan, const std::vector<internal::PackerItem>& items,
             const internal::PackerConfig& config, SchedulerKind kind,
             double budget) {
-  internal::RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);
-  if (kind != SchedulerKind::kDynamicCp) return;
-  double total = 0;
-  double upgraded = 0;
-  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
-    for (const CpGroup& group : microbatch.groups) {
-      for (const PlannedSequence& s : group.sequences) {
-        total += static_cast<double>(s.padded_length);
-        if (group.size > items[s.sample].cp_size) {
-          upgraded += static_cast<double>(s.padded_length);
+  if (kind == SchedulerKind::kDynamicCp) {
+    double total = 0;
+    double upgraded = 0;
+    for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+      for (const CpGroup& group : microbatch.groups) {
+        for (const PlannedSequence& s : group.sequences) {
+          total += static_cast<double>(s.padded_length);
+          if (group.size > items[s.sample].cp_size) {
+            upgraded += static_cast<double>(s.padded_length);
+          }
         }
       }
     }
+    const double left = std::min(budget, 1.0) * total - upgraded;
+    if (left >= 1) {
+      internal::MergeHeaviestGroups(plan, config, static_cast<int64_t>(left));
+    }
   }
-  const double left = std::min(budget, 1.0) * total - upgraded;
-  if (left < 1) return;
-  internal::MergeHeaviestGroups(plan, config, static_cast<int64_t>(left));
   internal::RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);
 }
 
