@@ -96,7 +96,8 @@ struct Variant {
 const Variant kVariants[] = {
     {"megatron_dp_balanced (ours)", SchedulerKind::kMegatronDpBalanced, 0},
     {"balanced", SchedulerKind::kBalanced, 0},
-    {"dynamic_cp", SchedulerKind::kDynamicCp, 0.05},
+    {"dynamic_cp (default: inflation 0.05)", SchedulerKind::kDynamicCp, 0.05},
+    {"dynamic_cp, inflation budget 0.10", SchedulerKind::kDynamicCp, 0.10},
     {"dynamic_cp, fewest microbatches", SchedulerKind::kDynamicCp, 1e9},
 };
 
@@ -104,7 +105,7 @@ void PrintRow(const char* scheduler, double m, double lower, double s2,
               const std::string& full, const std::string& bound,
               const std::string& inflation, double padding,
               const std::string& ms) {
-  std::printf("  %-34s %6.2f (%5.2f) %8.4f %8s %7s %8s %7.3f %14s\n", scheduler,
+  std::printf("  %-36s %6.2f (%5.2f) %8.4f %8s %7s %8s %7.3f %14s\n", scheduler,
               m, lower, s2, full.c_str(), bound.c_str(), inflation.c_str(),
               padding, ms.c_str());
 }
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
       replayed.insert(replayed.end(), lengths->begin(), lengths->end());
     }
     std::printf("\n%s  [%s]\n", config.name, config.trace);
-    std::printf("  %-34s %14s %8s %8s %7s %8s %7s %14s\n", "scheduler",
+    std::printf("  %-36s %14s %8s %8s %7s %8s %7s %14s\n", "scheduler",
                 "M (lower b.)", "s2", "full", "bound", "infl", "pad %", "ms");
     for (const MegatronFigures& m : config.megatron) {
       PrintRow((std::string("Megatron ") + m.scheduler).c_str(), m.microbatches,
@@ -162,7 +163,7 @@ int main(int argc, char** argv) {
       absl::StatusOr<ReplaySummary> s =
           packfeed::ReplayTrace(replayed, options);
       if (!s.ok()) {
-        std::printf("  %-34s %s\n", variant.label,
+        std::printf("  %-36s %s\n", variant.label,
                     s.status().ToString().c_str());
         continue;
       }

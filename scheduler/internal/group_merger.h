@@ -18,9 +18,11 @@
 
 namespace packfeed::internal {
 
-// `budget_tokens`: padded tokens that may still move to a larger CP size.
+// `budget`: CP inflation that may still be spent, in padded tokens (see
+// Inflation in row_packer.h). Merged groups run at twice the size their
+// sequences need, so a merge spends their padded tokens.
 void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
-                         int64_t budget_tokens);
+                         double budget);
 
 }  // namespace packfeed::internal
 

@@ -40,8 +40,8 @@ struct PackerConfig {
   // Dynamic CP: powers of two.
   int min_cp = 1;
   int max_cp = 1;
-  // Dynamic CP: the fraction of the batch's tokens that may run at a larger
-  // CP size than they need so as to use fewer microbatches.
+  // Dynamic CP: the CP inflation (see Inflation) the plan may spend, as a
+  // fraction of the batch's padded tokens, to use fewer microbatches.
   double cp_upgrade_budget = 0.05;
 };
 
@@ -59,6 +59,13 @@ struct SequenceShape {
   double cost_per_rank = 0;
 };
 SequenceShape ShapeAt(int64_t length, int cp_size, const PackerConfig& config);
+
+// What running `item` at `cp_size` adds to the batch's CP inflation, in
+// padded tokens: padded · (cp_size / its own size − 1). Summed over a batch
+// and divided by its tokens, this is the plan's CP inflation − 1 (weighted
+// by padded rather than real tokens).
+double Inflation(const PackerItem& item, int cp_size,
+                 const PackerConfig& config);
 
 // Packs `items` into exactly `rows` microbatches.
 // ResourceExhausted when the sequences do not fit in `rows` (the caller

@@ -135,7 +135,7 @@ void Apply(PlannedMicrobatch& microbatch, const Merge& merge,
 }  // namespace
 
 void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
-                         int64_t budget_tokens) {
+                         double budget) {
   std::vector<std::optional<Merge>> best(plan.microbatches.size());
   for (size_t m = 0; m < plan.microbatches.size(); ++m) {
     best[m] = BestMerge(plan.microbatches[m], config);
@@ -144,7 +144,7 @@ void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
     // The most gain per token moved, within the budget.
     std::optional<size_t> chosen;
     for (size_t m = 0; m < best.size(); ++m) {
-      if (!best[m] || best[m]->tokens > budget_tokens) continue;
+      if (!best[m] || static_cast<double>(best[m]->tokens) > budget) continue;
       if (!chosen ||
           best[m]->gain * static_cast<double>(best[*chosen]->tokens) >
               best[*chosen]->gain * static_cast<double>(best[m]->tokens)) {
@@ -152,7 +152,7 @@ void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
       }
     }
     if (!chosen) break;
-    budget_tokens -= best[*chosen]->tokens;
+    budget -= static_cast<double>(best[*chosen]->tokens);
     Apply(plan.microbatches[*chosen], *best[*chosen], config);
     best[*chosen] = BestMerge(plan.microbatches[*chosen], config);
   }

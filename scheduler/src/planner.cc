@@ -105,15 +105,13 @@ void Polish(GlobalPlan& plan, const std::vector<internal::PackerItem>& items,
       for (const CpGroup& group : microbatch.groups) {
         for (const PlannedSequence& s : group.sequences) {
           total += static_cast<double>(s.padded_length);
-          if (group.size > items[s.sample].cp_size) {
-            upgraded += static_cast<double>(s.padded_length);
-          }
+          upgraded += internal::Inflation(items[s.sample], group.size, config);
         }
       }
     }
-    const double left = std::min(budget, 1.0) * total - upgraded;
+    const double left = budget * total - upgraded;
     if (left >= 1) {
-      internal::MergeHeaviestGroups(plan, config, static_cast<int64_t>(left));
+      internal::MergeHeaviestGroups(plan, config, left);
     }
   }
   internal::RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);

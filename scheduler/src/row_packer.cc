@@ -11,6 +11,13 @@
 
 namespace packfeed::internal {
 
+double Inflation(const PackerItem& item, int cp_size,
+                 const PackerConfig& config) {
+  if (cp_size <= item.cp_size) return 0;
+  return static_cast<double>(ShapeAt(item.length, cp_size, config).padded) *
+         (static_cast<double>(cp_size) / item.cp_size - 1.0);
+}
+
 SequenceShape ShapeAt(int64_t length, int cp_size, const PackerConfig& config) {
   SequenceShape shape;
   shape.padded = PadTo(
@@ -52,8 +59,9 @@ class Packer {
   int ClassOf(int width) const;
   absl::Status AnchorRow(int row, int64_t budget);
   // Opens a group in `row` for the heaviest sequence that fits a free
-  // block (of its own size or, under dynamic CP, larger); false if none.
-  bool PlaceLightest(int row, bool within_quota);
+  // block of its own size or, with `upgrade`, a larger one (at the
+  // smallest that is free); false if none.
+  bool PlaceLightest(int row, bool within_quota, bool upgrade);
   // Heaviest unplaced item of class `c`, or -1.
   int ClassHead(int class_index);
   // Lowest aligned free block of `width` ranks in `row`, or -1.
@@ -65,6 +73,8 @@ class Packer {
   bool DoubleIntoBuddy(int group);
   bool SpreadIntoSmallestFreeBlock(int row);
   int HeaviestGroup(int row) const;
+  // Inflation() of `group`'s sequences at `size`.
+  double UpgradedTokens(int group, int size) const;
   // Keeps heaviest_ current after `group`'s cost rose.
   void NoteCost(int group);
   absl::Status Fill();
@@ -90,7 +100,10 @@ class Packer {
   std::vector<std::vector<int>> owner_;  // [row][rank] → group, −1 = free
   std::vector<int> free_ranks_;
   std::vector<std::vector<int>> rows_groups_;
-  std::vector<int> heaviest_;                    // per row, during anchoring
+  std::vector<int> heaviest_;  // per row, during anchoring
+  // CP inflation spent (Inflation() summed) and how much may be.
+  double upgraded_tokens_ = 0;
+  double upgrade_limit_ = 0;
   std::vector<std::map<int, int>> search_from_;  // [row][width] → rank
 };
 
@@ -126,6 +139,20 @@ Packer::Packer(const std::vector<PackerItem>& items, int rows,
   rows_groups_.resize(static_cast<size_t>(rows_));
   heaviest_.assign(static_cast<size_t>(rows_), -1);
   search_from_.resize(static_cast<size_t>(rows_));
+  double tokens = 0;
+  for (const PackerItem& item : items_) {
+    tokens +=
+        static_cast<double>(ShapeAt(item.length, item.cp_size, config_).padded);
+  }
+  upgrade_limit_ = config_.cp_upgrade_budget * tokens;
+}
+
+double Packer::UpgradedTokens(int group, int size) const {
+  double tokens = 0;
+  for (int item : groups_[group].members) {
+    tokens += Inflation(items_[item], size, config_);
+  }
+  return tokens;
 }
 
 int Packer::ClassOf(int width) const {
@@ -165,13 +192,13 @@ absl::Status Packer::SetQuotas() {
   // the spare room of the next size up, at twice their CP). Room to spare:
   // the smallest size takes it.
   int64_t excess = demand - total;
-  // Each rank-unit given way moves about a full rank of tokens to a larger
-  // CP size than they need.
+  // Each rank-unit given way moves about a full rank of tokens to at least
+  // twice the CP size they need: that much inflation at the least.
   if (static_cast<double>(excess * cap) >
       config_.cp_upgrade_budget * static_cast<double>(tokens)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        rows_, " microbatches would run more than ",
-        config_.cp_upgrade_budget * 100, "% of tokens above their CP size"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(rows_, " microbatches would spend more than ",
+                     config_.cp_upgrade_budget, " of CP inflation"));
   }
   for (size_t k = 0; k + 1 < widths_.size() && excess > 0; ++k) {
     const int64_t cut = std::min(excess, quota_[k]);
@@ -243,6 +270,7 @@ void Packer::AddMember(int group, int item) {
   const SequenceShape shape = ShapeAt(items_[item].length, g.size, config_);
   g.tokens += shape.tokens_per_rank;
   g.cost += shape.cost_per_rank;
+  upgraded_tokens_ += Inflation(items_[item], g.size, config_);
   g.members.push_back(item);
   placed_[item] = 1;
   --unplaced_;
@@ -250,6 +278,8 @@ void Packer::AddMember(int group, int item) {
 }
 
 void Packer::Resize(int group, int first, int size) {
+  upgraded_tokens_ +=
+      UpgradedTokens(group, size) - UpgradedTokens(group, groups_[group].size);
   Group& g = groups_[group];
   g.first = first;
   g.size = size;
@@ -335,7 +365,7 @@ bool Packer::SpreadIntoSmallestFreeBlock(int row) {
   return false;
 }
 
-bool Packer::PlaceLightest(int row, bool within_quota) {
+bool Packer::PlaceLightest(int row, bool within_quota, bool upgrade) {
   int best = -1;
   int best_first = -1;
   int best_width = 0;
@@ -345,7 +375,8 @@ bool Packer::PlaceLightest(int row, bool within_quota) {
       continue;
     }
     if (within_quota && used_width_[k] + widths_[k] > quota_[k]) continue;
-    for (int width = widths_[k]; width <= config_.max_cp; width *= 2) {
+    const int widest = upgrade ? config_.max_cp : widths_[k];
+    for (int width = widths_[k]; width <= widest; width *= 2) {
       const int first = FindFreeBlock(row, width);
       if (first >= 0) {
         best = item;
@@ -353,7 +384,6 @@ bool Packer::PlaceLightest(int row, bool within_quota) {
         best_width = width;
         break;
       }
-      if (config_.max_cp == config_.min_cp) break;  // static CP
     }
   }
   if (best < 0) return false;
@@ -390,12 +420,20 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
       continue;
     }
     // 2. Dynamic CP: halve the heaviest group's cost by doubling it.
-    if (heaviest >= 0 && DoubleIntoBuddy(heaviest)) continue;
-    // 3. A lighter sequence rather than an idle rank: the heaviest whose
-    //    size has quota left, else any, at the smallest free block that
-    //    holds it.
+    if (heaviest >= 0 &&
+        upgraded_tokens_ +
+                UpgradedTokens(heaviest, 2 * groups_[heaviest].size) -
+                UpgradedTokens(heaviest, groups_[heaviest].size) <=
+            upgrade_limit_ &&
+        DoubleIntoBuddy(heaviest)) {
+      continue;
+    }
+    // 3. A lighter sequence rather than an idle rank: the heaviest with a
+    //    free block of its own size (quota first), and only then one in a
+    //    larger block.
     if (taken < budget &&
-        (PlaceLightest(row, true) || PlaceLightest(row, false))) {
+        (PlaceLightest(row, true, false) || PlaceLightest(row, false, false) ||
+         PlaceLightest(row, true, true) || PlaceLightest(row, false, true))) {
       ++taken;
       continue;
     }
@@ -410,7 +448,7 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
     if (grown || SpreadIntoSmallestFreeBlock(row)) continue;
     // 5. A sequence meant for a later microbatch; that one may then grow
     //    its groups instead.
-    if (PlaceLightest(row, false)) {
+    if (PlaceLightest(row, false, true)) {
       ++taken;
       continue;
     }
@@ -462,6 +500,12 @@ absl::Status Packer::Fill() {
     for (auto& [size, groups] : open) {
       if (size < own) continue;
       const SequenceShape shape = ShapeAt(items_[item].length, size, config_);
+      // Larger than its own size only within the upgrade budget.
+      if (size > own &&
+          upgraded_tokens_ + Inflation(items_[item], size, config_) >
+              upgrade_limit_) {
+        continue;
+      }
       // The most deficit among the first few groups that have room; past
       // them, the roomiest group, if anything fits at all. Bounded work per
       // sequence keeps 1 024 ranks within milliseconds.

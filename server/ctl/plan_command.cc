@@ -217,9 +217,9 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                    "<= DP×CP)")
       ->capture_default_str();
   plan->add_option("--cp-upgrade-budget", args->cp_upgrade_budget,
-                   "dynamic_cp: fraction of tokens that may run above their "
-                   "needed CP size to save microbatches (1 = fewest "
-                   "microbatches)")
+                   "dynamic_cp: CP inflation (c / c_needed − 1, token-"
+                   "weighted) the plan may spend to save microbatches and "
+                   "balance (1e9 = fewest microbatches)")
       ->capture_default_str();
   plan->add_option("--cost-model", args->cost_model,
                    "What the planner balances: megatron (s²/c) | llama8b")

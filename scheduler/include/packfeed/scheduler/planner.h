@@ -44,11 +44,13 @@ struct PlannerOptions {
   int min_cp = 0;
   int max_cp = 0;
   // dynamic_cp only. Power-of-two groups leave a sequence just over half a
-  // group's cap with an almost half-empty group; filling that room means
-  // running shorter sequences at a larger CP size than they need. This is
-  // the fraction of the batch's tokens that may be moved up so, to save
-  // microbatches; beyond it the plan uses more microbatches instead. 1 =
-  // the fewest microbatches whatever the CP inflation.
+  // group's cap with an almost half-empty group; filling that room, or
+  // evening out a microbatch by merging groups, runs sequences at a larger
+  // CP size than they need. This is the CP inflation (token-weighted
+  // c / c_needed, minus 1) the plan may spend to save microbatches and to
+  // balance; past it the plan uses more microbatches. 1e9 = the fewest
+  // microbatches whatever the inflation. A batch that cannot otherwise give
+  // every rank work may exceed it.
   double cp_upgrade_budget = 0.05;
   // What the planner balances. The figures in bench/ also judge the plan
   // under s²/c (CostModel::Megatron()).
