@@ -12,17 +12,19 @@
 // gains first, and a sequence is never merged above twice the size it needs.
 
 #include <cstdint>
+#include <vector>
 
 #include "internal/row_packer.h"
 #include "packfeed/scheduler/plan.h"
 
 namespace packfeed::internal {
 
-// `budget`: CP inflation that may still be spent, in padded tokens (see
-// Inflation in row_packer.h). Merged groups run at twice the size their
-// sequences need, so a merge spends their padded tokens.
-void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
-                         double budget);
+// `items[sample]` gives each sequence's own size. `budget`: CP inflation that
+// may still be spent, in padded tokens (see Inflation in row_packer.h). Merged
+// groups run at twice the size their sequences need, so a merge spends their
+// padded tokens.
+void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
+                         const PackerConfig& config, double budget);
 
 }  // namespace packfeed::internal
 

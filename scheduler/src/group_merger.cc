@@ -7,15 +7,6 @@
 namespace packfeed::internal {
 namespace {
 
-int NeededSize(int64_t length, const PackerConfig& config) {
-  int c = config.min_cp;
-  while (c < config.max_cp && ShapeAt(length, c, config).tokens_per_rank >
-                                  config.max_tokens_per_rank) {
-    c *= 2;
-  }
-  return c;
-}
-
 // Per-rank cost and tokens of `groups`' sequences run together at `size`.
 struct Load {
   double cost = 0;
@@ -36,11 +27,11 @@ Load LoadAt(const std::vector<const CpGroup*>& groups, int size,
   return load;
 }
 
-// A group may merge only while its sequences run at the size they need.
-bool AtNeededSize(const CpGroup& group, const PackerConfig& config) {
+// A group may merge only while its sequences run at their own size.
+bool AtOwnSize(const CpGroup& group, const std::vector<PackerItem>& items) {
   return std::all_of(group.sequences.begin(), group.sequences.end(),
                      [&](const PlannedSequence& s) {
-                       return NeededSize(s.length, config) == group.size;
+                       return items[s.sample].cp_size == group.size;
                      });
 }
 
@@ -54,6 +45,7 @@ struct Merge {
 // The best merge for one microbatch: its heaviest group with the partner of
 // the same size that gives the lowest maximum.
 std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
+                               const std::vector<PackerItem>& items,
                                const PackerConfig& config) {
   const std::vector<CpGroup>& groups = microbatch.groups;
   std::vector<double> cost(groups.size());
@@ -63,7 +55,7 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
     if (cost[i] > cost[heaviest]) heaviest = i;
   }
   const CpGroup& top = groups[heaviest];
-  if (2 * top.size > config.max_cp || !AtNeededSize(top, config)) {
+  if (2 * top.size > config.max_cp || !AtOwnSize(top, items)) {
     return std::nullopt;
   }
   // The largest cost outside the merged pair: the second largest overall,
@@ -86,7 +78,7 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
   double best_max = cost[heaviest];
   for (size_t j = 0; j < groups.size(); ++j) {
     if (j == heaviest || groups[j].size != top.size ||
-        !AtNeededSize(groups[j], config)) {
+        !AtOwnSize(groups[j], items)) {
       continue;
     }
     const Load merged = LoadAt({&top, &groups[j]}, 2 * top.size, config);
@@ -134,11 +126,11 @@ void Apply(PlannedMicrobatch& microbatch, const Merge& merge,
 
 }  // namespace
 
-void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
-                         double budget) {
+void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
+                         const PackerConfig& config, double budget) {
   std::vector<std::optional<Merge>> best(plan.microbatches.size());
   for (size_t m = 0; m < plan.microbatches.size(); ++m) {
-    best[m] = BestMerge(plan.microbatches[m], config);
+    best[m] = BestMerge(plan.microbatches[m], items, config);
   }
   while (true) {
     // The most gain per token moved, within the budget.
@@ -154,7 +146,7 @@ void MergeHeaviestGroups(GlobalPlan& plan, const PackerConfig& config,
     if (!chosen) break;
     budget -= static_cast<double>(best[*chosen]->tokens);
     Apply(plan.microbatches[*chosen], *best[*chosen], config);
-    best[*chosen] = BestMerge(plan.microbatches[*chosen], config);
+    best[*chosen] = BestMerge(plan.microbatches[*chosen], items, config);
   }
   plan.flops = ComputeFlopsInputs(plan);
 }

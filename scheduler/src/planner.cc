@@ -111,7 +111,7 @@ void Polish(GlobalPlan& plan, const std::vector<internal::PackerItem>& items,
     }
     const double left = budget * total - upgraded;
     if (left >= 1) {
-      internal::MergeHeaviestGroups(plan, config, left);
+      internal::MergeHeaviestGroups(plan, items, config, left);
     }
   }
   internal::RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);

@@ -104,6 +104,7 @@ class Packer {
   // CP inflation spent (Inflation() summed) and how much may be.
   double upgraded_tokens_ = 0;
   double upgrade_limit_ = 0;
+  int64_t tokens_ = 0;  // padded, every sequence at its own size
   std::vector<std::map<int, int>> search_from_;  // [row][width] → rank
 };
 
@@ -139,12 +140,10 @@ Packer::Packer(const std::vector<PackerItem>& items, int rows,
   rows_groups_.resize(static_cast<size_t>(rows_));
   heaviest_.assign(static_cast<size_t>(rows_), -1);
   search_from_.resize(static_cast<size_t>(rows_));
-  double tokens = 0;
   for (const PackerItem& item : items_) {
-    tokens +=
-        static_cast<double>(ShapeAt(item.length, item.cp_size, config_).padded);
+    tokens_ += ShapeAt(item.length, item.cp_size, config_).padded;
   }
-  upgrade_limit_ = config_.cp_upgrade_budget * tokens;
+  upgrade_limit_ = config_.cp_upgrade_budget * static_cast<double>(tokens_);
 }
 
 double Packer::UpgradedTokens(int group, int size) const {
@@ -171,14 +170,12 @@ absl::Status Packer::SetQuotas() {
   // A sequence over half a group's tokens needs a group to itself; shorter
   // ones share, so they need their tokens' worth of ranks.
   int64_t demand = 0;
-  int64_t tokens = 0;
   for (size_t k = 0; k < widths_.size(); ++k) {
     int64_t alone = 0;
     int64_t shared_tokens = 0;
     for (int item : by_class_[k]) {
       const SequenceShape shape =
           ShapeAt(items_[item].length, widths_[k], config_);
-      tokens += shape.padded;
       if (2 * shape.tokens_per_rank > cap) {
         alone += widths_[k];
       } else {
@@ -194,8 +191,7 @@ absl::Status Packer::SetQuotas() {
   int64_t excess = demand - total;
   // Each rank-unit given way moves about a full rank of tokens to at least
   // twice the CP size they need: that much inflation at the least.
-  if (static_cast<double>(excess * cap) >
-      config_.cp_upgrade_budget * static_cast<double>(tokens)) {
+  if (static_cast<double>(excess * cap) > upgrade_limit_) {
     return absl::ResourceExhaustedError(
         absl::StrCat(rows_, " microbatches would spend more than ",
                      config_.cp_upgrade_budget, " of CP inflation"));
