@@ -1,0 +1,186 @@
+// The far end of the transport tests: a receiver, a sender, or a "rogue"
+// sender that sends whatever bytes the test gives it. Driven by its parent
+// over the control socket on fd 3 (tests/testing/child_process.h):
+//
+//   receiver: sends its worker address and ring descriptor, then serves
+//     "connect <epoch>" + <sender address>      -> "ok" | "<CODE>: <message>"
+//     "receive <first_seq> <count>"             -> "ok <bytes>" | "<CODE>: ..."
+//   sender: sends its worker address, then serves
+//     "connect" + <receiver address> + <ring>   -> "epoch <e>" | "<CODE>: ..."
+//     "push <epoch> <first_seq> <count>"        -> "ok" | "<CODE>: ..."
+//   rogue: sends its worker address, then serves
+//     "connect" + <receiver address>            -> "ok"
+//     "send" + <bytes>                          -> "sent" (one eager message)
+//   every role: "quit".
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "child_process.h"
+#include "packfeed/transport/receiver.h"
+#include "packfeed/transport/sender.h"
+#include "packfeed/transport/ucx_endpoint.h"
+#include "packfeed/transport/ucx_status.h"
+#include "transport_harness.h"
+
+namespace packfeed::testing {
+namespace {
+
+using transport::UcxOptions;
+
+struct PeerFlags {
+  std::string role;
+  std::string transports;
+  uint32_t slots = 3;
+  uint64_t slot_bytes = 0;
+  uint64_t max_payload = 0;
+  int hold_ms = 0;
+};
+
+[[noreturn]] void Die(const absl::Status& status) {
+  fprintf(stderr, "transport_peer: %s\n", StatusLine(status).c_str());
+  std::exit(2);
+}
+
+std::string Next() {
+  absl::StatusOr<std::string> frame = ReceiveFrame(kControlFd, absl::Minutes(10));
+  if (!frame.ok()) std::exit(0);  // the parent is gone: so are we
+  return *frame;
+}
+
+void Reply(const std::string& line) {
+  absl::Status status = SendFrame(kControlFd, line);
+  if (!status.ok()) Die(status);
+}
+
+std::string OkOr(const absl::Status& status, const std::string& ok) {
+  return status.ok() ? ok : StatusLine(status);
+}
+
+uint64_t Number(absl::string_view text) {
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) Die(absl::InvalidArgumentError(std::string(text)));
+  return value;
+}
+
+void RunReceiver(const PeerFlags& flags) {
+  transport::ReceiverOptions options;
+  options.ucx.transports = flags.transports;
+  options.slots = flags.slots;
+  options.slot_bytes = flags.slot_bytes;
+  options.placement = transport::RingPlacement::kHost;
+  auto receiver = transport::Receiver::Create(options);
+  if (!receiver.ok()) Die(receiver.status());
+  Reply((*receiver)->worker_address());
+  Reply((*receiver)->ring_descriptor());
+  while (true) {
+    const std::vector<std::string> command = absl::StrSplit(Next(), ' ');
+    if (command[0] == "connect") {
+      const std::string address = Next();
+      Reply(OkOr((*receiver)->Connect(address, Number(command.at(1))), "ok"));
+    } else if (command[0] == "receive") {
+      uint64_t bytes = 0;
+      absl::Status status = ReceiveTestMessages(
+          **receiver, Number(command.at(1)), Number(command.at(2)), flags.max_payload,
+          absl::Milliseconds(flags.hold_ms), &bytes);
+      Reply(OkOr(status, absl::StrCat("ok ", bytes)));
+    } else {
+      return;
+    }
+  }
+}
+
+void RunSender(const PeerFlags& flags) {
+  transport::SenderOptions options;
+  options.ucx.transports = flags.transports;
+  auto sender = transport::Sender::Create(options);
+  if (!sender.ok()) Die(sender.status());
+  Reply((*sender)->worker_address());
+  while (true) {
+    const std::vector<std::string> command = absl::StrSplit(Next(), ' ');
+    if (command[0] == "connect") {
+      const std::string address = Next();
+      const std::string ring = Next();
+      absl::StatusOr<uint64_t> epoch = (*sender)->Connect(address, ring);
+      Reply(epoch.ok() ? absl::StrCat("epoch ", *epoch) : StatusLine(epoch.status()));
+    } else if (command[0] == "push") {
+      PushReport report;
+      absl::Status status =
+          PushTestMessages(**sender, Number(command.at(1)), Number(command.at(2)),
+                           Number(command.at(3)), flags.max_payload, &report);
+      Reply(OkOr(status, "ok"));
+    } else {
+      return;
+    }
+  }
+}
+
+ucs_status_t IgnoreMessage(void*, const void*, size_t, void*, size_t,
+                           const ucp_am_recv_param_t*) {
+  return UCS_OK;
+}
+
+void RunRogue(const PeerFlags& flags) {
+  UcxOptions ucx;
+  ucx.transports = flags.transports;
+  auto context = transport::UcpContext::Create(ucx);
+  if (!context.ok()) Die(context.status());
+  auto worker = transport::UcpWorker::Create(*context);
+  if (!worker.ok()) Die(worker.status());
+  ucp_am_handler_param_t handler = {};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+  handler.id = transport::kActiveMessageId;
+  handler.cb = &IgnoreMessage;
+  ucp_worker_set_am_recv_handler(worker->get(), &handler);
+  Reply(worker->address());
+  std::optional<transport::UcpEndpoint> endpoint;
+  while (true) {
+    const std::string command = Next();
+    if (command == "connect") {
+      auto connected = transport::UcpEndpoint::Connect(
+          *worker, Next(), [](void*, ucp_ep_h, ucs_status_t) {}, nullptr);
+      if (!connected.ok()) Die(connected.status());
+      endpoint.emplace(std::move(*connected));
+      Reply("ok");
+    } else if (command == "send") {
+      const std::string bytes = Next();
+      ucp_request_param_t params = {};
+      params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      params.flags = UCP_AM_SEND_FLAG_EAGER;
+      absl::Status status = worker->Wait(
+          ucp_am_send_nbx(endpoint->get(), transport::kActiveMessageId, nullptr, 0,
+                          bytes.data(), bytes.size(), &params),
+          "ucp_am_send_nbx");
+      ucp_request_param_t flush = {};
+      status.Update(worker->Wait(ucp_ep_flush_nbx(endpoint->get(), &flush), "flush"));
+      Reply(OkOr(status, "sent"));
+    } else {
+      return;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace packfeed::testing
+
+int main(int argc, char** argv) {
+  packfeed::testing::PeerFlags flags;
+  CLI::App app{"transport test peer"};
+  app.add_option("--role", flags.role)->required()->check(
+      CLI::IsMember({"receiver", "sender", "rogue"}));
+  app.add_option("--tls", flags.transports);
+  app.add_option("--slots", flags.slots);
+  app.add_option("--slot-bytes", flags.slot_bytes);
+  app.add_option("--max-payload", flags.max_payload);
+  app.add_option("--hold-ms", flags.hold_ms);
+  CLI11_PARSE(app, argc, argv);
+  if (flags.role == "receiver") packfeed::testing::RunReceiver(flags);
+  if (flags.role == "sender") packfeed::testing::RunSender(flags);
+  if (flags.role == "rogue") packfeed::testing::RunRogue(flags);
+  return 0;
+}

@@ -1,0 +1,379 @@
+// The transport between real processes over real UCX: this process is the
+// sender (or the receiver) and tests/integration/transport/transport_peer.cc
+// is the other side. Every test runs over shared memory and over TCP.
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "child_process.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "packfeed/transport/receiver.h"
+#include "packfeed/transport/sender.h"
+#include "payload_pattern.h"
+#include "transport_harness.h"
+
+namespace packfeed::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+using transport::ReceivedSlot;
+using transport::Receiver;
+using transport::Sender;
+
+constexpr uint64_t kLarge = 64ull << 20;
+constexpr uint64_t kSmall = 1ull << 20;
+// Room for the largest test payload plus the small fields that ride with it.
+constexpr uint64_t SlotBytesFor(uint64_t max_payload) { return max_payload + (64 << 10); }
+
+uint64_t EpochFrom(const std::string& reply) {
+  uint64_t epoch = 0;
+  EXPECT_THAT(reply, StartsWith("epoch "));
+  EXPECT_TRUE(absl::SimpleAtoi(reply.substr(6), &epoch)) << reply;
+  return epoch;
+}
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  const std::string& transports() const { return GetParam(); }
+  bool shared_memory() const { return transports().find("sm") != std::string::npos; }
+
+  std::unique_ptr<Sender> MakeSender() {
+    transport::SenderOptions options;
+    options.ucx.transports = transports();
+    auto sender = Sender::Create(options);
+    EXPECT_TRUE(sender.ok()) << sender.status();
+    return sender.ok() ? std::move(*sender) : nullptr;
+  }
+
+  std::unique_ptr<Receiver> MakeReceiver(uint32_t slots, uint64_t max_payload) {
+    transport::ReceiverOptions options;
+    options.ucx.transports = transports();
+    options.slots = slots;
+    options.slot_bytes = SlotBytesFor(max_payload);
+    options.placement = transport::RingPlacement::kHost;
+    auto receiver = Receiver::Create(options);
+    EXPECT_TRUE(receiver.ok()) << receiver.status();
+    return receiver.ok() ? std::move(*receiver) : nullptr;
+  }
+
+  ChildProcess Spawn(const std::string& role, uint32_t slots = 3,
+                     uint64_t max_payload = kLarge, int hold_ms = 0) {
+    auto child = ChildProcess::Spawn(
+        {PF_TRANSPORT_PEER, "--role", role, "--tls", transports(), "--slots",
+         absl::StrCat(slots), "--slot-bytes", absl::StrCat(SlotBytesFor(max_payload)),
+         "--max-payload", absl::StrCat(max_payload), "--hold-ms", absl::StrCat(hold_ms)});
+    EXPECT_TRUE(child.ok()) << child.status();
+    return std::move(*child);
+  }
+
+  std::string Receive(ChildProcess& child) {
+    auto frame = child.Receive();
+    EXPECT_TRUE(frame.ok()) << frame.status();
+    return frame.ok() ? *frame : "";
+  }
+
+  // A receiver child connected to `sender`; returns the connection's epoch.
+  uint64_t ConnectReceiver(Sender& sender, ChildProcess& receiver) {
+    const std::string address = Receive(receiver);
+    const std::string ring = Receive(receiver);
+    auto epoch = sender.Connect(address, ring);
+    EXPECT_TRUE(epoch.ok()) << epoch.status();
+    EXPECT_TRUE(receiver.Send(absl::StrCat("connect ", *epoch)).ok());
+    EXPECT_TRUE(receiver.Send(sender.worker_address()).ok());
+    EXPECT_EQ(Receive(receiver), "ok");
+    return *epoch;
+  }
+
+  // A sender child connected to `receiver`; returns the connection's epoch.
+  uint64_t ConnectSender(Receiver& receiver, ChildProcess& sender) {
+    const std::string address = Receive(sender);
+    EXPECT_TRUE(sender.Send("connect").ok());
+    EXPECT_TRUE(sender.Send(receiver.worker_address()).ok());
+    EXPECT_TRUE(sender.Send(receiver.ring_descriptor()).ok());
+    const uint64_t epoch = EpochFrom(Receive(sender));
+    EXPECT_TRUE(receiver.Connect(address, epoch).ok());
+    return epoch;
+  }
+};
+
+TEST_P(TransportTest, DeliversEveryByteInOrderFromOneByteTo64MiB) {
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess child = Spawn("receiver");
+  const uint64_t epoch = ConnectReceiver(*sender, child);
+  constexpr uint64_t kMessages = 21;  // every size three times, 1 to 3 fields each
+  ASSERT_TRUE(child.Send(absl::StrCat("receive 0 ", kMessages)).ok());
+  PushReport report;
+  ASSERT_TRUE(PushTestMessages(*sender, epoch, 0, kMessages, kLarge, &report).ok());
+  EXPECT_EQ(Receive(child), absl::StrCat("ok ", report.bytes));
+
+  auto stats = sender->Stats(epoch);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pushed, kMessages);
+  EXPECT_EQ(stats->bytes, report.bytes);
+  // The same-node data path must be shared memory, not TCP loopback.
+  EXPECT_EQ(stats->mapped, shared_memory()) << stats->transports;
+  if (shared_memory()) {
+    EXPECT_THAT(stats->transports, Not(HasSubstr("tcp")));
+  }
+}
+
+TEST_P(TransportTest, SlowReceiverHoldsTheSenderToItsCredits) {
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess child = Spawn("receiver", /*slots=*/2, kSmall, /*hold_ms=*/20);
+  const uint64_t epoch = ConnectReceiver(*sender, child);
+  ASSERT_TRUE(child.Send("receive 0 12").ok());
+  PushReport report;
+  ASSERT_TRUE(PushTestMessages(*sender, epoch, 0, 12, kSmall, &report).ok());
+  EXPECT_THAT(Receive(child), StartsWith("ok "));
+  EXPECT_LE(report.most_in_flight, 2u);
+  EXPECT_GT(report.waits_for_credit, 0u) << "the sender never had to wait";
+}
+
+TEST_P(TransportTest, DeadReceiverIsUnavailableOthersContinueAndItReconnects) {
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess doomed = Spawn("receiver", 2, kSmall);
+  ChildProcess healthy = Spawn("receiver", 2, kSmall);
+  const uint64_t doomed_epoch = ConnectReceiver(*sender, doomed);
+  const uint64_t healthy_epoch = ConnectReceiver(*sender, healthy);
+  PushReport report;
+  ASSERT_TRUE(doomed.Send("receive 0 1000").ok());
+  ASSERT_TRUE(healthy.Send("receive 0 40").ok());
+  ASSERT_TRUE(PushTestMessages(*sender, doomed_epoch, 0, 5, kSmall, &report).ok());
+  ASSERT_TRUE(PushTestMessages(*sender, healthy_epoch, 0, 5, kSmall, &report).ok());
+
+  doomed.Kill(SIGKILL);
+  const absl::Time killed = absl::Now();
+  // Reap it as a launcher would: UCX's shared-memory keepalive asks whether
+  // the peer process still exists, and a zombie does.
+  ASSERT_TRUE(doomed.Wait(absl::Seconds(5)).ok());
+  absl::Duration detected = absl::InfiniteDuration();
+  for (uint64_t seq = 5; seq < 40; ++seq) {
+    ASSERT_TRUE(PushTestMessages(*sender, healthy_epoch, seq, 1, kSmall, &report).ok());
+    if (detected == absl::InfiniteDuration() && !sender->Credits(doomed_epoch).ok()) {
+      detected = absl::Now() - killed;
+    }
+  }
+  EXPECT_THAT(Receive(healthy), StartsWith("ok "));
+  while (detected == absl::InfiniteDuration() && absl::Now() - killed < absl::Seconds(5)) {
+    sender->ProgressOrWait(absl::Milliseconds(20));
+    if (!sender->Credits(doomed_epoch).ok()) detected = absl::Now() - killed;
+  }
+  EXPECT_LT(detected, absl::Seconds(2));
+  EXPECT_EQ(sender->Credits(doomed_epoch).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sender->Push(doomed_epoch, {}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(sender->Disconnect(doomed_epoch).code() == absl::StatusCode::kUnavailable);
+
+  // The same rank comes back as a new process: a new epoch, a fresh ring.
+  ChildProcess reborn = Spawn("receiver", 2, kSmall);
+  const uint64_t reborn_epoch = ConnectReceiver(*sender, reborn);
+  EXPECT_NE(reborn_epoch, doomed_epoch);
+  ASSERT_TRUE(reborn.Send("receive 0 6").ok());
+  ASSERT_TRUE(PushTestMessages(*sender, reborn_epoch, 0, 6, kSmall, &report).ok());
+  EXPECT_THAT(Receive(reborn), StartsWith("ok "));
+}
+
+TEST_P(TransportTest, DeadSenderEndsNextWithUnavailableAndANewSenderReconnects) {
+  std::unique_ptr<Receiver> receiver = MakeReceiver(2, kSmall);
+  ChildProcess doomed = Spawn("sender", 2, kSmall);
+  const uint64_t first_epoch = ConnectSender(*receiver, doomed);
+  ASSERT_TRUE(doomed.Send(absl::StrCat("push ", first_epoch, " 0 100000")).ok());
+  uint64_t bytes = 0;
+  ASSERT_TRUE(ReceiveTestMessages(*receiver, 0, 5, kSmall, absl::ZeroDuration(), &bytes).ok());
+
+  doomed.Kill(SIGKILL);
+  const absl::Time killed = absl::Now();
+  // Reap it as a launcher would: UCX's shared-memory keepalive asks whether
+  // the peer process still exists, and a zombie does.
+  ASSERT_TRUE(doomed.Wait(absl::Seconds(5)).ok());
+  // Slots announced before the death are still whole and are handed out;
+  // then Next says the sender is gone instead of hanging.
+  uint64_t seq = 5;
+  absl::StatusOr<ReceivedSlot> slot;
+  while ((slot = receiver->Next(absl::Seconds(10))).ok()) {
+    ASSERT_TRUE(CheckTestMessage(*slot, seq++, kSmall).ok());
+    ASSERT_TRUE(receiver->Release(slot->seq).ok());
+  }
+  EXPECT_EQ(slot.status().code(), absl::StatusCode::kUnavailable) << slot.status();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
+
+  ChildProcess reborn = Spawn("sender", 2, kSmall);
+  const uint64_t second_epoch = ConnectSender(*receiver, reborn);
+  EXPECT_NE(second_epoch, first_epoch);
+  ASSERT_TRUE(reborn.Send(absl::StrCat("push ", second_epoch, " 0 9")).ok());
+  absl::Status received =
+      ReceiveTestMessages(*receiver, 0, 9, kSmall, absl::ZeroDuration(), &bytes);
+  EXPECT_TRUE(received.ok()) << received;
+  EXPECT_EQ(Receive(reborn), "ok");
+}
+
+TEST_P(TransportTest, RefusesAPayloadLargerThanASlotAndStaysUsable) {
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess child = Spawn("receiver", 2, kSmall);
+  const uint64_t epoch = ConnectReceiver(*sender, child);
+  PushReport report;
+  // Wait for the receiver's first credit, then push one byte too many.
+  ASSERT_TRUE(child.Send("receive 0 1").ok());
+  std::vector<uint8_t> big(SlotBytesFor(kSmall) + 1);
+  transport::SlotContent content;
+  content.fields.push_back(
+      {{"tokens", transport::ElementType::kUInt8, {static_cast<int64_t>(big.size())}},
+       big.data()});
+  absl::Status status = sender->Push(epoch, content);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat(big.size(), " bytes")));
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat(SlotBytesFor(kSmall), " bytes")));
+  ASSERT_TRUE(PushTestMessages(*sender, epoch, 0, 1, kSmall, &report).ok());
+  EXPECT_THAT(Receive(child), StartsWith("ok "));
+}
+
+TEST_P(TransportTest, PacksInPlaceThroughAMappedSlotOnSharedMemoryOnly) {
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess child = Spawn("receiver", 2, kSmall);
+  const uint64_t epoch = ConnectReceiver(*sender, child);
+  while (sender->Credits(epoch).value_or(0) == 0) sender->ProgressOrWait(absl::Milliseconds(20));
+  absl::StatusOr<transport::MappedSlot> mapped = sender->MapNextSlot(epoch);
+  if (!shared_memory()) {
+    EXPECT_EQ(mapped.status().code(), absl::StatusCode::kFailedPrecondition);
+    return;
+  }
+  ASSERT_TRUE(child.Send("receive 0 7").ok());
+  for (uint64_t seq = 0; seq < 7; ++seq) {
+    while (sender->Credits(epoch).value_or(0) == 0) {
+      sender->ProgressOrWait(absl::Milliseconds(20));
+    }
+    mapped = sender->MapNextSlot(epoch);
+    ASSERT_TRUE(mapped.ok()) << mapped.status();
+    EXPECT_EQ(mapped->seq, seq);
+    transport::SlotContent content;
+    content.step = static_cast<int64_t>(seq);
+    content.microbatch = static_cast<uint32_t>(seq % 7);
+    content.inline_metadata = absl::StrCat("seq=", seq);
+    std::vector<transport::FieldSpec> specs = TestFields(seq, kSmall);
+    auto layout = transport::LayoutFields(specs, mapped->bytes);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    for (size_t f = 0; f < specs.size(); ++f) {
+      FillPattern(mapped->data + (*layout)[f].offset, (*layout)[f].bytes, seq,
+                  static_cast<uint32_t>(f));
+      content.fields.push_back({specs[f], nullptr});
+    }
+    ASSERT_TRUE(sender->CommitMapped(epoch, content).ok());
+  }
+  EXPECT_THAT(Receive(child), StartsWith("ok "));
+}
+
+// A rogue peer sends the receiver hand-made notifications.
+class RogueSenderTest : public TransportTest {
+ protected:
+  void SetUp() override {
+    receiver_ = MakeReceiver(2, kSmall);
+    rogue_.emplace(Spawn("rogue"));
+    rogue_address_ = Receive(*rogue_);
+    ASSERT_TRUE(rogue_->Send("connect").ok());
+    ASSERT_TRUE(rogue_->Send(receiver_->worker_address()).ok());
+    ASSERT_EQ(Receive(*rogue_), "ok");
+  }
+  void Accept(uint64_t epoch) { ASSERT_TRUE(receiver_->Connect(rogue_address_, epoch).ok()); }
+  void Send(const std::string& bytes) {
+    ASSERT_TRUE(rogue_->Send("send").ok());
+    ASSERT_TRUE(rogue_->Send(bytes).ok());
+    ASSERT_EQ(Receive(*rogue_), "sent");
+  }
+  static std::string Ready(uint64_t epoch, uint64_t seq, std::string text) {
+    transport::SlotReady ready;
+    ready.epoch = epoch;
+    ready.seq = seq;
+    ready.slot = static_cast<uint32_t>(seq % 2);
+    ready.inline_metadata = std::move(text);
+    return transport::EncodeMessage(ready);
+  }
+
+  std::unique_ptr<Receiver> receiver_;
+  std::optional<ChildProcess> rogue_;
+  std::string rogue_address_;
+};
+
+TEST_P(RogueSenderTest, DropsNotificationsOfAnotherConnection) {
+  Accept(77);
+  Send(Ready(76, 0, "stale"));
+  Send(Ready(77, 0, "fresh"));
+  auto slot = receiver_->Next(absl::Seconds(5));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_EQ(slot->inline_metadata, "fresh");
+  EXPECT_EQ(receiver_->stats().stale_messages, 1u);
+}
+
+TEST_P(RogueSenderTest, RefusesAnotherProtocolVersionByName) {
+  Accept(5);
+  std::string message = Ready(5, 0, "from the future");
+  const uint16_t version = 99;
+  std::memcpy(message.data() + 4, &version, sizeof(version));
+  Send(message);
+  auto slot = receiver_->Next(absl::Seconds(5));
+  EXPECT_EQ(slot.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(slot.status().message(), HasSubstr("v99"));
+}
+
+TEST_P(RogueSenderTest, HandsOutNothingOfAFieldOutsideItsSlot) {
+  Accept(9);
+  transport::SlotReady ready;
+  ready.epoch = 9;
+  ready.fields.push_back({"tokens", transport::ElementType::kInt64, {1, 4},
+                          SlotBytesFor(kSmall) - 16, 32});
+  Send(transport::EncodeMessage(ready));
+  auto slot = receiver_->Next(absl::Seconds(5));
+  EXPECT_EQ(slot.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(slot.status().message(), HasSubstr("outside"));
+  // The receiver takes a new connection afterwards.
+  Accept(10);
+  Send(Ready(10, 0, "after"));
+  slot = receiver_->Next(absl::Seconds(5));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_EQ(slot->inline_metadata, "after");
+}
+
+TEST_P(RogueSenderTest, GoodbyeEndsTheStreamAfterWhatWasAnnounced) {
+  Accept(3);
+  Send(Ready(3, 0, "last"));
+  Send(transport::EncodeMessage(transport::Goodbye{3}));
+  auto slot = receiver_->Next(absl::Seconds(5));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_EQ(slot->inline_metadata, "last");
+  slot = receiver_->Next(absl::Seconds(5));
+  EXPECT_EQ(slot.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(slot.status().message(), HasSubstr("closed"));
+}
+
+TEST(TransportProtocolTest, SenderRefusesARingOfAnotherProtocolVersion) {
+  auto sender = Sender::Create({});
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  std::string ring = transport::EncodeRingDescriptor(
+      {2, 4096, 0x10000, transport::MemoryKind::kHost, "key"});
+  const uint16_t version = 2;
+  std::memcpy(ring.data() + 4, &version, sizeof(version));
+  auto epoch = (*sender)->Connect("some address", ring);
+  EXPECT_EQ(epoch.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(epoch.status().message(), HasSubstr("v2"));
+  EXPECT_THAT(epoch.status().message(), HasSubstr("v1"));
+}
+
+INSTANTIATE_TEST_SUITE_P(OverSharedMemoryAndTcp, RogueSenderTest,
+                         ::testing::Values("sm,self", "tcp,self"),
+                         [](const auto& info) {
+                           return info.param == "sm,self" ? "SharedMemory" : "Tcp";
+                         });
+
+INSTANTIATE_TEST_SUITE_P(OverSharedMemoryAndTcp, TransportTest,
+                         ::testing::Values("sm,self", "tcp,self"),
+                         [](const auto& info) {
+                           return info.param == "sm,self" ? "SharedMemory" : "Tcp";
+                         });
+
+}  // namespace
+}  // namespace packfeed::testing

@@ -1,0 +1,108 @@
+#include "transport_harness.h"
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+#include "payload_pattern.h"
+
+namespace packfeed::testing {
+
+using transport::FieldBuffer;
+using transport::FieldSpec;
+using transport::ReceivedSlot;
+using transport::SlotContent;
+
+absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch,
+                              uint64_t first_seq, uint64_t count,
+                              uint64_t max_payload_bytes, PushReport* report,
+                              absl::Duration credit_timeout) {
+  std::vector<std::vector<uint8_t>> buffers;
+  for (uint64_t seq = first_seq; seq < first_seq + count; ++seq) {
+    SlotContent content;
+    content.step = static_cast<int64_t>(seq);
+    content.microbatch = static_cast<uint32_t>(seq % 7);
+    content.inline_metadata = absl::StrCat("seq=", seq);
+    const std::vector<FieldSpec> specs = TestFields(seq, max_payload_bytes);
+    buffers.resize(specs.size());
+    for (size_t f = 0; f < specs.size(); ++f) {
+      uint64_t bytes = transport::ElementSize(specs[f].type);
+      for (int64_t dim : specs[f].shape) bytes *= static_cast<uint64_t>(dim);
+      buffers[f].resize(bytes);
+      FillPattern(buffers[f].data(), bytes, seq, static_cast<uint32_t>(f));
+      content.fields.push_back(FieldBuffer{specs[f], buffers[f].data()});
+    }
+    const absl::Time deadline = absl::Now() + credit_timeout;
+    while (true) {
+      PF_ASSIGN_OR_RETURN(uint32_t credits, sender.Credits(epoch));
+      if (credits > 0) break;
+      ++report->waits_for_credit;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("no credit for message ", seq));
+      }
+      sender.ProgressOrWait(absl::Milliseconds(50));
+    }
+    PF_RETURN_IF_ERROR(sender.Push(epoch, content));
+    PF_ASSIGN_OR_RETURN(transport::ConnectionStats stats, sender.Stats(epoch));
+    report->most_in_flight = std::max<uint32_t>(
+        report->most_in_flight, static_cast<uint32_t>(stats.pushed - stats.released));
+    ++report->pushed;
+    for (const auto& buffer : buffers) report->bytes += buffer.size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTestMessage(const ReceivedSlot& slot, uint64_t seq,
+                              uint64_t max_payload_bytes) {
+  auto wrong = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("message ", seq, ": ", what));
+  };
+  if (slot.step != static_cast<int64_t>(seq) || slot.microbatch != seq % 7) {
+    return wrong(absl::StrCat("step ", slot.step, " microbatch ", slot.microbatch));
+  }
+  if (slot.inline_metadata != absl::StrCat("seq=", seq)) {
+    return wrong("inline metadata " + slot.inline_metadata);
+  }
+  const std::vector<FieldSpec> specs = TestFields(seq, max_payload_bytes);
+  if (slot.fields.size() != specs.size()) {
+    return wrong(absl::StrCat(slot.fields.size(), " fields, expected ", specs.size()));
+  }
+  for (size_t f = 0; f < specs.size(); ++f) {
+    const transport::FieldView& field = slot.fields[f];
+    if (field.descriptor.name != specs[f].name || field.descriptor.type != specs[f].type ||
+        field.descriptor.shape != specs[f].shape) {
+      return wrong("field " + field.descriptor.name + " is not " + specs[f].name);
+    }
+    if (field.descriptor.offset % transport::kFieldAlignment != 0) {
+      return wrong(absl::StrCat("field ", f, " at unaligned offset ", field.descriptor.offset));
+    }
+    std::optional<size_t> bad = FindPatternMismatch(field.data, field.descriptor.bytes, seq,
+                                                    static_cast<uint32_t>(f));
+    if (bad.has_value()) {
+      return wrong(absl::StrCat("field ", field.descriptor.name, " byte ", *bad, " of ",
+                                field.descriptor.bytes, " is wrong"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_seq,
+                                 uint64_t count, uint64_t max_payload_bytes,
+                                 absl::Duration hold, uint64_t* bytes,
+                                 absl::Duration timeout) {
+  for (uint64_t seq = first_seq; seq < first_seq + count; ++seq) {
+    PF_ASSIGN_OR_RETURN(ReceivedSlot slot, receiver.Next(timeout));
+    PF_RETURN_IF_ERROR(CheckTestMessage(slot, seq, max_payload_bytes));
+    for (const auto& field : slot.fields) *bytes += field.descriptor.bytes;
+    if (hold > absl::ZeroDuration()) absl::SleepFor(hold);
+    PF_RETURN_IF_ERROR(receiver.Release(slot.seq));
+  }
+  return absl::OkStatus();
+}
+
+std::string StatusLine(const absl::Status& status) {
+  return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+}
+
+}  // namespace packfeed::testing

@@ -1,0 +1,162 @@
+#include "packfeed/transport/wire.h"
+
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace packfeed::transport {
+namespace {
+
+using ::testing::HasSubstr;
+
+SlotReady SampleReady() {
+  SlotReady ready;
+  ready.epoch = 0x1234'0000'0007;
+  ready.seq = 9;
+  ready.slot = 1;
+  ready.step = 41;
+  ready.microbatch = 3;
+  ready.fields = {{"tokens", ElementType::kInt64, {1, 100}, 0, 800},
+                  {"cu_seqlens", ElementType::kInt32, {3}, 1024, 12},
+                  {"max_seqlen", ElementType::kInt32, {}, 1280, 4}};
+  ready.inline_metadata = "flops";
+  return ready;
+}
+
+absl::Status DecodeStatus(const std::string& bytes) { return DecodeMessage(bytes).status(); }
+
+TEST(WireTest, RoundTripsEveryMessage) {
+  for (const Message& message :
+       {Message(SampleReady()), Message(Credit{7, 12}), Message(Goodbye{7})}) {
+    absl::StatusOr<Message> decoded = DecodeMessage(EncodeMessage(message));
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_TRUE(*decoded == message);
+  }
+  const RingDescriptor ring{4, 1 << 20, 0x7f00'0000'0000, MemoryKind::kCuda, "rkey-bytes"};
+  absl::StatusOr<RingDescriptor> decoded = DecodeRingDescriptor(EncodeRingDescriptor(ring));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, ring);
+}
+
+TEST(WireTest, RefusesAnotherVersionByName) {
+  std::string bytes = EncodeMessage(Credit{1, 2});
+  const uint16_t version = 7;
+  std::memcpy(bytes.data() + 4, &version, 2);
+  absl::Status status = DecodeStatus(bytes);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("v7"));
+  EXPECT_THAT(status.message(), HasSubstr("v1"));
+}
+
+TEST(WireTest, RefusesEveryTruncationAndTrailingBytes) {
+  const std::string bytes = EncodeMessage(SampleReady());
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    EXPECT_EQ(DecodeStatus(bytes.substr(0, length)).code(),
+              absl::StatusCode::kInvalidArgument)
+        << "prefix of " << length << " bytes";
+  }
+  EXPECT_EQ(DecodeStatus(bytes + "x").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WireTest, RefusesWrongMagicKindAndCounts) {
+  std::string bytes = EncodeMessage(Goodbye{1});
+  bytes[0] = 'X';
+  EXPECT_THAT(DecodeStatus(bytes).message(), HasSubstr("not a packfeed message"));
+
+  bytes = EncodeMessage(Goodbye{1});
+  bytes[6] = 42;  // kind
+  EXPECT_THAT(DecodeStatus(bytes).message(), HasSubstr("unknown message kind 42"));
+
+  SlotReady ready = SampleReady();
+  ready.fields[0].bytes = 801;  // does not match the shape
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("800"));
+
+  ready = SampleReady();
+  ready.fields[0].type = static_cast<ElementType>(99);
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("element type 99"));
+
+  ready = SampleReady();
+  ready.fields[0].shape = {1, 2, 3, 4, 5};
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("5 dimensions"));
+
+  ready = SampleReady();
+  ready.fields[0].shape = {-1};
+  ready.fields[0].bytes = 0;
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("negative"));
+
+  ready = SampleReady();
+  ready.fields[0].name = "with space";
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("non-printable"));
+
+  ready = SampleReady();
+  ready.fields.resize(kMaxFields + 1, ready.fields[2]);
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("33 fields"));
+
+  ready = SampleReady();
+  ready.inline_metadata.assign(kMaxInlineBytes + 1, 'm');
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("inline metadata"));
+
+  ready = SampleReady();
+  ready.fields[0].offset = UINT64_MAX - 10;
+  EXPECT_THAT(DecodeStatus(EncodeMessage(ready)).message(), HasSubstr("overflows"));
+}
+
+TEST(WireTest, ValidatesAgainstTheRing) {
+  const SlotReady ready = SampleReady();  // seq 9, slot 1
+  EXPECT_TRUE(ValidateSlotReady(ready, 2, 4096, 9).ok());
+  EXPECT_THAT(ValidateSlotReady(ready, 2, 4096, 8).message(), HasSubstr("expected message 8"));
+  EXPECT_THAT(ValidateSlotReady(ready, 3, 4096, 9).message(), HasSubstr("slot 1"));
+  absl::Status outside = ValidateSlotReady(ready, 2, 1030, 9);
+  EXPECT_EQ(outside.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(outside.message(), HasSubstr("cu_seqlens"));
+  SlotReady overlapping = ready;
+  overlapping.fields[1].offset = 512;
+  EXPECT_THAT(ValidateSlotReady(overlapping, 2, 4096, 9).message(), HasSubstr("overlap"));
+}
+
+TEST(WireTest, RingDescriptorRefusesNonsense) {
+  RingDescriptor ring{0, 4096, 0, MemoryKind::kHost, "k"};
+  EXPECT_THAT(DecodeRingDescriptor(EncodeRingDescriptor(ring)).status().message(),
+              HasSubstr("must be positive"));
+  ring = {2, UINT64_MAX / 2 + 1, 0, MemoryKind::kHost, "k"};
+  EXPECT_THAT(DecodeRingDescriptor(EncodeRingDescriptor(ring)).status().message(),
+              HasSubstr("overflows"));
+  std::string bytes = EncodeRingDescriptor({2, 64, 0, MemoryKind::kHost, "k"});
+  bytes[24 + 4 + 8 + 8] = 7;  // memory kind
+  EXPECT_THAT(DecodeRingDescriptor(bytes).status().message(), HasSubstr("memory kind 7"));
+  EXPECT_THAT(DecodeRingDescriptor(EncodeMessage(Goodbye{1})).status().message(),
+              HasSubstr("expected a ring descriptor"));
+}
+
+TEST(WireTest, LaysOutAlignedFieldsOrSaysHowMuchIsMissing) {
+  absl::StatusOr<std::vector<FieldDescriptor>> layout = LayoutFields(
+      {{"tokens", ElementType::kInt64, {1, 3}},
+       {"loss_mask", ElementType::kFloat32, {1, 3}},
+       {"max_seqlen", ElementType::kInt32, {}}},
+      1024);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ((*layout)[0].offset, 0u);
+  EXPECT_EQ((*layout)[0].bytes, 24u);
+  EXPECT_EQ((*layout)[1].offset, 256u);
+  EXPECT_EQ((*layout)[2].offset, 512u);
+  EXPECT_EQ((*layout)[2].bytes, 4u);
+
+  absl::Status too_big =
+      LayoutFields({{"a", ElementType::kUInt8, {300}}, {"b", ElementType::kUInt8, {300}}}, 512)
+          .status();
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_big.message(), HasSubstr("812 bytes"));
+  EXPECT_THAT(too_big.message(), HasSubstr("512 bytes"));
+
+  EXPECT_THAT(LayoutFields({{"", ElementType::kUInt8, {1}}}, 512).status().message(),
+              HasSubstr("field name"));
+  EXPECT_THAT(
+      LayoutFields({{"x", ElementType::kInt64, {INT64_MAX, INT64_MAX}}}, 512).status().message(),
+      HasSubstr("overflows"));
+  std::vector<FieldSpec> many(kMaxFields + 1, FieldSpec{"x", ElementType::kUInt8, {1}});
+  EXPECT_THAT(LayoutFields(many, 1 << 20).status().message(), HasSubstr("33 fields"));
+}
+
+}  // namespace
+}  // namespace packfeed::transport

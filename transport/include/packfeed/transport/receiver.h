@@ -1,0 +1,161 @@
+#ifndef PACKFEED_TRANSPORT_RECEIVER_H_
+#define PACKFEED_TRANSPORT_RECEIVER_H_
+
+// The client's side of the data plane: a ring of K slots of B bytes that the
+// daemon's Sender puts into, and the notifications that say a slot is ready.
+//
+// The ring is allocated by UCX, so on one node a put is a single one-sided
+// shared-memory copy. With a CUDA device and a UCX built with CUDA the ring is
+// device memory; with a device but no CUDA in UCX it is host memory registered
+// with cudaHostRegister so the client can copy it to the device
+// asynchronously; without a device, plain host memory.
+//
+// A progress thread owns the UCP worker: it sleeps on the worker's event fd
+// (woken by ucp_worker_signal when the trainer releases a slot), waking every
+// `idle_wakeup` so UCX keepalive notices a dead sender. Trainer threads never
+// call UCX.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "packfeed/transport/cuda_memory.h"
+#include "packfeed/transport/memory_region.h"
+#include "packfeed/transport/ucx_context.h"
+#include "packfeed/transport/ucx_endpoint.h"
+#include "packfeed/transport/wire.h"
+
+namespace packfeed::transport {
+
+enum class RingPlacement {
+  kAuto,    // device memory when possible, else host (the default)
+  kHost,    // host memory (registered with CUDA when a device is present)
+  kDevice,  // device memory, or fail
+};
+
+struct ReceiverOptions {
+  UcxOptions ucx;
+  uint32_t slots = 4;                  // K: slots the sender may fill ahead
+  uint64_t slot_bytes = 64ull << 20;   // B: the largest slot payload
+  RingPlacement placement = RingPlacement::kAuto;
+  int cuda_device = 0;
+  // Longest sleep of the idle progress thread; a dead sender is noticed
+  // within about UCX's keepalive interval plus this. Default 100 ms.
+  absl::Duration idle_wakeup = absl::Milliseconds(100);
+};
+
+// A field of a received slot: its descriptor and where its bytes are (in
+// device memory when the ring is).
+struct FieldView {
+  FieldDescriptor descriptor;
+  uint8_t* data = nullptr;
+};
+
+struct ReceivedSlot {
+  uint64_t seq = 0;
+  uint32_t slot = 0;
+  int64_t step = 0;
+  uint32_t microbatch = 0;
+  std::vector<FieldView> fields;
+  std::string inline_metadata;
+};
+
+struct ReceiverStats {
+  uint64_t received = 0;        // slot-ready notifications accepted
+  uint64_t released = 0;
+  uint64_t stale_messages = 0;  // messages of another connection, dropped
+};
+
+// Thread-safe: Next, Release and Connect may be called from any thread, but
+// slots are released in the order Next returned them.
+class Receiver {
+ public:
+  static absl::StatusOr<std::unique_ptr<Receiver>> Create(const ReceiverOptions& options);
+  ~Receiver();  // Stops the progress thread, closes, frees the ring.
+
+  const std::string& worker_address() const { return worker_.address(); }
+  // The encoded RingDescriptor the sender connects with.
+  const std::string& ring_descriptor() const { return ring_descriptor_; }
+  MemoryKind memory_kind() const { return memory_kind_; }
+  // True when the host ring is page-locked for asynchronous device copies.
+  bool host_ring_registered_with_cuda() const { return host_registration_.has_value(); }
+
+  // Accepts connection `epoch` (from Sender::Connect) of the sender at
+  // `sender_address`. Drops any earlier connection and the slots it announced
+  // (views of them become invalid); the ring starts empty.
+  absl::Status Connect(absl::string_view sender_address, uint64_t epoch);
+
+  // The next ready slot, in the order the sender pushed them. Slots already
+  // announced are returned even after the sender is gone; then Unavailable
+  // (sender died or said goodbye), FailedPrecondition (not connected, or a
+  // sender of another protocol version), DataLoss (a malformed notification:
+  // nothing of it is handed out), DeadlineExceeded after `timeout`.
+  absl::StatusOr<ReceivedSlot> Next(absl::Duration timeout);
+
+  // Releases the oldest slot Next returned (`seq` names it) and returns its
+  // credit to the sender. InvalidArgument for any other seq.
+  absl::Status Release(uint64_t seq);
+
+  ReceiverStats stats() const;
+
+ private:
+  Receiver(ReceiverOptions options, UcpContext context, UcpWorker worker);
+  absl::Status CreateRing();
+  void ProgressLoop();
+  // Runs `task` on the progress thread and returns its status.
+  absl::Status RunOnProgressThread(std::function<absl::Status()> task);
+  absl::Status Reconnect(const std::string& sender_address, uint64_t epoch);
+  void SendCredit();
+  void DropCreditRequest();
+  void CloseFailedEndpoint();
+  void CloseEndpoint();
+  void OnMessage(absl::string_view bytes);
+  void FailConnection(absl::Status cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  static void OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status);
+  static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length,
+                                      const ucp_am_recv_param_t* param);
+
+  const ReceiverOptions options_;
+  // Declared parents first: destroyed children first.
+  UcpContext context_;
+  UcpWorker worker_;
+  std::optional<CudaDeviceBuffer> device_ring_;
+  std::optional<MemoryRegion> ring_;
+  std::optional<CudaHostRegistration> host_registration_;
+  MemoryKind memory_kind_ = MemoryKind::kHost;
+  std::string ring_descriptor_;
+  std::optional<UcpEndpoint> endpoint_;  // progress thread only
+  uint64_t credit_sent_ = 0;             // progress thread only
+  std::string credit_message_;           // progress thread only; alive while
+  ucs_status_ptr_t credit_request_ = nullptr;  // this send is in flight
+
+  mutable absl::Mutex mutex_;
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
+  bool connected_ ABSL_GUARDED_BY(mutex_) = false;
+  uint64_t epoch_ ABSL_GUARDED_BY(mutex_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mutex_);
+  std::deque<ReceivedSlot> ready_ ABSL_GUARDED_BY(mutex_);
+  uint64_t received_ ABSL_GUARDED_BY(mutex_) = 0;   // notifications accepted
+  uint64_t handed_out_ ABSL_GUARDED_BY(mutex_) = 0; // returned by Next
+  uint64_t released_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t stale_ ABSL_GUARDED_BY(mutex_) = 0;
+
+  std::thread progress_thread_;  // last: started when all else is ready
+};
+
+}  // namespace packfeed::transport
+
+#endif  // PACKFEED_TRANSPORT_RECEIVER_H_

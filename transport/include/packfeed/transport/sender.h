@@ -1,0 +1,146 @@
+#ifndef PACKFEED_TRANSPORT_SENDER_H_
+#define PACKFEED_TRANSPORT_SENDER_H_
+
+// The daemon's side of the data plane: pushes slots into receivers' rings.
+//
+// Per connection the receiver's ring has K slots, so the sender holds K
+// credits. Push() puts every field into the next slot (one-sided), flushes so
+// the bytes are visible, and only then sends the SlotReady notification
+// (eager active message). The receiver hands credits back as cumulative
+// counts when the trainer releases slots. A slow receiver therefore stops
+// its own stream after K slots and nobody else's; the sender's memory never
+// grows with it.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "packfeed/transport/ucx_context.h"
+#include "packfeed/transport/wire.h"
+
+namespace packfeed::transport {
+
+struct SenderOptions {
+  UcxOptions ucx;
+  // A push or goodbye that does not complete within this time fails its
+  // connection as Unavailable (the receiver is alive but not progressing:
+  // over TCP a put needs the receiver's progress thread). Default 30 s.
+  absl::Duration operation_timeout = absl::Seconds(30);
+};
+
+// One field of a slot, with its bytes in host memory, valid during the call.
+struct FieldBuffer {
+  FieldSpec spec;
+  const void* data = nullptr;
+};
+
+// What one slot carries.
+struct SlotContent {
+  int64_t step = 0;
+  uint32_t microbatch = 0;
+  std::vector<FieldBuffer> fields;
+  std::string inline_metadata;  // at most kMaxInlineBytes
+};
+
+// A receiver's next slot mapped into this process, to pack it in place.
+struct MappedSlot {
+  uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+  uint64_t seq = 0;
+};
+
+struct ConnectionStats {
+  uint64_t pushed = 0;    // slots notified
+  uint64_t released = 0;  // slots the receiver has released
+  uint64_t bytes = 0;     // field bytes pushed
+  uint32_t credits = 0;   // free slots now
+  bool mapped = false;    // MapNextSlot is available (same-node shared memory)
+  std::string transports; // the lanes UCX chose, as ucp_ep_print_info says
+};
+
+// Thread-compatible: one thread owns a Sender and its UCP worker (the daemon
+// runs one per sending thread).
+class Sender {
+ public:
+  static absl::StatusOr<std::unique_ptr<Sender>> Create(const SenderOptions& options);
+  ~Sender();  // Says goodbye on every open connection (bounded by the timeout).
+
+  const std::string& worker_address() const { return worker_.address(); }
+
+  // Connects to a receiver, given its worker address and encoded ring
+  // descriptor, and returns the connection's epoch. Epochs name connections in
+  // every call and message; they are never reused, even by a restarted sender
+  // (their high 32 bits are random per Sender), so a message of an old
+  // connection is never taken for one of a new connection. FailedPrecondition
+  // for a receiver of another protocol version; InvalidArgument for a
+  // malformed descriptor.
+  absl::StatusOr<uint64_t> Connect(absl::string_view receiver_address,
+                                   absl::string_view ring_descriptor);
+  // Tells the receiver no slot follows those already pushed, closes the
+  // connection and forgets it (a failed one too). NotFound for an unknown epoch.
+  absl::Status Disconnect(uint64_t epoch);
+
+  // Free slots of the connection now: 0 until the receiver has accepted the
+  // connection (Receiver::Connect sends its first credit). Unavailable once
+  // the connection has failed.
+  absl::StatusOr<uint32_t> Credits(uint64_t epoch) const;
+
+  // Puts the fields into the connection's next slot (laid out by
+  // LayoutFields), flushes, then notifies the receiver. Returns once the
+  // notification is sent; the field buffers may be reused at once.
+  // ResourceExhausted when no slot is free (call ProgressOrWait and retry);
+  // InvalidArgument when the fields do not fit a slot (the connection stays
+  // usable); Unavailable when the receiver failed (the connection is closed
+  // and its resources freed; other connections are untouched).
+  absl::Status Push(uint64_t epoch, const SlotContent& content);
+
+  // The zero-extra-copy path: the receiver's next slot mapped into this
+  // process (same-node shared memory only; FailedPrecondition otherwise or
+  // when no slot is free). Write each field at the offset LayoutFields gives
+  // for `content`'s specs, then CommitMapped with the same specs (the
+  // fields' data pointers are ignored).
+  absl::StatusOr<MappedSlot> MapNextSlot(uint64_t epoch);
+  absl::Status CommitMapped(uint64_t epoch, const SlotContent& content);
+
+  // Runs UCX until idle, then sleeps until an event or `timeout`. Credits
+  // arrive and failed receivers are found here (within about a second of
+  // their death, through UCX keepalive).
+  void ProgressOrWait(absl::Duration timeout);
+
+  absl::StatusOr<ConnectionStats> Stats(uint64_t epoch) const;
+
+ private:
+  struct Connection;
+  Sender(SenderOptions options, UcpContext context, UcpWorker worker);
+
+  absl::StatusOr<Connection*> Usable(uint64_t epoch) const;
+  absl::Status Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
+                      const SlotContent& content, absl::Time deadline);
+  absl::Status Wait(Connection& connection, ucs_status_ptr_t request,
+                    absl::string_view call, absl::Time deadline);
+  absl::Status Fail(Connection& connection, absl::Status cause);
+  void CloseFailedConnections();
+  void OnMessage(absl::string_view bytes);
+  static void OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status);
+  static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length,
+                                      const ucp_am_recv_param_t* param);
+
+  SenderOptions options_;
+  UcpContext context_;
+  UcpWorker worker_;
+  uint64_t next_epoch_;
+  // Ordered by epoch; holds failed connections until Disconnect so that calls
+  // naming them keep returning their failure.
+  std::map<uint64_t, std::unique_ptr<Connection>> connections_;
+};
+
+}  // namespace packfeed::transport
+
+#endif  // PACKFEED_TRANSPORT_SENDER_H_

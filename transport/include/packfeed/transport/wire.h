@@ -1,0 +1,131 @@
+#ifndef PACKFEED_TRANSPORT_WIRE_H_
+#define PACKFEED_TRANSPORT_WIRE_H_
+
+// The data plane's wire format (DESIGN.md §4): the ring descriptor a receiver
+// hands its sender at attach, and the three active messages of a connection.
+//
+// Every message starts with the same 24-byte header
+//   magic "PFW\0" (u32) · version (u16) · kind (u16) · epoch (u64) · body size (u64)
+// so a peer of another protocol version is refused by name, and a message of
+// an old connection (another epoch) is never taken for a new one. Integers are
+// little-endian; decoding checks every length before reading it and never
+// trusts a count or an offset from the peer.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace packfeed::transport {
+
+inline constexpr uint32_t kWireMagic = 0x00574650;  // "PFW\0"
+inline constexpr uint16_t kWireVersion = 1;
+// The UCP active-message id of every packfeed message.
+inline constexpr unsigned kActiveMessageId = 0x7066;
+
+inline constexpr size_t kMaxFields = 32;
+inline constexpr size_t kMaxFieldNameBytes = 31;
+inline constexpr size_t kMaxDims = 4;
+inline constexpr size_t kMaxInlineBytes = 2048;
+// Fields start at multiples of this in a slot, which suits DLPack/torch and
+// vectorised device loads alike.
+inline constexpr uint64_t kFieldAlignment = 256;
+
+enum class MessageKind : uint16_t { kSlotReady = 1, kCredit = 2, kGoodbye = 3 };
+
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+
+// Element types of a field, in DLPack's vocabulary.
+enum class ElementType : uint8_t {
+  kUInt8 = 1, kInt8, kUInt16, kInt16, kUInt32, kInt32, kUInt64, kInt64,
+  kFloat16, kBFloat16, kFloat32, kFloat64, kBool,
+};
+// Bytes per element; 0 for a value that is not an ElementType.
+size_t ElementSize(ElementType type);
+absl::string_view ElementTypeName(ElementType type);
+
+// Where one field lies in a slot, and what it is.
+struct FieldDescriptor {
+  std::string name;
+  ElementType type = ElementType::kUInt8;
+  std::vector<int64_t> shape;  // at most kMaxDims; {} is a scalar
+  uint64_t offset = 0;         // from the start of the slot
+  uint64_t bytes = 0;          // = product(shape) · ElementSize(type)
+
+  bool operator==(const FieldDescriptor&) const = default;
+};
+
+// Sender → receiver, after the slot's bytes are visible: slot `slot` holds
+// message number `seq` (0, 1, 2, … on this connection; slot = seq mod slots).
+struct SlotReady {
+  uint64_t epoch = 0;
+  uint64_t seq = 0;
+  uint32_t slot = 0;
+  int64_t step = 0;
+  uint32_t microbatch = 0;
+  std::vector<FieldDescriptor> fields;
+  std::string inline_metadata;  // at most kMaxInlineBytes, opaque here
+
+  bool operator==(const SlotReady&) const = default;
+};
+
+// Receiver → sender: `released` slots of this connection have been released
+// so far (cumulative, so credits coalesce and a repeat is harmless).
+struct Credit {
+  uint64_t epoch = 0;
+  uint64_t released = 0;
+  bool operator==(const Credit&) const = default;
+};
+
+// Sender → receiver: the connection ends after the slots already announced.
+struct Goodbye {
+  uint64_t epoch = 0;
+  bool operator==(const Goodbye&) const = default;
+};
+
+using Message = std::variant<SlotReady, Credit, Goodbye>;
+
+std::string EncodeMessage(const Message& message);
+// InvalidArgument for a malformed message (naming what is wrong);
+// FailedPrecondition for a peer speaking another protocol version.
+absl::StatusOr<Message> DecodeMessage(absl::string_view bytes);
+
+// Checks a decoded SlotReady against the receiver's ring and the sequence
+// number it expects: slot in range and equal to seq mod slots, fields inside
+// the slot and not overlapping. DataLoss naming the first violation.
+absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots,
+                               uint64_t slot_bytes, uint64_t expected_seq);
+
+// A receiver's ring, as its sender needs it: geometry, where it lives and the
+// packed UCX key to put into it.
+struct RingDescriptor {
+  uint32_t slots = 0;
+  uint64_t slot_bytes = 0;
+  uint64_t base_address = 0;
+  MemoryKind memory_kind = MemoryKind::kHost;
+  std::string remote_key;
+
+  bool operator==(const RingDescriptor&) const = default;
+};
+
+std::string EncodeRingDescriptor(const RingDescriptor& ring);
+absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes);
+
+// Lays out fields of the given types and shapes one after another, each at a
+// multiple of kFieldAlignment, and returns their descriptors. InvalidArgument
+// when the fields need more than `slot_bytes` (naming both sizes), when there
+// are too many, or a name or shape is out of range.
+struct FieldSpec {
+  std::string name;
+  ElementType type = ElementType::kUInt8;
+  std::vector<int64_t> shape;
+};
+absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(
+    const std::vector<FieldSpec>& fields, uint64_t slot_bytes);
+
+}  // namespace packfeed::transport
+
+#endif  // PACKFEED_TRANSPORT_WIRE_H_

@@ -1,0 +1,343 @@
+#include "packfeed/transport/receiver.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/transport/transport_logger.h"
+#include "packfeed/transport/ucx_status.h"
+
+namespace packfeed::transport {
+
+absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions& options) {
+  if (options.slots == 0 || options.slot_bytes == 0 ||
+      options.slot_bytes > UINT64_MAX / options.slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ring of ", options.slots, " slots of ", options.slot_bytes,
+        " bytes: both must be positive and their product fit 64 bits"));
+  }
+  PF_ASSIGN_OR_RETURN(UcpContext context, UcpContext::Create(options.ucx));
+  PF_ASSIGN_OR_RETURN(UcpWorker worker, UcpWorker::Create(context));
+  std::unique_ptr<Receiver> receiver(
+      new Receiver(options, std::move(context), std::move(worker)));
+  PF_RETURN_IF_ERROR(receiver->CreateRing());
+  ucp_am_handler_param_t handler = {};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = kActiveMessageId;
+  handler.cb = &Receiver::OnActiveMessage;
+  handler.arg = receiver.get();
+  PF_RETURN_IF_ERROR(
+      UcxStatus(ucp_worker_set_am_recv_handler(receiver->worker_.get(), &handler),
+                "ucp_worker_set_am_recv_handler"));
+  receiver->progress_thread_ = std::thread(&Receiver::ProgressLoop, receiver.get());
+  return receiver;
+}
+
+Receiver::Receiver(ReceiverOptions options, UcpContext context, UcpWorker worker)
+    : options_(std::move(options)), context_(std::move(context)),
+      worker_(std::move(worker)) {}
+
+Receiver::~Receiver() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stop_ = true;
+  }
+  worker_.Signal();
+  if (progress_thread_.joinable()) progress_thread_.join();
+}
+
+absl::Status Receiver::CreateRing() {
+  const uint64_t length = options_.slots * options_.slot_bytes;
+  const int devices = CudaDeviceCount();
+  const bool device_ring_possible =
+      devices > options_.cuda_device && context_.supports_cuda_memory();
+  if (options_.placement == RingPlacement::kDevice && !device_ring_possible) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a device ring needs CUDA device ", options_.cuda_device, " (found ", devices,
+        ") and a UCX built with CUDA (UCX ", UcpContext::LibraryVersion(), ": ",
+        context_.supports_cuda_memory() ? "has CUDA" : "no CUDA", ")"));
+  }
+  if (options_.placement != RingPlacement::kHost && device_ring_possible) {
+    PF_ASSIGN_OR_RETURN(CudaDeviceBuffer buffer,
+                        CudaDeviceBuffer::Allocate(options_.cuda_device, length));
+    device_ring_.emplace(std::move(buffer));
+    PF_ASSIGN_OR_RETURN(MemoryRegion region,
+                        MemoryRegion::Register(context_.get(), device_ring_->data(),
+                                               length, UCS_MEMORY_TYPE_CUDA));
+    ring_.emplace(std::move(region));
+    memory_kind_ = MemoryKind::kCuda;
+  } else {
+    PF_ASSIGN_OR_RETURN(MemoryRegion region, MemoryRegion::Allocate(context_.get(), length));
+    ring_.emplace(std::move(region));
+    // Touch every page now, so no put pays for page faults later.
+    std::memset(ring_->address(), 0, length);
+    if (devices > 0) {
+      absl::StatusOr<CudaHostRegistration> registration =
+          CudaHostRegistration::Register(ring_->address(), length);
+      if (registration.ok()) {
+        host_registration_.emplace(std::move(*registration));
+      } else {
+        Logger().warn("host ring not page-locked, device copies will be synchronous: {}",
+                      std::string(registration.status().message()));
+      }
+    }
+  }
+  PF_ASSIGN_OR_RETURN(std::string key, ring_->PackRemoteKey());
+  ring_descriptor_ = EncodeRingDescriptor(
+      {options_.slots, options_.slot_bytes, reinterpret_cast<uint64_t>(ring_->address()),
+       memory_kind_, std::move(key)});
+  return absl::OkStatus();
+}
+
+absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t epoch) {
+  if (sender_address.empty()) {
+    return absl::InvalidArgumentError("empty sender worker address");
+  }
+  std::string address(sender_address);
+  return RunOnProgressThread([this, &address, epoch] { return Reconnect(address, epoch); });
+}
+
+absl::Status Receiver::RunOnProgressThread(std::function<absl::Status()> task) {
+  absl::Status result;
+  bool done = false;
+  {
+    absl::MutexLock lock(&mutex_);
+    tasks_.push_back([&] {
+      absl::Status status = task();
+      absl::MutexLock inner(&mutex_);
+      result = std::move(status);
+      done = true;
+    });
+  }
+  worker_.Signal();
+  absl::MutexLock lock(&mutex_);
+  mutex_.Await(absl::Condition(&done));
+  return result;
+}
+
+void Receiver::ProgressLoop() {
+  while (true) {
+    std::deque<std::function<void()>> tasks;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (stop_) break;
+      tasks.swap(tasks_);
+    }
+    for (std::function<void()>& task : tasks) task();
+    SendCredit();
+    CloseFailedEndpoint();
+    worker_.ProgressOrWait(options_.idle_wakeup);
+  }
+  CloseEndpoint();  // force-closes on the worker's own thread
+}
+
+absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t epoch) {
+  CloseEndpoint();
+  {
+    absl::MutexLock lock(&mutex_);
+    connected_ = false;
+    epoch_ = epoch;
+    failure_ = absl::OkStatus();
+    ready_.clear();
+    received_ = handed_out_ = released_ = 0;
+  }
+  PF_ASSIGN_OR_RETURN(UcpEndpoint endpoint,
+                      UcpEndpoint::Connect(worker_, sender_address,
+                                           &Receiver::OnEndpointError, this));
+  endpoint_.emplace(std::move(endpoint));
+  Logger().debug("connection {} accepted; lanes: {}", epoch, endpoint_->TransportSummary());
+  {
+    absl::MutexLock lock(&mutex_);
+    connected_ = true;
+  }
+  // The first credit (0 released) tells the sender the ring is ready: it
+  // holds no credit before, so it cannot notify a receiver that would drop
+  // the notification as being of an unknown connection.
+  credit_sent_ = UINT64_MAX;
+  SendCredit();
+  absl::MutexLock lock(&mutex_);
+  return failure_;
+}
+
+void Receiver::SendCredit() {
+  // One credit message in flight at a time; it is never waited for here, so
+  // a sender that is slow to progress (TCP wire-up) blocks nobody.
+  if (credit_request_ != nullptr) {
+    const ucs_status_t status = ucp_request_check_status(credit_request_);
+    if (status == UCS_INPROGRESS) return;
+    ucp_request_free(std::exchange(credit_request_, nullptr));
+    if (status != UCS_OK) {
+      absl::MutexLock lock(&mutex_);
+      FailConnection(absl::UnavailableError(absl::StrCat(
+          "connection ", epoch_, ": sender failed (", ucs_status_string(status), ")")));
+      return;
+    }
+  }
+  uint64_t released;
+  uint64_t epoch;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!connected_ || !failure_.ok() || released_ == credit_sent_) return;
+    released = released_;
+    epoch = epoch_;
+  }
+  credit_message_ = EncodeMessage(Credit{epoch, released});
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(endpoint_->get(), kActiveMessageId, nullptr, 0,
+                      credit_message_.data(), credit_message_.size(), &params);
+  credit_sent_ = released;
+  if (UCS_PTR_IS_ERR(request)) {
+    absl::MutexLock lock(&mutex_);
+    FailConnection(absl::UnavailableError(absl::StrCat(
+        "connection ", epoch, ": sending a credit: ",
+        ucs_status_string(UCS_PTR_STATUS(request)))));
+  } else if (request != nullptr) {
+    credit_request_ = request;
+  }
+}
+
+void Receiver::DropCreditRequest() {
+  if (credit_request_ == nullptr) return;
+  // Closing the endpoint has completed it (with an error): just free it.
+  while (ucp_request_check_status(credit_request_) == UCS_INPROGRESS) {
+    ucp_worker_progress(worker_.get());
+  }
+  ucp_request_free(std::exchange(credit_request_, nullptr));
+}
+
+void Receiver::CloseFailedEndpoint() {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (failure_.ok()) return;
+  }
+  CloseEndpoint();
+}
+
+void Receiver::CloseEndpoint() {
+  endpoint_.reset();
+  DropCreditRequest();
+}
+
+void Receiver::FailConnection(absl::Status cause) {
+  if (!failure_.ok()) return;
+  failure_ = std::move(cause);
+  Logger().warn("{}", std::string(failure_.message()));
+}
+
+absl::StatusOr<ReceivedSlot> Receiver::Next(absl::Duration timeout) {
+  absl::MutexLock lock(&mutex_);
+  auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    return !ready_.empty() || !failure_.ok() || !connected_;
+  };
+  mutex_.AwaitWithTimeout(absl::Condition(&news), timeout);
+  if (!ready_.empty()) {
+    ReceivedSlot slot = std::move(ready_.front());
+    ready_.pop_front();
+    ++handed_out_;
+    return slot;
+  }
+  if (!connected_) return absl::FailedPreconditionError("not connected to a sender");
+  if (!failure_.ok()) return failure_;
+  return absl::DeadlineExceededError(
+      absl::StrCat("no slot within ", absl::FormatDuration(timeout)));
+}
+
+absl::Status Receiver::Release(uint64_t seq) {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (released_ == handed_out_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("release of message ", seq, ": no slot is held"));
+    }
+    if (seq != released_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "release of message ", seq, ": slots are released in order, the oldest held is ",
+          released_));
+    }
+    ++released_;
+  }
+  worker_.Signal();
+  return absl::OkStatus();
+}
+
+ReceiverStats Receiver::stats() const {
+  absl::MutexLock lock(&mutex_);
+  return ReceiverStats{received_, released_, stale_};
+}
+
+void Receiver::OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status) {
+  auto* receiver = static_cast<Receiver*>(arg);
+  if (!receiver->endpoint_.has_value() || receiver->endpoint_->get() != endpoint) return;
+  absl::MutexLock lock(&receiver->mutex_);
+  receiver->FailConnection(absl::UnavailableError(absl::StrCat(
+      "connection ", receiver->epoch_, ": sender failed (", ucs_status_string(status), ")")));
+}
+
+ucs_status_t Receiver::OnActiveMessage(void* arg, const void*, size_t, void* data,
+                                       size_t length, const ucp_am_recv_param_t* param) {
+  auto* receiver = static_cast<Receiver*>(arg);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+    absl::MutexLock lock(&receiver->mutex_);
+    receiver->FailConnection(absl::DataLossError(
+        "a notification arrived as rendezvous; packfeed senders always send eagerly"));
+    return UCS_OK;
+  }
+  receiver->OnMessage(absl::string_view(static_cast<const char*>(data), length));
+  return UCS_OK;
+}
+
+void Receiver::OnMessage(absl::string_view bytes) {
+  absl::StatusOr<Message> message = DecodeMessage(bytes);
+  absl::MutexLock lock(&mutex_);
+  if (!message.ok()) {
+    if (!connected_) return;
+    const absl::Status& cause = message.status();
+    FailConnection(cause.code() == absl::StatusCode::kFailedPrecondition
+                       ? cause
+                       : absl::DataLossError(absl::StrCat(
+                             "connection ", epoch_, ": malformed notification: ",
+                             cause.message())));
+    return;
+  }
+  if (const auto* goodbye = std::get_if<Goodbye>(&*message)) {
+    if (!connected_ || goodbye->epoch != epoch_) {
+      ++stale_;
+      return;
+    }
+    FailConnection(absl::UnavailableError(
+        absl::StrCat("connection ", epoch_, ": the sender closed it")));
+    return;
+  }
+  const auto* ready = std::get_if<SlotReady>(&*message);
+  if (ready == nullptr || !connected_ || ready->epoch != epoch_) {
+    ++stale_;
+    return;
+  }
+  if (!failure_.ok()) return;
+  absl::Status valid =
+      ValidateSlotReady(*ready, options_.slots, options_.slot_bytes, received_);
+  if (!valid.ok()) {
+    FailConnection(absl::DataLossError(
+        absl::StrCat("connection ", epoch_, ": ", valid.message())));
+    return;
+  }
+  ReceivedSlot slot;
+  slot.seq = ready->seq;
+  slot.slot = ready->slot;
+  slot.step = ready->step;
+  slot.microbatch = ready->microbatch;
+  slot.inline_metadata = ready->inline_metadata;
+  uint8_t* base = static_cast<uint8_t*>(ring_->address()) + ready->slot * options_.slot_bytes;
+  for (const FieldDescriptor& field : ready->fields) {
+    slot.fields.push_back(FieldView{field, base + field.offset});
+  }
+  ready_.push_back(std::move(slot));
+  ++received_;
+}
+
+}  // namespace packfeed::transport

@@ -1,0 +1,351 @@
+#include "packfeed/transport/sender.h"
+
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/transport/transport_logger.h"
+#include "packfeed/transport/ucx_endpoint.h"
+#include "packfeed/transport/ucx_status.h"
+
+namespace packfeed::transport {
+
+struct Sender::Connection {
+  uint64_t epoch = 0;
+  RingDescriptor ring;
+  std::optional<UcpEndpoint> endpoint;
+  RemoteKey remote_key;      // destroyed before the endpoint closes
+  uint8_t* mapped = nullptr; // the ring in this process, when shared memory
+  uint64_t pushed = 0;
+  uint64_t released = 0;
+  uint64_t bytes = 0;
+  bool accepted = false;     // the receiver's first credit has arrived
+  absl::Status failure;      // set once; the connection is then closed
+  std::string notification;  // alive until its send completes (UCX 1.13)
+
+  uint32_t credits() const {
+    if (!failure.ok() || !accepted) return 0;
+    return static_cast<uint32_t>(ring.slots - (pushed - released));
+  }
+  uint64_t slot_address(uint64_t seq) const {
+    return ring.base_address + (seq % ring.slots) * ring.slot_bytes;
+  }
+};
+
+namespace {
+
+std::vector<FieldSpec> Specs(const SlotContent& content) {
+  std::vector<FieldSpec> specs;
+  specs.reserve(content.fields.size());
+  for (const FieldBuffer& field : content.fields) specs.push_back(field.spec);
+  return specs;
+}
+
+absl::Status CheckInline(const SlotContent& content) {
+  if (content.inline_metadata.size() <= kMaxInlineBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      content.inline_metadata.size(), " bytes of inline metadata (at most ",
+      kMaxInlineBytes, ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Sender>> Sender::Create(const SenderOptions& options) {
+  PF_ASSIGN_OR_RETURN(UcpContext context, UcpContext::Create(options.ucx));
+  PF_ASSIGN_OR_RETURN(UcpWorker worker, UcpWorker::Create(context));
+  std::unique_ptr<Sender> sender(
+      new Sender(options, std::move(context), std::move(worker)));
+  ucp_am_handler_param_t handler = {};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = kActiveMessageId;
+  handler.cb = &Sender::OnActiveMessage;
+  handler.arg = sender.get();
+  PF_RETURN_IF_ERROR(
+      UcxStatus(ucp_worker_set_am_recv_handler(sender->worker_.get(), &handler),
+                "ucp_worker_set_am_recv_handler"));
+  return sender;
+}
+
+Sender::Sender(SenderOptions options, UcpContext context, UcpWorker worker)
+    : options_(std::move(options)),
+      context_(std::move(context)),
+      worker_(std::move(worker)),
+      next_epoch_(static_cast<uint64_t>(std::random_device{}()) << 32 | 1) {}
+
+Sender::~Sender() {
+  while (!connections_.empty()) Disconnect(connections_.begin()->first).IgnoreError();
+}
+
+absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
+                                         absl::string_view ring_descriptor) {
+  PF_ASSIGN_OR_RETURN(RingDescriptor ring, DecodeRingDescriptor(ring_descriptor));
+  if (receiver_address.empty()) {
+    return absl::InvalidArgumentError("empty receiver worker address");
+  }
+  auto connection = std::make_unique<Connection>();
+  connection->epoch = next_epoch_++;
+  connection->ring = std::move(ring);
+  PF_ASSIGN_OR_RETURN(UcpEndpoint endpoint,
+                      UcpEndpoint::Connect(worker_, receiver_address,
+                                           &Sender::OnEndpointError, connection.get()));
+  connection->endpoint.emplace(std::move(endpoint));
+  PF_ASSIGN_OR_RETURN(connection->remote_key,
+                      RemoteKey::Unpack(*connection->endpoint, connection->ring.remote_key));
+  if (connection->ring.memory_kind == MemoryKind::kHost) {
+    absl::StatusOr<void*> mapped =
+        connection->remote_key.LocalPointer(connection->ring.base_address);
+    if (mapped.ok()) connection->mapped = static_cast<uint8_t*>(*mapped);
+  }
+  const uint64_t epoch = connection->epoch;
+  Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", epoch,
+                 connection->ring.slots, connection->ring.slot_bytes,
+                 connection->mapped != nullptr ? "mapped" : "not mapped",
+                 connection->endpoint->TransportSummary());
+  connections_.emplace(epoch, std::move(connection));
+  return epoch;
+}
+
+absl::Status Sender::Disconnect(uint64_t epoch) {
+  auto it = connections_.find(epoch);
+  if (it == connections_.end()) {
+    return absl::NotFoundError(absl::StrCat("no connection with epoch ", epoch));
+  }
+  Connection& connection = *it->second;
+  absl::Status status = connection.failure;
+  if (status.ok()) {
+    // Goodbye, then a flush so it leaves before the endpoint closes.
+    const absl::Time deadline = absl::Now() + options_.operation_timeout;
+    connection.notification = EncodeMessage(Goodbye{epoch});
+    ucp_request_param_t params = {};
+    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    params.flags = UCP_AM_SEND_FLAG_EAGER;
+    status = Wait(connection,
+                  ucp_am_send_nbx(connection.endpoint->get(), kActiveMessageId, nullptr, 0,
+                                  connection.notification.data(),
+                                  connection.notification.size(), &params),
+                  "ucp_am_send_nbx(goodbye)", deadline);
+    ucp_request_param_t flush = {};
+    if (status.ok()) {
+      status = Wait(connection, ucp_ep_flush_nbx(connection.endpoint->get(), &flush),
+                    "ucp_ep_flush_nbx", deadline);
+    }
+  }
+  connection.remote_key.Reset();
+  if (connection.endpoint.has_value()) connection.endpoint->Close(/*force=*/true).IgnoreError();
+  connections_.erase(it);
+  return status;
+}
+
+absl::StatusOr<Sender::Connection*> Sender::Usable(uint64_t epoch) const {
+  auto it = connections_.find(epoch);
+  if (it == connections_.end()) {
+    return absl::NotFoundError(absl::StrCat("no connection with epoch ", epoch));
+  }
+  if (!it->second->failure.ok()) return it->second->failure;
+  return it->second.get();
+}
+
+absl::StatusOr<uint32_t> Sender::Credits(uint64_t epoch) const {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+  return connection->credits();
+}
+
+absl::Status Sender::Push(uint64_t epoch, const SlotContent& content) {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+  PF_RETURN_IF_ERROR(CheckInline(content));
+  PF_ASSIGN_OR_RETURN(std::vector<FieldDescriptor> layout,
+                      LayoutFields(Specs(content), connection->ring.slot_bytes));
+  if (connection->credits() == 0) {
+    return absl::ResourceExhaustedError(
+        connection->accepted
+            ? absl::StrCat("connection ", epoch, ": all ", connection->ring.slots,
+                           " slots are held by the receiver")
+            : absl::StrCat("connection ", epoch, ": the receiver has not accepted it yet"));
+  }
+  const absl::Time deadline = absl::Now() + options_.operation_timeout;
+  const uint64_t slot = connection->slot_address(connection->pushed);
+  // All puts in flight at once, then one flush: remote completion of every
+  // put before the notification leaves (flush, not fence: UCX 1.13's fence
+  // does not order across lanes).
+  std::vector<ucs_status_ptr_t> requests;
+  ucp_request_param_t put = {};
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (layout[i].bytes == 0) continue;
+    requests.push_back(ucp_put_nbx(connection->endpoint->get(), content.fields[i].data,
+                                   layout[i].bytes, slot + layout[i].offset,
+                                   connection->remote_key.get(), &put));
+  }
+  ucp_request_param_t flush = {};
+  requests.push_back(ucp_ep_flush_nbx(connection->endpoint->get(), &flush));
+  absl::Status status;
+  for (ucs_status_ptr_t request : requests) {
+    // Wait on every request even after a failure: each must be freed.
+    status.Update(Wait(*connection, request, "ucp_put_nbx/ucp_ep_flush_nbx", deadline));
+  }
+  if (status.ok()) status = Notify(*connection, layout, content, deadline);
+  if (!status.ok()) return Fail(*connection, std::move(status));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MappedSlot> Sender::MapNextSlot(uint64_t epoch) {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+  if (connection->mapped == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "connection ", epoch, ": the receiver's ring is not mapped into this process "
+        "(not same-node shared memory); use Push"));
+  }
+  if (connection->credits() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("connection ", epoch, ": no free slot"));
+  }
+  const uint64_t offset = connection->slot_address(connection->pushed) -
+                          connection->ring.base_address;
+  return MappedSlot{connection->mapped + offset, connection->ring.slot_bytes,
+                    connection->pushed};
+}
+
+absl::Status Sender::CommitMapped(uint64_t epoch, const SlotContent& content) {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+  PF_RETURN_IF_ERROR(CheckInline(content));
+  if (connection->mapped == nullptr || connection->credits() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("connection ", epoch, ": CommitMapped without a mapped slot"));
+  }
+  PF_ASSIGN_OR_RETURN(std::vector<FieldDescriptor> layout,
+                      LayoutFields(Specs(content), connection->ring.slot_bytes));
+  // The slot was written with plain stores: make them visible before the
+  // notification can be seen.
+  std::atomic_thread_fence(std::memory_order_release);
+  absl::Status status =
+      Notify(*connection, layout, content, absl::Now() + options_.operation_timeout);
+  if (!status.ok()) return Fail(*connection, std::move(status));
+  return absl::OkStatus();
+}
+
+absl::Status Sender::Notify(Connection& connection,
+                            const std::vector<FieldDescriptor>& layout,
+                            const SlotContent& content, absl::Time deadline) {
+  SlotReady ready;
+  ready.epoch = connection.epoch;
+  ready.seq = connection.pushed;
+  ready.slot = static_cast<uint32_t>(connection.pushed % connection.ring.slots);
+  ready.step = content.step;
+  ready.microbatch = content.microbatch;
+  ready.fields = layout;
+  ready.inline_metadata = content.inline_metadata;
+  connection.notification = EncodeMessage(ready);
+  // Eager: the notification must arrive whole in one callback, never as a
+  // rendezvous the receiver would have to fetch.
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_AM_SEND_FLAG_EAGER;
+  PF_RETURN_IF_ERROR(Wait(connection,
+                          ucp_am_send_nbx(connection.endpoint->get(), kActiveMessageId,
+                                          nullptr, 0, connection.notification.data(),
+                                          connection.notification.size(), &params),
+                          "ucp_am_send_nbx(slot-ready)", deadline));
+  ++connection.pushed;
+  for (const FieldDescriptor& field : layout) connection.bytes += field.bytes;
+  return absl::OkStatus();
+}
+
+absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request,
+                          absl::string_view call, absl::Time deadline) {
+  return worker_.Wait(request, call, deadline, [&] {
+    // Alive but not progressing: closing the endpoint completes the request.
+    Logger().warn("connection {}: {} did not complete within {}", connection.epoch,
+                  std::string(call), absl::FormatDuration(options_.operation_timeout));
+    connection.remote_key.Reset();
+    connection.endpoint->Close(/*force=*/true).IgnoreError();
+  });
+}
+
+absl::Status Sender::Fail(Connection& connection, absl::Status cause) {
+  if (connection.failure.ok()) {
+    connection.failure = absl::UnavailableError(absl::StrCat(
+        "connection ", connection.epoch, " to its receiver failed: ", cause.message()));
+    Logger().warn("{}", std::string(connection.failure.message()));
+  }
+  connection.remote_key.Reset();
+  if (connection.endpoint.has_value()) connection.endpoint->Close(/*force=*/true).IgnoreError();
+  connection.mapped = nullptr;
+  return connection.failure;
+}
+
+void Sender::CloseFailedConnections() {
+  for (auto& [epoch, connection] : connections_) {
+    if (!connection->failure.ok() && connection->endpoint.has_value() &&
+        connection->endpoint->open()) {
+      Fail(*connection, connection->failure).IgnoreError();
+    }
+  }
+}
+
+void Sender::ProgressOrWait(absl::Duration timeout) {
+  worker_.ProgressOrWait(timeout);
+  CloseFailedConnections();
+}
+
+absl::StatusOr<ConnectionStats> Sender::Stats(uint64_t epoch) const {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+  return ConnectionStats{connection->pushed, connection->released, connection->bytes,
+                         connection->credits(), connection->mapped != nullptr,
+                         connection->endpoint->TransportSummary()};
+}
+
+void Sender::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
+  // Inside progress: only record it; the endpoint closes outside callbacks.
+  auto* connection = static_cast<Connection*>(arg);
+  if (connection->failure.ok()) {
+    connection->failure = absl::UnavailableError(absl::StrCat(
+        "connection ", connection->epoch, ": receiver failed (",
+        ucs_status_string(status), ")"));
+    Logger().warn("{}", std::string(connection->failure.message()));
+  }
+}
+
+ucs_status_t Sender::OnActiveMessage(void* arg, const void*, size_t, void* data,
+                                     size_t length, const ucp_am_recv_param_t* param) {
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+    Logger().warn("dropped a rendezvous message: credits are always eager");
+    return UCS_OK;
+  }
+  static_cast<Sender*>(arg)->OnMessage(
+      absl::string_view(static_cast<const char*>(data), length));
+  return UCS_OK;
+}
+
+void Sender::OnMessage(absl::string_view bytes) {
+  absl::StatusOr<Message> message = DecodeMessage(bytes);
+  if (!message.ok()) {
+    Logger().warn("dropped a message from a receiver: {}", std::string(message.status().message()));
+    return;
+  }
+  const Credit* credit = std::get_if<Credit>(&*message);
+  if (credit == nullptr) {
+    Logger().warn("dropped a message from a receiver: not a credit");
+    return;
+  }
+  auto it = connections_.find(credit->epoch);
+  if (it == connections_.end() || !it->second->failure.ok()) {
+    Logger().debug("credit for closed connection {} ignored", credit->epoch);
+    return;
+  }
+  Connection& connection = *it->second;
+  if (credit->released > connection.pushed) {
+    connection.failure = absl::UnavailableError(absl::StrCat(
+        "connection ", connection.epoch, ": receiver released ", credit->released,
+        " slots of ", connection.pushed, " pushed"));
+    Logger().warn("{}", std::string(connection.failure.message()));
+    return;
+  }
+  connection.accepted = true;
+  connection.released = std::max(connection.released, credit->released);
+}
+
+}  // namespace packfeed::transport

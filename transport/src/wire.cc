@@ -1,0 +1,392 @@
+#include "packfeed/transport/wire.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+
+namespace packfeed::transport {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire format is little-endian and encoded by memcpy");
+
+constexpr uint16_t kRingDescriptorKind = 16;
+constexpr size_t kHeaderBytes = 24;
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+  void PutBytes(absl::string_view bytes) { out_.append(bytes.data(), bytes.size()); }
+  std::string Finish(uint16_t kind, uint64_t epoch) && {
+    Writer header;
+    header.Put(kWireMagic);
+    header.Put(kWireVersion);
+    header.Put(kind);
+    header.Put(epoch);
+    header.Put(static_cast<uint64_t>(out_.size()));
+    return header.out_ + out_;
+  }
+
+ private:
+  std::string out_;
+};
+
+// Reads fixed-size values from untrusted bytes; every read is bounds-checked.
+class Reader {
+ public:
+  explicit Reader(absl::string_view bytes) : bytes_(bytes) {}
+  template <typename T>
+  absl::StatusOr<T> Get(absl::string_view what) {
+    if (bytes_.size() < sizeof(T)) return Truncated(what);
+    T value;
+    std::memcpy(&value, bytes_.data(), sizeof(T));
+    bytes_.remove_prefix(sizeof(T));
+    return value;
+  }
+  absl::StatusOr<absl::string_view> GetBytes(size_t length, absl::string_view what) {
+    if (bytes_.size() < length) return Truncated(what);
+    absl::string_view out = bytes_.substr(0, length);
+    bytes_.remove_prefix(length);
+    return out;
+  }
+  size_t remaining() const { return bytes_.size(); }
+
+ private:
+  static absl::Status Truncated(absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("message truncated in ", what));
+  }
+  absl::string_view bytes_;
+};
+
+struct Header {
+  uint16_t kind;
+  uint64_t epoch;
+};
+
+absl::StatusOr<Header> ReadHeader(Reader& reader) {
+  PF_ASSIGN_OR_RETURN(uint32_t magic, reader.Get<uint32_t>("header"));
+  if (magic != kWireMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a packfeed message (magic 0x", absl::Hex(magic), ")"));
+  }
+  PF_ASSIGN_OR_RETURN(uint16_t version, reader.Get<uint16_t>("header"));
+  if (version != kWireVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer speaks packfeed wire protocol v", version,
+                     "; this side speaks v", kWireVersion));
+  }
+  PF_ASSIGN_OR_RETURN(uint16_t kind, reader.Get<uint16_t>("header"));
+  PF_ASSIGN_OR_RETURN(uint64_t epoch, reader.Get<uint64_t>("header"));
+  PF_ASSIGN_OR_RETURN(uint64_t body_bytes, reader.Get<uint64_t>("header"));
+  if (body_bytes != reader.remaining()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "message body is ", reader.remaining(), " bytes, header says ", body_bytes));
+  }
+  return Header{kind, epoch};
+}
+
+absl::Status CheckName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxFieldNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field name of ", name.size(), " bytes (1 to ", kMaxFieldNameBytes, " allowed)"));
+  }
+  for (char c : name) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError("field name with a non-printable byte");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Bytes of a field of `type` and `shape`, refusing negative dimensions,
+// unknown types and overflow.
+absl::StatusOr<uint64_t> FieldBytes(absl::string_view name, ElementType type,
+                                    const std::vector<int64_t>& shape) {
+  const size_t element = ElementSize(type);
+  if (element == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field ", name, ": unknown element type ", static_cast<int>(type)));
+  }
+  if (shape.size() > kMaxDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field ", name, ": ", shape.size(), " dimensions (at most ", kMaxDims, ")"));
+  }
+  uint64_t bytes = element;
+  for (int64_t dim : shape) {
+    if (dim < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("field ", name, ": negative dimension ", dim));
+    }
+    if (dim != 0 && bytes > UINT64_MAX / static_cast<uint64_t>(dim)) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", name, ": size overflows"));
+    }
+    bytes *= static_cast<uint64_t>(dim);
+  }
+  return bytes;
+}
+
+void EncodeBody(const SlotReady& ready, Writer& writer) {
+  writer.Put(ready.seq);
+  writer.Put(ready.slot);
+  writer.Put(ready.step);
+  writer.Put(ready.microbatch);
+  writer.Put(static_cast<uint16_t>(ready.fields.size()));
+  writer.Put(static_cast<uint16_t>(ready.inline_metadata.size()));
+  for (const FieldDescriptor& field : ready.fields) {
+    writer.Put(static_cast<uint8_t>(field.name.size()));
+    writer.PutBytes(field.name);
+    writer.Put(static_cast<uint8_t>(field.type));
+    writer.Put(static_cast<uint8_t>(field.shape.size()));
+    for (int64_t dim : field.shape) writer.Put(dim);
+    writer.Put(field.offset);
+    writer.Put(field.bytes);
+  }
+  writer.PutBytes(ready.inline_metadata);
+}
+
+absl::StatusOr<FieldDescriptor> DecodeField(Reader& reader) {
+  FieldDescriptor field;
+  PF_ASSIGN_OR_RETURN(uint8_t name_bytes, reader.Get<uint8_t>("field name"));
+  PF_ASSIGN_OR_RETURN(absl::string_view name, reader.GetBytes(name_bytes, "field name"));
+  PF_RETURN_IF_ERROR(CheckName(name));
+  field.name = std::string(name);
+  PF_ASSIGN_OR_RETURN(uint8_t type, reader.Get<uint8_t>("field type"));
+  field.type = static_cast<ElementType>(type);
+  PF_ASSIGN_OR_RETURN(uint8_t dims, reader.Get<uint8_t>("field shape"));
+  if (dims > kMaxDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field ", field.name, ": ", dims, " dimensions (at most ", kMaxDims, ")"));
+  }
+  for (int d = 0; d < dims; ++d) {
+    PF_ASSIGN_OR_RETURN(int64_t dim, reader.Get<int64_t>("field shape"));
+    field.shape.push_back(dim);
+  }
+  PF_ASSIGN_OR_RETURN(field.offset, reader.Get<uint64_t>("field offset"));
+  PF_ASSIGN_OR_RETURN(field.bytes, reader.Get<uint64_t>("field bytes"));
+  PF_ASSIGN_OR_RETURN(uint64_t expected, FieldBytes(field.name, field.type, field.shape));
+  if (expected != field.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field ", field.name, ": ", field.bytes, " bytes for a shape of ", expected));
+  }
+  if (field.offset > UINT64_MAX - field.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("field ", field.name, ": offset overflows"));
+  }
+  return field;
+}
+
+absl::StatusOr<SlotReady> DecodeSlotReady(uint64_t epoch, Reader& reader) {
+  SlotReady ready;
+  ready.epoch = epoch;
+  PF_ASSIGN_OR_RETURN(ready.seq, reader.Get<uint64_t>("slot-ready"));
+  PF_ASSIGN_OR_RETURN(ready.slot, reader.Get<uint32_t>("slot-ready"));
+  PF_ASSIGN_OR_RETURN(ready.step, reader.Get<int64_t>("slot-ready"));
+  PF_ASSIGN_OR_RETURN(ready.microbatch, reader.Get<uint32_t>("slot-ready"));
+  PF_ASSIGN_OR_RETURN(uint16_t fields, reader.Get<uint16_t>("slot-ready"));
+  PF_ASSIGN_OR_RETURN(uint16_t inline_bytes, reader.Get<uint16_t>("slot-ready"));
+  if (fields > kMaxFields) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fields, " fields (at most ", kMaxFields, ")"));
+  }
+  if (inline_bytes > kMaxInlineBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        inline_bytes, " bytes of inline metadata (at most ", kMaxInlineBytes, ")"));
+  }
+  for (int i = 0; i < fields; ++i) {
+    PF_ASSIGN_OR_RETURN(FieldDescriptor field, DecodeField(reader));
+    ready.fields.push_back(std::move(field));
+  }
+  PF_ASSIGN_OR_RETURN(absl::string_view metadata,
+                      reader.GetBytes(inline_bytes, "inline metadata"));
+  ready.inline_metadata = std::string(metadata);
+  if (reader.remaining() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(reader.remaining(), " bytes after the slot-ready message"));
+  }
+  return ready;
+}
+
+absl::Status ExpectEmpty(const Reader& reader, absl::string_view what) {
+  if (reader.remaining() == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(reader.remaining(), " bytes after the ", what, " message"));
+}
+
+}  // namespace
+
+size_t ElementSize(ElementType type) {
+  switch (type) {
+    case ElementType::kUInt8: case ElementType::kInt8: case ElementType::kBool:
+      return 1;
+    case ElementType::kUInt16: case ElementType::kInt16:
+    case ElementType::kFloat16: case ElementType::kBFloat16:
+      return 2;
+    case ElementType::kUInt32: case ElementType::kInt32: case ElementType::kFloat32:
+      return 4;
+    case ElementType::kUInt64: case ElementType::kInt64: case ElementType::kFloat64:
+      return 8;
+  }
+  return 0;
+}
+
+absl::string_view ElementTypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kUInt8: return "uint8";
+    case ElementType::kInt8: return "int8";
+    case ElementType::kUInt16: return "uint16";
+    case ElementType::kInt16: return "int16";
+    case ElementType::kUInt32: return "uint32";
+    case ElementType::kInt32: return "int32";
+    case ElementType::kUInt64: return "uint64";
+    case ElementType::kInt64: return "int64";
+    case ElementType::kFloat16: return "float16";
+    case ElementType::kBFloat16: return "bfloat16";
+    case ElementType::kFloat32: return "float32";
+    case ElementType::kFloat64: return "float64";
+    case ElementType::kBool: return "bool";
+  }
+  return "invalid";
+}
+
+std::string EncodeMessage(const Message& message) {
+  Writer writer;
+  if (const auto* ready = std::get_if<SlotReady>(&message)) {
+    EncodeBody(*ready, writer);
+    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kSlotReady),
+                                    ready->epoch);
+  }
+  if (const auto* credit = std::get_if<Credit>(&message)) {
+    writer.Put(credit->released);
+    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kCredit),
+                                    credit->epoch);
+  }
+  const auto& goodbye = std::get<Goodbye>(message);
+  return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kGoodbye),
+                                  goodbye.epoch);
+}
+
+absl::StatusOr<Message> DecodeMessage(absl::string_view bytes) {
+  Reader reader(bytes);
+  PF_ASSIGN_OR_RETURN(Header header, ReadHeader(reader));
+  switch (static_cast<MessageKind>(header.kind)) {
+    case MessageKind::kSlotReady:
+      return DecodeSlotReady(header.epoch, reader);
+    case MessageKind::kCredit: {
+      PF_ASSIGN_OR_RETURN(uint64_t released, reader.Get<uint64_t>("credit"));
+      PF_RETURN_IF_ERROR(ExpectEmpty(reader, "credit"));
+      return Credit{header.epoch, released};
+    }
+    case MessageKind::kGoodbye:
+      PF_RETURN_IF_ERROR(ExpectEmpty(reader, "goodbye"));
+      return Goodbye{header.epoch};
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", header.kind));
+}
+
+absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots,
+                               uint64_t slot_bytes, uint64_t expected_seq) {
+  if (ready.seq != expected_seq) {
+    return absl::DataLossError(absl::StrCat("slot-ready for message ", ready.seq,
+                                            ", expected message ", expected_seq));
+  }
+  if (ready.slot >= slots || ready.slot != ready.seq % slots) {
+    return absl::DataLossError(absl::StrCat("slot-ready names slot ", ready.slot,
+                                            " for message ", ready.seq, " of a ",
+                                            slots, "-slot ring"));
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> extents;
+  for (const FieldDescriptor& field : ready.fields) {
+    if (field.offset > slot_bytes || field.bytes > slot_bytes - field.offset) {
+      return absl::DataLossError(absl::StrCat(
+          "field ", field.name, " [", field.offset, ", +", field.bytes,
+          ") lies outside the ", slot_bytes, "-byte slot"));
+    }
+    extents.emplace_back(field.offset, field.offset + field.bytes);
+  }
+  std::sort(extents.begin(), extents.end());
+  for (size_t i = 1; i < extents.size(); ++i) {
+    if (extents[i].first < extents[i - 1].second) {
+      return absl::DataLossError(absl::StrCat("fields overlap at slot offset ",
+                                              extents[i].first));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string EncodeRingDescriptor(const RingDescriptor& ring) {
+  Writer writer;
+  writer.Put(ring.slots);
+  writer.Put(ring.slot_bytes);
+  writer.Put(ring.base_address);
+  writer.Put(static_cast<uint8_t>(ring.memory_kind));
+  writer.Put(static_cast<uint32_t>(ring.remote_key.size()));
+  writer.PutBytes(ring.remote_key);
+  return std::move(writer).Finish(kRingDescriptorKind, 0);
+}
+
+absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
+  Reader reader(bytes);
+  PF_ASSIGN_OR_RETURN(Header header, ReadHeader(reader));
+  if (header.kind != kRingDescriptorKind) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a ring descriptor, got message kind ", header.kind));
+  }
+  RingDescriptor ring;
+  PF_ASSIGN_OR_RETURN(ring.slots, reader.Get<uint32_t>("ring descriptor"));
+  PF_ASSIGN_OR_RETURN(ring.slot_bytes, reader.Get<uint64_t>("ring descriptor"));
+  PF_ASSIGN_OR_RETURN(ring.base_address, reader.Get<uint64_t>("ring descriptor"));
+  PF_ASSIGN_OR_RETURN(uint8_t kind, reader.Get<uint8_t>("ring descriptor"));
+  PF_ASSIGN_OR_RETURN(uint32_t key_bytes, reader.Get<uint32_t>("ring descriptor"));
+  PF_ASSIGN_OR_RETURN(absl::string_view key, reader.GetBytes(key_bytes, "remote key"));
+  PF_RETURN_IF_ERROR(ExpectEmpty(reader, "ring descriptor"));
+  if (kind > static_cast<uint8_t>(MemoryKind::kCuda)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown ring memory kind ", kind));
+  }
+  ring.memory_kind = static_cast<MemoryKind>(kind);
+  ring.remote_key = std::string(key);
+  if (ring.slots == 0 || ring.slot_bytes == 0 || key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring of ", ring.slots, " slots of ", ring.slot_bytes, " bytes with a ",
+        key.size(), "-byte key: all must be positive"));
+  }
+  if (ring.slot_bytes > UINT64_MAX / ring.slots ||
+      ring.base_address > UINT64_MAX - ring.slots * ring.slot_bytes) {
+    return absl::InvalidArgumentError("ring extent overflows the address space");
+  }
+  return ring;
+}
+
+absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(
+    const std::vector<FieldSpec>& fields, uint64_t slot_bytes) {
+  if (fields.size() > kMaxFields) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fields.size(), " fields (at most ", kMaxFields, ")"));
+  }
+  std::vector<FieldDescriptor> layout;
+  uint64_t end = 0;
+  bool overflow = false;
+  for (const FieldSpec& spec : fields) {
+    PF_RETURN_IF_ERROR(CheckName(spec.name));
+    PF_ASSIGN_OR_RETURN(uint64_t bytes, FieldBytes(spec.name, spec.type, spec.shape));
+    const uint64_t offset = (end + kFieldAlignment - 1) / kFieldAlignment * kFieldAlignment;
+    overflow |= offset < end || bytes > UINT64_MAX - offset;
+    end = offset + bytes;
+    layout.push_back({spec.name, spec.type, spec.shape, offset, bytes});
+  }
+  if (overflow || end > slot_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "payload of ", overflow ? std::string("more than 2^64") : absl::StrCat(end),
+        " bytes (", fields.size(), " fields, each aligned to ", kFieldAlignment,
+        " B) does not fit a ring slot of ", slot_bytes, " bytes"));
+  }
+  return layout;
+}
+
+}  // namespace packfeed::transport
