@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh machine: installs what is missing,
 # builds, and runs every test.
 #   1. build/       RelWithDebInfo, -Werror: every ctest test
-#   2. build-asan/  Debug + ASan/UBSan, -Werror: the unit tests again
+#   2. build-asan/  Debug + ASan/UBSan, -Werror: the unit tests and the
+#                   transport's process tests again
 #   3. build-fuzz/  clang + libFuzzer: each fuzz target for a bounded time
 # PF_FUZZ_SECONDS (default 30) sets the fuzzing time per target.
 set -euo pipefail
@@ -26,8 +27,8 @@ section "build (libFuzzer)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DPF_FUZZ=ON >/dev/null
 cmake --build build-fuzz
 
-section "unit tests under ASan/UBSan"
-ctest --test-dir build-asan -L unit --output-on-failure
+section "unit and transport tests under ASan/UBSan"
+ctest --test-dir build-asan -L 'unit|asan' --output-on-failure
 
 section "fuzzing (${PF_FUZZ_SECONDS:-30}s per target)"
 tests/fuzz/run_fuzzers.sh build-fuzz "${PF_FUZZ_SECONDS:-30}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for a bounded time over a seed corpus.
 #   tests/fuzz/run_fuzzers.sh BUILD_DIR SECONDS_PER_TARGET
-# Seeds: Megatron's fixture indexes (when ../shared is present) and indexes
-# made by packfeedctl. Longer runs: pass more seconds, or run the binary
+# index_parser_fuzz is seeded with Megatron's fixture indexes (when ../shared
+# is present) and indexes made by packfeedctl; wire_fuzz starts from nothing
+# (libFuzzer's comparison tracing finds the magic and the version). Longer runs: pass more seconds, or run the binary
 # directly, e.g. build-fuzz/tests/fuzz/index_parser_fuzz -max_total_time=3600 DIR
 set -euo pipefail
 build=$1
@@ -26,12 +27,17 @@ if [[ -x $ctl ]]; then
   done
 fi
 
-log=$corpus/log
-if ! "$build/tests/fuzz/index_parser_fuzz" -max_total_time="$seconds" \
-    -max_len=4096 -print_final_stats=1 "$corpus" >"$log" 2>&1; then
-  cat "$log"
-  echo "run_fuzzers: index_parser_fuzz FAILED"
-  exit 1
-fi
-grep -E '^(Done|stat::(number_of_executed_units|new_units_added))' "$log"
-echo "run_fuzzers: index_parser_fuzz ran ${seconds}s without a crash"
+run() {  # run TARGET CORPUS_DIR
+  local log=$corpus/$1.log
+  if ! "$build/tests/fuzz/$1" -max_total_time="$seconds" -max_len=4096 \
+      -print_final_stats=1 "$2" >"$log" 2>&1; then
+    cat "$log"
+    echo "run_fuzzers: $1 FAILED"
+    exit 1
+  fi
+  grep -E '^(Done|stat::(number_of_executed_units|new_units_added))' "$log"
+  echo "run_fuzzers: $1 ran ${seconds}s without a crash"
+}
+mkdir -p "$corpus/wire"
+run index_parser_fuzz "$corpus"
+run wire_fuzz "$corpus/wire"

@@ -118,6 +118,7 @@ absl::Status Receiver::RunOnProgressThread(std::function<absl::Status()> task) {
 }
 
 void Receiver::ProgressLoop() {
+  absl::Time last_activity = absl::Now();
   while (true) {
     std::deque<std::function<void()>> tasks;
     {
@@ -126,9 +127,18 @@ void Receiver::ProgressLoop() {
       tasks.swap(tasks_);
     }
     for (std::function<void()>& task : tasks) task();
-    SendCredit();
+    // Every step runs each round: no short-circuit.
+    const bool sent_credit = SendCredit();
+    const bool progressed = worker_.Progress();
+    const bool busy = !tasks.empty() || sent_credit || progressed;
     CloseFailedEndpoint();
-    worker_.ProgressOrWait(options_.idle_wakeup);
+    const absl::Time now = absl::Now();
+    if (busy) {
+      last_activity = now;
+    } else if (now - last_activity >= options_.spin) {
+      worker_.ProgressOrWait(options_.idle_wakeup);
+      last_activity = absl::Now();
+    }
   }
   CloseEndpoint();  // force-closes on the worker's own thread
 }
@@ -161,25 +171,25 @@ absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t epo
   return failure_;
 }
 
-void Receiver::SendCredit() {
+bool Receiver::SendCredit() {
   // One credit message in flight at a time; it is never waited for here, so
   // a sender that is slow to progress (TCP wire-up) blocks nobody.
   if (credit_request_ != nullptr) {
     const ucs_status_t status = ucp_request_check_status(credit_request_);
-    if (status == UCS_INPROGRESS) return;
+    if (status == UCS_INPROGRESS) return false;
     ucp_request_free(std::exchange(credit_request_, nullptr));
     if (status != UCS_OK) {
       absl::MutexLock lock(&mutex_);
       FailConnection(absl::UnavailableError(absl::StrCat(
           "connection ", epoch_, ": sender failed (", ucs_status_string(status), ")")));
-      return;
+      return false;
     }
   }
   uint64_t released;
   uint64_t epoch;
   {
     absl::MutexLock lock(&mutex_);
-    if (!connected_ || !failure_.ok() || released_ == credit_sent_) return;
+    if (!connected_ || !failure_.ok() || released_ == credit_sent_) return false;
     released = released_;
     epoch = epoch_;
   }
@@ -199,6 +209,7 @@ void Receiver::SendCredit() {
   } else if (request != nullptr) {
     credit_request_ = request;
   }
+  return true;
 }
 
 void Receiver::DropCreditRequest() {

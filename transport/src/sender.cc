@@ -287,7 +287,11 @@ void Sender::CloseFailedConnections() {
 }
 
 void Sender::ProgressOrWait(absl::Duration timeout) {
-  worker_.ProgressOrWait(timeout);
+  const absl::Time spin_until = absl::Now() + options_.spin;
+  bool progressed = false;
+  while (!(progressed = worker_.Progress()) && absl::Now() < spin_until) {
+  }
+  if (!progressed) worker_.ProgressOrWait(timeout);
   CloseFailedConnections();
 }
 

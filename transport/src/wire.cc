@@ -15,7 +15,6 @@ static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian and encoded by memcpy");
 
 constexpr uint16_t kRingDescriptorKind = 16;
-constexpr size_t kHeaderBytes = 24;
 
 class Writer {
  public:

@@ -53,6 +53,10 @@ struct ReceiverOptions {
   // Longest sleep of the idle progress thread; a dead sender is noticed
   // within about UCX's keepalive interval plus this. Default 100 ms.
   absl::Duration idle_wakeup = absl::Milliseconds(100);
+  // After any activity the progress thread polls this long before it sleeps,
+  // so a release or a notification that follows soon costs no wake-up.
+  // Default 50 µs.
+  absl::Duration spin = absl::Microseconds(50);
 };
 
 // A field of a received slot: its descriptor and where its bytes are (in
@@ -116,7 +120,7 @@ class Receiver {
   // Runs `task` on the progress thread and returns its status.
   absl::Status RunOnProgressThread(std::function<absl::Status()> task);
   absl::Status Reconnect(const std::string& sender_address, uint64_t epoch);
-  void SendCredit();
+  bool SendCredit();  // true when a credit was sent
   void DropCreditRequest();
   void CloseFailedEndpoint();
   void CloseEndpoint();

@@ -32,6 +32,9 @@ struct SenderOptions {
   // connection as Unavailable (the receiver is alive but not progressing:
   // over TCP a put needs the receiver's progress thread). Default 30 s.
   absl::Duration operation_timeout = absl::Seconds(30);
+  // ProgressOrWait polls this long before it sleeps on the worker's event fd:
+  // a credit that comes back within it costs no wake-up. Default 50 µs.
+  absl::Duration spin = absl::Microseconds(50);
 };
 
 // One field of a slot, with its bytes in host memory, valid during the call.
@@ -108,7 +111,8 @@ class Sender {
   absl::StatusOr<MappedSlot> MapNextSlot(uint64_t epoch);
   absl::Status CommitMapped(uint64_t epoch, const SlotContent& content);
 
-  // Runs UCX until idle, then sleeps until an event or `timeout`. Credits
+  // Runs UCX until something happens, polling for `spin` and then sleeping
+  // until an event or `timeout`. Credits
   // arrive and failed receivers are found here (within about a second of
   // their death, through UCX keepalive).
   void ProgressOrWait(absl::Duration timeout);
