@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/transport_logger.h"
-#include "packfeed/transport/ucx_status.h"
 
 namespace packfeed::transport {
 
@@ -22,15 +21,8 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
   std::unique_ptr<Receiver> receiver(
       new Receiver(options, std::move(context), std::move(worker)));
   PF_RETURN_IF_ERROR(receiver->CreateRing());
-  ucp_am_handler_param_t handler = {};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kActiveMessageId;
-  handler.cb = &Receiver::OnActiveMessage;
-  handler.arg = receiver.get();
-  PF_RETURN_IF_ERROR(
-      UcxStatus(ucp_worker_set_am_recv_handler(receiver->worker_.get(), &handler),
-                "ucp_worker_set_am_recv_handler"));
+  PF_RETURN_IF_ERROR(receiver->worker_.SetMessageHandler(
+      kActiveMessageId, &Receiver::OnActiveMessage, receiver.get()));
   receiver->progress_thread_ = std::thread(&Receiver::ProgressLoop, receiver.get());
   return receiver;
 }
@@ -194,12 +186,7 @@ bool Receiver::SendCredit() {
     epoch = epoch_;
   }
   credit_message_ = EncodeMessage(Credit{epoch, released});
-  ucp_request_param_t params = {};
-  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  params.flags = UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t request =
-      ucp_am_send_nbx(endpoint_->get(), kActiveMessageId, nullptr, 0,
-                      credit_message_.data(), credit_message_.size(), &params);
+  ucs_status_ptr_t request = endpoint_->SendEager(kActiveMessageId, credit_message_);
   credit_sent_ = released;
   if (UCS_PTR_IS_ERR(request)) {
     absl::MutexLock lock(&mutex_);

@@ -10,11 +10,17 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/transport_logger.h"
 #include "packfeed/transport/ucx_endpoint.h"
-#include "packfeed/transport/ucx_status.h"
 
 namespace packfeed::transport {
 
 struct Sender::Connection {
+  // Closes while every member is alive: closing may run the error callback,
+  // which writes `failure`.
+  ~Connection() {
+    remote_key.Reset();
+    if (endpoint.has_value()) endpoint->Close(/*force=*/true).IgnoreError();
+  }
+
   uint64_t epoch = 0;
   RingDescriptor ring;
   std::optional<UcpEndpoint> endpoint;
@@ -59,15 +65,8 @@ absl::StatusOr<std::unique_ptr<Sender>> Sender::Create(const SenderOptions& opti
   PF_ASSIGN_OR_RETURN(UcpWorker worker, UcpWorker::Create(context));
   std::unique_ptr<Sender> sender(
       new Sender(options, std::move(context), std::move(worker)));
-  ucp_am_handler_param_t handler = {};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kActiveMessageId;
-  handler.cb = &Sender::OnActiveMessage;
-  handler.arg = sender.get();
-  PF_RETURN_IF_ERROR(
-      UcxStatus(ucp_worker_set_am_recv_handler(sender->worker_.get(), &handler),
-                "ucp_worker_set_am_recv_handler"));
+  PF_RETURN_IF_ERROR(sender->worker_.SetMessageHandler(
+      kActiveMessageId, &Sender::OnActiveMessage, sender.get()));
   return sender;
 }
 
@@ -121,18 +120,11 @@ absl::Status Sender::Disconnect(uint64_t epoch) {
     // Goodbye, then a flush so it leaves before the endpoint closes.
     const absl::Time deadline = absl::Now() + options_.operation_timeout;
     connection.notification = EncodeMessage(Goodbye{epoch});
-    ucp_request_param_t params = {};
-    params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    params.flags = UCP_AM_SEND_FLAG_EAGER;
     status = Wait(connection,
-                  ucp_am_send_nbx(connection.endpoint->get(), kActiveMessageId, nullptr, 0,
-                                  connection.notification.data(),
-                                  connection.notification.size(), &params),
+                  connection.endpoint->SendEager(kActiveMessageId, connection.notification),
                   "ucp_am_send_nbx(goodbye)", deadline);
-    ucp_request_param_t flush = {};
     if (status.ok()) {
-      status = Wait(connection, ucp_ep_flush_nbx(connection.endpoint->get(), &flush),
-                    "ucp_ep_flush_nbx", deadline);
+      status = Wait(connection, connection.endpoint->Flush(), "ucp_ep_flush_nbx", deadline);
     }
   }
   connection.remote_key.Reset();
@@ -180,8 +172,7 @@ absl::Status Sender::Push(uint64_t epoch, const SlotContent& content) {
                                    layout[i].bytes, slot + layout[i].offset,
                                    connection->remote_key.get(), &put));
   }
-  ucp_request_param_t flush = {};
-  requests.push_back(ucp_ep_flush_nbx(connection->endpoint->get(), &flush));
+  requests.push_back(connection->endpoint->Flush());
   absl::Status status;
   for (ucs_status_ptr_t request : requests) {
     // Wait on every request even after a failure: each must be freed.
@@ -239,15 +230,9 @@ absl::Status Sender::Notify(Connection& connection,
   ready.fields = layout;
   ready.inline_metadata = content.inline_metadata;
   connection.notification = EncodeMessage(ready);
-  // Eager: the notification must arrive whole in one callback, never as a
-  // rendezvous the receiver would have to fetch.
-  ucp_request_param_t params = {};
-  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  params.flags = UCP_AM_SEND_FLAG_EAGER;
   PF_RETURN_IF_ERROR(Wait(connection,
-                          ucp_am_send_nbx(connection.endpoint->get(), kActiveMessageId,
-                                          nullptr, 0, connection.notification.data(),
-                                          connection.notification.size(), &params),
+                          connection.endpoint->SendEager(kActiveMessageId,
+                                                         connection.notification),
                           "ucp_am_send_nbx(slot-ready)", deadline));
   ++connection.pushed;
   for (const FieldDescriptor& field : layout) connection.bytes += field.bytes;

@@ -87,6 +87,18 @@ absl::StatusOr<UcpWorker> UcpWorker::Create(const UcpContext& context) {
   return UcpWorker(owned.release(), std::move(address_bytes), event_fd);
 }
 
+absl::Status UcpWorker::SetMessageHandler(unsigned id, ucp_am_recv_callback_t callback,
+                                         void* arg) {
+  ucp_am_handler_param_t handler = {};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = id;
+  handler.cb = callback;
+  handler.arg = arg;
+  return UcxStatus(ucp_worker_set_am_recv_handler(worker_.get(), &handler),
+                   "ucp_worker_set_am_recv_handler");
+}
+
 void UcpWorker::ProgressOrWait(absl::Duration timeout) {
   while (Progress()) {
   }

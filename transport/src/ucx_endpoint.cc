@@ -50,6 +50,18 @@ absl::Status UcpEndpoint::Close(bool force) {
   return worker_->Wait(request, "ucp_ep_close_nbx");
 }
 
+ucs_status_ptr_t UcpEndpoint::SendEager(unsigned id, absl::string_view bytes) const {
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_AM_SEND_FLAG_EAGER;
+  return ucp_am_send_nbx(endpoint_, id, nullptr, 0, bytes.data(), bytes.size(), &params);
+}
+
+ucs_status_ptr_t UcpEndpoint::Flush() const {
+  ucp_request_param_t params = {};
+  return ucp_ep_flush_nbx(endpoint_, &params);
+}
+
 std::string UcpEndpoint::TransportSummary() const {
   if (endpoint_ == nullptr) return "";
   char* buffer = nullptr;

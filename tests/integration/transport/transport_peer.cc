@@ -132,11 +132,11 @@ void RunRogue(const PeerFlags& flags) {
   if (!context.ok()) Die(context.status());
   auto worker = transport::UcpWorker::Create(*context);
   if (!worker.ok()) Die(worker.status());
-  ucp_am_handler_param_t handler = {};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
-  handler.id = transport::kActiveMessageId;
-  handler.cb = &IgnoreMessage;
-  ucp_worker_set_am_recv_handler(worker->get(), &handler);
+  if (absl::Status status =
+          worker->SetMessageHandler(transport::kActiveMessageId, &IgnoreMessage, nullptr);
+      !status.ok()) {
+    Die(status);
+  }
   Reply(worker->address());
   std::optional<transport::UcpEndpoint> endpoint;
   while (true) {
@@ -149,15 +149,9 @@ void RunRogue(const PeerFlags& flags) {
       Reply("ok");
     } else if (command == "send") {
       const std::string bytes = Next();
-      ucp_request_param_t params = {};
-      params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      params.flags = UCP_AM_SEND_FLAG_EAGER;
       absl::Status status = worker->Wait(
-          ucp_am_send_nbx(endpoint->get(), transport::kActiveMessageId, nullptr, 0,
-                          bytes.data(), bytes.size(), &params),
-          "ucp_am_send_nbx");
-      ucp_request_param_t flush = {};
-      status.Update(worker->Wait(ucp_ep_flush_nbx(endpoint->get(), &flush), "flush"));
+          endpoint->SendEager(transport::kActiveMessageId, bytes), "ucp_am_send_nbx");
+      status.Update(worker->Wait(endpoint->Flush(), "ucp_ep_flush_nbx"));
       Reply(OkOr(status, "sent"));
     } else {
       return;

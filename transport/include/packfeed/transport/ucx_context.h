@@ -72,6 +72,9 @@ class UcpWorker {
   // Progresses until idle, then sleeps until UCX has an event, Signal() is
   // called, or `timeout` passes. Never spins while idle.
   void ProgressOrWait(absl::Duration timeout);
+  // Routes active messages with `id` to `callback(arg, ...)`, run inside
+  // Progress() on this worker's thread.
+  absl::Status SetMessageHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg);
   // Wakes a thread blocked in ProgressOrWait. Safe from any thread.
   void Signal() { ucp_worker_signal(worker_.get()); }
 

@@ -34,6 +34,14 @@ class UcpEndpoint {
   ucp_ep_h get() const { return endpoint_; }
   bool open() const { return endpoint_ != nullptr; }
 
+  // Starts sending `bytes` as one eager active message `id` (never a
+  // rendezvous the peer would have to fetch). The bytes must stay valid until
+  // the returned request completes (UCX 1.13 has no COPY_HEADER).
+  ucs_status_ptr_t SendEager(unsigned id, absl::string_view bytes) const;
+  // Starts a flush: completes when every operation posted before it has
+  // completed at the peer.
+  ucs_status_ptr_t Flush() const;
+
   // Closes the endpoint: flushes outstanding operations first unless
   // `force` (use force once the peer has failed). Idempotent.
   absl::Status Close(bool force);
