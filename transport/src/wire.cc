@@ -337,6 +337,10 @@ absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected a ring descriptor, got message kind ", header.kind));
   }
+  if (header.epoch != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring descriptor with epoch ", header.epoch, " (must be 0)"));
+  }
   RingDescriptor ring;
   PF_ASSIGN_OR_RETURN(ring.slots, reader.Get<uint32_t>("ring descriptor"));
   PF_ASSIGN_OR_RETURN(ring.slot_bytes, reader.Get<uint64_t>("ring descriptor"));
