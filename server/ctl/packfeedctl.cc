@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
+#include "admin_commands.h"
 #include "dataset_commands.h"
 #include "plan_command.h"
 
@@ -12,6 +13,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   packfeed::ctl::AddDatasetCommands(app, &exit_code);
   packfeed::ctl::AddPlanCommand(app, &exit_code);
+  packfeed::ctl::AddAdminCommands(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -116,6 +116,9 @@ class Sender {
   // arrive and failed receivers are found here (within about a second of
   // their death, through UCX keepalive).
   void ProgressOrWait(absl::Duration timeout);
+  // Wakes a thread blocked in ProgressOrWait. The one method that is safe to
+  // call from any thread.
+  void Wake() { worker_.Signal(); }
 
   absl::StatusOr<ConnectionStats> Stats(uint64_t epoch) const;
 

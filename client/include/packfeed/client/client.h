@@ -1,0 +1,133 @@
+#ifndef PACKFEED_CLIENT_CLIENT_H_
+#define PACKFEED_CLIENT_CLIENT_H_
+
+// The trainer's data iterator (DESIGN.md §1.6): attaches one global rank to
+// its node's packfeedd and hands out the rank's microbatches as typed views
+// of its ring. Every rank calls it — TP peers and every PP stage — so no
+// trainer-side broadcast is needed.
+//
+//   auto client = Client::Attach({.socket_path = ..., .job = "pretrain", .global_rank = r});
+//   for (;;) {
+//     StepInfo step = *(*client)->NextStep();       // M and the FLOPs inputs
+//     for (int m = 0; m < step.num_microbatches; ++m) {
+//       Microbatch mb = *(*client)->Next();         // views, valid until the next Next()
+//       ... mb.Field("tokens") ...
+//     }
+//   }
+//
+// Thread-compatible: one trainer thread drives a Client.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "packfeed/transport/receiver.h"
+#include "packfeed/transport/wire.h"
+
+namespace packfeed::client {
+
+struct ClientOptions {
+  // The daemon's gRPC socket. Default: /run/packfeed/packfeedd.sock.
+  std::string socket_path = "/run/packfeed/packfeedd.sock";
+  std::string job;        // required
+  int global_rank = 0;
+  // The job fingerprint this trainer expects; empty = accept the daemon's
+  // (State() records it, so a resume checks it).
+  std::string fingerprint;
+  std::string auth_token;
+  int64_t start_step = 0;  // first step to receive
+  uint32_t slots = 4;      // ring slots: microbatches the daemon may run ahead
+  // Bytes per slot; 0 = exactly what the job's largest microbatch needs
+  // (asked from the daemon at attach).
+  uint64_t slot_bytes = 0;
+  transport::RingPlacement placement = transport::RingPlacement::kAuto;
+  std::string ucx_transports;  // "" = UCX's choice
+  absl::Duration attach_timeout = absl::Seconds(30);
+};
+
+// What the trainer needs before its first microbatch of a step (Megatron's
+// wrap_data_iterator result).
+struct StepInfo {
+  int64_t step = 0;
+  int num_microbatches = 0;
+  // Σ padded length and Σ padded length² (what Megatron's FLOPs formula
+  // consumes), and the same over real lengths.
+  int64_t padded_sum = 0;
+  int64_t padded_squared_sum = 0;
+  int64_t real_sum = 0;
+  int64_t real_squared_sum = 0;
+};
+
+struct FieldView {
+  std::string name;
+  transport::ElementType dtype = transport::ElementType::kUInt8;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // in device memory when memory_kind is kCuda
+  uint64_t bytes = 0;
+};
+
+struct Microbatch {
+  int64_t step = 0;
+  int microbatch = 0;
+  int num_microbatches = 0;
+  transport::MemoryKind memory_kind = transport::MemoryKind::kHost;
+  std::vector<FieldView> fields;
+
+  // nullptr when this rank's stage does not receive the field.
+  const FieldView* Field(absl::string_view name) const;
+};
+
+// Where a rank stands, for checkpoints: resuming with start_step = next_step
+// reproduces the following batches exactly.
+struct ClientState {
+  std::string job;
+  std::string fingerprint;
+  int64_t next_step = 0;  // first step not yet begun
+};
+
+class Client {
+ public:
+  // Attaches to the daemon; errors carry the daemon's message (unknown job,
+  // wrong fingerprint, token, rank, ring size, …). Unavailable when no
+  // daemon answers on the socket.
+  static absl::StatusOr<std::unique_ptr<Client>> Attach(const ClientOptions& options);
+  ~Client();  // Detaches (best effort).
+
+  // Begins the next step: waits for its first microbatch. FailedPrecondition
+  // when the previous step's microbatches were not all taken.
+  absl::StatusOr<StepInfo> NextStep(absl::Duration timeout = absl::InfiniteDuration());
+  // The next microbatch of the current step; releases the previous one.
+  // OutOfRange after the step's last microbatch (call NextStep).
+  absl::StatusOr<Microbatch> Next(absl::Duration timeout = absl::InfiniteDuration());
+  // Returns the current microbatch's slot to the daemon early.
+  absl::Status Release();
+
+  ClientState State() const;
+  const std::string& fingerprint() const { return fingerprint_; }
+  transport::MemoryKind memory_kind() const { return receiver_->memory_kind(); }
+
+ private:
+  struct Control;
+  Client() = default;
+  absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
+
+  ClientOptions options_;
+  std::unique_ptr<Control> control_;
+  std::unique_ptr<transport::Receiver> receiver_;
+  uint64_t epoch_ = 0;
+  std::string fingerprint_;
+  std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
+  std::optional<uint64_t> held_;                    // seq of the slot Next handed out
+  std::optional<StepInfo> step_;
+  int taken_ = 0;          // microbatches of step_ handed out
+  int64_t next_step_ = 0;  // for State()
+};
+
+}  // namespace packfeed::client
+
+#endif  // PACKFEED_CLIENT_CLIENT_H_

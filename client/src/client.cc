@@ -1,0 +1,188 @@
+#include "packfeed/client/client.h"
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/v1/service.grpc.pb.h"
+
+namespace packfeed::client {
+
+struct Client::Control {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Control::Stub> control;
+  std::unique_ptr<v1::Admin::Stub> admin;
+};
+
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view call,
+                      absl::string_view socket) {
+  if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(absl::StrCat(call, ": no packfeedd answers on ", socket, ": ",
+                                               status.error_message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(call, ": ", status.error_message()));
+}
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+const FieldView* Microbatch::Field(absl::string_view name) const {
+  for (const FieldView& field : fields) {
+    if (field.name == name) return &field;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& options) {
+  if (options.job.empty()) return absl::InvalidArgumentError("ClientOptions.job is required");
+  std::unique_ptr<Client> client(new Client());
+  client->options_ = options;
+  client->control_ = std::make_unique<Control>();
+  Control& control = *client->control_;
+  control.channel = grpc::CreateChannel("unix:" + options.socket_path,
+                                        grpc::InsecureChannelCredentials());
+  control.control = v1::Control::NewStub(control.channel);
+  control.admin = v1::Admin::NewStub(control.channel);
+
+  uint64_t slot_bytes = options.slot_bytes;
+  if (slot_bytes == 0) {
+    grpc::ClientContext context;
+    SetDeadline(context, options.attach_timeout);
+    v1::ListJobsReply jobs;
+    PF_RETURN_IF_ERROR(FromGrpc(control.admin->ListJobs(&context, {}, &jobs), "list jobs",
+                                options.socket_path));
+    for (const v1::JobSummary& job : jobs.jobs()) {
+      if (job.name() == options.job) slot_bytes = job.required_slot_bytes();
+    }
+    if (slot_bytes == 0) {
+      return absl::NotFoundError(absl::StrCat("no job '", options.job, "' on the daemon at ",
+                                              options.socket_path));
+    }
+  }
+  transport::ReceiverOptions receiver;
+  receiver.ucx.transports = options.ucx_transports;
+  receiver.slots = options.slots;
+  receiver.slot_bytes = slot_bytes;
+  receiver.placement = options.placement;
+  PF_ASSIGN_OR_RETURN(client->receiver_, transport::Receiver::Create(receiver));
+
+  v1::AttachRequest request;
+  request.set_job(options.job);
+  request.set_global_rank(static_cast<uint32_t>(options.global_rank));
+  request.set_fingerprint(options.fingerprint);
+  request.set_auth_token(options.auth_token);
+  request.set_worker_address(client->receiver_->worker_address());
+  request.mutable_ring()->set_slots(options.slots);
+  request.mutable_ring()->set_slot_bytes(slot_bytes);
+  request.mutable_ring()->set_ring_descriptor(client->receiver_->ring_descriptor());
+  request.set_start_step(options.start_step);
+  v1::AttachReply reply;
+  grpc::ClientContext context;
+  SetDeadline(context, options.attach_timeout);
+  PF_RETURN_IF_ERROR(FromGrpc(control.control->Attach(&context, request, &reply),
+                              absl::StrCat("attach job ", options.job, " rank ", options.global_rank),
+                              options.socket_path));
+  PF_RETURN_IF_ERROR(client->receiver_->Connect(reply.sender_address(), reply.epoch()));
+  client->epoch_ = reply.epoch();
+  client->fingerprint_ = reply.fingerprint();
+  client->next_step_ = options.start_step;
+  return client;
+}
+
+Client::~Client() {
+  if (control_ == nullptr || epoch_ == 0) return;
+  v1::DetachRequest request;
+  request.set_job(options_.job);
+  request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
+  request.set_epoch(epoch_);
+  request.set_auth_token(options_.auth_token);
+  v1::DetachReply reply;
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(2));
+  control_->control->Detach(&context, request, &reply);  // best effort
+}
+
+absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {
+  PF_RETURN_IF_ERROR(Release());
+  return receiver_->Next(timeout);
+}
+
+absl::Status Client::Release() {
+  if (!held_.has_value()) return absl::OkStatus();
+  const uint64_t seq = *held_;
+  held_.reset();
+  return receiver_->Release(seq);
+}
+
+absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
+  if (step_.has_value() && taken_ < step_->num_microbatches) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step_->step, ": ", taken_, " of ", step_->num_microbatches,
+        " microbatches taken; take them all before the next step"));
+  }
+  if (!pending_.has_value()) {
+    PF_ASSIGN_OR_RETURN(transport::ReceivedSlot slot, Receive(timeout));
+    pending_ = std::move(slot);
+  }
+  v1::SlotMetadata metadata;
+  if (!metadata.ParseFromString(pending_->inline_metadata) || metadata.microbatch() != 0 ||
+      metadata.num_microbatches() == 0 || metadata.step() != pending_->step) {
+    return absl::DataLossError(absl::StrCat("slot ", pending_->seq,
+                                            ": not the first microbatch of a step (step ",
+                                            pending_->step, " microbatch ", pending_->microbatch,
+                                            ")"));
+  }
+  StepInfo info;
+  info.step = metadata.step();
+  info.num_microbatches = static_cast<int>(metadata.num_microbatches());
+  info.padded_sum = metadata.padded_sum();
+  info.padded_squared_sum = metadata.padded_squared_sum();
+  info.real_sum = metadata.real_sum();
+  info.real_squared_sum = metadata.real_squared_sum();
+  step_ = info;
+  taken_ = 0;
+  next_step_ = info.step;
+  return info;
+}
+
+absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout) {
+  if (!step_.has_value() || taken_ >= step_->num_microbatches) {
+    return absl::OutOfRangeError("no microbatch left in this step; call NextStep()");
+  }
+  transport::ReceivedSlot slot;
+  if (pending_.has_value()) {
+    PF_RETURN_IF_ERROR(Release());
+    slot = *std::move(pending_);
+    pending_.reset();
+  } else {
+    PF_ASSIGN_OR_RETURN(slot, Receive(timeout));
+  }
+  held_ = slot.seq;
+  if (slot.step != step_->step || static_cast<int>(slot.microbatch) != taken_) {
+    return absl::DataLossError(absl::StrCat("expected step ", step_->step, " microbatch ", taken_,
+                                            ", received step ", slot.step, " microbatch ",
+                                            slot.microbatch));
+  }
+  ++taken_;
+  if (taken_ == step_->num_microbatches) next_step_ = step_->step + 1;
+  Microbatch out;
+  out.step = slot.step;
+  out.microbatch = static_cast<int>(slot.microbatch);
+  out.num_microbatches = step_->num_microbatches;
+  out.memory_kind = receiver_->memory_kind();
+  for (const transport::FieldView& field : slot.fields) {
+    out.fields.push_back({field.descriptor.name, field.descriptor.type, field.descriptor.shape,
+                          field.data, field.descriptor.bytes});
+  }
+  return out;
+}
+
+ClientState Client::State() const { return {options_.job, fingerprint_, next_step_}; }
+
+}  // namespace packfeed::client

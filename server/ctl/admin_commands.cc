@@ -1,0 +1,251 @@
+#include "admin_commands.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "exit_code.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/create_channel.h"
+#include "nlohmann/json.hpp"
+#include "packfeed/client/client.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/server/daemon_config.h"
+#include "packfeed/v1/service.grpc.pb.h"
+
+namespace packfeed::ctl {
+namespace {
+
+struct AdminArgs {
+  std::string socket = std::string(kDefaultSocketPath);
+  std::string job;
+  std::string token;
+  int64_t step = 0;
+  int rank = 0;
+  int64_t steps = 1;
+  bool json = false;
+};
+
+std::unique_ptr<v1::Admin::Stub> Connect(const AdminArgs& args) {
+  return v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + args.socket, grpc::InsecureChannelCredentials()));
+}
+
+absl::Status Call(const AdminArgs& args, absl::string_view what,
+                  const std::function<grpc::Status(grpc::ClientContext&)>& call) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const grpc::Status status = call(context);
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, " (", args.socket, "): ", status.error_message()));
+}
+
+// Prints `reply` as JSON (--json) or as indented "key: value" lines.
+void Print(const google::protobuf::Message& reply, bool json) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(reply, &out, options);
+  if (json) {
+    std::printf("%s\n", out.c_str());
+    return;
+  }
+  std::printf("%s\n", nlohmann::json::parse(out).dump(2).c_str());
+}
+
+absl::Status Jobs(const AdminArgs& args) {
+  v1::ListJobsReply reply;
+  PF_RETURN_IF_ERROR(Call(args, "jobs", [&](grpc::ClientContext& c) {
+    return Connect(args)->ListJobs(&c, {}, &reply);
+  }));
+  if (args.json) {
+    Print(reply, true);
+    return absl::OkStatus();
+  }
+  std::printf("%-20s %-40s %-22s %6s %6s\n", "job", "fingerprint", "scheduler", "world", "local");
+  for (const v1::JobSummary& job : reply.jobs()) {
+    std::printf("%-20s %-40s %-22s %6u %6d\n", job.name().c_str(), job.fingerprint().c_str(),
+                job.scheduler().c_str(), job.world_size(), job.local_ranks_size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stats(const AdminArgs& args) {
+  v1::GetStatsRequest request;
+  request.set_job(args.job);
+  v1::GetStatsReply reply;
+  PF_RETURN_IF_ERROR(Call(args, "stats", [&](grpc::ClientContext& c) {
+    return Connect(args)->GetStats(&c, request, &reply);
+  }));
+  if (args.json) {
+    Print(reply, true);
+    return absl::OkStatus();
+  }
+  for (const v1::JobStats& job : reply.jobs()) {
+    std::printf("job %s: %lld steps planned, %lld served; read %llu B of %llu B needed "
+                "(I/O amplification %.2f); slowest rank %u, %lld steps behind\n",
+                job.name().c_str(), static_cast<long long>(job.steps_planned()),
+                static_cast<long long>(job.steps_served()),
+                static_cast<unsigned long long>(job.bytes_read()),
+                static_cast<unsigned long long>(job.unique_bytes_needed()),
+                job.io_amplification(), job.slowest_rank(),
+                static_cast<long long>(job.slowest_rank_steps_behind()));
+    std::printf("  %6s %9s %10s %8s %9s %14s %9s\n", "rank", "attached", "next_step", "pushed",
+                "released", "bytes_sent", "in_flight");
+    for (const v1::RankStats& rank : job.ranks()) {
+      std::printf("  %6u %9s %10lld %8llu %9llu %14llu %9u\n", rank.global_rank(),
+                  rank.attached() ? "yes" : "no", static_cast<long long>(rank.next_step()),
+                  static_cast<unsigned long long>(rank.slots_pushed()),
+                  static_cast<unsigned long long>(rank.slots_released()),
+                  static_cast<unsigned long long>(rank.bytes_sent()), rank.slots_in_flight());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanStep(const AdminArgs& args) {
+  v1::GetPlanRequest request;
+  request.set_job(args.job);
+  request.set_step(args.step);
+  v1::GetPlanReply reply;
+  PF_RETURN_IF_ERROR(Call(args, "plan-step", [&](grpc::ClientContext& c) {
+    return Connect(args)->GetPlan(&c, request, &reply);
+  }));
+  if (args.json) {
+    Print(reply, true);
+    return absl::OkStatus();
+  }
+  std::printf("job %s step %lld: %u microbatches, step/ideal %.4f, %lld real of %lld padded tokens\n",
+              reply.job().c_str(), static_cast<long long>(reply.step()), reply.num_microbatches(),
+              reply.step_over_ideal(), static_cast<long long>(reply.real_sum()),
+              static_cast<long long>(reply.padded_sum()));
+  for (const v1::PlannedRank& rank : reply.ranks()) {
+    std::printf("  dp-cp rank %u: tokens [%s] cp [%s]\n", rank.dp_cp_rank(),
+                absl::StrJoin(rank.tokens(), " ").c_str(), absl::StrJoin(rank.cp_size(), " ").c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Health(const AdminArgs& args) {
+  v1::HealthReply reply;
+  PF_RETURN_IF_ERROR(Call(args, "health", [&](grpc::ClientContext& c) {
+    return Connect(args)->Health(&c, {}, &reply);
+  }));
+  if (args.json) {
+    Print(reply, true);
+  } else {
+    std::printf("%s: packfeedd %s, %u job(s), %u rank(s) attached\n",
+                reply.serving() ? "serving" : "draining", reply.version().c_str(), reply.jobs(),
+                reply.attached_ranks());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Drain(const AdminArgs& args) {
+  v1::DrainRequest request;
+  request.set_auth_token(args.token);
+  v1::DrainReply reply;
+  return Call(args, "drain", [&](grpc::ClientContext& c) {
+    return Connect(args)->Drain(&c, request, &reply);
+  });
+}
+
+// The values of a field as JSON: a scalar for a 0-d field, else a flat list.
+nlohmann::json FieldValues(const client::FieldView& field) {
+  using transport::ElementType;
+  const size_t count = field.bytes / transport::ElementSize(field.dtype);
+  nlohmann::json values = nlohmann::json::array();
+  for (size_t i = 0; i < count; ++i) {
+    switch (field.dtype) {
+      case ElementType::kInt64: values.push_back(static_cast<const int64_t*>(field.data)[i]); break;
+      case ElementType::kInt32: values.push_back(static_cast<const int32_t*>(field.data)[i]); break;
+      case ElementType::kFloat32: values.push_back(static_cast<const float*>(field.data)[i]); break;
+      case ElementType::kBool: values.push_back(static_cast<const uint8_t*>(field.data)[i] != 0); break;
+      default: values.push_back(nullptr);
+    }
+  }
+  if (field.shape.empty()) return values[0];
+  return values;
+}
+
+absl::Status Dump(const AdminArgs& args) {
+  client::ClientOptions options;
+  options.socket_path = args.socket;
+  options.job = args.job;
+  options.global_rank = args.rank;
+  options.auth_token = args.token;
+  options.start_step = args.step;
+  options.placement = transport::RingPlacement::kHost;
+  PF_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Attach(options));
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (int64_t s = 0; s < args.steps; ++s) {
+    PF_ASSIGN_OR_RETURN(client::StepInfo info, client->NextStep(absl::Seconds(60)));
+    nlohmann::ordered_json step;
+    step["step"] = info.step;
+    step["num_microbatches"] = info.num_microbatches;
+    step["flops"] = {{"padded_sum", info.padded_sum},
+                     {"padded_squared_sum", info.padded_squared_sum},
+                     {"real_sum", info.real_sum},
+                     {"real_squared_sum", info.real_squared_sum}};
+    nlohmann::ordered_json microbatches = nlohmann::ordered_json::array();
+    for (int m = 0; m < info.num_microbatches; ++m) {
+      PF_ASSIGN_OR_RETURN(client::Microbatch microbatch, client->Next(absl::Seconds(60)));
+      nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+      for (const client::FieldView& field : microbatch.fields) {
+        fields[field.name] = FieldValues(field);
+      }
+      microbatches.push_back(std::move(fields));
+    }
+    step["microbatches"] = std::move(microbatches);
+    steps.push_back(std::move(step));
+  }
+  nlohmann::ordered_json out;
+  out["job"] = args.job;
+  out["rank"] = args.rank;
+  out["fingerprint"] = client->fingerprint();
+  out["steps"] = std::move(steps);
+  std::printf("%s\n", args.json ? out.dump().c_str() : out.dump(1).c_str());
+  return absl::OkStatus();
+}
+
+CLI::App* AddCommand(CLI::App& app, const char* name, const char* help,
+                     const std::shared_ptr<AdminArgs>& args) {
+  CLI::App* command = app.add_subcommand(name, help);
+  command->add_option("--socket", args->socket, "packfeedd's socket")->capture_default_str();
+  command->add_flag("--json", args->json, "Print JSON");
+  return command;
+}
+
+}  // namespace
+
+void AddAdminCommands(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<AdminArgs>();
+  AddCommand(app, "jobs", "List a daemon's jobs", args)
+      ->callback([args, exit_code] { *exit_code = ExitCode(Jobs(*args)); });
+  AddCommand(app, "stats", "Per-job and per-rank serving figures", args)
+      ->callback([args, exit_code] { *exit_code = ExitCode(Stats(*args)); })
+      ->add_option("--job", args->job, "Only this job");
+  CLI::App* plan = AddCommand(app, "plan-step", "Dry-run a step's plan on a running daemon", args);
+  plan->add_option("--job", args->job, "Job")->required();
+  plan->add_option("step", args->step, "Step")->required();
+  plan->callback([args, exit_code] { *exit_code = ExitCode(PlanStep(*args)); });
+  AddCommand(app, "health", "Is the daemon serving", args)
+      ->callback([args, exit_code] { *exit_code = ExitCode(Health(*args)); });
+  CLI::App* drain = AddCommand(app, "drain", "Stop the daemon after goodbyes to every rank", args);
+  drain->add_option("--token", args->token, "Auth token (every job's that has one)");
+  drain->callback([args, exit_code] { *exit_code = ExitCode(Drain(*args)); });
+  CLI::App* dump = AddCommand(app, "dump", "Attach as a rank and print every field it receives",
+                              args);
+  dump->add_option("--job", args->job, "Job")->required();
+  dump->add_option("--rank", args->rank, "Global rank")->required();
+  dump->add_option("--steps", args->steps, "Steps to receive")->capture_default_str();
+  dump->add_option("--start-step", args->step, "First step")->capture_default_str();
+  dump->add_option("--token", args->token, "The job's auth token");
+  dump->callback([args, exit_code] { *exit_code = ExitCode(Dump(*args)); });
+}
+
+}  // namespace packfeed::ctl

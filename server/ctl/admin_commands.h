@@ -1,0 +1,15 @@
+#ifndef PACKFEED_SERVER_CTL_ADMIN_COMMANDS_H_
+#define PACKFEED_SERVER_CTL_ADMIN_COMMANDS_H_
+
+#include "CLI/CLI.hpp"
+
+namespace packfeed::ctl {
+
+// Adds the commands that talk to a running packfeedd: `jobs`, `stats`,
+// `plan-step`, `health`, `drain`, and `dump` (attaches as a rank and prints
+// what it receives).
+void AddAdminCommands(CLI::App& app, int* exit_code);
+
+}  // namespace packfeed::ctl
+
+#endif  // PACKFEED_SERVER_CTL_ADMIN_COMMANDS_H_

@@ -1,0 +1,67 @@
+// packfeedd: one per node. Serves the jobs of a configuration file until
+// SIGTERM/SIGINT or an admin Drain, then says goodbye to every rank and exits.
+//
+//   packfeedd --config /etc/packfeed/packfeedd.textproto [--ucx-tls sm,self]
+
+#include <signal.h>
+
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "packfeed/server/daemon.h"
+#include "packfeed/server/daemon_config.h"
+#include "spdlog/spdlog.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"packfeedd: the per-node packfeed data daemon"};
+  std::string config_path;
+  std::string socket_path;
+  std::string ucx_tls;
+  std::string log_level = "info";
+  app.add_option("--config", config_path, "configuration file (protobuf text format)")->required();
+  app.add_option("--socket", socket_path, "override the configuration's socket_path");
+  app.add_option("--ucx-tls", ucx_tls, "UCX transports, as UCX_TLS spells them (default: UCX's)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
+  CLI11_PARSE(app, argc, argv);
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("packfeedd [%l] %v");
+
+  absl::StatusOr<packfeed::v1::DaemonConfig> config = packfeed::LoadDaemonConfig(config_path);
+  if (!config.ok()) {
+    spdlog::error("invalid configuration: {}", config.status().ToString());
+    return 2;
+  }
+  if (!socket_path.empty()) config->set_socket_path(socket_path);
+
+  // Signals are taken by one thread with sigwait: every thread started from
+  // here on inherits the blocked mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  packfeed::DaemonOptions options;
+  options.ucx_transports = ucx_tls;
+  absl::StatusOr<std::unique_ptr<packfeed::Daemon>> daemon =
+      packfeed::Daemon::Start(*config, options);
+  if (!daemon.ok()) {
+    spdlog::error("cannot start: {}", daemon.status().ToString());
+    return 1;
+  }
+  std::thread signal_thread([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    spdlog::info("signal {}: draining", signal);
+    (*daemon)->Shutdown();
+  });
+  spdlog::info("ready");
+  (*daemon)->Wait();
+  // A Drain ended the wait: release the signal thread the same way.
+  kill(getpid(), SIGTERM);
+  signal_thread.join();
+  daemon->reset();
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,64 @@
+#ifndef PACKFEED_SERVER_DAEMON_H_
+#define PACKFEED_SERVER_DAEMON_H_
+
+// packfeedd: the jobs of a configuration, a JobRunner each, and the gRPC
+// Control and Admin services (callback API) on a Unix socket.
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "grpcpp/server.h"
+#include "packfeed/server/job.h"
+#include "packfeed/server/job_runner.h"
+#include "packfeed/v1/config.pb.h"
+
+namespace packfeed {
+
+struct DaemonOptions {
+  // Passed to every job's sender: UCX transports ("" = UCX's choice).
+  std::string ucx_transports;
+};
+
+class Daemon {
+ public:
+  // Opens every job's datasets, starts its runner, then serves on the
+  // configured socket (created mode 0660; a stale socket file is replaced).
+  // Returns once the socket answers. Errors name the job or the socket.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const v1::DaemonConfig& config,
+                                                       const DaemonOptions& options = {});
+  ~Daemon();  // Shutdown(), then stops gRPC and every runner.
+
+  // Stops accepting attaches; Wait() returns. Safe from any thread, repeatable.
+  void Shutdown();
+  void Wait() { shutdown_.WaitForNotification(); }
+  bool draining() const { return shutdown_.HasBeenNotified(); }
+
+  const v1::DaemonConfig& config() const { return config_; }
+  // nullptr when no job has that name.
+  JobRunner* runner(const std::string& job) const;
+  const std::vector<std::unique_ptr<JobRunner>>& runners() const { return runners_; }
+
+ private:
+  Daemon() = default;
+
+  v1::DaemonConfig config_;
+  std::vector<std::unique_ptr<Job>> jobs_;
+  std::vector<std::unique_ptr<JobRunner>> runners_;
+  std::map<std::string, JobRunner*> by_name_;
+  std::once_flag shutdown_once_;
+  absl::Notification shutdown_;
+  std::vector<std::unique_ptr<grpc::Service>> services_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// The version packfeedd reports.
+inline constexpr const char* kPackfeedVersion = "0.1.0";
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SERVER_DAEMON_H_

@@ -1,0 +1,95 @@
+#ifndef PACKFEED_SERVER_JOB_RUNNER_H_
+#define PACKFEED_SERVER_JOB_RUNNER_H_
+
+// Serves one job's local ranks: a thread that owns the job's UCX Sender,
+// plans and reads steps ahead (each step read once for every local rank),
+// packs each rank's microbatches and pushes them as the rank's credits allow.
+//
+// Memory: a rank is never served more than `prefetch_steps` steps ahead of
+// the slowest attached rank, so the step cache holds at most
+// prefetch_steps + 1 steps' samples, whatever the dataset size.
+//
+// Thread-safe: every public method may be called from any thread (gRPC
+// reactors); the work runs on the runner's thread and `done` is called there.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "packfeed/server/job.h"
+#include "packfeed/transport/sender.h"
+#include "packfeed/v1/service.pb.h"
+
+namespace packfeed {
+
+struct JobRunnerOptions {
+  transport::SenderOptions sender;
+  int prefetch_steps = 2;  // steps ahead of the slowest attached rank
+};
+
+struct AttachArgs {
+  int global_rank = 0;
+  std::string worker_address;
+  std::string ring_descriptor;
+  int64_t start_step = 0;
+};
+
+class JobRunner {
+ public:
+  // REQUIRES: `job` outlives the runner.
+  static absl::StatusOr<std::unique_ptr<JobRunner>> Start(const Job& job,
+                                                          const JobRunnerOptions& options);
+  ~JobRunner();  // Says goodbye to every rank after what was pushed; joins.
+
+  const Job& job() const { return job_; }
+  // The sender's UCX worker address, for AttachReply.
+  const std::string& sender_address() const { return sender_address_; }
+
+  // Connects a rank's ring. AlreadyExists when the rank is attached and
+  // alive; FailedPrecondition for a ring the transport refuses.
+  void Attach(AttachArgs args, std::function<void(absl::StatusOr<uint64_t> epoch)> done);
+  // NotFound when `epoch` is not the rank's connection.
+  void Detach(int global_rank, uint64_t epoch, std::function<void(absl::Status)> done);
+  void Stats(std::function<void(v1::JobStats)> done);
+  int attached_ranks() const;
+
+ private:
+  struct RankState;
+  JobRunner(const Job& job, JobRunnerOptions options);
+  void Post(std::function<void()> task);
+  void Loop();
+  bool ServeRank(RankState& rank);  // true when it pushed something
+  const StepData* StepAt(int64_t step);
+  int64_t SlowestStep() const;
+  void Evict();
+
+  const Job& job_;
+  const JobRunnerOptions options_;
+  std::unique_ptr<transport::Sender> sender_;  // runner thread only, after Start
+  std::string sender_address_;
+
+  // Runner thread only.
+  std::map<int, RankState> ranks_;
+  std::map<int64_t, StepData> steps_;
+  int64_t steps_planned_ = 0;
+  uint64_t bytes_read_ = 0;
+  uint64_t unique_bytes_ = 0;
+  int64_t failed_step_ = -1;  // the step whose plan or read failed last, logged once
+
+  mutable absl::Mutex mutex_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  int attached_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SERVER_JOB_RUNNER_H_

@@ -1,0 +1,170 @@
+// Admin: what operators and `packfeedctl` ask a running daemon.
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "packfeed/scheduler/plan_stats.h"
+#include "services.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed {
+namespace {
+
+// Collects one JobStats per runner, each arriving on its runner's thread, and
+// finishes the call with the last.
+struct StatsCollector {
+  grpc::ServerUnaryReactor* reactor;
+  v1::GetStatsReply* reply;
+  absl::Mutex mutex;
+  std::vector<v1::JobStats> stats ABSL_GUARDED_BY(mutex);
+  size_t expected = 0;
+
+  void Add(v1::JobStats job) {
+    absl::MutexLock lock(&mutex);
+    stats.push_back(std::move(job));
+    if (stats.size() < expected) return;
+    std::sort(stats.begin(), stats.end(),
+              [](const v1::JobStats& a, const v1::JobStats& b) { return a.name() < b.name(); });
+    for (v1::JobStats& s : stats) *reply->add_jobs() = std::move(s);
+    reactor->Finish(grpc::Status::OK);
+  }
+};
+
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  explicit AdminService(Daemon& daemon) : daemon_(daemon) {}
+
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest*, v1::ListJobsReply* reply) override {
+    for (const auto& runner : daemon_.runners()) {
+      const Job& job = runner->job();
+      v1::JobSummary* summary = reply->add_jobs();
+      summary->set_name(job.name());
+      summary->set_fingerprint(job.fingerprint());
+      summary->set_scheduler(job.config().scheduler().kind());
+      summary->set_world_size(job.layout().world_size());
+      for (int rank : job.local_ranks()) summary->add_local_ranks(rank);
+      summary->set_required_slot_bytes(job.required_slot_bytes());
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    std::vector<JobRunner*> runners;
+    for (const auto& runner : daemon_.runners()) {
+      if (request->job().empty() || runner->job().name() == request->job()) {
+        runners.push_back(runner.get());
+      }
+    }
+    if (runners.empty()) {
+      reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
+      return reactor;
+    }
+    auto collector = std::make_shared<StatsCollector>();
+    collector->reactor = reactor;
+    collector->reply = reply;
+    collector->expected = runners.size();
+    for (JobRunner* runner : runners) {
+      runner->Stats([collector](v1::JobStats stats) { collector->Add(std::move(stats)); });
+    }
+    return reactor;
+  }
+
+  // A dry run: plans the step (no data is read) on the gRPC thread; planning
+  // is CPU-bound and takes milliseconds.
+  grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
+                                    const v1::GetPlanRequest* request,
+                                    v1::GetPlanReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    JobRunner* runner = daemon_.runner(request->job());
+    absl::Status status;
+    if (runner == nullptr) {
+      status = absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"));
+    } else if (request->step() < 0) {
+      status = absl::InvalidArgumentError(absl::StrCat("step ", request->step(), " < 0"));
+    } else {
+      const Job& job = runner->job();
+      absl::StatusOr<StepPlan> plan = job.Plan(request->step());
+      status = plan.status();
+      if (plan.ok()) FillPlan(job, *plan, *reply);
+    }
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* context, const v1::HealthRequest*,
+                                   v1::HealthReply* reply) override {
+    reply->set_serving(!daemon_.draining());
+    reply->set_version(kPackfeedVersion);
+    reply->set_jobs(static_cast<uint32_t>(daemon_.runners().size()));
+    uint32_t attached = 0;
+    for (const auto& runner : daemon_.runners()) attached += runner->attached_ranks();
+    reply->set_attached_ranks(attached);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  // Drain needs the token of every job that has one: it stops them all.
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const v1::DrainRequest* request, v1::DrainReply*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    for (const auto& runner : daemon_.runners()) {
+      const std::string& token = runner->job().config().auth_token();
+      if (!token.empty() && !ConstantTimeEquals(request->auth_token(), token)) {
+        reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(
+            absl::StrCat("drain needs the auth token of job ", runner->job().name()))));
+        return reactor;
+      }
+    }
+    spdlog::info("drain requested over the admin API");
+    daemon_.Shutdown();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  static void FillPlan(const Job& job, const StepPlan& step, v1::GetPlanReply& reply) {
+    const GlobalPlan& plan = step.plan;
+    const CostModel& model = job.planner_options().cost_model;
+    reply.set_job(job.name());
+    reply.set_step(step.step);
+    reply.set_num_microbatches(static_cast<uint32_t>(plan.num_microbatches()));
+    reply.set_step_over_ideal(
+        ComputePlanStats(plan, model, job.planner_options().max_tokens_per_rank).step_over_ideal);
+    reply.set_padded_sum(plan.flops.padded_sum);
+    reply.set_real_sum(plan.flops.real_sum);
+    for (int r = 0; r < plan.dp_cp_size; ++r) {
+      v1::PlannedRank* rank = reply.add_ranks();
+      rank->set_dp_cp_rank(r);
+      for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+        const CpGroup& group = GroupOfRank(microbatch, r);
+        int64_t tokens = 0;
+        double work = 0;
+        for (const PlannedSequence& s : group.sequences) {
+          tokens += s.padded_length;
+          work += model.Cost(s.padded_length, group.size);
+        }
+        rank->add_tokens(tokens / group.size);
+        rank->add_cp_size(group.size);
+        rank->add_work(work);
+      }
+    }
+  }
+
+  Daemon& daemon_;
+};
+
+}  // namespace
+
+std::unique_ptr<v1::Admin::CallbackService> MakeAdminService(Daemon& daemon) {
+  return std::make_unique<AdminService>(daemon);
+}
+
+}  // namespace packfeed

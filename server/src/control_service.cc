@@ -1,0 +1,145 @@
+// Control: trainers attach their rings and detach. Every refusal says what is
+// wrong and touches nothing of the other ranks.
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "packfeed/server/fingerprint.h"
+#include "packfeed/transport/wire.h"
+#include "services.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed {
+namespace {
+
+// Everything an attach can get wrong that needs no runner.
+absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
+                         JobRunner*& runner) {
+  if (daemon.draining()) return absl::UnavailableError("the daemon is draining");
+  runner = daemon.runner(request.job());
+  if (runner == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& r : daemon.runners()) names.push_back(r->job().name());
+    return absl::NotFoundError(absl::StrCat("no job '", request.job(), "' on this daemon (jobs: ",
+                                            absl::StrJoin(names, ", "), ")"));
+  }
+  const Job& job = runner->job();
+  if (!ConstantTimeEquals(request.auth_token(), job.config().auth_token())) {
+    return absl::PermissionDeniedError(absl::StrCat("wrong auth token for job ", job.name()));
+  }
+  const int world = job.layout().world_size();
+  if (request.global_rank() >= static_cast<uint32_t>(world)) {
+    return absl::OutOfRangeError(absl::StrCat("rank ", request.global_rank(),
+                                              " is outside job ", job.name(), "'s world of ",
+                                              world, " ranks"));
+  }
+  if (!job.IsLocal(static_cast<int>(request.global_rank()))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job.name(), " rank ", request.global_rank(), " is not hosted by this daemon (",
+        job.local_ranks().size(), " local ranks, from ", job.local_ranks().front(), " to ",
+        job.local_ranks().back(), ")"));
+  }
+  if (!request.fingerprint().empty()) {
+    absl::Status match = CompareFingerprints(request.fingerprint(), job.fingerprint());
+    if (!match.ok()) return match;
+  }
+  absl::StatusOr<transport::RingDescriptor> ring =
+      transport::DecodeRingDescriptor(request.ring().ring_descriptor());
+  if (!ring.ok()) {
+    return absl::Status(ring.status().code(),
+                        absl::StrCat("ring descriptor: ", ring.status().message()));
+  }
+  if (ring->slot_bytes < job.required_slot_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring slots of ", ring->slot_bytes, " bytes are smaller than job ", job.name(),
+        "'s largest microbatch: slots of at least ", job.required_slot_bytes(),
+        " bytes are needed"));
+  }
+  if (request.start_step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start step ", request.start_step(), " < 0"));
+  }
+  return absl::OkStatus();
+}
+
+class ControlService final : public v1::Control::CallbackService {
+ public:
+  explicit ControlService(Daemon& daemon) : daemon_(daemon) {}
+
+  grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* context,
+                                   const v1::AttachRequest* request,
+                                   v1::AttachReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    JobRunner* runner = nullptr;
+    absl::Status status = CheckAttach(daemon_, *request, runner);
+    if (!status.ok()) {
+      spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
+                   status.ToString());
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    AttachArgs args;
+    args.global_rank = static_cast<int>(request->global_rank());
+    args.worker_address = request->worker_address();
+    args.ring_descriptor = request->ring().ring_descriptor();
+    args.start_step = request->start_step();
+    runner->Attach(std::move(args), [reactor, reply, runner, request](absl::StatusOr<uint64_t> epoch) {
+      if (!epoch.ok()) {
+        spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
+                     epoch.status().ToString());
+        reactor->Finish(ToGrpcStatus(epoch.status()));
+        return;
+      }
+      const Job& job = runner->job();
+      const RankCoords coords = job.layout().Coords(static_cast<int>(request->global_rank()));
+      reply->set_sender_address(runner->sender_address());
+      reply->set_epoch(*epoch);
+      reply->set_fingerprint(job.fingerprint());
+      reply->set_tp(coords.tp);
+      reply->set_pp(coords.pp);
+      reply->set_cp(coords.cp);
+      reply->set_dp(coords.dp);
+      reply->set_required_slot_bytes(job.required_slot_bytes());
+      reactor->Finish(grpc::Status::OK);
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Detach(grpc::CallbackServerContext* context,
+                                   const v1::DetachRequest* request,
+                                   v1::DetachReply* /*reply*/) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    JobRunner* runner = daemon_.runner(request->job());
+    if (runner == nullptr) {
+      reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
+    } else if (!ConstantTimeEquals(request->auth_token(), runner->job().config().auth_token())) {
+      reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrCat("wrong auth token for job ", request->job()))));
+    } else {
+      runner->Detach(static_cast<int>(request->global_rank()), request->epoch(),
+                     [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+    }
+    return reactor;
+  }
+
+ private:
+  Daemon& daemon_;
+};
+
+}  // namespace
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  // The length may leak; the contents do not.
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::string& longer = a.size() >= b.size() ? a : b;
+  for (size_t i = 0; i < longer.size(); ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon) {
+  return std::make_unique<ControlService>(daemon);
+}
+
+}  // namespace packfeed

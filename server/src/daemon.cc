@@ -1,0 +1,84 @@
+#include "packfeed/server/daemon.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/server_builder.h"
+#include "packfeed/common/status_macros.h"
+#include "services.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed {
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& config,
+                                                      const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  daemon->config_ = config;
+  for (const v1::JobConfig& job_config : config.jobs()) {
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config);
+    if (!job.ok()) {
+      return absl::Status(job.status().code(), absl::StrCat("job ", job_config.name(), ": ",
+                                                            job.status().message()));
+    }
+    JobRunnerOptions runner_options;
+    runner_options.sender.ucx.transports = options.ucx_transports;
+    runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
+    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
+                        JobRunner::Start(**job, runner_options));
+    daemon->by_name_[job_config.name()] = runner.get();
+    daemon->runners_.push_back(std::move(runner));
+    spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler",
+                 (*job)->name(), (*job)->fingerprint(), (*job)->layout().world_size(),
+                 (*job)->local_ranks().size(), job_config.scheduler().kind());
+    daemon->jobs_.push_back(*std::move(job));
+  }
+
+  const std::string& socket = config.socket_path();
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(socket).parent_path(), error);
+  // A socket file left by a daemon that died is replaced; anything else in
+  // the way is not ours to remove.
+  struct stat info;
+  if (lstat(socket.c_str(), &info) == 0) {
+    if (!S_ISSOCK(info.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(socket, ": exists and is not a socket; refusing to replace it"));
+    }
+    unlink(socket.c_str());
+  }
+  daemon->services_.push_back(MakeControlService(*daemon));
+  daemon->services_.push_back(MakeAdminService(*daemon));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  for (auto& service : daemon->services_) builder.RegisterService(service.get());
+  daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve on unix:", socket, " (is its directory writable, or another daemon there?)"));
+  }
+  // Only the owner and its group may attach or administer.
+  chmod(socket.c_str(), 0660);
+  spdlog::info("serving {} job(s) on unix:{}", daemon->jobs_.size(), socket);
+  return daemon;
+}
+
+Daemon::~Daemon() {
+  Shutdown();
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  runners_.clear();  // goodbyes to every rank
+  unlink(config_.socket_path().c_str());
+}
+
+void Daemon::Shutdown() {
+  std::call_once(shutdown_once_, [this] { shutdown_.Notify(); });
+}
+
+JobRunner* Daemon::runner(const std::string& job) const {
+  auto it = by_name_.find(job);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+}  // namespace packfeed

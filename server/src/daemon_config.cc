@@ -1,0 +1,178 @@
+#include "packfeed/server/daemon_config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/scheduler/planner.h"
+
+namespace packfeed {
+namespace {
+
+// Collects the parser's complaints instead of letting protobuf log them.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+absl::Status FieldError(absl::string_view where, absl::string_view field,
+                        absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ".", field, ": ", problem));
+}
+
+bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+void FillDefaults(v1::JobConfig& job) {
+  v1::Topology& t = *job.mutable_topology();
+  for (auto [get, set] : {std::pair{&v1::Topology::tp, &v1::Topology::set_tp},
+                          {&v1::Topology::pp, &v1::Topology::set_pp},
+                          {&v1::Topology::cp, &v1::Topology::set_cp},
+                          {&v1::Topology::dp, &v1::Topology::set_dp}}) {
+    if ((t.*get)() == 0) (t.*set)(1);
+  }
+  if (job.scheduler().kind().empty()) job.mutable_scheduler()->set_kind("balanced");
+  if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
+  if (!job.scheduler().has_cp_upgrade_budget()) {
+    job.mutable_scheduler()->set_cp_upgrade_budget(0.05);
+  }
+  if (job.sampler() == v1::SAMPLER_MODE_UNSPECIFIED) job.set_sampler(v1::SAMPLER_MODE_SHUFFLE);
+  if (job.pad_id() == 0) job.set_pad_id(job.eod_id());
+  for (v1::DatasetSpec& dataset : *job.mutable_datasets()) {
+    if (dataset.weight() == 0) dataset.set_weight(1);
+    if (dataset.kind() == v1::DATASET_KIND_UNSPECIFIED) dataset.set_kind(v1::DATASET_KIND_VARLEN);
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where) {
+  const std::string& name = job.name();
+  if (name.empty() || name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                             "0123456789_.-") != std::string::npos) {
+    return FieldError(where, "name", absl::StrCat("'", name, "' must be [A-Za-z0-9_.-]+"));
+  }
+  if (job.datasets().empty()) return FieldError(where, "datasets", "at least one is required");
+  for (int i = 0; i < job.datasets_size(); ++i) {
+    const v1::DatasetSpec& dataset = job.datasets(i);
+    const std::string at = absl::StrCat("datasets[", i, "]");
+    if (dataset.prefix().empty()) return FieldError(where, at + ".prefix", "required");
+    if (!(dataset.weight() > 0)) {
+      return FieldError(where, at + ".weight", absl::StrCat(dataset.weight(), " is not positive"));
+    }
+    if (dataset.kind() != job.datasets(0).kind()) {
+      return FieldError(where, at + ".kind", "every dataset of a job must have the same kind");
+    }
+  }
+  const v1::Topology& t = job.topology();
+  for (auto [field, value] : {std::pair{"tp", t.tp()}, {"pp", t.pp()}, {"cp", t.cp()}, {"dp", t.dp()}}) {
+    if (value < 1 || value > 65536) {
+      return FieldError(where, absl::StrCat("topology.", field), absl::StrCat(value, " is out of [1, 65536]"));
+    }
+  }
+  const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
+  if (world > (1u << 20)) {
+    return FieldError(where, "topology", absl::StrCat("world size ", world, " exceeds 2^20 ranks"));
+  }
+  if (job.global_batch() < 1) {
+    return FieldError(where, "global_batch", absl::StrCat(job.global_batch(), " must be >= 1"));
+  }
+  if (job.seq_length() < 2) {
+    return FieldError(where, "seq_length", absl::StrCat(job.seq_length(), " must be >= 2"));
+  }
+  const v1::SchedulerConfig& s = job.scheduler();
+  absl::StatusOr<SchedulerKind> kind = SchedulerKindFromName(s.kind());
+  if (!kind.ok()) return FieldError(where, "scheduler.kind", kind.status().message());
+  if (s.max_tokens_per_rank() < 1) {
+    return FieldError(where, "scheduler.max_tokens_per_rank", "required (>= 1)");
+  }
+  if (s.cost_model() != "megatron" && s.cost_model() != "llama8b") {
+    return FieldError(where, "scheduler.cost_model",
+                      absl::StrCat("'", s.cost_model(), "'; expected megatron or llama8b"));
+  }
+  for (auto [field, value] : {std::pair{"min_cp", s.min_cp()}, {"max_cp", s.max_cp()}}) {
+    if (value != 0 && !IsPowerOfTwo(value)) {
+      return FieldError(where, absl::StrCat("scheduler.", field),
+                        absl::StrCat(value, " is not a power of two"));
+    }
+  }
+  if (!(s.cp_upgrade_budget() >= 0)) {
+    return FieldError(where, "scheduler.cp_upgrade_budget", "must be >= 0");
+  }
+  if (*kind == SchedulerKind::kMegatronDpBalanced) {
+    if (job.global_batch() % t.dp() != 0) {
+      return FieldError(where, "global_batch",
+                        absl::StrCat(job.global_batch(), " is not a multiple of DP ", t.dp(),
+                                     " (megatron_dp_balanced)"));
+    }
+    if (job.datasets_size() != 1 || job.sampler() != v1::SAMPLER_MODE_SEQUENTIAL) {
+      // Megatron's sample order is defined for one dataset read in order.
+      return FieldError(where, "sampler",
+                        "megatron_dp_balanced needs one dataset and SAMPLER_MODE_SEQUENTIAL");
+    }
+  }
+  if (job.sampler() == v1::SAMPLER_MODE_SEQUENTIAL && job.datasets_size() != 1) {
+    return FieldError(where, "sampler", "SAMPLER_MODE_SEQUENTIAL reads exactly one dataset");
+  }
+  std::set<uint32_t> seen;
+  for (uint32_t rank : job.local_ranks()) {
+    if (rank >= world) {
+      return FieldError(where, "local_ranks",
+                        absl::StrCat("rank ", rank, " is outside the world of ", world));
+    }
+    if (!seen.insert(rank).second) {
+      return FieldError(where, "local_ranks", absl::StrCat("rank ", rank, " is listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
+                                                   absl::string_view source) {
+  v1::DaemonConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", errors.first()));
+  }
+  if (config.socket_path().empty()) config.set_socket_path(std::string(kDefaultSocketPath));
+  if (config.prefetch_steps() == 0) config.set_prefetch_steps(2);
+  if (config.jobs().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": jobs: at least one job is required"));
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < config.jobs_size(); ++i) {
+    v1::JobConfig& job = *config.mutable_jobs(i);
+    FillDefaults(job);
+    const std::string where = absl::StrCat(source, ": jobs[", i, "]");
+    PF_RETURN_IF_ERROR(ValidateJobConfig(job, where));
+    if (!names.insert(job.name()).second) {
+      return FieldError(where, "name", absl::StrCat("'", job.name(), "' names two jobs"));
+    }
+  }
+  return config;
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read the configuration file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseDaemonConfig(text.str(), path);
+}
+
+}  // namespace packfeed

@@ -1,0 +1,265 @@
+#include "packfeed/server/job_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed {
+
+struct JobRunner::RankState {
+  int global_rank = 0;
+  RankCoords coords;
+  uint64_t epoch = 0;
+  bool failed = false;
+  int64_t next_step = 0;
+  int next_microbatch = 0;
+  uint64_t pushed = 0;
+  uint64_t bytes_sent = 0;
+};
+
+absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job,
+                                                            const JobRunnerOptions& options) {
+  std::unique_ptr<JobRunner> runner(new JobRunner(job, options));
+  PF_ASSIGN_OR_RETURN(runner->sender_, transport::Sender::Create(options.sender));
+  runner->sender_address_ = runner->sender_->worker_address();
+  // From here on only the runner thread touches the sender.
+  runner->thread_ = std::thread([r = runner.get()] { r->Loop(); });
+  return runner;
+}
+
+JobRunner::JobRunner(const Job& job, JobRunnerOptions options)
+    : job_(job), options_(std::move(options)) {}
+
+JobRunner::~JobRunner() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stop_ = true;
+  }
+  sender_->Wake();
+  thread_.join();
+}
+
+void JobRunner::Post(std::function<void()> task) {
+  {
+    absl::MutexLock lock(&mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  sender_->Wake();
+}
+
+int JobRunner::attached_ranks() const {
+  absl::MutexLock lock(&mutex_);
+  return attached_;
+}
+
+void JobRunner::Attach(AttachArgs args,
+                       std::function<void(absl::StatusOr<uint64_t>)> done) {
+  Post([this, args = std::move(args), done = std::move(done)] {
+    auto existing = ranks_.find(args.global_rank);
+    if (existing != ranks_.end() && !existing->second.failed &&
+        sender_->Credits(existing->second.epoch).ok()) {
+      done(absl::AlreadyExistsError(absl::StrCat(
+          "job ", job_.name(), " rank ", args.global_rank, " is already attached (connection ",
+          existing->second.epoch, "); detach it first or wait for its failure to be noticed")));
+      return;
+    }
+    if (existing != ranks_.end()) {
+      sender_->Disconnect(existing->second.epoch).IgnoreError();
+      ranks_.erase(existing);
+    }
+    absl::StatusOr<uint64_t> epoch = sender_->Connect(args.worker_address, args.ring_descriptor);
+    if (!epoch.ok()) {
+      done(epoch.status());
+      return;
+    }
+    RankState state;
+    state.global_rank = args.global_rank;
+    state.coords = job_.layout().Coords(args.global_rank);
+    state.epoch = *epoch;
+    state.next_step = args.start_step;
+    ranks_.emplace(args.global_rank, state);
+    {
+      absl::MutexLock lock(&mutex_);
+      attached_ = static_cast<int>(ranks_.size());
+    }
+    spdlog::info("job {} rank {}: attached at step {} (connection {:#x})", job_.name(),
+                 args.global_rank, args.start_step, *epoch);
+    done(*epoch);
+  });
+}
+
+void JobRunner::Detach(int global_rank, uint64_t epoch, std::function<void(absl::Status)> done) {
+  Post([this, global_rank, epoch, done = std::move(done)] {
+    auto rank = ranks_.find(global_rank);
+    if (rank == ranks_.end() || rank->second.epoch != epoch) {
+      done(absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
+                                            " has no connection ", epoch)));
+      return;
+    }
+    sender_->Disconnect(epoch).IgnoreError();
+    ranks_.erase(rank);
+    {
+      absl::MutexLock lock(&mutex_);
+      attached_ = static_cast<int>(ranks_.size());
+    }
+    spdlog::info("job {} rank {}: detached", job_.name(), global_rank);
+    done(absl::OkStatus());
+  });
+}
+
+void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
+  Post([this, done = std::move(done)] {
+    v1::JobStats stats;
+    stats.set_name(job_.name());
+    stats.set_steps_planned(steps_planned_);
+    stats.set_bytes_read(bytes_read_);
+    stats.set_unique_bytes_needed(unique_bytes_);
+    stats.set_io_amplification(unique_bytes_ == 0 ? 0.0
+                                                  : static_cast<double>(bytes_read_) /
+                                                        static_cast<double>(unique_bytes_));
+    int64_t served = INT64_MAX;
+    int64_t fastest = INT64_MIN;
+    const RankState* slowest = nullptr;
+    for (int global_rank : job_.local_ranks()) {
+      v1::RankStats* out = stats.add_ranks();
+      out->set_global_rank(global_rank);
+      auto it = ranks_.find(global_rank);
+      if (it == ranks_.end()) {
+        served = 0;
+        continue;
+      }
+      const RankState& rank = it->second;
+      absl::StatusOr<transport::ConnectionStats> connection = sender_->Stats(rank.epoch);
+      out->set_attached(!rank.failed && connection.ok());
+      out->set_next_step(rank.next_step);
+      out->set_slots_pushed(rank.pushed);
+      out->set_bytes_sent(rank.bytes_sent);
+      if (connection.ok()) {
+        out->set_slots_released(connection->released);
+        out->set_slots_in_flight(static_cast<uint32_t>(connection->pushed - connection->released));
+      }
+      served = std::min(served, rank.next_step);
+      fastest = std::max(fastest, rank.next_step);
+      if (slowest == nullptr || rank.next_step < slowest->next_step) slowest = &rank;
+    }
+    stats.set_steps_served(served == INT64_MAX ? 0 : served);
+    if (slowest != nullptr) {
+      stats.set_slowest_rank(slowest->global_rank);
+      stats.set_slowest_rank_steps_behind(fastest - slowest->next_step);
+    }
+    done(std::move(stats));
+  });
+}
+
+int64_t JobRunner::SlowestStep() const {
+  int64_t slowest = INT64_MAX;
+  for (const auto& [_, rank] : ranks_) {
+    if (!rank.failed) slowest = std::min(slowest, rank.next_step);
+  }
+  return slowest;
+}
+
+void JobRunner::Evict() {
+  const int64_t slowest = SlowestStep();
+  while (!steps_.empty() && steps_.begin()->first < slowest) steps_.erase(steps_.begin());
+}
+
+const StepData* JobRunner::StepAt(int64_t step) {
+  auto cached = steps_.find(step);
+  if (cached != steps_.end()) return &cached->second;
+  absl::StatusOr<StepPlan> plan = job_.Plan(step);
+  absl::StatusOr<StepData> data =
+      plan.ok() ? job_.Read(*std::move(plan), job_.local_ranks()) : plan.status();
+  if (!data.ok()) {
+    if (failed_step_ != step) {
+      spdlog::error("job {} step {}: {}", job_.name(), step, data.status().ToString());
+      failed_step_ = step;
+    }
+    return nullptr;
+  }
+  ++steps_planned_;
+  bytes_read_ += data->bytes_read;
+  unique_bytes_ += data->unique_bytes;
+  return &steps_.emplace(step, *std::move(data)).first->second;
+}
+
+bool JobRunner::ServeRank(RankState& rank) {
+  bool pushed = false;
+  while (!rank.failed) {
+    absl::StatusOr<uint32_t> credits = sender_->Credits(rank.epoch);
+    if (!credits.ok()) {
+      spdlog::warn("job {} rank {} step {}: connection lost: {}", job_.name(), rank.global_rank,
+                   rank.next_step, credits.status().ToString());
+      rank.failed = true;
+      break;
+    }
+    if (*credits == 0) break;
+    if (rank.next_step > SlowestStep() + options_.prefetch_steps) break;
+    const StepData* data = StepAt(rank.next_step);
+    if (data == nullptr) break;
+    const GlobalPlan& plan = data->plan.plan;
+    absl::StatusOr<PackedMicrobatch> packed = job_.Pack(*data, rank.next_microbatch, rank.global_rank);
+    absl::Status status = packed.status();
+    if (status.ok()) {
+      const SlotFields fields = MicrobatchFields(*packed, rank.coords.pp, job_.layout().pp);
+      transport::SlotContent content;
+      content.step = rank.next_step;
+      content.microbatch = static_cast<uint32_t>(rank.next_microbatch);
+      uint64_t bytes = 0;
+      for (size_t i = 0; i < fields.specs.size(); ++i) {
+        content.fields.push_back({fields.specs[i], fields.data[i]});
+      }
+      v1::SlotMetadata metadata;
+      metadata.set_step(rank.next_step);
+      metadata.set_microbatch(content.microbatch);
+      metadata.set_num_microbatches(static_cast<uint32_t>(plan.num_microbatches()));
+      metadata.set_padded_sum(plan.flops.padded_sum);
+      metadata.set_padded_squared_sum(plan.flops.padded_squared_sum);
+      metadata.set_real_sum(plan.flops.real_sum);
+      metadata.set_real_squared_sum(plan.flops.real_squared_sum);
+      content.inline_metadata = metadata.SerializeAsString();
+      status = sender_->Push(rank.epoch, content);
+      if (status.ok()) {
+        absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.epoch);
+        if (after.ok()) bytes = after->bytes;
+        rank.bytes_sent = bytes;
+      }
+    }
+    if (absl::IsResourceExhausted(status)) break;
+    if (!status.ok()) {
+      spdlog::error("job {} rank {} step {} microbatch {}: {}", job_.name(), rank.global_rank,
+                    rank.next_step, rank.next_microbatch, status.ToString());
+      rank.failed = true;
+      break;
+    }
+    pushed = true;
+    ++rank.pushed;
+    if (++rank.next_microbatch == plan.num_microbatches()) {
+      rank.next_microbatch = 0;
+      ++rank.next_step;
+    }
+  }
+  return pushed;
+}
+
+void JobRunner::Loop() {
+  while (true) {
+    std::deque<std::function<void()>> tasks;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (stop_) break;
+      tasks.swap(tasks_);
+    }
+    for (auto& task : tasks) task();
+    bool pushed = false;
+    for (auto& [_, rank] : ranks_) pushed |= ServeRank(rank);
+    Evict();
+    sender_->ProgressOrWait(pushed ? absl::ZeroDuration() : absl::Milliseconds(100));
+  }
+  // Goodbyes go out from the thread that owns the sender.
+  sender_.reset();
+}
+
+}  // namespace packfeed

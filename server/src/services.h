@@ -1,0 +1,29 @@
+#ifndef PACKFEED_SERVER_SRC_SERVICES_H_
+#define PACKFEED_SERVER_SRC_SERVICES_H_
+
+// The gRPC services of a Daemon (private to server/).
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "grpcpp/support/status.h"
+#include "packfeed/server/daemon.h"
+#include "packfeed/v1/service.grpc.pb.h"
+
+namespace packfeed {
+
+// absl and gRPC share their codes, so the conversion is a cast.
+inline grpc::Status ToGrpcStatus(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon);
+std::unique_ptr<v1::Admin::CallbackService> MakeAdminService(Daemon& daemon);
+
+// Compares secrets in time independent of where they differ.
+bool ConstantTimeEquals(const std::string& a, const std::string& b);
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SERVER_SRC_SERVICES_H_

@@ -1,0 +1,75 @@
+"""Golden: packfeedd serving ../shared/fixtures/golden/E1 and E4 (Megatron's
+dp_balanced, sequential sampler, Megatron padding) hands every global rank
+exactly what Megatron-LM handed it, field by field, microbatch by microbatch.
+
+usage: daemon_golden_test.py BIN_DIR SOURCE_ROOT"""
+import json
+import sys
+
+from ctl_checks import Checks, shared_dir
+from daemon_harness import Daemon
+
+FIELDS = ["tokens", "labels", "loss_mask", "position_ids", "padding_mask", "cu_seqlens",
+          "cu_seqlens_padded", "max_seqlen", "local_cp_size"]
+
+
+def job_config(case, prefix, config):
+    kind = "DATASET_KIND_SFT" if config["dataset_kind"] == "sft" else "DATASET_KIND_VARLEN"
+    return f"""
+jobs {{
+  name: "{case}"
+  datasets {{ prefix: "{prefix}" kind: {kind} }}
+  topology {{ tp: {config['TP']} pp: {config['PP']} cp: {config['CP']} dp: {config['DP']}
+             sequence_parallel: {str(config['sequence_parallel']).lower()} }}
+  global_batch: {config['global_batch_size']}
+  seq_length: {config['seq_length']}
+  eod_id: {config['eod_id']}
+  pad_id: {config['pad_id']}
+  sampler: SAMPLER_MODE_SEQUENTIAL
+  scheduler {{ kind: "megatron_dp_balanced" max_tokens_per_rank: {config['max_seqlen_per_dp_cp_rank']} }}
+}}
+"""
+
+
+def check_case(checks, bin_dir, fixtures, case):
+    golden = json.loads((fixtures / f"{case}.json").read_text())
+    config = golden["config"]
+    with Daemon(bin_dir, job_config(case, fixtures / case, config), name=case) as daemon:
+        dumps = daemon.dump_ranks(case, range(config["world_size"]), steps=1)
+        stats = daemon.ctl_json("stats", "--job", case)["jobs"][0]
+        code = daemon.stop()
+    checks.check(f"{case} daemon exits 0 on SIGTERM", code == 0, f"exit {code}")
+    for expected in golden["ranks"]:
+        rank = expected["rank"]
+        step = dumps[rank]["steps"][0]
+        checks.check(f"{case} rank {rank} M", step["num_microbatches"] == expected["M"],
+                     f"{step['num_microbatches']} != {expected['M']}")
+        checks.check(f"{case} rank {rank} flops",
+                     step["flops"]["padded_sum"] == golden["flops"]["seqlen_sum"] and
+                     step["flops"]["padded_squared_sum"] == golden["flops"]["seqlen_squared_sum"],
+                     step["flops"])
+        for m, want in enumerate(expected["microbatches"]):
+            got = step["microbatches"][m]
+            for field in FIELDS:
+                checks.check(f"{case} rank {rank} microbatch {m} {field}",
+                             got.get(field) == want[field],
+                             f"got {str(got.get(field))[:120]} want {str(want[field])[:120]}")
+    checks.check(f"{case} I/O amplification 1.00", stats["io_amplification"] == 1.0,
+                 stats["io_amplification"])
+    print(f"{case}: {config['world_size']} ranks × {golden['ranks'][0]['M']} microbatches compared")
+
+
+def main():
+    bin_dir, source_root = sys.argv[1], sys.argv[2]
+    fixtures = shared_dir(source_root) / "fixtures" / "golden"
+    if not fixtures.is_dir():
+        print(f"SKIP: {fixtures} not found (set PACKFEED_SHARED_DIR)")
+        sys.exit(77)
+    checks = Checks(None)
+    for case in ("E1", "E4"):
+        check_case(checks, bin_dir, fixtures, case)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()

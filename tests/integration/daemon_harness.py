@@ -1,0 +1,80 @@
+"""Runs a real packfeedd for the integration tests and talks to it through
+packfeedctl, as an operator would."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class Daemon:
+    """A packfeedd on a config written to a scratch directory. Use as a
+    context manager: the daemon is stopped with SIGTERM and must exit 0."""
+
+    def __init__(self, bin_dir, config_text, name="daemon", workdir=None):
+        self.bin_dir = pathlib.Path(bin_dir)
+        self.ctl = str(self.bin_dir / "packfeedctl")
+        self.dir = pathlib.Path(workdir or tempfile.mkdtemp(prefix="pf-daemon-"))
+        self.socket = str(self.dir / f"{name}.sock")
+        self.config = self.dir / f"{name}.textproto"
+        self.config.write_text(f'socket_path: "{self.socket}"\n' + config_text)
+        self.log = self.dir / f"{name}.log"
+        self.process = None
+
+    def __enter__(self):
+        self.process = subprocess.Popen(
+            [str(self.bin_dir / "packfeedd"), "--config", str(self.config)],
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"packfeedd exited {self.process.returncode}:\n"
+                                   + self.log.read_text())
+            if self.ctl_run("health").returncode == 0:
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("packfeedd did not answer in 20 s:\n" + self.log.read_text())
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                raise RuntimeError("packfeedd ignored SIGTERM for 20 s")
+        return self.process.returncode if self.process else None
+
+    def ctl_run(self, *args, timeout=60):
+        return subprocess.run([self.ctl, *args, "--socket", self.socket],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def ctl_json(self, *args):
+        result = self.ctl_run(*args, "--json")
+        if result.returncode != 0:
+            raise RuntimeError(f"packfeedctl {args}: {result.stderr}")
+        return json.loads(result.stdout)
+
+    def start_dump(self, job, rank, steps, *extra):
+        """Starts `packfeedctl dump` as rank `rank`; returns the process."""
+        return subprocess.Popen(
+            [self.ctl, "dump", "--socket", self.socket, "--job", job, "--rank", str(rank),
+             "--steps", str(steps), "--json", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def dump_ranks(self, job, ranks, steps, *extra):
+        """Dumps every rank of `ranks` at once (as the trainer's ranks would
+        run); returns {rank: dump}."""
+        processes = {r: self.start_dump(job, r, steps, *extra) for r in ranks}
+        out = {}
+        for rank, process in processes.items():
+            stdout, stderr = process.communicate(timeout=120)
+            if process.returncode != 0:
+                raise RuntimeError(f"dump rank {rank}: {stderr}")
+            out[rank] = json.loads(stdout)
+        return out
