@@ -248,7 +248,7 @@ absl::StatusOr<std::vector<int64_t>> Job::ReadRun(const SampleRef& sample, uint6
     }
   }
   bytes += shape.read_tokens * DTypeSize(dataset.dtype());
-  return MakeTokenRun(read, rules_);
+  return MakeTokenRun(read, shape, rules_);
 }
 
 absl::StatusOr<StepData> Job::Read(StepPlan plan, absl::Span<const int> global_ranks) const {

@@ -17,15 +17,11 @@ SampleShape ShapeOfSample(int64_t stored_tokens, const SampleRules& rules) {
   return {stored_tokens, length};
 }
 
-std::vector<int64_t> MakeTokenRun(absl::Span<const int64_t> read,
+std::vector<int64_t> MakeTokenRun(absl::Span<const int64_t> read, const SampleShape& shape,
                                   const SampleRules& rules) {
-  const SampleShape shape = ShapeOfSample(static_cast<int64_t>(read.size()), rules);
   std::vector<int64_t> run(read.begin(), read.end());
+  // One token short: an appended EOD, or the EOD forced after a truncation.
   if (static_cast<int64_t>(run.size()) < shape.run_length) run.push_back(rules.eod_id);
-  if (shape.read_tokens < static_cast<int64_t>(read.size())) {
-    run.resize(shape.read_tokens);
-    run.push_back(rules.eod_id);
-  }
   return run;
 }
 

@@ -43,8 +43,8 @@ struct SampleShape {
 };
 SampleShape ShapeOfSample(int64_t stored_tokens, const SampleRules& rules);
 
-// `t` from the tokens read (ShapeOfSample's read_tokens of them).
-std::vector<int64_t> MakeTokenRun(absl::Span<const int64_t> read,
+// `t` from the `shape.read_tokens` tokens read.
+std::vector<int64_t> MakeTokenRun(absl::Span<const int64_t> read, const SampleShape& shape,
                                   const SampleRules& rules);
 
 // The real length the planner and cu_seqlens see for a run of `run_length`:

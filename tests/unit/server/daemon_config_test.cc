@@ -1,0 +1,93 @@
+#include "packfeed/server/daemon_config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "packfeed/server/fingerprint.h"
+
+namespace packfeed {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::string_view kJob = R"(
+jobs {
+  name: "pretrain"
+  datasets { prefix: "/data/a" }
+  topology { tp: 2 cp: 2 dp: 2 }
+  global_batch: 16
+  seq_length: 256
+  eod_id: 7
+  scheduler { kind: "dynamic_cp" max_tokens_per_rank: 128 }
+}
+)";
+
+std::string Message(absl::string_view text) {
+  return std::string(ParseDaemonConfig(text, "c.textproto").status().message());
+}
+
+TEST(DaemonConfigTest, FillsDefaults) {
+  absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig(kJob, "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->socket_path(), kDefaultSocketPath);
+  EXPECT_EQ(config->prefetch_steps(), 2u);
+  const v1::JobConfig& job = config->jobs(0);
+  EXPECT_EQ(job.topology().pp(), 1u);
+  EXPECT_EQ(job.pad_id(), 7);
+  EXPECT_EQ(job.datasets(0).weight(), 1.0);
+  EXPECT_EQ(job.datasets(0).kind(), v1::DATASET_KIND_VARLEN);
+  EXPECT_EQ(job.sampler(), v1::SAMPLER_MODE_SHUFFLE);
+  EXPECT_DOUBLE_EQ(job.scheduler().cp_upgrade_budget(), 0.05);
+}
+
+TEST(DaemonConfigTest, SyntaxErrorsGiveLineAndColumn) {
+  EXPECT_THAT(Message("jobs { name: }"), HasSubstr("c.textproto:1:"));
+  EXPECT_THAT(Message("jobz {}"), HasSubstr("jobz"));
+  EXPECT_THAT(Message(""), HasSubstr("at least one job"));
+}
+
+TEST(DaemonConfigTest, InvalidFieldsAreNamedByPath) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string text(kJob);
+    text.replace(text.find(from), from.size(), to);
+    return Message(text);
+  };
+  EXPECT_THAT(with("name: \"pretrain\"", "name: \"a b\""), HasSubstr("jobs[0].name"));
+  EXPECT_THAT(with("datasets { prefix: \"/data/a\" }", ""), HasSubstr("jobs[0].datasets"));
+  EXPECT_THAT(with("prefix: \"/data/a\"", "weight: 1"), HasSubstr("datasets[0].prefix"));
+  EXPECT_THAT(with("prefix: \"/data/a\"", "prefix: \"a\" weight: -1"),
+              HasSubstr("datasets[0].weight"));
+  EXPECT_THAT(with("global_batch: 16", "global_batch: 0"), HasSubstr("jobs[0].global_batch"));
+  EXPECT_THAT(with("seq_length: 256", ""), HasSubstr("jobs[0].seq_length"));
+  EXPECT_THAT(with("\"dynamic_cp\"", "\"fastest\""), HasSubstr("jobs[0].scheduler.kind"));
+  EXPECT_THAT(with("max_tokens_per_rank: 128", ""),
+              HasSubstr("jobs[0].scheduler.max_tokens_per_rank"));
+  EXPECT_THAT(with("max_tokens_per_rank: 128", "max_tokens_per_rank: 128 min_cp: 3"),
+              HasSubstr("scheduler.min_cp: 3 is not a power of two"));
+  EXPECT_THAT(with("global_batch: 16", "global_batch: 16 local_ranks: [1, 99]"),
+              HasSubstr("rank 99 is outside the world of 8"));
+  EXPECT_THAT(with("global_batch: 16", "global_batch: 16 local_ranks: [1, 1]"),
+              HasSubstr("listed twice"));
+  EXPECT_THAT(with("\"dynamic_cp\"", "\"megatron_dp_balanced\""),
+              HasSubstr("SAMPLER_MODE_SEQUENTIAL"));
+  EXPECT_THAT(Message(std::string(kJob) + std::string(kJob)), HasSubstr("names two jobs"));
+}
+
+TEST(FingerprintTest, NamesTheDifferingParts) {
+  FingerprintInputs a{"d", "tp2", "b", "s", "r"};
+  FingerprintInputs b = a;
+  EXPECT_EQ(MakeFingerprint(a), MakeFingerprint(b));
+  EXPECT_TRUE(CompareFingerprints(MakeFingerprint(a), MakeFingerprint(b)).ok());
+  b.topology = "tp4";
+  b.sampler = "r2";
+  absl::Status status = CompareFingerprints(MakeFingerprint(a), MakeFingerprint(b));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("topology, sampler differ"));
+  EXPECT_THAT(CompareFingerprints("garbage", MakeFingerprint(b)).message(),
+              HasSubstr("not a packfeed job fingerprint"));
+  // Stable across processes and builds: a fixed input has a fixed value.
+  EXPECT_EQ(MakeFingerprint({"", "", "", "", ""}),
+            "pf1-d38d394c2-t38d394c2-b38d394c2-s38d394c2-r38d394c2");
+}
+
+}  // namespace
+}  // namespace packfeed
