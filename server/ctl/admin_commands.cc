@@ -25,6 +25,9 @@ struct AdminArgs {
   int64_t step = 0;
   int rank = 0;
   int64_t steps = 1;
+  std::string fingerprint;
+  uint64_t slot_bytes = 0;
+  double hold_seconds = 0;
   bool json = false;
 };
 
@@ -179,6 +182,8 @@ absl::Status Dump(const AdminArgs& args) {
   options.global_rank = args.rank;
   options.auth_token = args.token;
   options.start_step = args.step;
+  options.fingerprint = args.fingerprint;
+  options.slot_bytes = args.slot_bytes;
   options.placement = transport::RingPlacement::kHost;
   PF_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Attach(options));
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
@@ -209,6 +214,8 @@ absl::Status Dump(const AdminArgs& args) {
   out["fingerprint"] = client->fingerprint();
   out["steps"] = std::move(steps);
   std::printf("%s\n", args.json ? out.dump().c_str() : out.dump(1).c_str());
+  std::fflush(stdout);
+  absl::SleepFor(absl::Seconds(args.hold_seconds));
   return absl::OkStatus();
 }
 
@@ -245,6 +252,10 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
   dump->add_option("--steps", args->steps, "Steps to receive")->capture_default_str();
   dump->add_option("--start-step", args->step, "First step")->capture_default_str();
   dump->add_option("--token", args->token, "The job's auth token");
+  dump->add_option("--fingerprint", args->fingerprint, "Refuse a job with another fingerprint");
+  dump->add_option("--slot-bytes", args->slot_bytes, "Ring slot size (0 = what the job needs)");
+  dump->add_option("--hold-seconds", args->hold_seconds,
+                   "Stay attached this long after printing (to inspect the daemon meanwhile)");
   dump->callback([args, exit_code] { *exit_code = ExitCode(Dump(*args)); });
 }
 

@@ -140,6 +140,21 @@ class AdminService final : public v1::Admin::CallbackService {
         ComputePlanStats(plan, model, job.planner_options().max_tokens_per_rank).step_over_ideal);
     reply.set_padded_sum(plan.flops.padded_sum);
     reply.set_real_sum(plan.flops.real_sum);
+    for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+      v1::PlannedMicrobatchInfo* out = reply.add_microbatches();
+      for (const CpGroup& group : microbatch.groups) {
+        v1::PlannedGroup* g = out->add_groups();
+        g->set_first_rank(group.first_rank);
+        g->set_size(group.size);
+        for (const PlannedSequence& s : group.sequences) {
+          v1::PlannedSequenceInfo* info = g->add_sequences();
+          info->set_dataset(step.samples[s.sample].dataset);
+          info->set_document(step.samples[s.sample].index);
+          info->set_length(s.length);
+          info->set_padded_length(s.padded_length);
+        }
+      }
+    }
     for (int r = 0; r < plan.dp_cp_size; ++r) {
       v1::PlannedRank* rank = reply.add_ranks();
       rank->set_dp_cp_rank(r);

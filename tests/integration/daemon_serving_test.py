@@ -1,0 +1,217 @@
+"""packfeedd end to end on generated datasets, against thd_reference.py:
+TP2×PP2×CP2×DP2 with balanced and dynamic_cp; two daemons hosting halves of
+the ranks; two jobs of different topologies on one daemon; every attach
+error; a client killed mid-stream.
+
+usage: daemon_serving_test.py BIN_DIR SOURCE_ROOT"""
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ctl_checks import Checks
+from daemon_harness import Daemon
+from thd_reference import Dataset, coords, rank_fields, token_run
+
+EOD = 32000
+SEQ_LENGTH = 400
+
+
+def job_text(name, prefix, tp=2, pp=2, cp=2, dp=2, scheduler="dynamic_cp", local_ranks=None,
+             seed=7, token="", max_tokens=512, global_batch=32):
+    ranks = f"local_ranks: [{', '.join(map(str, local_ranks))}]" if local_ranks else ""
+    return f"""
+jobs {{
+  name: "{name}"
+  datasets {{ prefix: "{prefix}" }}
+  topology {{ tp: {tp} pp: {pp} cp: {cp} dp: {dp} }}
+  global_batch: {global_batch}
+  seq_length: {SEQ_LENGTH}
+  eod_id: {EOD}
+  append_eod: true
+  seed: {seed}
+  auth_token: "{token}"
+  {ranks}
+  scheduler {{ kind: "{scheduler}" max_tokens_per_rank: {max_tokens} }}
+}}
+"""
+
+
+def expected_dumps(daemon, job, dataset, topology, dynamic, steps):
+    """{rank: [per step: {num_microbatches, microbatches}]} from the plan and the files."""
+    tp, pp, cp, dp = topology
+    n = cp * dp
+    out = {rank: [] for rank in range(tp * pp * cp * dp)}
+    for step in range(steps):
+        plan = daemon.ctl_json("plan-step", "--job", job, str(step))
+        runs = {}
+        for microbatch in plan["microbatches"]:
+            for group in microbatch["groups"]:
+                for s in group["sequences"]:
+                    doc = int(s["document"])
+                    runs[(0, doc)] = token_run(dataset.document(doc), "varlen", SEQ_LENGTH, EOD, True)
+        for rank in out:
+            r_tp, r_cp, r_dp, r_pp = coords(rank, tp, cp, dp)
+            stage = {"inputs": r_pp == 0, "targets": r_pp == pp - 1}
+            members = lambda first, c, r_tp=r_tp, r_pp=r_pp: [
+                r_tp + tp * (r + n * r_pp) for r in range(first, first + c)]
+            out[rank].append({
+                "num_microbatches": int(plan["num_microbatches"]),
+                "microbatches": [rank_fields(m, r_cp + cp * r_dp, runs, "varlen", EOD, stage,
+                                             dynamic, members)
+                                 for m in plan["microbatches"]]})
+    return out
+
+
+def compare(checks, label, dumps, expected):
+    for rank, dump in dumps.items():
+        for step, got in enumerate(dump["steps"]):
+            want = expected[rank][step]
+            checks.check(f"{label} rank {rank} step {step} M",
+                         got["num_microbatches"] == want["num_microbatches"])
+            for m, fields in enumerate(got["microbatches"]):
+                ok = fields == want["microbatches"][m]
+                detail = "" if ok else ", ".join(
+                    k for k in set(fields) | set(want["microbatches"][m])
+                    if fields.get(k) != want["microbatches"][m].get(k))
+                checks.check(f"{label} rank {rank} step {step} microbatch {m}", ok,
+                             f"fields differ: {detail}")
+
+
+def test_reference(checks, bin_dir, prefix, dataset, scheduler):
+    label = f"16 ranks {scheduler}"
+    with Daemon(bin_dir, job_text("job", prefix, scheduler=scheduler), name=scheduler) as daemon:
+        dumps = daemon.dump_ranks("job", range(16), steps=2)
+        stats = daemon.ctl_json("stats")["jobs"][0]
+        expected = expected_dumps(daemon, "job", dataset, (2, 2, 2, 2), scheduler == "dynamic_cp", 2)
+    compare(checks, label, dumps, expected)
+    checks.check(f"{label}: I/O amplification 1.00", stats["io_amplification"] == 1.0,
+                 stats["io_amplification"])
+    print(f"{label}: 16 ranks × 2 steps compared; I/O amplification {stats['io_amplification']}, "
+          f"{stats['bytes_read']} bytes read")
+    return expected
+
+
+def test_two_daemons(checks, bin_dir, prefix, dataset, workdir):
+    halves = [list(range(8)), list(range(8, 16))]
+    a = Daemon(bin_dir, job_text("job", prefix, local_ranks=halves[0]), "node0", workdir)
+    b = Daemon(bin_dir, job_text("job", prefix, local_ranks=halves[1]), "node1", workdir)
+    other = Daemon(bin_dir, job_text("job", prefix, seed=8), "other", workdir)
+    with a, b, other:
+        fingerprints = [d.ctl_json("jobs")["jobs"][0]["fingerprint"] for d in (a, b, other)]
+        checks.check("two nodes: same fingerprint", fingerprints[0] == fingerprints[1], fingerprints)
+        procs = {**{r: a.start_dump("job", r, 2) for r in halves[0]},
+                 **{r: b.start_dump("job", r, 2) for r in halves[1]}}
+        dumps = {}
+        import json
+        for rank, process in procs.items():
+            stdout, stderr = process.communicate(timeout=120)
+            checks.check(f"two nodes: rank {rank} served", process.returncode == 0, stderr)
+            if process.returncode == 0:
+                dumps[rank] = json.loads(stdout)
+        refused = other.ctl_run("dump", "--job", "job", "--rank", "0", "--fingerprint", fingerprints[0])
+        checks.check("a daemon with another seed refuses the fingerprint",
+                     refused.returncode != 0 and "sampler differ" in refused.stderr, refused.stderr)
+        wrong_rank = a.ctl_run("dump", "--job", "job", "--rank", "12")
+        checks.check("node0 refuses a rank of node1",
+                     wrong_rank.returncode != 0 and "not hosted" in wrong_rank.stderr, wrong_rank.stderr)
+        expected = expected_dumps(a, "job", dataset, (2, 2, 2, 2), True, 2)
+    compare(checks, "two nodes", dumps, expected)
+
+
+def test_two_jobs(checks, bin_dir, prefix, dataset):
+    text = (job_text("small", prefix, tp=1, pp=1, cp=2, dp=2, scheduler="balanced") +
+            job_text("wide", prefix, tp=2, pp=1, cp=1, dp=4, scheduler="dynamic_cp", seed=3))
+    with Daemon(bin_dir, text, name="twojobs") as daemon:
+        procs = {("small", r): daemon.start_dump("small", r, 2) for r in range(4)}
+        procs.update({("wide", r): daemon.start_dump("wide", r, 2) for r in range(8)})
+        import json
+        dumps = {"small": {}, "wide": {}}
+        for (job, rank), process in procs.items():
+            stdout, stderr = process.communicate(timeout=120)
+            checks.check(f"two jobs: {job} rank {rank}", process.returncode == 0, stderr)
+            if process.returncode == 0:
+                dumps[job][rank] = json.loads(stdout)
+        compare(checks, "two jobs: small", dumps["small"],
+                expected_dumps(daemon, "small", dataset, (1, 1, 2, 2), False, 2))
+        compare(checks, "two jobs: wide", dumps["wide"],
+                expected_dumps(daemon, "wide", dataset, (2, 1, 1, 4), True, 2))
+
+
+def test_attach_errors(checks, bin_dir, prefix):
+    text = job_text("job", prefix, tp=1, pp=1, token="s3cret", local_ranks=[0, 1, 2])
+    with Daemon(bin_dir, text, name="errors") as daemon:
+        fingerprint = daemon.ctl_json("jobs")["jobs"][0]["fingerprint"]
+        parts = fingerprint.split("-")
+        parts[2] = "t" + ("00000000" if parts[2] != "t00000000" else "11111111")
+        wrong_fp = "-".join(parts)
+        holder = daemon.start_dump("job", 0, 1, "--token", "s3cret", "--hold-seconds", "4")
+        time.sleep(1.5)
+        cases = [
+            ("unknown job", ["--job", "nope", "--rank", "1", "--token", "s3cret"], "no job 'nope'"),
+            ("wrong token", ["--job", "job", "--rank", "1", "--token", "guess"], "wrong auth token"),
+            ("rank outside", ["--job", "job", "--rank", "4", "--token", "s3cret"], "outside job job's world of 4"),
+            ("rank not local", ["--job", "job", "--rank", "3", "--token", "s3cret"], "not hosted"),
+            ("wrong fingerprint", ["--job", "job", "--rank", "1", "--token", "s3cret",
+                                   "--fingerprint", wrong_fp], "topology differ"),
+            ("slots too small", ["--job", "job", "--rank", "1", "--token", "s3cret", "--slot-bytes", "4096"],
+             "are needed"),
+            ("rank already attached", ["--job", "job", "--rank", "0", "--token", "s3cret"], "already attached"),
+        ]
+        for name, args, message in cases:
+            result = daemon.ctl_run("dump", *args)
+            checks.check(f"attach error: {name}", result.returncode != 0 and message in result.stderr,
+                         result.stderr.strip())
+            print(f"  {name}: {result.stderr.strip().splitlines()[-1] if result.stderr else ''}")
+        holder.communicate(timeout=30)
+        checks.check("the holder was served meanwhile", holder.returncode == 0)
+        served = daemon.ctl_run("dump", "--job", "job", "--rank", "1", "--token", "s3cret")
+        checks.check("after every refusal the daemon serves", served.returncode == 0, served.stderr)
+        drain = daemon.ctl_run("drain")
+        checks.check("drain without the token is refused",
+                     drain.returncode != 0 and "auth token" in drain.stderr, drain.stderr)
+
+
+def test_client_killed(checks, bin_dir, prefix, dataset):
+    with Daemon(bin_dir, job_text("job", prefix, tp=1, pp=1, scheduler="balanced"), name="kill") as daemon:
+        victim = daemon.start_dump("job", 0, 100000)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            ranks = daemon.ctl_json("stats")["jobs"][0]["ranks"]
+            if ranks[0].get("attached"):
+                break
+            time.sleep(0.05)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        others = daemon.dump_ranks("job", [1, 2, 3], steps=4)
+        expected = expected_dumps(daemon, "job", dataset, (1, 1, 2, 2), False, 4)
+        compare(checks, "after a rank was killed", others, expected)
+        time.sleep(2.5)  # keepalive notices the dead rank within about a second
+        rank0 = next(r for r in daemon.ctl_json("stats")["jobs"][0]["ranks"] if int(r["global_rank"]) == 0)
+        checks.check("the killed rank is no longer attached", not rank0.get("attached"), rank0)
+        again = daemon.dump_ranks("job", [0], steps=1)
+        compare(checks, "the killed rank re-attached", again, expected)
+
+
+def main():
+    bin_dir = sys.argv[1]
+    workdir = tempfile.mkdtemp(prefix="pf-serving-")
+    prefix = f"{workdir}/data"
+    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "600",
+                    "--dist", "lognormal", "--min", "8", "--max", "520", "--mean", "120",
+                    "--sigma", "1.0", "--vocab", str(EOD), "--seed", "5"], check=True,
+                   capture_output=True)
+    dataset = Dataset(prefix)
+    checks = Checks(None)
+    for scheduler in ("balanced", "dynamic_cp"):
+        test_reference(checks, bin_dir, prefix, dataset, scheduler)
+    test_two_daemons(checks, bin_dir, prefix, dataset, workdir)
+    test_two_jobs(checks, bin_dir, prefix, dataset)
+    test_attach_errors(checks, bin_dir, prefix)
+    test_client_killed(checks, bin_dir, prefix, dataset)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""An independent reference for DESIGN.md §3, written from the contract and
+not from packfeed's code: reads a Megatron indexed dataset with Python's
+struct/array modules and, given a plan from `packfeedctl plan-step --json`,
+builds the fields a global rank must receive."""
+import array
+import pathlib
+import struct
+
+TYPECODES = {1: "B", 2: "b", 3: "h", 4: "i", 5: "q", 6: "d", 7: "f", 8: "H"}
+
+
+class Dataset:
+    def __init__(self, prefix):
+        idx = pathlib.Path(f"{prefix}.idx").read_bytes()
+        assert idx[:9] == b"MMIDIDX\x00\x00"
+        version, code, count, doc_count = struct.unpack_from("<QBQQ", idx, 9)
+        assert version == 1
+        offset = 34
+        self.lengths = array.array("i", idx[offset:offset + 4 * count])
+        offset += 4 * count
+        self.pointers = array.array("q", idx[offset:offset + 8 * count])
+        offset += 8 * count
+        self.documents = array.array("q", idx[offset:offset + 8 * doc_count])
+        self.typecode = TYPECODES[code]
+        self.itemsize = array.array(self.typecode).itemsize
+        self.bin = pathlib.Path(f"{prefix}.bin").read_bytes()
+
+    def document(self, d):
+        tokens = []
+        for s in range(self.documents[d], self.documents[d + 1]):
+            start = self.pointers[s]
+            values = array.array(self.typecode, self.bin[start:start + self.lengths[s] * self.itemsize])
+            tokens.extend(int(v) for v in values)
+        return tokens
+
+
+def token_run(stored, kind, seq_length, eod, append_eod):
+    run = stored + ([eod] if append_eod else [])
+    limit = seq_length + 1 if kind == "varlen" else seq_length
+    if len(run) > limit:
+        run = stored[:seq_length - 1] + [eod]
+    return run
+
+
+def sequence_positions(run, real, padded, kind, pad):
+    """Per-position (token, label, loss_mask, position, is_pad) of one sequence."""
+    out = []
+    for j in range(padded):
+        is_pad = j >= real
+        if kind == "varlen":
+            out.append((0, 0, 0.0, 0, True) if is_pad else (run[j], run[j + 1], 1.0, j, False))
+        else:
+            token = run[j] if j < len(run) else pad
+            label = run[j + 1] if j + 1 < len(run) else pad
+            out.append((token, label, 0.0 if label in (pad, -100) else 1.0, j, is_pad))
+    return out
+
+
+def rank_fields(plan_microbatch, dp_cp_rank, runs, kind, pad, stage, dynamic, global_ranks_of_group):
+    """The fields of one rank for one microbatch (a dict named as DESIGN §3)."""
+    group = next(g for g in plan_microbatch["groups"]
+                 if int(g["first_rank"]) <= dp_cp_rank < int(g["first_rank"]) + int(g["size"]))
+    c = int(group["size"])
+    k = dp_cp_rank - int(group["first_rank"])
+    positions, cu, cu_padded, max_len = [], [0], [0], 0
+    for s in group["sequences"]:
+        real, padded = int(s["length"]), int(s["padded_length"])
+        full = sequence_positions(runs[(int(s.get("dataset", 0)), int(s["document"]))], real, padded,
+                                  kind, pad)
+        if c == 1:
+            positions += full
+        else:
+            chunk = padded // (2 * c)
+            positions += full[k * chunk:(k + 1) * chunk]
+            positions += full[(2 * c - 1 - k) * chunk:(2 * c - k) * chunk]
+        cu.append(cu[-1] + real)
+        cu_padded.append(cu_padded[-1] + padded)
+        max_len = max(max_len, padded)
+    fields = {"padding_mask": [p[4] for p in positions], "cu_seqlens": cu,
+              "cu_seqlens_padded": cu_padded, "max_seqlen": max_len}
+    if stage["inputs"]:
+        fields["tokens"] = [p[0] for p in positions]
+        fields["position_ids"] = [p[3] for p in positions]
+    if stage["targets"]:
+        fields["labels"] = [p[1] for p in positions]
+        fields["loss_mask"] = [p[2] for p in positions]
+    if dynamic:
+        fields["local_cp_size"] = c
+        fields["cp_group_ranks"] = global_ranks_of_group(int(group["first_rank"]), c)
+    return fields
+
+
+def coords(rank, tp, cp, dp):
+    """(tp, cp, dp, pp) of a global rank: tp + TP·(cp + CP·(dp + DP·pp))."""
+    return rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp)
