@@ -9,7 +9,13 @@
 
 namespace packfeed::transport {
 
-absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions& options) {
+absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions& requested) {
+  ReceiverOptions options = requested;
+  // Every slot starts aligned, so the fields inside it (aligned within the
+  // slot by LayoutFields) are aligned in memory.
+  if (options.slot_bytes <= UINT64_MAX - kFieldAlignment) {
+    options.slot_bytes = (options.slot_bytes + kFieldAlignment - 1) / kFieldAlignment * kFieldAlignment;
+  }
   if (options.slots == 0 || options.slot_bytes == 0 ||
       options.slot_bytes > UINT64_MAX / options.slots) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -47,7 +47,9 @@ enum class RingPlacement {
 struct ReceiverOptions {
   UcxOptions ucx;
   uint32_t slots = 4;                  // K: slots the sender may fill ahead
-  uint64_t slot_bytes = 64ull << 20;   // B: the largest slot payload
+  // B: the largest slot payload, rounded up to a multiple of kFieldAlignment
+  // so that every slot, and every field in it, starts aligned.
+  uint64_t slot_bytes = 64ull << 20;
   RingPlacement placement = RingPlacement::kAuto;
   int cuda_device = 0;
   // Longest sleep of the idle progress thread; a dead sender is noticed
