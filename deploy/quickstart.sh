@@ -1,34 +1,72 @@
 #!/usr/bin/env bash
 # packfeed quick start, from a fresh machine: installs what is missing,
-# builds, and runs the main job on an embedded default.
-# Today's main job: generate a Megatron indexed dataset (lengths drawn like
-# Megatron's mock SFT generator), show what packfeed's reader sees in it, and
-# plan its global batches (drawn by packfeed's sampler) for 8 ranks with
-# Megatron's scheduler and packfeed's. Later stages grow this into daemon +
-# client ranks.
+# builds, and runs the main job on an embedded default: a generated Megatron
+# dataset served by one packfeedd to 8 client ranks (TP2 x CP2 x DP2, dynamic
+# CP), each printing what it received; then the daemon's stats, and a clean
+# stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deploy/install_deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build --target packfeedctl
+cmake --build build --target packfeedctl packfeedd print_batches
 
 work=${PACKFEED_QUICKSTART_DIR:-$(mktemp -d)}
+mkdir -p "$work"
 ctl=build/server/packfeedctl
+socket=$work/packfeedd.sock
 echo
 echo "== generating a dataset in $work"
 "$ctl" make-dataset --out "$work/demo" --count 2000 --dist lognormal \
   --min 128 --max 8192 --mean 1024 --sigma 1.5 --vocab 32000 --seed 1
-echo
-echo "== what the reader sees"
 "$ctl" dataset-info "$work/demo"
+
+cat >"$work/packfeedd.textproto" <<CONFIG
+socket_path: "$socket"
+jobs {
+  name: "demo"
+  datasets { prefix: "$work/demo" }
+  topology { tp: 2 cp: 2 dp: 2 }
+  global_batch: 64
+  seq_length: 8192
+  eod_id: 32000
+  append_eod: true
+  seed: 1
+  scheduler { kind: "dynamic_cp" max_tokens_per_rank: 4096 }
+}
+CONFIG
 echo
-echo "== the same as JSON"
-"$ctl" dataset-info "$work/demo" --json
+echo "== starting packfeedd"
+build/server/packfeedd --config "$work/packfeedd.textproto" &
+daemon=$!
+trap 'kill $daemon 2>/dev/null || true' EXIT
+for _ in $(seq 100); do "$ctl" health --socket "$socket" >/dev/null 2>&1 && break; sleep 0.1; done
+"$ctl" health --socket "$socket"
+"$ctl" jobs --socket "$socket"
+
 echo
-echo "== its global batches of 256, planned for DP4 x CP2, 4096 tokens per rank"
-for scheduler in megatron_dp_balanced balanced dynamic_cp; do
-  echo "-- $scheduler"
-  "$ctl" plan --dataset "$work/demo" --seed 1 --global-batch 256 --dp 4 --cp 2 \
-    --max-tokens-per-rank 4096 --scheduler "$scheduler"
+echo "== 8 client ranks, 3 steps each (per microbatch: local tokens/sequences/CP size)"
+pids=()
+for rank in $(seq 0 7); do
+  build/client/print_batches --socket "$socket" --job demo --rank "$rank" --steps 3 \
+    >"$work/rank$rank.log" 2>&1 &
+  pids+=($!)
 done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+cat "$work"/rank*.log
+[[ $status -eq 0 ]] || { echo "a client rank failed"; exit 1; }
+
+echo
+echo "== packfeedctl stats"
+"$ctl" stats --socket "$socket"
+echo
+echo "== packfeedctl plan-step 0 (dry run)"
+"$ctl" plan-step --socket "$socket" --job demo 0
+
+echo
+echo "== stopping packfeedd (SIGTERM)"
+kill -TERM $daemon
+wait $daemon
+trap - EXIT
+echo "quickstart: done"

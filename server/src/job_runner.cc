@@ -12,12 +12,23 @@ struct JobRunner::RankState {
   int global_rank = 0;
   RankCoords coords;
   uint64_t epoch = 0;
-  bool failed = false;
+  bool failed = false;    // its connection broke
+  bool detached = false;  // it said goodbye; kept for its figures
   int64_t next_step = 0;
   int next_microbatch = 0;
   uint64_t pushed = 0;
   uint64_t bytes_sent = 0;
+  uint64_t released = 0;  // as last seen from its connection
+
+  bool live() const { return !failed && !detached; }
 };
+
+void JobRunner::UpdateAttached() {
+  int live = 0;
+  for (const auto& [_, rank] : ranks_) live += rank.live() ? 1 : 0;
+  absl::MutexLock lock(&mutex_);
+  attached_ = live;
+}
 
 absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job,
                                                             const JobRunnerOptions& options) {
@@ -58,7 +69,7 @@ void JobRunner::Attach(AttachArgs args,
                        std::function<void(absl::StatusOr<uint64_t>)> done) {
   Post([this, args = std::move(args), done = std::move(done)] {
     auto existing = ranks_.find(args.global_rank);
-    if (existing != ranks_.end() && !existing->second.failed &&
+    if (existing != ranks_.end() && !existing->second.failed && !existing->second.detached &&
         sender_->Credits(existing->second.epoch).ok()) {
       done(absl::AlreadyExistsError(absl::StrCat(
           "job ", job_.name(), " rank ", args.global_rank, " is already attached (connection ",
@@ -80,10 +91,7 @@ void JobRunner::Attach(AttachArgs args,
     state.epoch = *epoch;
     state.next_step = args.start_step;
     ranks_.emplace(args.global_rank, state);
-    {
-      absl::MutexLock lock(&mutex_);
-      attached_ = static_cast<int>(ranks_.size());
-    }
+    UpdateAttached();
     spdlog::info("job {} rank {}: attached at step {} (connection {:#x})", job_.name(),
                  args.global_rank, args.start_step, *epoch);
     done(*epoch);
@@ -93,17 +101,16 @@ void JobRunner::Attach(AttachArgs args,
 void JobRunner::Detach(int global_rank, uint64_t epoch, std::function<void(absl::Status)> done) {
   Post([this, global_rank, epoch, done = std::move(done)] {
     auto rank = ranks_.find(global_rank);
-    if (rank == ranks_.end() || rank->second.epoch != epoch) {
+    if (rank == ranks_.end() || rank->second.epoch != epoch || rank->second.detached) {
       done(absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
                                             " has no connection ", epoch)));
       return;
     }
+    absl::StatusOr<transport::ConnectionStats> last = sender_->Stats(epoch);
+    if (last.ok()) rank->second.released = last->released;
     sender_->Disconnect(epoch).IgnoreError();
-    ranks_.erase(rank);
-    {
-      absl::MutexLock lock(&mutex_);
-      attached_ = static_cast<int>(ranks_.size());
-    }
+    rank->second.detached = true;
+    UpdateAttached();
     spdlog::info("job {} rank {}: detached", job_.name(), global_rank);
     done(absl::OkStatus());
   });
@@ -130,16 +137,16 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
         served = 0;
         continue;
       }
-      const RankState& rank = it->second;
+      RankState& rank = it->second;
       absl::StatusOr<transport::ConnectionStats> connection = sender_->Stats(rank.epoch);
-      out->set_attached(!rank.failed && connection.ok());
+      const bool attached = rank.live() && connection.ok();
+      if (attached) rank.released = connection->released;
+      out->set_attached(attached);
       out->set_next_step(rank.next_step);
       out->set_slots_pushed(rank.pushed);
       out->set_bytes_sent(rank.bytes_sent);
-      if (connection.ok()) {
-        out->set_slots_released(connection->released);
-        out->set_slots_in_flight(static_cast<uint32_t>(connection->pushed - connection->released));
-      }
+      out->set_slots_released(rank.released);
+      if (attached) out->set_slots_in_flight(static_cast<uint32_t>(rank.pushed - rank.released));
       served = std::min(served, rank.next_step);
       fastest = std::max(fastest, rank.next_step);
       if (slowest == nullptr || rank.next_step < slowest->next_step) slowest = &rank;
@@ -156,7 +163,7 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
 int64_t JobRunner::SlowestStep() const {
   int64_t slowest = INT64_MAX;
   for (const auto& [_, rank] : ranks_) {
-    if (!rank.failed) slowest = std::min(slowest, rank.next_step);
+    if (rank.live()) slowest = std::min(slowest, rank.next_step);
   }
   return slowest;
 }
@@ -187,12 +194,13 @@ const StepData* JobRunner::StepAt(int64_t step) {
 
 bool JobRunner::ServeRank(RankState& rank) {
   bool pushed = false;
-  while (!rank.failed) {
+  while (rank.live()) {
     absl::StatusOr<uint32_t> credits = sender_->Credits(rank.epoch);
     if (!credits.ok()) {
       spdlog::warn("job {} rank {} step {}: connection lost: {}", job_.name(), rank.global_rank,
                    rank.next_step, credits.status().ToString());
       rank.failed = true;
+      UpdateAttached();
       break;
     }
     if (*credits == 0) break;
@@ -232,6 +240,7 @@ bool JobRunner::ServeRank(RankState& rank) {
       spdlog::error("job {} rank {} step {} microbatch {}: {}", job_.name(), rank.global_rank,
                     rank.next_step, rank.next_microbatch, status.ToString());
       rank.failed = true;
+      UpdateAttached();
       break;
     }
     pushed = true;

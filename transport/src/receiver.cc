@@ -313,8 +313,9 @@ void Receiver::OnMessage(absl::string_view bytes) {
       ++stale_;
       return;
     }
-    FailConnection(absl::UnavailableError(
-        absl::StrCat("connection ", epoch_, ": the sender closed it")));
+    // A goodbye is the normal end of a stream: no warning.
+    failure_ = absl::UnavailableError(absl::StrCat("connection ", epoch_, ": the sender closed it"));
+    Logger().debug("{}", std::string(failure_.message()));
     return;
   }
   const auto* ready = std::get_if<SlotReady>(&*message);

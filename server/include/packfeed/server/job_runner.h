@@ -68,6 +68,7 @@ class JobRunner {
   bool ServeRank(RankState& rank);  // true when it pushed something
   const StepData* StepAt(int64_t step);
   int64_t SlowestStep() const;
+  void UpdateAttached();
   void Evict();
 
   const Job& job_;
