@@ -192,6 +192,15 @@ const StepData* JobRunner::StepAt(int64_t step) {
   return &steps_.emplace(step, *std::move(data)).first->second;
 }
 
+bool JobRunner::PrefetchOne() {
+  const int64_t slowest = SlowestStep();
+  if (slowest == INT64_MAX) return false;
+  for (int64_t step = slowest; step <= slowest + options_.prefetch_steps; ++step) {
+    if (steps_.count(step) == 0) return StepAt(step) != nullptr;
+  }
+  return false;
+}
+
 bool JobRunner::ServeRank(RankState& rank) {
   bool pushed = false;
   while (rank.live()) {
@@ -265,6 +274,8 @@ void JobRunner::Loop() {
     bool pushed = false;
     for (auto& [_, rank] : ranks_) pushed |= ServeRank(rank);
     Evict();
+    // Idle: read the next step ahead, so a rank never waits for a read.
+    if (!pushed) pushed = PrefetchOne();
     sender_->ProgressOrWait(pushed ? absl::ZeroDuration() : absl::Milliseconds(100));
   }
   // Goodbyes go out from the thread that owns the sender.

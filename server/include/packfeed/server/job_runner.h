@@ -66,6 +66,7 @@ class JobRunner {
   void Post(std::function<void()> task);
   void Loop();
   bool ServeRank(RankState& rank);  // true when it pushed something
+  bool PrefetchOne();               // true when it read a step ahead
   const StepData* StepAt(int64_t step);
   int64_t SlowestStep() const;
   void UpdateAttached();

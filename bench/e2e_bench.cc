@@ -1,0 +1,216 @@
+// End to end on one node: a real packfeedd (child process) and R client ranks
+// (threads, each with its own UCX worker and ring) over shared memory.
+// Prints, for two generated datasets 10× apart in size:
+//   - tokens/s served to the node (local tokens every rank received / wall);
+//   - Next() p50/p99 when the daemon is ahead (the rank pauses between
+//     microbatches so its ring is full when it asks);
+//   - the daemon's peak RSS (VmHWM), which must not grow with the dataset.
+//
+//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--quick] [--json]
+
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <latch>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "child_process.h"
+#include "packfeed/client/client.h"
+#include "packfeed/server/dataset_generator.h"
+
+namespace packfeed {
+namespace {
+
+struct Args {
+  int ranks = 8;
+  int steps = 20;
+  int64_t docs = 20000;
+  bool quick = false;
+  bool json = false;
+};
+
+struct Figures {
+  int64_t docs = 0;
+  uint64_t dataset_bytes = 0;
+  double tokens_per_s = 0;
+  double next_p50_us = 0;
+  double next_p99_us = 0;
+  uint64_t daemon_peak_rss_kib = 0;
+};
+
+uint64_t PeakRssKib(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
+std::string Config(const std::string& dir, const std::string& prefix, int ranks) {
+  // TP2 × CP2 × DP(ranks/4), dynamic CP: the quick start's shape.
+  return absl::StrCat("socket_path: \"", dir, "/bench.sock\"\n", R"(jobs {
+  name: "bench"
+  datasets { prefix: ")", prefix, R"(" }
+  topology { tp: 2 cp: 2 dp: )", std::max(1, ranks / 4), R"( }
+  global_batch: 64
+  seq_length: 8192
+  eod_id: 32000
+  append_eod: true
+  scheduler { kind: "dynamic_cp" max_tokens_per_rank: 8192 }
+})");
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> AttachWithRetry(client::ClientOptions options) {
+  absl::Status last;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Attach(options);
+    if (client.ok() || !absl::IsUnavailable(client.status())) return client;
+    last = client.status();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return last;
+}
+
+absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, int64_t docs) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          absl::StrCat("pf-e2e-bench-", getpid(), "-", docs);
+  std::filesystem::create_directories(dir);
+  const std::string prefix = dir + "/data";
+  LengthDistribution dist{128, 8192, 1024, 1.2};
+  absl::StatusOr<std::vector<int64_t>> lengths = GenerateLengths(dist, docs, 1);
+  if (!lengths.ok()) return lengths.status();
+  if (absl::Status s = WriteGeneratedDataset(prefix, *lengths, {}); !s.ok()) return s;
+  Figures figures;
+  figures.docs = docs;
+  figures.dataset_bytes = std::filesystem::file_size(prefix + ".bin");
+  const int ranks = std::max(4, args.ranks / 4 * 4);
+  {
+    std::ofstream(dir + "/bench.textproto") << Config(dir, prefix, ranks);
+  }
+  absl::StatusOr<testing::ChildProcess> daemon = testing::ChildProcess::Spawn(
+      {daemon_path, "--config", dir + "/bench.textproto", "--log-level", "warn"});
+  if (!daemon.ok()) return daemon.status();
+
+  client::ClientOptions options;
+  options.socket_path = dir + "/bench.sock";
+  options.job = "bench";
+  options.placement = transport::RingPlacement::kHost;
+
+  // Throughput: every rank as fast as it can.
+  std::atomic<int64_t> tokens{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  // The clock starts when every rank is attached.
+  std::latch attached(ranks + 1);
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      client::ClientOptions mine = options;
+      mine.global_rank = r;
+      absl::StatusOr<std::unique_ptr<client::Client>> c = AttachWithRetry(mine);
+      attached.count_down();
+      if (!c.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", r, c.status().ToString().c_str());
+        ++failures;
+        return;
+      }
+      attached.wait();
+      for (int s = 0; s < args.steps; ++s) {
+        absl::StatusOr<client::StepInfo> step = (*c)->NextStep(absl::Seconds(60));
+        if (!step.ok()) { ++failures; return; }
+        for (int m = 0; m < step->num_microbatches; ++m) {
+          absl::StatusOr<client::Microbatch> mb = (*c)->Next(absl::Seconds(60));
+          if (!mb.ok()) { ++failures; return; }
+          tokens += mb->Field("padding_mask")->shape[1];
+        }
+      }
+    });
+  }
+  attached.arrive_and_wait();
+  const absl::Time start = absl::Now();
+  for (std::thread& t : threads) t.join();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (failures > 0) return absl::InternalError("a rank failed");
+  figures.tokens_per_s = static_cast<double>(tokens) / seconds;
+
+  // Next() latency with the daemon ahead: one rank that pauses first.
+  {
+    client::ClientOptions mine = options;
+    mine.global_rank = 0;
+    mine.start_step = args.steps;
+    absl::StatusOr<std::unique_ptr<client::Client>> c = AttachWithRetry(mine);
+    if (!c.ok()) return c.status();
+    std::vector<double> latencies;
+    for (int s = 0; s < args.steps; ++s) {
+      absl::StatusOr<client::StepInfo> step = (*c)->NextStep(absl::Seconds(60));
+      if (!step.ok()) return step.status();
+      for (int m = 0; m < step->num_microbatches; ++m) {
+        absl::SleepFor(absl::Milliseconds(2));  // the trainer computes; the ring fills
+        const absl::Time before = absl::Now();
+        absl::StatusOr<client::Microbatch> mb = (*c)->Next(absl::Seconds(60));
+        latencies.push_back(absl::ToDoubleMicroseconds(absl::Now() - before));
+        if (!mb.ok()) return mb.status();
+      }
+    }
+    std::sort(latencies.begin(), latencies.end());
+    figures.next_p50_us = latencies[latencies.size() / 2];
+    figures.next_p99_us = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  }
+  figures.daemon_peak_rss_kib = PeakRssKib(daemon->pid());
+  daemon->Kill(SIGTERM);
+  (void)daemon->Wait(absl::Seconds(20));
+  std::filesystem::remove_all(dir);
+  return figures;
+}
+
+}  // namespace
+}  // namespace packfeed
+
+int main(int argc, char** argv) {
+  packfeed::Args args;
+  std::string daemon = PF_PACKFEEDD;
+  CLI::App app{"packfeedd + client ranks end to end on one node"};
+  app.add_option("--ranks", args.ranks, "client ranks (a multiple of 4)")->capture_default_str();
+  app.add_option("--steps", args.steps, "steps per rank")->capture_default_str();
+  app.add_option("--docs", args.docs, "documents of the smaller dataset (the other has 10×)")
+      ->capture_default_str();
+  app.add_option("--daemon", daemon, "packfeedd binary")->capture_default_str();
+  app.add_flag("--quick", args.quick, "a short run (smoke test)");
+  app.add_flag("--json", args.json, "one JSON object per dataset");
+  CLI11_PARSE(app, argc, argv);
+  if (args.quick) {
+    args.ranks = 4;
+    args.steps = 3;
+    args.docs = 500;
+  }
+  for (int64_t docs : {args.docs, args.docs * 10}) {
+    absl::StatusOr<packfeed::Figures> f = packfeed::Run(args, daemon, docs);
+    if (!f.ok()) {
+      std::fprintf(stderr, "e2e_bench: %s\n", f.status().ToString().c_str());
+      return 1;
+    }
+    if (args.json) {
+      std::printf("{\"docs\":%lld,\"dataset_bytes\":%llu,\"tokens_per_s\":%.0f,"
+                  "\"next_p50_us\":%.1f,\"next_p99_us\":%.1f,\"daemon_peak_rss_kib\":%llu}\n",
+                  static_cast<long long>(f->docs), static_cast<unsigned long long>(f->dataset_bytes),
+                  f->tokens_per_s, f->next_p50_us, f->next_p99_us,
+                  static_cast<unsigned long long>(f->daemon_peak_rss_kib));
+    } else {
+      std::printf("dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served, Next() p50 %6.1f us "
+                  "p99 %6.1f us (daemon ahead), daemon peak RSS %6.1f MiB\n",
+                  static_cast<long long>(f->docs), f->dataset_bytes / 1048576.0,
+                  f->tokens_per_s / 1e6, f->next_p50_us, f->next_p99_us,
+                  f->daemon_peak_rss_kib / 1024.0);
+    }
+  }
+  return 0;
+}
