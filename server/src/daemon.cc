@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     JobRunnerOptions runner_options;
     runner_options.sender.ucx.transports = options.ucx_transports;
     runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
+    runner_options.memory_budget_bytes = config.memory_budget_bytes();
     PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
                         JobRunner::Start(**job, runner_options));
     daemon->by_name_[job_config.name()] = runner.get();

@@ -17,28 +17,36 @@ namespace {
 using transport::ElementType;
 using transport::FieldSpec;
 
-// Field specs of a microbatch of `tokens` local tokens and `sequences`
-// sequences; `group_ranks` > 0 adds the dynamic-CP fields.
-std::vector<FieldSpec> SpecsFor(int64_t tokens, int64_t sequences, int64_t group_ranks,
-                                StageFields stage) {
-  std::vector<FieldSpec> specs;
+// The wire fields of a microbatch of `tokens` local tokens and `sequences`
+// sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields.
+// With `packed` the data pointers are its arrays, else null (for sizing).
+SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t sequences,
+                     int64_t group_ranks, StageFields stage) {
+  SlotFields out;
+  auto add = [&](const char* name, ElementType type, std::vector<int64_t> shape,
+                 const void* data) {
+    out.specs.push_back({name, type, std::move(shape)});
+    out.data.push_back(packed != nullptr ? data : nullptr);
+  };
+  const PackedMicrobatch empty;
+  const PackedMicrobatch& p = packed != nullptr ? *packed : empty;
   if (stage.inputs) {
-    specs.push_back({"tokens", ElementType::kInt64, {1, tokens}});
-    specs.push_back({"position_ids", ElementType::kInt64, {1, tokens}});
+    add("tokens", ElementType::kInt64, {1, tokens}, p.tokens.data());
+    add("position_ids", ElementType::kInt64, {1, tokens}, p.position_ids.data());
   }
   if (stage.targets) {
-    specs.push_back({"labels", ElementType::kInt64, {1, tokens}});
-    specs.push_back({"loss_mask", ElementType::kFloat32, {1, tokens}});
+    add("labels", ElementType::kInt64, {1, tokens}, p.labels.data());
+    add("loss_mask", ElementType::kFloat32, {1, tokens}, p.loss_mask.data());
   }
-  specs.push_back({"padding_mask", ElementType::kBool, {1, tokens}});
-  specs.push_back({"cu_seqlens", ElementType::kInt32, {sequences + 1}});
-  specs.push_back({"cu_seqlens_padded", ElementType::kInt32, {sequences + 1}});
-  specs.push_back({"max_seqlen", ElementType::kInt32, {}});
+  add("padding_mask", ElementType::kBool, {1, tokens}, p.padding_mask.data());
+  add("cu_seqlens", ElementType::kInt32, {sequences + 1}, p.cu_seqlens.data());
+  add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, p.cu_seqlens_padded.data());
+  add("max_seqlen", ElementType::kInt32, {}, &p.max_seqlen);
   if (group_ranks > 0) {
-    specs.push_back({"local_cp_size", ElementType::kInt32, {}});
-    specs.push_back({"cp_group_ranks", ElementType::kInt32, {group_ranks}});
+    add("local_cp_size", ElementType::kInt32, {}, p.local_cp_size ? &*p.local_cp_size : nullptr);
+    add("cp_group_ranks", ElementType::kInt32, {group_ranks}, p.cp_group_ranks.data());
   }
-  return specs;
+  return out;
 }
 
 absl::StatusOr<CostModel> CostModelFromName(const std::string& name) {
@@ -67,27 +75,10 @@ RankCoords JobLayout::Coords(int global_rank) const {
 }
 
 SlotFields MicrobatchFields(const PackedMicrobatch& packed, int pp_rank, int pp_size) {
-  const StageFields stage = FieldsOfStage(pp_rank, pp_size);
-  SlotFields out;
-  out.specs = SpecsFor(static_cast<int64_t>(packed.padding_mask.size()),
-                       static_cast<int64_t>(packed.cu_seqlens.size()) - 1,
-                       packed.local_cp_size ? static_cast<int64_t>(packed.cp_group_ranks.size()) : 0,
-                       stage);
-  for (const FieldSpec& spec : out.specs) {
-    const std::string& n = spec.name;
-    const void* data = n == "tokens"              ? packed.tokens.data()
-                       : n == "position_ids"      ? packed.position_ids.data()
-                       : n == "labels"            ? packed.labels.data()
-                       : n == "loss_mask"         ? static_cast<const void*>(packed.loss_mask.data())
-                       : n == "padding_mask"      ? packed.padding_mask.data()
-                       : n == "cu_seqlens"        ? packed.cu_seqlens.data()
-                       : n == "cu_seqlens_padded" ? packed.cu_seqlens_padded.data()
-                       : n == "max_seqlen"        ? &packed.max_seqlen
-                       : n == "local_cp_size"     ? static_cast<const void*>(&*packed.local_cp_size)
-                                                  : packed.cp_group_ranks.data();
-    out.data.push_back(data);
-  }
-  return out;
+  return FieldsFor(&packed, static_cast<int64_t>(packed.padding_mask.size()),
+                   static_cast<int64_t>(packed.cu_seqlens.size()) - 1,
+                   packed.local_cp_size ? static_cast<int64_t>(packed.cp_group_ranks.size()) : 0,
+                   FieldsOfStage(pp_rank, pp_size));
 }
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config) {
@@ -164,8 +155,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config) {
   const bool dynamic = job->planner_.kind == SchedulerKind::kDynamicCp;
   PF_ASSIGN_OR_RETURN(
       std::vector<transport::FieldDescriptor> layout,
-      transport::LayoutFields(SpecsFor(s.max_tokens_per_rank(), config.global_batch(),
-                                       dynamic ? job->layout_.dp_cp_size() : 0, {true, true}),
+      transport::LayoutFields(FieldsFor(nullptr, s.max_tokens_per_rank(), config.global_batch(),
+                                        dynamic ? job->layout_.dp_cp_size() : 0, {true, true})
+                                  .specs,
                               UINT64_MAX));
   job->required_slot_bytes_ = layout.back().offset + layout.back().bytes;
   return job;

@@ -160,6 +160,14 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
   });
 }
 
+uint64_t JobRunner::CachedBytes() const {
+  uint64_t bytes = 0;
+  for (const auto& [_, data] : steps_) {
+    for (const auto& [_, run] : data.runs) bytes += run.size() * sizeof(int64_t);
+  }
+  return bytes;
+}
+
 int64_t JobRunner::SlowestStep() const {
   int64_t slowest = INT64_MAX;
   for (const auto& [_, rank] : ranks_) {
@@ -195,6 +203,11 @@ const StepData* JobRunner::StepAt(int64_t step) {
 bool JobRunner::PrefetchOne() {
   const int64_t slowest = SlowestStep();
   if (slowest == INT64_MAX) return false;
+  // Reading ahead stops at the memory budget; a step a rank needs now is
+  // still read (StepAt from ServeRank).
+  if (options_.memory_budget_bytes > 0 && CachedBytes() >= options_.memory_budget_bytes) {
+    return false;
+  }
   for (int64_t step = slowest; step <= slowest + options_.prefetch_steps; ++step) {
     if (steps_.count(step) == 0) return StepAt(step) != nullptr;
   }
@@ -224,7 +237,6 @@ bool JobRunner::ServeRank(RankState& rank) {
       transport::SlotContent content;
       content.step = rank.next_step;
       content.microbatch = static_cast<uint32_t>(rank.next_microbatch);
-      uint64_t bytes = 0;
       for (size_t i = 0; i < fields.specs.size(); ++i) {
         content.fields.push_back({fields.specs[i], fields.data[i]});
       }
@@ -240,8 +252,7 @@ bool JobRunner::ServeRank(RankState& rank) {
       status = sender_->Push(rank.epoch, content);
       if (status.ok()) {
         absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.epoch);
-        if (after.ok()) bytes = after->bytes;
-        rank.bytes_sent = bytes;
+        if (after.ok()) rank.bytes_sent = after->bytes;
       }
     }
     if (absl::IsResourceExhausted(status)) break;

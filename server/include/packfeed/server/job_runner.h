@@ -32,6 +32,9 @@ namespace packfeed {
 struct JobRunnerOptions {
   transport::SenderOptions sender;
   int prefetch_steps = 2;  // steps ahead of the slowest attached rank
+  // Read-ahead stops once the cached steps' samples hold this many bytes;
+  // 0 = bounded by prefetch_steps only.
+  uint64_t memory_budget_bytes = 0;
 };
 
 struct AttachArgs {
@@ -69,6 +72,7 @@ class JobRunner {
   bool PrefetchOne();               // true when it read a step ahead
   const StepData* StepAt(int64_t step);
   int64_t SlowestStep() const;
+  uint64_t CachedBytes() const;
   void UpdateAttached();
   void Evict();
 
