@@ -29,6 +29,8 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
   PF_RETURN_IF_ERROR(receiver->CreateRing());
   PF_RETURN_IF_ERROR(receiver->worker_.SetMessageHandler(
       kActiveMessageId, &Receiver::OnActiveMessage, receiver.get()));
+  PF_RETURN_IF_ERROR(receiver->worker_.SetMessageHandler(
+      kSlotDataMessageId, &Receiver::OnSlotDataMessage, receiver.get()));
   receiver->progress_thread_ = std::thread(&Receiver::ProgressLoop, receiver.get());
   return receiver;
 }
@@ -291,11 +293,36 @@ ucs_status_t Receiver::OnActiveMessage(void* arg, const void*, size_t, void* dat
         "a notification arrived as rendezvous; packfeed senders always send eagerly"));
     return UCS_OK;
   }
-  receiver->OnMessage(absl::string_view(static_cast<const char*>(data), length));
+  receiver->OnMessage(absl::string_view(static_cast<const char*>(data), length),
+                      std::nullopt);
   return UCS_OK;
 }
 
-void Receiver::OnMessage(absl::string_view bytes) {
+ucs_status_t Receiver::OnSlotDataMessage(void* arg, const void* header, size_t header_length,
+                                         void* data, size_t length,
+                                         const ucp_am_recv_param_t* param) {
+  auto* receiver = static_cast<Receiver*>(arg);
+  const absl::string_view bytes(static_cast<const char*>(data), length);
+  uint64_t notification_length = 0;
+  if (header_length == sizeof(notification_length)) {
+    std::memcpy(&notification_length, header, sizeof(notification_length));
+  }
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 ||
+      header_length != sizeof(notification_length) || notification_length > bytes.size()) {
+    absl::MutexLock lock(&receiver->mutex_);
+    receiver->FailConnection(absl::DataLossError(absl::StrCat(
+        "connection ", receiver->epoch_, ": malformed slot message (", header_length,
+        "-byte header announcing ", notification_length, " bytes of notification in ",
+        length, " bytes", (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0
+                              ? ", sent as rendezvous)" : ")")));
+    return UCS_OK;
+  }
+  receiver->OnMessage(bytes.substr(0, notification_length),
+                      bytes.substr(notification_length));
+  return UCS_OK;
+}
+
+void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_view> payload) {
   absl::StatusOr<Message> message = DecodeMessage(bytes);
   absl::MutexLock lock(&mutex_);
   if (!message.ok()) {
@@ -331,18 +358,42 @@ void Receiver::OnMessage(absl::string_view bytes) {
         absl::StrCat("connection ", epoch_, ": ", valid.message())));
     return;
   }
+  uint8_t* base = static_cast<uint8_t*>(ring_->address()) + ready->slot * options_.slot_bytes;
+  if (payload.has_value()) {
+    absl::Status copied = CopyPayload(*ready, *payload, base);
+    if (!copied.ok()) {
+      FailConnection(std::move(copied));
+      return;
+    }
+  }
   ReceivedSlot slot;
   slot.seq = ready->seq;
   slot.slot = ready->slot;
   slot.step = ready->step;
   slot.microbatch = ready->microbatch;
   slot.inline_metadata = ready->inline_metadata;
-  uint8_t* base = static_cast<uint8_t*>(ring_->address()) + ready->slot * options_.slot_bytes;
   for (const FieldDescriptor& field : ready->fields) {
     slot.fields.push_back(FieldView{field, base + field.offset});
   }
   ready_.push_back(std::move(slot));
   ++received_;
+}
+
+absl::Status Receiver::CopyPayload(const SlotReady& ready, absl::string_view payload,
+                                  uint8_t* slot) const {
+  uint64_t expected = 0;
+  for (const FieldDescriptor& field : ready.fields) expected += field.bytes;
+  if (memory_kind_ != MemoryKind::kHost || payload.size() != expected) {
+    return absl::DataLossError(absl::StrCat(
+        "connection ", epoch_, ": slot message ", ready.seq, " carries ", payload.size(),
+        " bytes for fields of ", expected, " bytes",
+        memory_kind_ != MemoryKind::kHost ? " into a device ring (never sent so)" : ""));
+  }
+  for (const FieldDescriptor& field : ready.fields) {
+    std::memcpy(slot + field.offset, payload.data(), field.bytes);
+    payload.remove_prefix(field.bytes);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace packfeed::transport

@@ -26,12 +26,17 @@ struct Sender::Connection {
   std::optional<UcpEndpoint> endpoint;
   RemoteKey remote_key;      // destroyed before the endpoint closes
   uint8_t* mapped = nullptr; // the ring in this process, when shared memory
+  // A host ring this process cannot map: slots travel inside their
+  // notifications (see kSlotDataMessageId) instead of as puts.
+  bool slots_as_messages = false;
   uint64_t pushed = 0;
   uint64_t released = 0;
   uint64_t bytes = 0;
   bool accepted = false;     // the receiver's first credit has arrived
   absl::Status failure;      // set once; the connection is then closed
   std::string notification;  // alive until its send completes (UCX 1.13)
+  uint64_t notification_length = 0;     // the header of a kSlotDataMessageId
+  std::vector<ucp_dt_iov_t> pieces;     // its data; alive like `notification`
 
   uint32_t credits() const {
     if (!failure.ok() || !accepted) return 0;
@@ -98,12 +103,18 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
   if (connection->ring.memory_kind == MemoryKind::kHost) {
     absl::StatusOr<void*> mapped =
         connection->remote_key.LocalPointer(connection->ring.base_address);
-    if (mapped.ok()) connection->mapped = static_cast<uint8_t*>(*mapped);
+    if (mapped.ok()) {
+      connection->mapped = static_cast<uint8_t*>(*mapped);
+    } else {
+      connection->slots_as_messages = true;
+    }
   }
   const uint64_t epoch = connection->epoch;
   Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", epoch,
                  connection->ring.slots, connection->ring.slot_bytes,
-                 connection->mapped != nullptr ? "mapped" : "not mapped",
+                 connection->mapped != nullptr      ? "mapped"
+                 : connection->slots_as_messages ? "slots as messages"
+                                                 : "puts",
                  connection->endpoint->TransportSummary());
   connections_.emplace(epoch, std::move(connection));
   return epoch;
@@ -160,23 +171,25 @@ absl::Status Sender::Push(uint64_t epoch, const SlotContent& content) {
             : absl::StrCat("connection ", epoch, ": the receiver has not accepted it yet"));
   }
   const absl::Time deadline = absl::Now() + options_.operation_timeout;
-  const uint64_t slot = connection->slot_address(connection->pushed);
-  // All puts in flight at once, then one flush: remote completion of every
-  // put before the notification leaves (flush, not fence: UCX 1.13's fence
-  // does not order across lanes).
-  std::vector<ucs_status_ptr_t> requests;
-  ucp_request_param_t put = {};
-  for (size_t i = 0; i < layout.size(); ++i) {
-    if (layout[i].bytes == 0) continue;
-    requests.push_back(ucp_put_nbx(connection->endpoint->get(), content.fields[i].data,
-                                   layout[i].bytes, slot + layout[i].offset,
-                                   connection->remote_key.get(), &put));
-  }
-  requests.push_back(connection->endpoint->Flush());
   absl::Status status;
-  for (ucs_status_ptr_t request : requests) {
-    // Wait on every request even after a failure: each must be freed.
-    status.Update(Wait(*connection, request, "ucp_put_nbx/ucp_ep_flush_nbx", deadline));
+  if (!connection->slots_as_messages) {
+    // All puts in flight at once, then one flush: remote completion of every
+    // put before the notification leaves (flush, not fence: UCX 1.13's fence
+    // does not order across lanes).
+    const uint64_t slot = connection->slot_address(connection->pushed);
+    std::vector<ucs_status_ptr_t> requests;
+    ucp_request_param_t put = {};
+    for (size_t i = 0; i < layout.size(); ++i) {
+      if (layout[i].bytes == 0) continue;
+      requests.push_back(ucp_put_nbx(connection->endpoint->get(), content.fields[i].data,
+                                     layout[i].bytes, slot + layout[i].offset,
+                                     connection->remote_key.get(), &put));
+    }
+    requests.push_back(connection->endpoint->Flush());
+    for (ucs_status_ptr_t request : requests) {
+      // Wait on every request even after a failure: each must be freed.
+      status.Update(Wait(*connection, request, "ucp_put_nbx/ucp_ep_flush_nbx", deadline));
+    }
   }
   if (status.ok()) status = Notify(*connection, layout, content, deadline);
   if (!status.ok()) return Fail(*connection, std::move(status));
@@ -230,10 +243,26 @@ absl::Status Sender::Notify(Connection& connection,
   ready.fields = layout;
   ready.inline_metadata = content.inline_metadata;
   connection.notification = EncodeMessage(ready);
-  PF_RETURN_IF_ERROR(Wait(connection,
-                          connection.endpoint->SendEager(kActiveMessageId,
-                                                         connection.notification),
-                          "ucp_am_send_nbx(slot-ready)", deadline));
+  ucs_status_ptr_t request;
+  if (connection.slots_as_messages) {
+    // Little-endian like the rest of the wire (wire.cc asserts the host is).
+    connection.notification_length = connection.notification.size();
+    connection.pieces.assign(
+        1, ucp_dt_iov_t{connection.notification.data(), connection.notification.size()});
+    for (size_t i = 0; i < layout.size(); ++i) {
+      if (layout[i].bytes == 0) continue;
+      connection.pieces.push_back(
+          ucp_dt_iov_t{const_cast<void*>(content.fields[i].data), layout[i].bytes});
+    }
+    request = connection.endpoint->SendEager(
+        kSlotDataMessageId,
+        absl::string_view(reinterpret_cast<const char*>(&connection.notification_length),
+                          sizeof(connection.notification_length)),
+        connection.pieces);
+  } else {
+    request = connection.endpoint->SendEager(kActiveMessageId, connection.notification);
+  }
+  PF_RETURN_IF_ERROR(Wait(connection, request, "ucp_am_send_nbx(slot-ready)", deadline));
   ++connection.pushed;
   for (const FieldDescriptor& field : layout) connection.bytes += field.bytes;
   return absl::OkStatus();

@@ -57,6 +57,16 @@ ucs_status_ptr_t UcpEndpoint::SendEager(unsigned id, absl::string_view bytes) co
   return ucp_am_send_nbx(endpoint_, id, nullptr, 0, bytes.data(), bytes.size(), &params);
 }
 
+ucs_status_ptr_t UcpEndpoint::SendEager(unsigned id, absl::string_view header,
+                                        const std::vector<ucp_dt_iov_t>& pieces) const {
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
+  params.flags = UCP_AM_SEND_FLAG_EAGER;
+  params.datatype = ucp_dt_make_iov();
+  return ucp_am_send_nbx(endpoint_, id, header.data(), header.size(), pieces.data(),
+                         pieces.size(), &params);
+}
+
 ucs_status_ptr_t UcpEndpoint::Flush() const {
   ucp_request_param_t params = {};
   return ucp_ep_flush_nbx(endpoint_, &params);

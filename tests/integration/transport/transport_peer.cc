@@ -153,6 +153,15 @@ void RunRogue(const PeerFlags& flags) {
           endpoint->SendEager(transport::kActiveMessageId, bytes), "ucp_am_send_nbx");
       status.Update(worker->Wait(endpoint->Flush(), "ucp_ep_flush_nbx"));
       Reply(OkOr(status, "sent"));
+    } else if (command == "send-slot") {
+      const std::string header = Next();
+      std::string data = Next();
+      const std::vector<ucp_dt_iov_t> pieces = {{data.data(), data.size()}};
+      absl::Status status = worker->Wait(
+          endpoint->SendEager(transport::kSlotDataMessageId, header, pieces),
+          "ucp_am_send_nbx");
+      status.Update(worker->Wait(endpoint->Flush(), "ucp_ep_flush_nbx"));
+      Reply(OkOr(status, "sent"));
     } else {
       return;
     }

@@ -285,6 +285,24 @@ class RogueSenderTest : public TransportTest {
     ASSERT_TRUE(rogue_->Send(bytes).ok());
     ASSERT_EQ(Receive(*rogue_), "sent");
   }
+  // A slot message: `header` as given, data = `notification` + `payload`.
+  void SendSlot(const std::string& header, const std::string& notification,
+                const std::string& payload) {
+    ASSERT_TRUE(rogue_->Send("send-slot").ok());
+    ASSERT_TRUE(rogue_->Send(header).ok());
+    ASSERT_TRUE(rogue_->Send(notification + payload).ok());
+    ASSERT_EQ(Receive(*rogue_), "sent");
+  }
+  static std::string LengthHeader(uint64_t length) {
+    return std::string(reinterpret_cast<const char*>(&length), sizeof(length));
+  }
+  // A notification of one 32-byte field at offset 256.
+  static std::string ReadyWithField(uint64_t epoch) {
+    transport::SlotReady ready;
+    ready.epoch = epoch;
+    ready.fields.push_back({"tokens", transport::ElementType::kInt64, {1, 4}, 256, 32});
+    return transport::EncodeMessage(ready);
+  }
   static std::string Ready(uint64_t epoch, uint64_t seq, std::string text) {
     transport::SlotReady ready;
     ready.epoch = epoch;
@@ -336,6 +354,36 @@ TEST_P(RogueSenderTest, HandsOutNothingOfAFieldOutsideItsSlot) {
   slot = receiver_->Next(absl::Seconds(5));
   ASSERT_TRUE(slot.ok()) << slot.status();
   EXPECT_EQ(slot->inline_metadata, "after");
+}
+
+TEST_P(RogueSenderTest, SlotMessageDeliversItsBytesIntoTheSlot) {
+  Accept(4);
+  const std::string notification = ReadyWithField(4);
+  std::string payload(32, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7 + 1);
+  SendSlot(LengthHeader(notification.size()), notification, payload);
+  auto slot = receiver_->Next(absl::Seconds(5));
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  ASSERT_EQ(slot->fields.size(), 1u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(slot->fields[0].data), 32), payload);
+}
+
+TEST_P(RogueSenderTest, HandsOutNothingOfASlotMessageWhoseBytesDoNotMatchItsFields) {
+  Accept(4);
+  const std::string notification = ReadyWithField(4);
+  SendSlot(LengthHeader(notification.size()), notification, std::string(16, 'x'));
+  auto slot = receiver_->Next(absl::Seconds(5));
+  EXPECT_EQ(slot.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(slot.status().message(), HasSubstr("carries 16 bytes for fields of 32"));
+}
+
+TEST_P(RogueSenderTest, HandsOutNothingOfASlotMessageWithABadHeader) {
+  Accept(4);
+  const std::string notification = ReadyWithField(4);
+  SendSlot(LengthHeader(notification.size() + 1000), notification, std::string(32, 'x'));
+  auto slot = receiver_->Next(absl::Seconds(5));
+  EXPECT_EQ(slot.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(slot.status().message(), HasSubstr("malformed slot message"));
 }
 
 TEST_P(RogueSenderTest, GoodbyeEndsTheStreamAfterWhatWasAnnounced) {

@@ -126,12 +126,18 @@ class Receiver {
   void DropCreditRequest();
   void CloseFailedEndpoint();
   void CloseEndpoint();
-  void OnMessage(absl::string_view bytes);
+  // `payload`: the slot's bytes, when they came with the notification.
+  void OnMessage(absl::string_view bytes, std::optional<absl::string_view> payload);
+  absl::Status CopyPayload(const SlotReady& ready, absl::string_view payload,
+                           uint8_t* slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FailConnection(absl::Status cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static void OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status);
   static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
                                       void* data, size_t length,
                                       const ucp_am_recv_param_t* param);
+  static ucs_status_t OnSlotDataMessage(void* arg, const void* header, size_t header_length,
+                                        void* data, size_t length,
+                                        const ucp_am_recv_param_t* param);
 
   const ReceiverOptions options_;
   // Declared parents first: destroyed children first.

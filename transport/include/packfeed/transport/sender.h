@@ -6,8 +6,9 @@
 // Per connection the receiver's ring has K slots, so the sender holds K
 // credits. Push() puts every field into the next slot (one-sided), flushes so
 // the bytes are visible, and only then sends the SlotReady notification
-// (eager active message). The receiver hands credits back as cumulative
-// counts when the trainer releases slots. A slow receiver therefore stops
+// (eager active message); a host ring it cannot map gets the bytes inside the
+// notification instead (kSlotDataMessageId). The receiver hands credits back
+// as cumulative counts when the trainer releases slots. A slow receiver therefore stops
 // its own stream after K slots and nobody else's; the sender's memory never
 // grows with it.
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +39,10 @@ class UcpEndpoint {
   // rendezvous the peer would have to fetch). The bytes must stay valid until
   // the returned request completes (UCX 1.13 has no COPY_HEADER).
   ucs_status_ptr_t SendEager(unsigned id, absl::string_view bytes) const;
+  // The same with a header and data gathered from `pieces`; the header, the
+  // pieces and the vector itself must stay valid until the request completes.
+  ucs_status_ptr_t SendEager(unsigned id, absl::string_view header,
+                             const std::vector<ucp_dt_iov_t>& pieces) const;
   // Starts a flush: completes when every operation posted before it has
   // completed at the peer.
   ucs_status_ptr_t Flush() const;

@@ -25,6 +25,14 @@ inline constexpr uint32_t kWireMagic = 0x00574650;  // "PFW\0"
 inline constexpr uint16_t kWireVersion = 1;
 // The UCP active-message id of every packfeed message.
 inline constexpr unsigned kActiveMessageId = 0x7066;
+// A slot-ready notification that carries the slot's bytes with it: the
+// active message's header is the notification's length (8 bytes, little
+// endian), its data the encoded notification followed by every field's bytes
+// in field order. Senders use it for host rings they cannot map: there UCX
+// 1.13 emulates puts with messages the receiver must answer, and a receiver
+// answering a sender that just died aborts inside UCX ("unexpected error:
+// Endpoint timeout" in ucp_put_handler); a receiver only copies these.
+inline constexpr unsigned kSlotDataMessageId = 0x7067;
 
 inline constexpr size_t kMaxFields = 32;
 inline constexpr size_t kMaxFieldNameBytes = 31;
