@@ -1,5 +1,7 @@
 #include "packfeed/client/client.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/status_macros.h"
@@ -70,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& opti
   receiver.slots = options.slots;
   receiver.slot_bytes = slot_bytes;
   receiver.placement = options.placement;
+  receiver.cuda_device = options.cuda_device;
   PF_ASSIGN_OR_RETURN(client->receiver_, transport::Receiver::Create(receiver));
 
   v1::AttachRequest request;
@@ -95,17 +98,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& opti
   return client;
 }
 
-Client::~Client() {
-  if (control_ == nullptr || epoch_ == 0) return;
+Client::~Client() { Detach().IgnoreError(); }
+
+absl::Status Client::Detach() {
+  if (control_ == nullptr || epoch_ == 0) return absl::OkStatus();
   v1::DetachRequest request;
   request.set_job(options_.job);
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
-  request.set_epoch(epoch_);
+  request.set_epoch(std::exchange(epoch_, 0));
   request.set_auth_token(options_.auth_token);
   v1::DetachReply reply;
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(2));
-  control_->control->Detach(&context, request, &reply);  // best effort
+  return FromGrpc(control_->control->Detach(&context, request, &reply),
+                  absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
+                  options_.socket_path);
 }
 
 absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {

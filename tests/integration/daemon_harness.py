@@ -24,9 +24,10 @@ class Daemon:
         self.process = None
 
     def __enter__(self):
+        self._log_file = self.log.open("w")
         self.process = subprocess.Popen(
             [str(self.bin_dir / "packfeedd"), "--config", str(self.config)],
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+            stdout=self._log_file, stderr=subprocess.STDOUT)
         deadline = time.time() + 20
         while time.time() < deadline:
             if self.process.poll() is not None:
@@ -48,6 +49,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 raise RuntimeError("packfeedd ignored SIGTERM for 20 s")
+        if self.process:
+            self._log_file.close()
         return self.process.returncode if self.process else None
 
     def ctl_run(self, *args, timeout=60):

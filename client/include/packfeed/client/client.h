@@ -46,6 +46,7 @@ struct ClientOptions {
   // (asked from the daemon at attach).
   uint64_t slot_bytes = 0;
   transport::RingPlacement placement = transport::RingPlacement::kAuto;
+  int cuda_device = 0;         // for a device ring
   std::string ucx_transports;  // "" = UCX's choice
   absl::Duration attach_timeout = absl::Seconds(30);
 };
@@ -96,7 +97,11 @@ class Client {
   // wrong fingerprint, token, rank, ring size, …). Unavailable when no
   // daemon answers on the socket.
   static absl::StatusOr<std::unique_ptr<Client>> Attach(const ClientOptions& options);
-  ~Client();  // Detaches (best effort).
+  ~Client();  // Detaches (best effort) unless Detach() did.
+
+  // Tells the daemon this rank is gone, so the same rank may attach again at
+  // once; the ring stays mapped (views remain readable) until destruction.
+  absl::Status Detach();
 
   // Begins the next step: waits for its first microbatch. FailedPrecondition
   // when the previous step's microbatches were not all taken.
@@ -109,6 +114,7 @@ class Client {
 
   ClientState State() const;
   const std::string& fingerprint() const { return fingerprint_; }
+  const ClientOptions& options() const { return options_; }
   transport::MemoryKind memory_kind() const { return receiver_->memory_kind(); }
 
  private:

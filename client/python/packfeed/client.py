@@ -1,0 +1,246 @@
+"""The trainer's data iterator: one packfeed.Client per rank, attached to its
+node's packfeedd, yields each microbatch as the dict Megatron-LM's
+get_batch_on_this_rank_for_sequence_packing returns."""
+import os
+
+import torch
+import torch.utils.dlpack
+
+from . import _native, errors
+
+DEFAULT_SOCKET = "/run/packfeed/packfeedd.sock"
+
+# Megatron's keys, each present in every batch (None when this rank's pipeline
+# stage does not receive it; attention_mask is always None in THD).
+MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids",
+                 "padding_mask", "cu_seqlens", "cu_seqlens_padded", "max_seqlen",
+                 "local_cp_size")
+
+STATE_VERSION = 1
+
+
+def _env_int(*names, default):
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return default
+
+
+class Client:
+    """Attaches `rank` of `job` to the daemon and iterates its microbatches.
+
+    Defaults from the environment (explicit arguments win):
+      rank         RANK (torchrun), else SLURM_PROCID, else 0
+      socket_path  PACKFEED_SOCKET, else /run/packfeed/packfeedd.sock
+      job          PACKFEED_JOB
+      auth_token   PACKFEED_TOKEN
+      device       "cuda" means cuda:LOCAL_RANK (else SLURM_LOCALID, else 0)
+    and WORLD_SIZE (else SLURM_NTASKS), when set, must exceed the rank.
+
+    Tensors are zero-copy views of the ring slot: valid until the next
+    microbatch is taken (or release()), after which the daemon reuses the slot.
+    copy=True hands out owned copies instead and frees the slot at once.
+    device: where tensors should end up. A device ring is used when the UCX
+    build and a GPU allow it; otherwise the host ring's tensors are copied to
+    the device asynchronously and the slot is freed once the copy is done.
+    """
+
+    def __init__(self, job=None, *, rank=None, socket_path=None, fingerprint="",
+                 auth_token=None, start_step=0, slots=4, slot_bytes=0, device=None,
+                 copy=False, ucx_transports="", attach_timeout=30.0, state=None):
+        self.job = job or os.environ.get("PACKFEED_JOB") or ""
+        self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
+        world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=None)
+        if world_size is not None and not 0 <= self.rank < world_size:
+            raise ValueError(f"rank {self.rank} is outside WORLD_SIZE {world_size}")
+        self.socket_path = socket_path or os.environ.get("PACKFEED_SOCKET") or DEFAULT_SOCKET
+        self._auth_token = auth_token if auth_token is not None else os.environ.get(
+            "PACKFEED_TOKEN", "")
+        self._copy = copy
+        self._device = _resolve_device(device)
+        self._options = dict(slots=slots, slot_bytes=slot_bytes, ucx_transports=ucx_transports,
+                             attach_timeout=attach_timeout)
+        self._native = None
+        self._pending_copy = None  # the event of an asynchronous device copy
+        self._last_step = None
+        if state is not None:
+            self.load_state_dict(state)
+        else:
+            self._attach(fingerprint, start_step)
+
+    # --- iteration -------------------------------------------------------
+    def next_step(self, timeout=None):
+        """Begins the next step; returns Megatron's wrap_data_iterator result:
+        (iterator over the step's microbatches, num_microbatches, seqlen_sum,
+        seqlen_squared_sum), the sums over padded lengths of the global batch
+        (Megatron's FLOPs inputs). The real-length sums are in last_step."""
+        self._finish_copy()
+        info = self._live().next_step(timeout)
+        self._last_step = info
+        iterator = _StepIterator(self, info["num_microbatches"], timeout)
+        return iterator, info["num_microbatches"], info["padded_sum"], info["padded_squared_sum"]
+
+    @property
+    def last_step(self):
+        """The last next_step's figures: step, num_microbatches, padded_sum,
+        padded_squared_sum, real_sum, real_squared_sum."""
+        return self._last_step
+
+    def release(self):
+        """Frees the current microbatch's slot now (its views become invalid)."""
+        self._finish_copy()
+        self._live().release()
+
+    # --- checkpoints -----------------------------------------------------
+    def state_dict(self):
+        """Where this rank stands; load_state_dict (or Client(state=...)) on a
+        new client reproduces exactly the batches that follow."""
+        state = self._live().state()
+        return {"version": STATE_VERSION, "job": state["job"], "rank": self.rank,
+                "fingerprint": state["fingerprint"], "next_step": state["next_step"]}
+
+    def load_state_dict(self, state):
+        """Re-attaches from `state`: the next step served is state's next_step,
+        and a daemon whose job changed (another fingerprint) is refused."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"packfeed state version {state.get('version')}; "
+                             f"this client reads {STATE_VERSION}")
+        if self.job and state["job"] != self.job:
+            raise ValueError(f"state is for job {state['job']!r}, this client's is {self.job!r}")
+        if state["rank"] != self.rank:
+            raise ValueError(f"state is for rank {state['rank']}, this client is rank {self.rank}")
+        self.job = state["job"]
+        self.close()
+        self._attach(state["fingerprint"], state["next_step"])
+
+    # --- lifetime --------------------------------------------------------
+    @property
+    def fingerprint(self):
+        return self._live().fingerprint
+
+    @property
+    def ring_memory(self):
+        """"cuda" when the ring (and so every view) is in device memory, else "host"."""
+        return self._live().memory_kind
+
+    def close(self):
+        """Detaches. Views handed out stay readable but are no longer served."""
+        self._finish_copy()
+        if self._native is not None:
+            native, self._native = self._native, None
+            try:
+                native.detach()
+            except errors.UnavailableError:
+                pass  # the daemon is gone: nothing to detach from
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- internals -------------------------------------------------------
+    def _attach(self, fingerprint, start_step):
+        on_gpu = self._device is not None and self._device.type == "cuda"
+        self._native = _native.attach(
+            socket_path=self.socket_path, job=self.job, global_rank=self.rank,
+            fingerprint=fingerprint, auth_token=self._auth_token, start_step=start_step,
+            placement="auto" if on_gpu else "host",
+            cuda_device=self._device.index if on_gpu else 0, **self._options)
+
+    def _live(self):
+        if self._native is None:
+            raise RuntimeError("packfeed client is closed")
+        return self._native
+
+    def _finish_copy(self):
+        # The slot under an asynchronous copy is freed by the next native
+        # call: wait for that copy (only it, not the compute stream) first.
+        if self._pending_copy is not None:
+            self._pending_copy.synchronize()
+            self._pending_copy = None
+
+    def _next_batch(self, timeout):
+        self._finish_copy()
+        native = self._live().next(timeout)
+        batch = dict.fromkeys(MEGATRON_KEYS)
+        for name, dtype, capsule in native["fields"]:
+            tensor = torch.utils.dlpack.from_dlpack(capsule)
+            batch[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
+        batch["packed_seq_params"] = _packed_seq_params_kwargs(batch)
+        self._place(batch)
+        return batch
+
+    def _place(self, batch):
+        names = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
+        needs_device = (self._device is not None and
+                        any(batch[k].device != self._device for k in names))
+        if needs_device:
+            stream = torch.cuda.Stream(device=self._device)
+            with torch.cuda.stream(stream):
+                for k in names:
+                    batch[k] = batch[k].to(self._device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+            torch.cuda.current_stream(self._device).wait_event(event)
+            self._pending_copy = event
+        elif self._copy:
+            for k in names:
+                batch[k] = batch[k].clone()
+        _refresh_packed_seq_params(batch)
+        if self._copy:
+            self.release()
+
+
+class _StepIterator:
+    """The microbatches of one step; taking one frees the previous one's slot."""
+
+    def __init__(self, client, count, timeout):
+        self._client, self._count, self._timeout, self._taken = client, count, timeout, 0
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return self._count - self._taken
+
+    def __next__(self):
+        if self._taken == self._count:
+            raise StopIteration
+        batch = self._client._next_batch(self._timeout)
+        self._taken += 1
+        return batch
+
+
+def _resolve_device(device):
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0))
+    return None if device.type == "cpu" else device
+
+
+def _packed_seq_params_kwargs(batch):
+    """The arguments of Megatron's PackedSeqParams for this microbatch
+    (packfeed.megatron.packed_seq_params builds the object itself)."""
+    local_cp_size = batch["local_cp_size"]
+    max_seqlen = int(batch["max_seqlen"])
+    return {
+        "qkv_format": "thd",
+        "cu_seqlens_q": batch["cu_seqlens"],
+        "cu_seqlens_kv": batch["cu_seqlens"],
+        "cu_seqlens_q_padded": batch["cu_seqlens_padded"],
+        "cu_seqlens_kv_padded": batch["cu_seqlens_padded"],
+        "max_seqlen_q": max_seqlen,
+        "max_seqlen_kv": max_seqlen,
+        "local_cp_size": None if local_cp_size is None else int(local_cp_size),
+    }
+
+
+def _refresh_packed_seq_params(batch):
+    # After a copy or a move, the kwargs point at the batch's own tensors.
+    params = batch["packed_seq_params"]
+    params["cu_seqlens_q"] = params["cu_seqlens_kv"] = batch["cu_seqlens"]
+    params["cu_seqlens_q_padded"] = params["cu_seqlens_kv_padded"] = batch["cu_seqlens_padded"]

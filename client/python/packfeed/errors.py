@@ -1,0 +1,63 @@
+"""Exceptions raised by packfeed. The C++ client reports an absl status; the
+extension turns it into the class `class_for` names (its only raise site), so
+every message arrives intact and callers can catch by Python's usual bases."""
+
+
+class Error(RuntimeError):
+    """Any failure reported by packfeed's C++ client or its daemon."""
+
+
+class UnavailableError(Error, ConnectionError):
+    """No daemon answers, or the daemon (or the connection to it) died."""
+
+
+class DeadlineExceededError(Error, TimeoutError):
+    """Nothing arrived within the timeout."""
+
+
+class InvalidArgumentError(Error, ValueError):
+    """An option or request the daemon or client refuses as malformed."""
+
+
+class NotFoundError(Error, LookupError):
+    """An unknown job."""
+
+
+class PermissionDeniedError(Error, PermissionError):
+    """A wrong auth token."""
+
+
+class AlreadyExistsError(Error):
+    """The rank is already attached."""
+
+
+class FailedPreconditionError(Error):
+    """Wrong state: a fingerprint mismatch, a ring too small, a draining daemon,
+    a step begun before the last one was consumed."""
+
+
+class DataLossError(Error):
+    """Bytes that cannot be trusted were refused (nothing of them handed out)."""
+
+
+class OutOfRangeError(Error, IndexError):
+    """A rank outside the job's topology, or no microbatch left in the step."""
+
+
+_BY_CODE = {
+    "UNAVAILABLE": UnavailableError,
+    "DEADLINE_EXCEEDED": DeadlineExceededError,
+    "INVALID_ARGUMENT": InvalidArgumentError,
+    "NOT_FOUND": NotFoundError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "UNAUTHENTICATED": PermissionDeniedError,
+    "ALREADY_EXISTS": AlreadyExistsError,
+    "FAILED_PRECONDITION": FailedPreconditionError,
+    "DATA_LOSS": DataLossError,
+    "OUT_OF_RANGE": OutOfRangeError,
+}
+
+
+def class_for(code_name):
+    """The exception class for an absl status code name ("UNAVAILABLE", ...)."""
+    return _BY_CODE.get(code_name, Error)

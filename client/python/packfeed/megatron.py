@@ -1,0 +1,13 @@
+"""Glue for Megatron-LM's THD path: PackedSeqParams from a packfeed batch."""
+import dataclasses
+
+
+def packed_seq_params(batch, cp_group=None):
+    """Megatron's PackedSeqParams for `batch` (a dict from packfeed.Client).
+    Only the arguments the installed Megatron-LM knows are passed; cp_group is
+    the dynamic-CP group of size batch["local_cp_size"], which the trainer owns."""
+    from megatron.core.packed_seq_params import PackedSeqParams  # the trainer's Megatron
+
+    known = {field.name for field in dataclasses.fields(PackedSeqParams)}
+    kwargs = dict(batch["packed_seq_params"], cp_group=cp_group)
+    return PackedSeqParams(**{k: v for k, v in kwargs.items() if k in known})

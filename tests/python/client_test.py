@@ -1,0 +1,174 @@
+"""packfeed.Client against a real packfeedd: checkpoints reproduce the
+following batches, views are zero-copy slots of the ring, errors arrive as
+the exception classes of packfeed.errors with the daemon's message, the GIL
+is free while a client waits, and a killed daemon is an exception, not a
+hang."""
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import torch
+
+import packfeed
+from pf_test_support import BIN_DIR, Daemon, main
+
+EOD = 5000
+
+
+def job_text(name="job", tp=1, cp=1, dp=2, token="", seed=1):
+    return f"""
+jobs {{
+  name: "{name}"
+  datasets {{ prefix: "{ClientTest.prefix}" }}
+  topology {{ tp: {tp} pp: 1 cp: {cp} dp: {dp} }}
+  global_batch: 8
+  seq_length: 128
+  eod_id: {EOD}
+  append_eod: true
+  auth_token: "{token}"
+  seed: {seed}
+  scheduler {{ kind: "balanced" max_tokens_per_rank: 256 }}
+}}
+"""
+
+
+def take_steps(client, steps):
+    """The next `steps` steps as lists of {field: list} (owned, comparable)."""
+    out = []
+    for _ in range(steps):
+        iterator = client.next_step(timeout=30)[0]
+        out.append([{k: v.tolist() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+                    for batch in iterator])
+    return out
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.workdir = tempfile.mkdtemp(prefix="pf-python-client-")
+        ClientTest.prefix = f"{cls.workdir}/data"
+        subprocess.run([f"{BIN_DIR}/packfeedctl", "make-dataset", "--out", cls.prefix,
+                        "--count", "400", "--min", "4", "--max", "120", "--mean", "40",
+                        "--vocab", str(EOD), "--seed", "11"], check=True, capture_output=True)
+
+    def daemon(self, text=None, name="daemon"):
+        return Daemon(BIN_DIR, text or job_text(), name=name, workdir=self.workdir)
+
+    def test_state_dict_round_trip_gives_the_same_following_batches(self):
+        with self.daemon(name="resume") as daemon:
+            first = packfeed.Client("job", rank=1, socket_path=daemon.socket)
+            take_steps(first, 2)
+            state = first.state_dict()
+            self.assertEqual(state["next_step"], 2)
+            following = take_steps(first, 3)
+            first.close()
+            resumed = packfeed.Client("job", rank=1, socket_path=daemon.socket, state=state)
+            self.assertEqual(take_steps(resumed, 3), following)
+            # load_state_dict on a live client rewinds it the same way.
+            resumed.load_state_dict(state)
+            self.assertEqual(take_steps(resumed, 3), following)
+            resumed.close()
+
+    def test_a_state_of_another_job_config_is_refused_by_fingerprint(self):
+        with self.daemon(name="before") as daemon:
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket)
+            state = client.state_dict()
+            client.close()
+        with self.daemon(job_text(seed=2), name="after") as daemon:
+            with self.assertRaises(packfeed.FailedPreconditionError) as raised:
+                packfeed.Client("job", rank=0, socket_path=daemon.socket, state=state)
+            self.assertIn("sampler differ", str(raised.exception))
+
+    def test_views_are_slots_of_the_ring_and_copies_are_owned(self):
+        with self.daemon(name="views") as daemon:
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket, slots=2)
+            pointers = []
+            while len(pointers) < 4:
+                for batch in client.next_step()[0]:
+                    pointers.append(batch["tokens"].data_ptr())
+            self.assertEqual(pointers[0], pointers[2])  # two slots, reused in turn
+            self.assertEqual(pointers[1], pointers[3])
+            self.assertNotEqual(pointers[0], pointers[1])
+            client.close()
+            owned = packfeed.Client("job", rank=0, socket_path=daemon.socket, copy=True)
+            iterator = owned.next_step()[0]
+            batches = list(iterator)
+            again = packfeed.Client("job", rank=1, socket_path=daemon.socket)
+            self.assertTrue(all(b["tokens"].data_ptr() != batches[0]["tokens"].data_ptr()
+                                for b in again.next_step()[0]))
+            owned.close()
+            again.close()
+
+    def test_errors_are_typed_and_carry_the_daemons_message(self):
+        with self.daemon(job_text(token="s3cret"), name="errors") as daemon:
+            def attach(**kwargs):
+                options = dict(job="job", rank=0, socket_path=daemon.socket, auth_token="s3cret")
+                options.update(kwargs)
+                return packfeed.Client(**options)
+
+            cases = [
+                (dict(job="nope"), packfeed.NotFoundError, "nope"),
+                (dict(auth_token="wrong"), packfeed.PermissionDeniedError, "token"),
+                (dict(rank=9), packfeed.OutOfRangeError, "rank 9"),
+                (dict(socket_path=f"{self.workdir}/absent.sock"), packfeed.UnavailableError,
+                 "no packfeedd answers"),
+            ]
+            for kwargs, error, text in cases:
+                with self.subTest(kwargs=kwargs):
+                    with self.assertRaises(error) as raised:
+                        attach(**kwargs)
+                    self.assertIn(text, str(raised.exception))
+            holder = attach()
+            with self.assertRaises(packfeed.AlreadyExistsError):
+                attach()
+            holder.close()
+            attach().close()  # detached: the rank attaches again at once
+            self.assertTrue(issubclass(packfeed.UnavailableError, ConnectionError))
+            self.assertTrue(issubclass(packfeed.DeadlineExceededError, TimeoutError))
+
+    def test_the_gil_is_free_while_a_client_waits(self):
+        with self.daemon(name="gil") as daemon:
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket)
+            take_steps(client, 1)
+            os.kill(daemon.process.pid, signal.SIGSTOP)  # nothing more arrives
+            try:
+                counted, stop = [0], threading.Event()
+
+                def count():
+                    while not stop.is_set():
+                        counted[0] += 1
+
+                counter = threading.Thread(target=count)
+                counter.start()
+                with self.assertRaises(packfeed.DeadlineExceededError):
+                    while True:  # the ring's prefetched steps first
+                        list(client.next_step(timeout=0.5)[0])
+                stop.set()
+                counter.join()
+                self.assertGreater(counted[0], 1000)
+            finally:
+                os.kill(daemon.process.pid, signal.SIGCONT)
+            client.close()
+
+    def test_a_killed_daemon_is_an_exception_not_a_hang(self):
+        daemon = self.daemon(name="killed")
+        with daemon:
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket)
+            take_steps(client, 1)
+            daemon.process.kill()
+            daemon.process.wait()
+            started = time.monotonic()
+            with self.assertRaises(packfeed.UnavailableError) as raised:
+                for _ in range(1000):  # what the ring already held, then the error
+                    list(client.next_step(timeout=30)[0])
+            self.assertLess(time.monotonic() - started, 10)
+            self.assertIn("sender failed", str(raised.exception))
+            client.close()  # nothing to detach from: no error
+
+
+if __name__ == "__main__":
+    main()
