@@ -2,14 +2,14 @@
 # packfeed quick start, from a fresh machine: installs what is missing,
 # builds, and runs the main job on an embedded default: a generated Megatron
 # dataset served by one packfeedd to 8 client ranks (TP2 x CP2 x DP2, dynamic
-# CP), each printing what it received; then the daemon's stats, and a clean
-# stop.
+# CP), each printing what it received; a Python training loop (the packfeed
+# package, torch) on a second job; then the daemon's stats, and a clean stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deploy/install_deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build --target packfeedctl packfeedd print_batches
+cmake --build build --target packfeedctl packfeedd print_batches packfeed_python
 
 work=${PACKFEED_QUICKSTART_DIR:-$(mktemp -d)}
 mkdir -p "$work"
@@ -34,6 +34,16 @@ jobs {
   seed: 1
   scheduler { kind: "dynamic_cp" max_tokens_per_rank: 4096 }
 }
+jobs {
+  name: "single"
+  datasets { prefix: "$work/demo" }
+  topology { tp: 1 cp: 1 dp: 1 }
+  global_batch: 8
+  seq_length: 8192
+  eod_id: 32000
+  append_eod: true
+  scheduler { kind: "balanced" max_tokens_per_rank: 8192 }
+}
 CONFIG
 echo
 echo "== starting packfeedd"
@@ -56,6 +66,11 @@ status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 cat "$work"/rank*.log
 [[ $status -eq 0 ]] || { echo "a client rank failed"; exit 1; }
+
+echo
+echo "== a Python training loop (client/python/examples/train_loop.py) on job 'single'"
+PYTHONPATH=build/python /usr/bin/python3 client/python/examples/train_loop.py \
+  --socket "$socket" --job single --rank 0 --steps 3
 
 echo
 echo "== packfeedctl stats"

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "packfeed/client/client.h"
 
@@ -177,8 +178,9 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
 }
 
 // Next()'s latency measured in C++, for bench/python_next_bench.py to set
-// beside Python's in the same run: nanoseconds per microbatch over `steps`.
-std::vector<int64_t> TimeNextInCpp(Client& client, int steps) {
+// beside Python's in the same run: nanoseconds per microbatch over `steps`,
+// each Next() after a pause of `pause_us` (so the daemon is ahead).
+std::vector<int64_t> TimeNextInCpp(Client& client, int steps, int pause_us) {
   std::vector<int64_t> latencies;
   absl::Status failure;
   {
@@ -190,6 +192,7 @@ std::vector<int64_t> TimeNextInCpp(Client& client, int steps) {
         break;
       }
       for (int m = 0; m < step->num_microbatches; ++m) {
+        absl::SleepFor(absl::Microseconds(pause_us));
         const auto start = std::chrono::steady_clock::now();
         absl::StatusOr<Microbatch> microbatch = client.Next();
         latencies.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -245,5 +248,6 @@ PYBIND11_MODULE(_native, m) {
         py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"), py::arg("slots"),
         py::arg("slot_bytes"), py::arg("placement"), py::arg("cuda_device"),
         py::arg("ucx_transports"), py::arg("attach_timeout"));
-  m.def("time_next_in_cpp", &TimeNextInCpp, py::arg("client"), py::arg("steps"));
+  m.def("time_next_in_cpp", &TimeNextInCpp, py::arg("client"), py::arg("steps"),
+        py::arg("pause_us"));
 }

@@ -3,8 +3,11 @@ following batches, views are zero-copy slots of the ring, errors arrive as
 the exception classes of packfeed.errors with the daemon's message, the GIL
 is free while a client waits, and a killed daemon is an exception, not a
 hang."""
+import dataclasses
 import os
 import signal
+import sys
+import types
 import subprocess
 import tempfile
 import threading
@@ -168,6 +171,42 @@ class ClientTest(unittest.TestCase):
             self.assertLess(time.monotonic() - started, 10)
             self.assertIn("sender failed", str(raised.exception))
             client.close()  # nothing to detach from: no error
+
+
+class PackedSeqParamsTest(unittest.TestCase):
+    def test_only_the_arguments_the_installed_megatron_knows_are_passed(self):
+        @dataclasses.dataclass
+        class PackedSeqParams:  # an older Megatron: no local_cp_size
+            qkv_format: str = None
+            cu_seqlens_q: object = None
+            cu_seqlens_kv_padded: object = None
+            max_seqlen_q: int = None
+            cp_group: object = None
+
+        module = types.ModuleType("megatron.core.packed_seq_params")
+        module.PackedSeqParams = PackedSeqParams
+        names = ("megatron", "megatron.core", "megatron.core.packed_seq_params")
+        saved = {name: sys.modules.get(name) for name in names}
+        sys.modules.update({"megatron": types.ModuleType("megatron"),
+                            "megatron.core": types.ModuleType("megatron.core"),
+                            "megatron.core.packed_seq_params": module})
+        try:
+            cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+            batch = {"packed_seq_params": {
+                "qkv_format": "thd", "cu_seqlens_q": cu, "cu_seqlens_kv": cu,
+                "cu_seqlens_q_padded": cu, "cu_seqlens_kv_padded": cu, "max_seqlen_q": 5,
+                "max_seqlen_kv": 5, "local_cp_size": 2}}
+            params = packfeed.megatron.packed_seq_params(batch, cp_group="group")
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    sys.modules.pop(name)
+                else:
+                    sys.modules[name] = value
+        self.assertEqual(params.qkv_format, "thd")
+        self.assertIs(params.cu_seqlens_kv_padded, cu)
+        self.assertEqual(params.max_seqlen_q, 5)
+        self.assertEqual(params.cp_group, "group")
 
 
 if __name__ == "__main__":

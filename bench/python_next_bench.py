@@ -1,0 +1,90 @@
+"""Python-side next() against the C++ client's Next(), in the same run: one
+packfeedd on a generated dataset, one rank attached through packfeed.Client;
+rounds alternate between timing Next() inside C++ and timing Python's
+next(iterator) (which also builds the torch tensors of Megatron's dict).
+Before each microbatch the rank pauses, so the daemon is ahead and what is
+timed is the client's own cost.
+
+usage: python_next_bench.py BIN_DIR [--rounds 6] [--steps 10] [--json]
+(PYTHONPATH: the built packfeed package and tests/integration)"""
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import tempfile
+import time
+
+import packfeed
+from packfeed import _native
+from daemon_harness import Daemon
+
+PAUSE_US = 300
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def time_python(client, steps):
+    latencies = []
+    for _ in range(steps):
+        iterator = client.next_step()[0]
+        for _ in range(len(iterator)):
+            time.sleep(PAUSE_US / 1e6)
+            start = time.perf_counter_ns()
+            next(iterator)
+            latencies.append(time.perf_counter_ns() - start)
+    return latencies
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bin_dir")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="pf-python-bench-"))
+    subprocess.run([f"{args.bin_dir}/packfeedctl", "make-dataset", "--out", str(workdir / "data"),
+                    "--count", "4000", "--min", "64", "--max", "4096", "--mean", "1024"],
+                   check=True, capture_output=True)
+    config = f"""
+jobs {{
+  name: "bench"
+  datasets {{ prefix: "{workdir / 'data'}" }}
+  topology {{ tp: 1 pp: 1 cp: 1 dp: 1 }}
+  global_batch: 16
+  seq_length: 4096
+  eod_id: 32000
+  append_eod: true
+  scheduler {{ kind: "balanced" max_tokens_per_rank: 8192 }}
+}}
+"""
+    python_ns, cpp_ns = [], []
+    with Daemon(args.bin_dir, config, name="bench", workdir=workdir) as daemon:
+        client = packfeed.Client("bench", rank=0, socket_path=daemon.socket)
+        time_python(client, 1)  # warm-up
+        for _ in range(args.rounds):
+            cpp_ns += _native.time_next_in_cpp(client._native, args.steps, PAUSE_US)
+            python_ns += time_python(client, args.steps)
+        client.close()
+    figures = {
+        "microbatches_each": len(python_ns),
+        "cpp_p50_us": percentile(cpp_ns, 0.5) / 1e3, "cpp_p99_us": percentile(cpp_ns, 0.99) / 1e3,
+        "python_p50_us": percentile(python_ns, 0.5) / 1e3,
+        "python_p99_us": percentile(python_ns, 0.99) / 1e3,
+        "python_overhead_p50_us": (statistics.median(python_ns) - statistics.median(cpp_ns)) / 1e3,
+    }
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(f"{figures['microbatches_each']} microbatches each, interleaved rounds")
+        print(f"  C++    Next():  p50 {figures['cpp_p50_us']:8.1f} µs   p99 {figures['cpp_p99_us']:8.1f} µs")
+        print(f"  Python next():  p50 {figures['python_p50_us']:8.1f} µs   p99 {figures['python_p99_us']:8.1f} µs")
+        print(f"  Python overhead at p50: {figures['python_overhead_p50_us']:.1f} µs")
+
+
+if __name__ == "__main__":
+    main()
