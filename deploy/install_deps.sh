@@ -14,9 +14,15 @@ packages=(
   python3 python3-dev python3-venv python3-torch pybind11-dev libdlpack-dev
 )
 
+# libsystemd-dev must match the installed libsystemd0 exactly, or apt would
+# upgrade systemd itself to satisfy it: pinned (unpinned if that fails below).
+systemd_version=$(dpkg-query -W -f='${Version}' libsystemd0 2>/dev/null || true)
+packages+=("libsystemd-dev${systemd_version:+=$systemd_version}")
+packages+=(systemd)  # systemd-analyze, for the unit file's test
+
 missing=()
 for p in "${packages[@]}"; do
-  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  status=$(dpkg-query -W -f='${Status}' "${p%%=*}" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
 
@@ -30,4 +36,7 @@ sudo=""
 if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+  echo "install_deps: retrying without pinning libsystemd-dev to $systemd_version"
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]/libsystemd-dev=*/libsystemd-dev}"
+fi

@@ -11,6 +11,7 @@
 #include "packfeed/server/daemon.h"
 #include "packfeed/server/daemon_config.h"
 #include "spdlog/spdlog.h"
+#include "systemd_notifier.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"packfeedd: the per-node packfeed data daemon"};
@@ -50,14 +51,18 @@ int main(int argc, char** argv) {
     spdlog::error("cannot start: {}", daemon.status().ToString());
     return 1;
   }
+  packfeed::SystemdNotifier systemd(**daemon);
   std::thread signal_thread([&] {
     int signal = 0;
     sigwait(&signals, &signal);
     spdlog::info("signal {}: draining", signal);
     (*daemon)->Shutdown();
   });
+  // Daemon::Start returned: the socket answers.
+  systemd.Ready(config->jobs_size());
   spdlog::info("ready");
   (*daemon)->Wait();
+  systemd.Stopping();
   // A Drain ended the wait: release the signal thread the same way.
   kill(getpid(), SIGTERM);
   signal_thread.join();

@@ -13,6 +13,30 @@
 
 namespace packfeed {
 
+namespace {
+
+// The socket's folder exists (created if need be) and this process may create
+// files in it: checked before any job starts, so the error names the folder.
+absl::Status PrepareSocketDirectory(const std::string& socket) {
+  const std::filesystem::path directory =
+      std::filesystem::path(socket).parent_path().empty()
+          ? std::filesystem::path(".")
+          : std::filesystem::path(socket).parent_path();
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket directory ", directory.string(), " cannot be created: ", error.message()));
+  }
+  if (access(directory.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket directory ", directory.string(), " is not writable by this user"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& config,
                                                       const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
@@ -38,8 +62,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   }
 
   const std::string& socket = config.socket_path();
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(socket).parent_path(), error);
+  PF_RETURN_IF_ERROR(PrepareSocketDirectory(socket));
   // A socket file left by a daemon that died is replaced; anything else in
   // the way is not ours to remove.
   struct stat info;
@@ -75,6 +98,14 @@ Daemon::~Daemon() {
 
 void Daemon::Shutdown() {
   std::call_once(shutdown_once_, [this] { shutdown_.Notify(); });
+}
+
+bool Daemon::Healthy(absl::Duration within) const {
+  const absl::Time now = absl::Now();
+  for (const auto& runner : runners_) {
+    if (now - runner->last_loop() > within) return false;
+  }
+  return true;
 }
 
 JobRunner* Daemon::runner(const std::string& job) const {

@@ -275,6 +275,7 @@ bool JobRunner::ServeRank(RankState& rank) {
 
 void JobRunner::Loop() {
   while (true) {
+    last_loop_ns_.store(absl::GetCurrentTimeNanos());
     std::deque<std::function<void()>> tasks;
     {
       absl::MutexLock lock(&mutex_);

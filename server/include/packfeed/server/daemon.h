@@ -37,6 +37,8 @@ class Daemon {
   void Shutdown();
   void Wait() { shutdown_.WaitForNotification(); }
   bool draining() const { return shutdown_.HasBeenNotified(); }
+  // True when every job's runner went round its loop within `within`.
+  bool Healthy(absl::Duration within) const;
 
   const v1::DaemonConfig& config() const { return config_; }
   // nullptr when no job has that name.

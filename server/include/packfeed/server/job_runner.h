@@ -12,6 +12,7 @@
 // Thread-safe: every public method may be called from any thread (gRPC
 // reactors); the work runs on the runner's thread and `done` is called there.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -62,6 +63,9 @@ class JobRunner {
   void Detach(int global_rank, uint64_t epoch, std::function<void(absl::Status)> done);
   void Stats(std::function<void(v1::JobStats)> done);
   int attached_ranks() const;
+  // When the runner's loop last went round (at least every 100 ms while it
+  // is healthy): what the systemd watchdog is fed from.
+  absl::Time last_loop() const { return absl::FromUnixNanos(last_loop_ns_.load()); }
 
  private:
   struct RankState;
@@ -93,6 +97,7 @@ class JobRunner {
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   int attached_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::atomic<int64_t> last_loop_ns_{absl::GetCurrentTimeNanos()};
   std::thread thread_;
 };
 

@@ -1,0 +1,34 @@
+#ifndef PACKFEED_SERVER_DAEMON_SYSTEMD_NOTIFIER_H_
+#define PACKFEED_SERVER_DAEMON_SYSTEMD_NOTIFIER_H_
+
+// packfeedd under systemd (Type=notify): READY=1 once the socket serves,
+// WATCHDOG=1 while every job's runner is going round its loop, STOPPING=1 on
+// the way out. Outside systemd (no NOTIFY_SOCKET) every call does nothing.
+
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "packfeed/server/daemon.h"
+
+namespace packfeed {
+
+class SystemdNotifier {
+ public:
+  // REQUIRES: `daemon` outlives the notifier.
+  explicit SystemdNotifier(const Daemon& daemon);
+  ~SystemdNotifier();  // Stops the watchdog thread.
+
+  void Ready(int jobs);
+  void Stopping();
+
+ private:
+  void FeedWatchdog(absl::Duration interval);
+
+  const Daemon& daemon_;
+  absl::Notification stop_;
+  std::thread watchdog_;
+};
+
+}  // namespace packfeed
+
+#endif  // PACKFEED_SERVER_DAEMON_SYSTEMD_NOTIFIER_H_

@@ -1,0 +1,132 @@
+"""packfeedd under systemd's notify protocol, without systemd: the test binds
+its own NOTIFY_SOCKET (a Unix datagram socket) and checks that READY=1 comes
+only once the gRPC socket answers (packfeedctl health succeeds the moment
+READY arrives), that WATCHDOG=1 pings follow at WATCHDOG_USEC/2, and that
+SIGTERM sends STOPPING=1 and exits 0. Also: start-up errors are one clear
+line and a non-zero exit.
+
+usage: daemon_readiness_test.py BIN_DIR SOURCE_ROOT"""
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from ctl_checks import Checks
+
+WATCHDOG_USEC = 400_000
+
+
+def config_text(sock, prefix):
+    return f"""socket_path: "{sock}"
+jobs {{
+  name: "job"
+  datasets {{ prefix: "{prefix}" }}
+  topology {{ tp: 1 cp: 1 dp: 1 }}
+  global_batch: 4
+  seq_length: 256
+  eod_id: 1000
+  append_eod: true
+  scheduler {{ kind: "balanced" max_tokens_per_rank: 512 }}
+}}
+"""
+
+
+def receive(notify, timeout):
+    notify.settimeout(timeout)
+    try:
+        return notify.recv(4096).decode()
+    except socket.timeout:
+        return None
+
+
+def test_notify(checks, bin_dir, work, prefix):
+    ctl = f"{bin_dir}/packfeedctl"
+    sock = f"{work}/daemon.sock"
+    config = pathlib.Path(work, "ready.textproto")
+    config.write_text(config_text(sock, prefix))
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(f"{work}/notify")
+    env = dict(os.environ, NOTIFY_SOCKET=f"{work}/notify", WATCHDOG_USEC=str(WATCHDOG_USEC))
+    daemon = subprocess.Popen([f"{bin_dir}/packfeedd", "--config", str(config)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ready = receive(notify, 20)
+    answered = subprocess.run([ctl, "health", "--socket", sock], capture_output=True, text=True)
+    checks.check("first notification is READY=1", ready is not None and "READY=1" in ready, ready)
+    checks.check("READY carries a STATUS", ready is not None and "STATUS=serving 1 job" in ready,
+                 ready)
+    checks.check("the socket answers when READY arrives", answered.returncode == 0,
+                 answered.stderr)
+    start, pings = time.monotonic(), 0
+    while time.monotonic() - start < 1.0:
+        message = receive(notify, 1.0)
+        pings += message is not None and "WATCHDOG=1" in message
+    checks.check("watchdog pinged every WATCHDOG_USEC/2 (>= 3 in 1 s)", pings >= 3, pings)
+    daemon.send_signal(signal.SIGTERM)
+    stopping = None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        message = receive(notify, 1.0)
+        if message and "STOPPING=1" in message:
+            stopping = message
+            break
+    output = daemon.communicate(timeout=20)[0]
+    checks.check("SIGTERM sends STOPPING=1", stopping is not None, output)
+    checks.check("SIGTERM exits 0", daemon.returncode == 0, output)
+    notify.close()
+    print(f"notify: READY then health answered, {pings} watchdog pings in 1 s, STOPPING on SIGTERM")
+
+
+def test_startup_errors(checks, bin_dir, work, prefix):
+    """Each start-up error: a non-zero exit and one error line naming the cause."""
+    readonly = pathlib.Path(work, "readonly")
+    readonly.mkdir()
+    readonly.chmod(0o500)
+    a_file = pathlib.Path(work, "a-file")
+    a_file.write_text("")
+    unreadable = pathlib.Path(work, "unreadable")
+    for suffix in (".idx", ".bin"):
+        pathlib.Path(f"{unreadable}{suffix}").write_bytes(pathlib.Path(f"{prefix}{suffix}").read_bytes())
+    pathlib.Path(f"{unreadable}.idx").chmod(0)
+    cases = {
+        "dataset missing": (config_text(f"{work}/a.sock", f"{work}/nothing"), "nothing.idx"),
+        "socket directory impossible": (config_text(f"{a_file}/sub/a.sock", prefix),
+                                        "cannot be created"),
+        "config invalid": (config_text(f"{work}/a.sock", prefix).replace('"balanced"', '"bogus"'),
+                           "jobs[0].scheduler.kind"),
+    }
+    if os.geteuid() != 0:  # root reads and writes anything
+        cases["dataset unreadable"] = (config_text(f"{work}/a.sock", unreadable), "unreadable.idx")
+        cases["socket directory not writable"] = (config_text(f"{readonly}/a.sock", prefix),
+                                                  "not writable")
+    for name, (text, expected) in cases.items():
+        config = pathlib.Path(work, "bad.textproto")
+        config.write_text(text)
+        result = subprocess.run([f"{bin_dir}/packfeedd", "--config", str(config)],
+                                capture_output=True, text=True, timeout=30)
+        errors = [line for line in (result.stdout + result.stderr).splitlines() if "[error]" in line]
+        checks.check(f"start-up error ({name}): non-zero exit", result.returncode != 0,
+                     result.returncode)
+        checks.check(f"start-up error ({name}): one error line naming {expected!r}",
+                     len(errors) == 1 and expected in errors[0], errors)
+    readonly.chmod(0o700)
+
+
+def main():
+    bin_dir = sys.argv[1]
+    work = tempfile.mkdtemp(prefix="pf-readiness-")
+    prefix = f"{work}/data"
+    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "50",
+                    "--min", "8", "--max", "200", "--mean", "50", "--vocab", "1000"],
+                   check=True, capture_output=True)
+    checks = Checks(None)
+    test_notify(checks, bin_dir, work, prefix)
+    test_startup_errors(checks, bin_dir, work, prefix)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
