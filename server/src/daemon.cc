@@ -3,11 +3,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
 #include "grpcpp/server_builder.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/server/fingerprint.h"
+#include "packfeed/v1/service.grpc.pb.h"
 #include "services.h"
 #include "spdlog/spdlog.h"
 
@@ -31,6 +36,50 @@ absl::Status PrepareSocketDirectory(const std::string& socket) {
   if (access(directory.c_str(), W_OK | X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "socket directory ", directory.string(), " is not writable by this user"));
+  }
+  return absl::OkStatus();
+}
+
+// Each peer daemon serves every job of this one with the same fingerprint.
+// Peers start at about the same time: each listens before it checks, and
+// an unanswered peer is asked again until the timeout.
+absl::Status CheckPeers(const v1::DaemonConfig& config,
+                        const std::vector<std::unique_ptr<Job>>& jobs) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(config.peer_timeout_seconds());
+  for (const std::string& peer : config.peers()) {
+    auto admin = v1::Admin::NewStub(grpc::CreateChannel(peer, grpc::InsecureChannelCredentials()));
+    v1::ListJobsReply reply;
+    grpc::Status status;
+    do {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      status = admin->ListJobs(&context, {}, &reply);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(250));
+    } while (absl::Now() < deadline);
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat("peer ", peer, " did not answer within ",
+                                                 config.peer_timeout_seconds(),
+                                                 " s: ", status.error_message()));
+    }
+    for (const auto& job : jobs) {
+      auto same = std::find_if(reply.jobs().begin(), reply.jobs().end(),
+                               [&](const v1::JobSummary& s) { return s.name() == job->name(); });
+      if (same == reply.jobs().end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("peer ", peer, " has no job '", job->name(), "'"));
+      }
+      absl::Status match = CompareFingerprints(same->fingerprint(), job->fingerprint());
+      if (!match.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "peer ", peer, " runs job '", job->name(), "' with fingerprint ", same->fingerprint(),
+            ", this node ", job->fingerprint(), ": ", match.message()));
+      }
+    }
+    spdlog::info("peer {}: {} job(s) with the same fingerprints", peer, jobs.size());
   }
   return absl::OkStatus();
 }
@@ -77,15 +126,28 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   daemon->services_.push_back(MakeAdminService(*daemon));
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  int tcp_port = 0;
+  if (!config.admin_tcp_address().empty()) {
+    builder.AddListeningPort(config.admin_tcp_address(), grpc::InsecureServerCredentials(),
+                             &tcp_port);
+  }
   for (auto& service : daemon->services_) builder.RegisterService(service.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "cannot serve on unix:", socket, " (is its directory writable, or another daemon there?)"));
   }
+  if (!config.admin_tcp_address().empty() && tcp_port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on admin_tcp_address ", config.admin_tcp_address()));
+  }
   // Only the owner and its group may attach or administer.
   chmod(socket.c_str(), 0660);
-  spdlog::info("serving {} job(s) on unix:{}", daemon->jobs_.size(), socket);
+  PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_));
+  spdlog::info("serving {} job(s) on unix:{}{}", daemon->jobs_.size(), socket,
+               config.admin_tcp_address().empty()
+                   ? ""
+                   : absl::StrCat(" (admin also on ", config.admin_tcp_address(), ")"));
   return daemon;
 }
 

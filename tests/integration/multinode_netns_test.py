@@ -1,0 +1,142 @@
+"""Two "hosts" in network namespaces the test makes (veth, 10.213.7.0/30):
+a packfeedd in each hosting half of the ranks, checking the other's
+fingerprint over TCP at start-up, and clients in each namespace receiving
+their ranks' data. A daemon whose job differs from its peer's, and one whose
+peer never answers, fail start-up with one clear line.
+
+Skips (exit 77, with the reason) where the machine forbids network
+namespaces (not root, or `ip netns add` refused).
+
+usage: multinode_netns_test.py BIN_DIR SOURCE_ROOT"""
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+from ctl_checks import Checks
+from daemon_serving_test import job_text
+
+SUFFIX = str(os.getpid())
+HOSTS = {"a": "10.213.7.1", "b": "10.213.7.2"}
+PORT = 7070
+
+
+def ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+def make_hosts():
+    """The two namespaces joined by a veth pair; returns their names."""
+    names = {host: f"pf-{host}-{SUFFIX}" for host in HOSTS}
+    for name in names.values():
+        made = ip("netns", "add", name)
+        if made.returncode != 0:
+            remove_hosts(names)
+            print(f"SKIP: network namespaces are not allowed here: {made.stderr.strip()}")
+            sys.exit(77)
+        ip("-n", name, "link", "set", "lo", "up")
+    ip("link", "add", f"pfva{SUFFIX}", "type", "veth", "peer", "name", f"pfvb{SUFFIX}")
+    for host, device in (("a", f"pfva{SUFFIX}"), ("b", f"pfvb{SUFFIX}")):
+        ip("link", "set", device, "netns", names[host])
+        ip("-n", names[host], "addr", "add", f"{HOSTS[host]}/30", "dev", device)
+        ip("-n", names[host], "link", "set", device, "up")
+    return names
+
+
+def remove_hosts(names):
+    for name in names.values():
+        ip("netns", "del", name)  # only the namespaces this test made
+
+
+def config(work, host, local_ranks, peers, seed=7, port=PORT, timeout=60):
+    text = (f'socket_path: "{work}/{host}-{port}.sock"\n'
+            f'admin_tcp_address: "{HOSTS[host]}:{port}"\n'
+            + "".join(f'peers: "{peer}"\n' for peer in peers)
+            + f"peer_timeout_seconds: {timeout}\n"
+            + job_text("job", f"{work}/data", local_ranks=local_ranks, seed=seed))
+    path = pathlib.Path(work, f"{host}-{port}.textproto")
+    path.write_text(text)
+    return path
+
+
+def start(bin_dir, names, host, path, log):
+    return subprocess.Popen(["ip", "netns", "exec", names[host], f"{bin_dir}/packfeedd",
+                             "--config", str(path)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def wait_healthy(bin_dir, socket, process, log):
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"packfeedd exited {process.returncode}: {pathlib.Path(log).read_text()}")
+        if subprocess.run([f"{bin_dir}/packfeedctl", "health", "--socket", socket],
+                          capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"packfeedd did not become ready: {pathlib.Path(log).read_text()}")
+
+
+def failed_start(checks, bin_dir, names, work, name, path, expected):
+    result = subprocess.run(["ip", "netns", "exec", names["b"], f"{bin_dir}/packfeedd",
+                             "--config", str(path)], capture_output=True, text=True, timeout=60)
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "[error]" in line]
+    checks.check(f"{name}: start-up fails", result.returncode != 0, result.returncode)
+    checks.check(f"{name}: one error line saying {expected!r}",
+                 len(errors) == 1 and all(e in errors[0] for e in expected), errors)
+
+
+def main():
+    bin_dir = sys.argv[1]
+    work = tempfile.mkdtemp(prefix="pf-netns-")
+    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", f"{work}/data",
+                    "--count", "300", "--min", "8", "--max", "400", "--mean", "100",
+                    "--vocab", "32000"], check=True, capture_output=True)
+    checks = Checks(None)
+    names = make_hosts()
+    daemons = []
+    try:
+        halves = {"a": list(range(8)), "b": list(range(8, 16))}
+        other = {"a": "b", "b": "a"}
+        paths = {h: config(work, h, halves[h], [f"{HOSTS[other[h]]}:{PORT}"]) for h in HOSTS}
+        logs = {h: f"{work}/{h}.log" for h in HOSTS}
+        for host in HOSTS:
+            daemons.append(start(bin_dir, names, host, paths[host], logs[host]))
+        for host, process in zip(HOSTS, daemons):
+            wait_healthy(bin_dir, f"{work}/{host}-{PORT}.sock", process, logs[host])
+        for host in HOSTS:
+            text = pathlib.Path(logs[host]).read_text()
+            checks.check(f"host {host} checked its peer over TCP",
+                         f"peer {HOSTS[other[host]]}:{PORT}: 1 job(s) with the same fingerprints"
+                         in text, text)
+        clients = {(h, r): subprocess.Popen(
+            ["ip", "netns", "exec", names[h], f"{bin_dir}/packfeedctl", "dump", "--socket",
+             f"{work}/{h}-{PORT}.sock", "--job", "job", "--rank", str(r), "--steps", "2", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for h in HOSTS for r in halves[h]}
+        for (host, rank), process in clients.items():
+            stdout, stderr = process.communicate(timeout=120)
+            checks.check(f"host {host} rank {rank} served in its namespace",
+                         process.returncode == 0 and '"steps"' in stdout, stderr)
+        failed_start(checks, bin_dir, names, work, "a peer with another seed",
+                     config(work, "b", halves["b"], [f"{HOSTS['a']}:{PORT}"], seed=8, port=7071),
+                     ["fingerprint", "sampler differ", f"{HOSTS['a']}:{PORT}"])
+        failed_start(checks, bin_dir, names, work, "a peer that never answers",
+                     config(work, "b", halves["b"], [f"{HOSTS['a']}:7999"], port=7072, timeout=2),
+                     [f"peer {HOSTS['a']}:7999 did not answer within 2 s"])
+        print(f"two hosts: {len(clients)} ranks served across namespaces; fingerprints checked "
+              "over TCP; a mismatched and a silent peer refused")
+    finally:
+        for process in daemons:
+            process.terminate()
+            process.wait(timeout=30)
+        remove_hosts(names)
+    checks.check("daemons exit 0 on SIGTERM", all(p.returncode == 0 for p in daemons),
+                 [p.returncode for p in daemons])
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
