@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
 
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("packfeedd [%l] %v");
+  // Every line reaches the journal (or a log file) when it is written: stdout
+  // to a pipe or file is otherwise block-buffered.
+  spdlog::flush_on(spdlog::level::trace);
 
   absl::StatusOr<packfeed::v1::DaemonConfig> config = packfeed::LoadDaemonConfig(config_path);
   if (!config.ok()) {

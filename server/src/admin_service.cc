@@ -100,13 +100,18 @@ class AdminService final : public v1::Admin::CallbackService {
 
   grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* context, const v1::HealthRequest*,
                                    v1::HealthReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (!daemon_.started()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "starting: checking the peer daemons"));
+      return reactor;
+    }
     reply->set_serving(!daemon_.draining());
     reply->set_version(kPackfeedVersion);
     reply->set_jobs(static_cast<uint32_t>(daemon_.runners().size()));
     uint32_t attached = 0;
     for (const auto& runner : daemon_.runners()) attached += runner->attached_ranks();
     reply->set_attached_ranks(attached);
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }

@@ -15,6 +15,9 @@ namespace {
 absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
                          JobRunner*& runner) {
   if (daemon.draining()) return absl::UnavailableError("the daemon is draining");
+  if (!daemon.started()) {
+    return absl::UnavailableError("the daemon is starting: it is still checking its peers");
+  }
   runner = daemon.runner(request.job());
   if (runner == nullptr) {
     std::vector<std::string> names;

@@ -144,6 +144,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   // Only the owner and its group may attach or administer.
   chmod(socket.c_str(), 0660);
   PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_));
+  daemon->started_ = true;
   spdlog::info("serving {} job(s) on unix:{}{}", daemon->jobs_.size(), socket,
                config.admin_tcp_address().empty()
                    ? ""

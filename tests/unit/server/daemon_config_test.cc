@@ -1,5 +1,6 @@
 #include "packfeed/server/daemon_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/server/fingerprint.h"
@@ -30,6 +31,8 @@ TEST(DaemonConfigTest, FillsDefaults) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->socket_path(), kDefaultSocketPath);
   EXPECT_EQ(config->prefetch_steps(), 2u);
+  EXPECT_EQ(config->peer_timeout_seconds(), 120u);
+  EXPECT_TRUE(config->admin_tcp_address().empty());
   const v1::JobConfig& job = config->jobs(0);
   EXPECT_EQ(job.topology().pp(), 1u);
   EXPECT_EQ(job.pad_id(), 7);
@@ -70,6 +73,16 @@ TEST(DaemonConfigTest, InvalidFieldsAreNamedByPath) {
   EXPECT_THAT(with("\"dynamic_cp\"", "\"megatron_dp_balanced\""),
               HasSubstr("SAMPLER_MODE_SEQUENTIAL"));
   EXPECT_THAT(Message(std::string(kJob) + std::string(kJob)), HasSubstr("names two jobs"));
+}
+
+TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddress) {
+  EXPECT_THAT(Message(absl::StrCat("peers: \"10.0.0.2:7070\"\n", kJob)),
+              HasSubstr("peers: peers check each other, so admin_tcp_address must be set"));
+  EXPECT_TRUE(ParseDaemonConfig(absl::StrCat("peers: \"10.0.0.2:7070\"\n"
+                                             "admin_tcp_address: \"10.0.0.1:7070\"\n",
+                                             kJob),
+                                "c.textproto")
+                  .ok());
 }
 
 TEST(FingerprintTest, NamesTheDifferingParts) {

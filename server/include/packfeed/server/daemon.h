@@ -4,6 +4,7 @@
 // packfeedd: the jobs of a configuration, a JobRunner each, and the gRPC
 // Control and Admin services (callback API) on a Unix socket.
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,9 @@ class Daemon {
   void Shutdown();
   void Wait() { shutdown_.WaitForNotification(); }
   bool draining() const { return shutdown_.HasBeenNotified(); }
+  // False while start-up still checks the peer daemons (the socket already
+  // answers, so that peers can check this one): no attach until then.
+  bool started() const { return started_.load(); }
   // True when every job's runner went round its loop within `within`.
   bool Healthy(absl::Duration within) const;
 
@@ -56,6 +60,7 @@ class Daemon {
   absl::Notification shutdown_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
   std::unique_ptr<grpc::Server> server_;
+  std::atomic<bool> started_{false};
 };
 
 // The version packfeedd reports.
