@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Slurm for real: installs Debian's slurm-wlm and munge when missing, starts
+# munged, slurmctld and two slurmd (nodes n1 and n2 on this host) with a
+# minimal config made here, and runs deploy/slurm/packfeed_srun.sh inside
+# `salloc -N2 -n4` and through the example sbatch file, with print_batches as
+# the training command: every rank gets its data, both daemons serve and stop
+# cleanly, and no packfeedd is left behind; the Slurm and munge daemons this
+# test started are stopped at the end.
+# Skips (exit 77) only where the machine forbids it (neither root nor sudo).
+# usage: slurm_test.sh SOURCE_ROOT BIN_DIR CLIENT_BIN_DIR
+set -euo pipefail
+source_root=$1 bin_dir=$2 client_bin=$3
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+  sudo -n true 2>/dev/null || { echo "SKIP: Slurm needs root or passwordless sudo"; exit 77; }
+  sudo="sudo -n"
+fi
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    slurm-wlm munge >/dev/null
+fi
+
+work=$(mktemp -d /tmp/pf-slurm-XXXXXX)
+chmod 755 "$work"
+host=$(hostname)
+pid_files=()  # of the daemons this test started
+cleanup() {
+  local pids=()
+  for file in "${pid_files[@]}"; do [[ -f $file ]] && pids+=("$(cat "$file")"); done
+  ((${#pids[@]})) || return 0
+  $sudo kill "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 100); do $sudo kill -0 "${pids[@]}" 2>/dev/null || return 0; sleep 0.1; done
+  $sudo kill -9 "${pids[@]}" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# munge: reuse a running one, else start ours.
+if ! pgrep -x munged >/dev/null; then
+  $sudo mkdir -p /run/munge && $sudo chown munge: /run/munge
+  [[ -f /etc/munge/munge.key ]] || $sudo /usr/sbin/mungekey --create >/dev/null 2>&1 || true
+  $sudo runuser -u munge -- /usr/sbin/munged
+  pid_files+=(/run/munge/munged.pid)
+fi
+for _ in $(seq 50); do munge -n </dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+
+mkdir -p "$work"/{state,spool,log}
+cat >"$work/slurm.conf" <<CONF
+ClusterName=pftest
+SlurmctldHost=$host
+SlurmctldPort=16817
+SlurmUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MailProg=/bin/true
+StateSaveLocation=$work/state
+SlurmdSpoolDir=$work/spool/%n
+SlurmctldPidFile=$work/slurmctld.pid
+SlurmdPidFile=$work/slurmd.%n.pid
+SlurmctldLogFile=$work/log/slurmctld.log
+SlurmdLogFile=$work/log/slurmd.%n.log
+NodeName=n1 NodeHostname=$host Port=16818 CPUs=2 RealMemory=2000 State=UNKNOWN
+NodeName=n2 NodeHostname=$host Port=16819 CPUs=2 RealMemory=2000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+export SLURM_CONF=$work/slurm.conf
+pid_files+=("$work/slurmctld.pid" "$work/slurmd.n1.pid" "$work/slurmd.n2.pid")
+$sudo slurmctld -f "$SLURM_CONF"
+$sudo slurmd -f "$SLURM_CONF" -N n1
+$sudo slurmd -f "$SLURM_CONF" -N n2
+for _ in $(seq 60); do
+  [[ $(sinfo -h -o '%t' 2>/dev/null | sort -u) == idle ]] && break
+  sleep 0.5
+done
+sinfo -h -o '%N %t' || true
+
+# The job: 4 global ranks (TP1 CP2 DP2), 2 per node.
+"$bin_dir/packfeedctl" make-dataset --out "$work/data" --count 200 --min 8 --max 300 \
+  --mean 80 --vocab 32000 >/dev/null
+cat >"$work/jobs.textproto" <<JOBS
+jobs {
+  name: "job"
+  datasets { prefix: "$work/data" }
+  topology { tp: 1 cp: 2 dp: 2 }
+  global_batch: 8
+  seq_length: 256
+  eod_id: 32000
+  append_eod: true
+  scheduler { kind: "dynamic_cp" max_tokens_per_rank: 256 }
+}
+JOBS
+# The "training command": each task prints what its rank received.
+cat >"$work/train.sh" <<TRAIN
+#!/usr/bin/env bash
+exec "$client_bin/print_batches" --socket "\$PACKFEED_SOCKET" --job job --rank "\$SLURM_PROCID" --steps 2
+TRAIN
+chmod +x "$work/train.sh"
+
+fail=0
+check() {  # check NAME OUTPUT_FILE
+  local name=$1 out=$2 failed_before=$fail
+  for rank in 0 1 2 3; do
+    local lines
+    lines=$(grep -c "^rank  *$rank step [01]:" "$out" || true)
+    if [[ $lines -ne 2 ]]; then echo "FAILED $name: rank $rank printed $lines of 2 steps"; fail=1; fi
+  done
+  grep -q "daemons stopped; training exited 0" "$out" || { echo "FAILED $name: no clean stop"; fail=1; }
+  for node in n1 n2; do
+    grep -q "signal 15: draining" "$run_dir/packfeedd-$node.log" &&
+      grep -q "\[info\] stopped" "$run_dir/packfeedd-$node.log" ||
+      { echo "FAILED $name: daemon on $node did not stop cleanly"; fail=1; }
+  done
+  if pgrep -f "packfeedd --config $run_dir" >/dev/null; then
+    echo "FAILED $name: a packfeedd is left behind"; fail=1
+  fi
+  [[ $fail -ne $failed_before ]] || echo "$name: 4 ranks served by 2 daemons; both drained on SIGTERM"
+}
+
+export PACKFEED_BIN_DIR=$bin_dir
+run_dir=$work/run-salloc
+PACKFEED_RUN_DIR=$run_dir timeout 300 salloc -N2 -n4 --ntasks-per-node=2 \
+  "$source_root/deploy/slurm/packfeed_srun.sh" --config "$work/jobs.textproto" -- "$work/train.sh" \
+  >"$work/salloc.out" 2>&1 || { cat "$work/salloc.out"; echo "FAILED: salloc run"; fail=1; }
+check salloc "$work/salloc.out"
+
+run_dir=$work/run-sbatch
+(cd "$source_root" && PACKFEED_RUN_DIR=$run_dir PACKFEED_JOBS=$work/jobs.textproto \
+  PACKFEED_TRAIN_COMMAND=$work/train.sh PACKFEED_TRAIN_ARGS=" " \
+  timeout 300 sbatch --wait --nodes=2 --ntasks-per-node=2 --output="$work/sbatch.out" \
+  deploy/slurm/packfeed.sbatch >/dev/null) || { cat "$work/sbatch.out"; echo "FAILED: sbatch run"; fail=1; }
+check sbatch "$work/sbatch.out"
+exit $fail
