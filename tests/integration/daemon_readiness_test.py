@@ -91,8 +91,12 @@ def test_startup_errors(checks, bin_dir, work, prefix):
     for suffix in (".idx", ".bin"):
         pathlib.Path(f"{unreadable}{suffix}").write_bytes(pathlib.Path(f"{prefix}{suffix}").read_bytes())
     pathlib.Path(f"{unreadable}.idx").chmod(0)
+    truncated = pathlib.Path(work, "truncated")
+    pathlib.Path(f"{truncated}.idx").write_bytes(pathlib.Path(f"{prefix}.idx").read_bytes()[:20])
+    pathlib.Path(f"{truncated}.bin").write_bytes(pathlib.Path(f"{prefix}.bin").read_bytes())
     cases = {
         "dataset missing": (config_text(f"{work}/a.sock", f"{work}/nothing"), "nothing.idx"),
+        "dataset index truncated": (config_text(f"{work}/a.sock", truncated), "truncated header"),
         "socket directory impossible": (config_text(f"{a_file}/sub/a.sock", prefix),
                                         "cannot be created"),
         "config invalid": (config_text(f"{work}/a.sock", prefix).replace('"balanced"', '"bogus"'),
