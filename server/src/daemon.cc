@@ -126,20 +126,25 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   daemon->services_.push_back(MakeAdminService(*daemon));
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
-  int tcp_port = 0;
-  if (!config.admin_tcp_address().empty()) {
-    builder.AddListeningPort(config.admin_tcp_address(), grpc::InsecureServerCredentials(),
-                             &tcp_port);
-  }
   for (auto& service : daemon->services_) builder.RegisterService(service.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "cannot serve on unix:", socket, " (is its directory writable, or another daemon there?)"));
   }
-  if (!config.admin_tcp_address().empty() && tcp_port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on admin_tcp_address ", config.admin_tcp_address()));
+  if (!config.admin_tcp_address().empty()) {
+    // A server of its own with the Admin service only: attaching (Control)
+    // stays on the Unix socket, whose permissions say who may.
+    daemon->services_.push_back(MakeAdminService(*daemon));
+    grpc::ServerBuilder tcp;
+    int port = 0;
+    tcp.AddListeningPort(config.admin_tcp_address(), grpc::InsecureServerCredentials(), &port);
+    tcp.RegisterService(daemon->services_.back().get());
+    daemon->tcp_server_ = tcp.BuildAndStart();
+    if (daemon->tcp_server_ == nullptr || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on admin_tcp_address ", config.admin_tcp_address()));
+    }
   }
   // Only the owner and its group may attach or administer.
   chmod(socket.c_str(), 0660);
@@ -154,7 +159,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
 
 Daemon::~Daemon() {
   Shutdown();
-  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (tcp_server_ != nullptr) tcp_server_->Shutdown(deadline);
+  if (server_ != nullptr) server_->Shutdown(deadline);
   runners_.clear();  // goodbyes to every rank
   unlink(config_.socket_path().c_str());
 }

@@ -59,7 +59,8 @@ class Daemon {
   std::once_flag shutdown_once_;
   absl::Notification shutdown_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> server_;      // Control + Admin, Unix socket
+  std::unique_ptr<grpc::Server> tcp_server_;  // Admin only, admin_tcp_address
   std::atomic<bool> started_{false};
 };
 
