@@ -3,7 +3,8 @@
 #   tests/fuzz/run_fuzzers.sh BUILD_DIR SECONDS_PER_TARGET
 # index_parser_fuzz is seeded with Megatron's fixture indexes (when ../shared
 # is present) and indexes made by packfeedctl; wire_fuzz starts from nothing
-# (libFuzzer's comparison tracing finds the magic and the version). Longer runs: pass more seconds, or run the binary
+# (libFuzzer's comparison tracing finds the magic and the version);
+# config_fuzz from one configuration using every field. Longer runs: pass more seconds, or run the binary
 # directly, e.g. build-fuzz/tests/fuzz/index_parser_fuzz -max_total_time=3600 DIR
 set -euo pipefail
 build=$1
@@ -38,6 +39,28 @@ run() {  # run TARGET CORPUS_DIR
   grep -E '^(Done|stat::(number_of_executed_units|new_units_added))' "$log"
   echo "run_fuzzers: $1 ran ${seconds}s without a crash"
 }
-mkdir -p "$corpus/wire"
+mkdir -p "$corpus/wire" "$corpus/config"
+cat >"$corpus/config/seed.textproto" <<'CONFIG'
+socket_path: "/run/packfeed/packfeedd.sock"
+prefetch_steps: 2
+admin_tcp_address: "10.0.0.1:7070"
+peers: "10.0.0.2:7070"
+jobs {
+  name: "pretrain"
+  datasets { prefix: "/data/a" kind: DATASET_KIND_VARLEN weight: 0.5 }
+  datasets { prefix: "/data/b" kind: DATASET_KIND_SFT weight: 0.5 }
+  topology { tp: 2 pp: 2 cp: 2 dp: 2 sequence_parallel: true }
+  global_batch: 16
+  seq_length: 256
+  eod_id: 7
+  append_eod: true
+  seed: 3
+  auth_token: "t"
+  local_ranks: [0, 1, 2, 3]
+  sampler: SAMPLER_MODE_SEQUENTIAL
+  scheduler { kind: "dynamic_cp" max_tokens_per_rank: 128 }
+}
+CONFIG
 run index_parser_fuzz "$corpus"
 run wire_fuzz "$corpus/wire"
+run config_fuzz "$corpus/config"
