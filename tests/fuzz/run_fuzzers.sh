@@ -48,7 +48,7 @@ peers: "10.0.0.2:7070"
 jobs {
   name: "pretrain"
   datasets { prefix: "/data/a" kind: DATASET_KIND_VARLEN weight: 0.5 }
-  datasets { prefix: "/data/b" kind: DATASET_KIND_SFT weight: 0.5 }
+  datasets { prefix: "/data/b" kind: DATASET_KIND_VARLEN weight: 0.5 }
   topology { tp: 2 pp: 2 cp: 2 dp: 2 sequence_parallel: true }
   global_batch: 16
   seq_length: 256
@@ -57,7 +57,6 @@ jobs {
   seed: 3
   auth_token: "t"
   local_ranks: [0, 1, 2, 3]
-  sampler: SAMPLER_MODE_SEQUENTIAL
   scheduler { kind: "dynamic_cp" max_tokens_per_rank: 128 }
 }
 CONFIG
