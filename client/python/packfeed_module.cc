@@ -117,7 +117,8 @@ std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string
                                const std::string& auth_token, int64_t start_step,
                                uint32_t slots, uint64_t slot_bytes,
                                const std::string& placement, int cuda_device,
-                               const std::string& ucx_transports, double attach_timeout) {
+                               const std::string& ucx_transports, double attach_timeout,
+                               double reconnect_timeout) {
   ClientOptions options;
   options.socket_path = socket_path;
   options.job = job;
@@ -131,6 +132,7 @@ std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string
   options.cuda_device = cuda_device;
   options.ucx_transports = ucx_transports;
   options.attach_timeout = absl::Seconds(attach_timeout);
+  options.reconnect_timeout = absl::Seconds(reconnect_timeout);
   absl::StatusOr<std::unique_ptr<Client>> client;
   {
     py::gil_scoped_release release;
@@ -247,7 +249,7 @@ PYBIND11_MODULE(_native, m) {
   m.def("attach", &Attach, py::arg("socket_path"), py::arg("job"), py::arg("global_rank"),
         py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"), py::arg("slots"),
         py::arg("slot_bytes"), py::arg("placement"), py::arg("cuda_device"),
-        py::arg("ucx_transports"), py::arg("attach_timeout"));
+        py::arg("ucx_transports"), py::arg("attach_timeout"), py::arg("reconnect_timeout"));
   m.def("time_next_in_cpp", &TimeNextInCpp, py::arg("client"), py::arg("steps"),
         py::arg("pause_us"));
 }

@@ -1,8 +1,10 @@
 #include "packfeed/client/client.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/v1/service.grpc.pb.h"
@@ -47,8 +49,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& opti
   client->options_ = options;
   client->control_ = std::make_unique<Control>();
   Control& control = *client->control_;
-  control.channel = grpc::CreateChannel("unix:" + options.socket_path,
-                                        grpc::InsecureChannelCredentials());
+  // gRPC's own reconnect backoff (1 s growing to 2 min) would refuse calls
+  // long after a restarted daemon is back: keep it at Reattach's pace.
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  control.channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
+                                              grpc::InsecureChannelCredentials(), arguments);
   control.control = v1::Control::NewStub(control.channel);
   control.admin = v1::Admin::NewStub(control.channel);
 
@@ -74,28 +82,76 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& opti
   receiver.placement = options.placement;
   receiver.cuda_device = options.cuda_device;
   PF_ASSIGN_OR_RETURN(client->receiver_, transport::Receiver::Create(receiver));
-
-  v1::AttachRequest request;
-  request.set_job(options.job);
-  request.set_global_rank(static_cast<uint32_t>(options.global_rank));
-  request.set_fingerprint(options.fingerprint);
-  request.set_auth_token(options.auth_token);
-  request.set_worker_address(client->receiver_->worker_address());
-  request.mutable_ring()->set_slots(options.slots);
-  request.mutable_ring()->set_slot_bytes(slot_bytes);
-  request.mutable_ring()->set_ring_descriptor(client->receiver_->ring_descriptor());
-  request.set_start_step(options.start_step);
-  v1::AttachReply reply;
-  grpc::ClientContext context;
-  SetDeadline(context, options.attach_timeout);
-  PF_RETURN_IF_ERROR(FromGrpc(control.control->Attach(&context, request, &reply),
-                              absl::StrCat("attach job ", options.job, " rank ", options.global_rank),
-                              options.socket_path));
-  PF_RETURN_IF_ERROR(client->receiver_->Connect(reply.sender_address(), reply.epoch()));
-  client->epoch_ = reply.epoch();
-  client->fingerprint_ = reply.fingerprint();
+  client->slot_bytes_ = slot_bytes;
+  PF_RETURN_IF_ERROR(client->AttachAt(options.start_step));
   client->next_step_ = options.start_step;
   return client;
+}
+
+absl::Status Client::AttachAt(int64_t start_step) {
+  v1::AttachRequest request;
+  request.set_job(options_.job);
+  request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
+  // Once attached, the fingerprint is pinned: a daemon restarted with
+  // another configuration is refused on re-attach.
+  request.set_fingerprint(fingerprint_.empty() ? options_.fingerprint : fingerprint_);
+  request.set_auth_token(options_.auth_token);
+  request.set_worker_address(receiver_->worker_address());
+  request.mutable_ring()->set_slots(options_.slots);
+  request.mutable_ring()->set_slot_bytes(slot_bytes_);
+  request.mutable_ring()->set_ring_descriptor(receiver_->ring_descriptor());
+  request.set_start_step(start_step);
+  v1::AttachReply reply;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.attach_timeout);
+  PF_RETURN_IF_ERROR(FromGrpc(control_->control->Attach(&context, request, &reply),
+                              absl::StrCat("attach job ", options_.job, " rank ",
+                                           options_.global_rank),
+                              options_.socket_path));
+  PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.epoch()));
+  epoch_ = reply.epoch();
+  fingerprint_ = reply.fingerprint();
+  return absl::OkStatus();
+}
+
+absl::Status Client::Reattach(const absl::Status& cause) {
+  if (cause.code() != absl::StatusCode::kUnavailable ||
+      options_.reconnect_timeout <= absl::ZeroDuration()) {
+    return cause;
+  }
+  // NextStep fails between steps (resume at the next one); Next fails inside
+  // a step whose first `taken_` microbatches the trainer already has.
+  const bool in_step = step_.has_value() && taken_ < step_->num_microbatches;
+  const int64_t step = in_step ? step_->step : next_step_;
+  const int skip = in_step ? taken_ : 0;
+  pending_.reset();
+  held_.reset();
+  epoch_ = 0;  // that daemon is gone: nothing to detach from
+  const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    absl::Status attached = AttachAt(step);
+    if (attached.ok()) break;
+    if (absl::Now() + backoff > deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          cause.message(), "; re-attaching for ", absl::FormatDuration(options_.reconnect_timeout),
+          " failed: ", attached.message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(2));
+  }
+  // The plan is deterministic: the daemon serves step `step` again from its
+  // first microbatch, bit-identical; drop what the trainer already took.
+  for (int m = 0; m < skip; ++m) {
+    PF_ASSIGN_OR_RETURN(transport::ReceivedSlot slot, receiver_->Next(options_.attach_timeout));
+    if (slot.step != step || static_cast<int>(slot.microbatch) != m) {
+      return absl::DataLossError(absl::StrCat("after re-attaching: expected step ", step,
+                                              " microbatch ", m, ", received step ", slot.step,
+                                              " microbatch ", slot.microbatch));
+    }
+    PF_RETURN_IF_ERROR(receiver_->Release(slot.seq));
+  }
+  return absl::OkStatus();
 }
 
 Client::~Client() { Detach().IgnoreError(); }
@@ -117,6 +173,9 @@ absl::Status Client::Detach() {
 
 absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {
   PF_RETURN_IF_ERROR(Release());
+  absl::StatusOr<transport::ReceivedSlot> slot = receiver_->Next(timeout);
+  if (slot.ok() || slot.status().code() != absl::StatusCode::kUnavailable) return slot;
+  PF_RETURN_IF_ERROR(Reattach(slot.status()));
   return receiver_->Next(timeout);
 }
 

@@ -157,6 +157,36 @@ class ClientTest(unittest.TestCase):
                 os.kill(daemon.process.pid, signal.SIGCONT)
             client.close()
 
+    def test_a_restarted_daemon_is_reattached_and_nothing_is_lost_or_repeated(self):
+        text = job_text(dp=1).replace("max_tokens_per_rank: 256", "max_tokens_per_rank: 128")
+        with self.daemon(text, name="reference") as daemon:
+            reference = packfeed.Client("job", rank=0, socket_path=daemon.socket, copy=True)
+            expected = [b for step in take_steps(reference, 4) for b in step]
+            reference.close()
+        self.assertGreater(len(expected), 4, "steps of one microbatch test nothing")
+        got = []
+        daemon = self.daemon(text, name="restarted")
+        with daemon:
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket, copy=True,
+                                     reconnect_timeout=30)
+            got += take_steps(client, 1)[0]
+            iterator, count, _, _ = client.next_step(timeout=30)
+            self.assertGreater(count, 1)
+            got.append({k: v.tolist() for k, v in next(iterator).items()
+                        if isinstance(v, torch.Tensor)})
+            taken = len(got)
+            daemon.process.kill()  # mid-step, the ring holding what was pushed ahead
+            daemon.process.wait()
+        with self.daemon(text, name="restarted"):  # the same socket and config
+            got += [{k: v.tolist() for k, v in b.items() if isinstance(v, torch.Tensor)}
+                    for b in iterator]
+            got += [b for step in take_steps(client, 2) for b in step]
+            client.close()
+        self.assertEqual(len(got), len(expected))
+        self.assertTrue(got == expected, "batches after the restart differ")
+        print(f"restart: killed after {taken} of {len(expected)} microbatches (mid-step); "
+              "all received once, bit-identical")
+
     def test_a_killed_daemon_is_an_exception_not_a_hang(self):
         daemon = self.daemon(name="killed")
         with daemon:

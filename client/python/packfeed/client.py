@@ -41,6 +41,9 @@ class Client:
     Tensors are zero-copy views of the ring slot: valid until the next
     microbatch is taken (or release()), after which the daemon reuses the slot.
     copy=True hands out owned copies instead and frees the slot at once.
+    reconnect_timeout: seconds to keep re-attaching when the daemon goes away
+    (killed, restarted); the client then goes on from the first microbatch it
+    had not taken, bit-identical. 0 raises UnavailableError at once.
     device: where tensors should end up. A device ring is used when the UCX
     build and a GPU allow it; otherwise the host ring's tensors are copied to
     the device asynchronously and the slot is freed once the copy is done.
@@ -48,7 +51,8 @@ class Client:
 
     def __init__(self, job=None, *, rank=None, socket_path=None, fingerprint="",
                  auth_token=None, start_step=0, slots=4, slot_bytes=0, device=None,
-                 copy=False, ucx_transports="", attach_timeout=30.0, state=None):
+                 copy=False, ucx_transports="", attach_timeout=30.0, reconnect_timeout=0.0,
+                 state=None):
         self.job = job or os.environ.get("PACKFEED_JOB") or ""
         self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
         world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=None)
@@ -60,7 +64,7 @@ class Client:
         self._copy = copy
         self._device = _resolve_device(device)
         self._options = dict(slots=slots, slot_bytes=slot_bytes, ucx_transports=ucx_transports,
-                             attach_timeout=attach_timeout)
+                             attach_timeout=attach_timeout, reconnect_timeout=reconnect_timeout)
         self._native = None
         self._pending_copy = None  # the event of an asynchronous device copy
         self._last_step = None

@@ -49,6 +49,11 @@ struct ClientOptions {
   int cuda_device = 0;         // for a device ring
   std::string ucx_transports;  // "" = UCX's choice
   absl::Duration attach_timeout = absl::Seconds(30);
+  // When the daemon goes away (killed, restarted, drained), NextStep/Next
+  // attach again for up to this long (backoff 0.1 s doubling to 2 s) and go
+  // on from the first microbatch not yet taken, bit-identical (the plan is
+  // deterministic). 0: report Unavailable at once.
+  absl::Duration reconnect_timeout = absl::ZeroDuration();
 };
 
 // What the trainer needs before its first microbatch of a step (Megatron's
@@ -120,12 +125,18 @@ class Client {
  private:
   struct Control;
   Client() = default;
+  // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
+  absl::Status AttachAt(int64_t start_step);
+  // Re-attaches after `cause` (Unavailable) as reconnect_timeout allows;
+  // returns `cause` when it does not apply.
+  absl::Status Reattach(const absl::Status& cause);
 
   ClientOptions options_;
   std::unique_ptr<Control> control_;
   std::unique_ptr<transport::Receiver> receiver_;
   uint64_t epoch_ = 0;
+  uint64_t slot_bytes_ = 0;
   std::string fingerprint_;
   std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
   std::optional<uint64_t> held_;                    // seq of the slot Next handed out
