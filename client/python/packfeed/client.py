@@ -67,6 +67,7 @@ class Client:
                              attach_timeout=attach_timeout, reconnect_timeout=reconnect_timeout)
         self._native = None
         self._pending_copy = None  # the event of an asynchronous device copy
+        self._copy_stream = None   # where those copies run (created on first use)
         self._last_step = None
         if state is not None:
             self.load_state_dict(state)
@@ -181,7 +182,9 @@ class Client:
         needs_device = (self._device is not None and
                         any(batch[k].device != self._device for k in names))
         if needs_device:
-            stream = torch.cuda.Stream(device=self._device)
+            if self._copy_stream is None:
+                self._copy_stream = torch.cuda.Stream(device=self._device)
+            stream = self._copy_stream
             with torch.cuda.stream(stream):
                 for k in names:
                     batch[k] = batch[k].to(self._device, non_blocking=True)
