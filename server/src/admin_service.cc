@@ -33,10 +33,12 @@ struct StatsCollector {
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  explicit AdminService(Daemon& daemon) : daemon_(daemon) {}
+  AdminService(Daemon& daemon, std::string required_token)
+      : daemon_(daemon), required_token_(std::move(required_token)) {}
 
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const v1::ListJobsRequest*, v1::ListJobsReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     for (const auto& runner : daemon_.runners()) {
       const Job& job = runner->job();
       v1::JobSummary* summary = reply->add_jobs();
@@ -55,6 +57,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     std::vector<JobRunner*> runners;
     for (const auto& runner : daemon_.runners()) {
@@ -81,6 +84,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
                                     const v1::GetPlanRequest* request,
                                     v1::GetPlanReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     JobRunner* runner = daemon_.runner(request->job());
     absl::Status status;
@@ -100,6 +104,7 @@ class AdminService final : public v1::Admin::CallbackService {
 
   grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* context, const v1::HealthRequest*,
                                    v1::HealthReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (!daemon_.started()) {
       reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -119,6 +124,7 @@ class AdminService final : public v1::Admin::CallbackService {
   // Drain needs the token of every job that has one: it stops them all.
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const v1::DrainRequest* request, v1::DrainReply*) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     for (const auto& runner : daemon_.runners()) {
       const std::string& token = runner->job().config().auth_token();
@@ -178,13 +184,31 @@ class AdminService final : public v1::Admin::CallbackService {
     }
   }
 
+  // On the TCP listener every call carries the admin token (metadata
+  // kAdminTokenMetadata); nullptr when this call may proceed.
+  grpc::ServerUnaryReactor* RefuseWithoutToken(grpc::CallbackServerContext* context) const {
+    if (required_token_.empty()) return nullptr;
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find(kAdminTokenMetadata);
+    if (it != metadata.end() &&
+        ConstantTimeEquals(std::string(it->second.data(), it->second.size()), required_token_)) {
+      return nullptr;
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                                 "missing or wrong admin token (admin_tcp_token)"));
+    return reactor;
+  }
+
   Daemon& daemon_;
+  const std::string required_token_;  // empty: none (the Unix socket)
 };
 
 }  // namespace
 
-std::unique_ptr<v1::Admin::CallbackService> MakeAdminService(Daemon& daemon) {
-  return std::make_unique<AdminService>(daemon);
+std::unique_ptr<v1::Admin::CallbackService> MakeAdminService(Daemon& daemon,
+                                                             std::string required_token) {
+  return std::make_unique<AdminService>(daemon, std::move(required_token));
 }
 
 }  // namespace packfeed

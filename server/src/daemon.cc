@@ -53,6 +53,7 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
     do {
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      context.AddMetadata(kAdminTokenMetadata, config.admin_tcp_token());
       status = admin->ListJobs(&context, {}, &reply);
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -60,10 +61,15 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
       }
       absl::SleepFor(absl::Milliseconds(250));
     } while (absl::Now() < deadline);
-    if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       return absl::UnavailableError(absl::StrCat("peer ", peer, " did not answer within ",
                                                  config.peer_timeout_seconds(),
                                                  " s: ", status.error_message()));
+    }
+    if (!status.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("peer ", peer, " refused the check: ", status.error_message()));
     }
     for (const auto& job : jobs) {
       auto same = std::find_if(reply.jobs().begin(), reply.jobs().end(),
@@ -135,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   if (!config.admin_tcp_address().empty()) {
     // A server of its own with the Admin service only: attaching (Control)
     // stays on the Unix socket, whose permissions say who may.
-    daemon->services_.push_back(MakeAdminService(*daemon));
+    daemon->services_.push_back(MakeAdminService(*daemon, config.admin_tcp_token()));
     grpc::ServerBuilder tcp;
     int port = 0;
     tcp.AddListeningPort(config.admin_tcp_address(), grpc::InsecureServerCredentials(), &port);

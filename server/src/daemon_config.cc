@@ -150,6 +150,11 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
   if (config.socket_path().empty()) config.set_socket_path(std::string(kDefaultSocketPath));
   if (config.prefetch_steps() == 0) config.set_prefetch_steps(2);
   if (config.peer_timeout_seconds() == 0) config.set_peer_timeout_seconds(120);
+  if (!config.admin_tcp_address().empty() && config.admin_tcp_token().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": admin_tcp_token: required with admin_tcp_address (a TCP listener is "
+        "open to the network)"));
+  }
   if (!config.peers().empty() && config.admin_tcp_address().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": peers: peers check each other, so admin_tcp_address must be set too"));

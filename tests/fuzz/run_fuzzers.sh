@@ -44,6 +44,7 @@ cat >"$corpus/config/seed.textproto" <<'CONFIG'
 socket_path: "/run/packfeed/packfeedd.sock"
 prefetch_steps: 2
 admin_tcp_address: "10.0.0.1:7070"
+admin_tcp_token: "s"
 peers: "10.0.0.2:7070"
 jobs {
   name: "pretrain"

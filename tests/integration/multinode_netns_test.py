@@ -1,8 +1,8 @@
 """Two "hosts" in network namespaces the test makes (veth, 10.213.7.0/30):
 a packfeedd in each hosting half of the ranks, checking the other's
 fingerprint over TCP at start-up, and clients in each namespace receiving
-their ranks' data. A daemon whose job differs from its peer's, and one whose
-peer never answers, fail start-up with one clear line.
+their ranks' data. A daemon whose job differs from its peer's, one with another admin
+token, and one whose peer never answers, fail start-up with one clear line.
 
 Skips (exit 77, with the reason) where the machine forbids network
 namespaces (not root, or `ip netns add` refused).
@@ -50,9 +50,10 @@ def remove_hosts(names):
         ip("netns", "del", name)  # only the namespaces this test made
 
 
-def config(work, host, local_ranks, peers, seed=7, port=PORT, timeout=60):
+def config(work, host, local_ranks, peers, seed=7, port=PORT, timeout=60, token="nodes-secret"):
     text = (f'socket_path: "{work}/{host}-{port}.sock"\n'
             f'admin_tcp_address: "{HOSTS[host]}:{port}"\n'
+            f'admin_tcp_token: "{token}"\n'
             + "".join(f'peers: "{peer}"\n' for peer in peers)
             + f"peer_timeout_seconds: {timeout}\n"
             + job_text("job", f"{work}/data", local_ranks=local_ranks, seed=seed))
@@ -123,11 +124,15 @@ def main():
         failed_start(checks, bin_dir, names, work, "a peer with another seed",
                      config(work, "b", halves["b"], [f"{HOSTS['a']}:{PORT}"], seed=8, port=7071),
                      ["fingerprint", "sampler differ", f"{HOSTS['a']}:{PORT}"])
+        failed_start(checks, bin_dir, names, work, "a peer with another admin token",
+                     config(work, "b", halves["b"], [f"{HOSTS['a']}:{PORT}"], port=7073,
+                            token="wrong"),
+                     [f"peer {HOSTS['a']}:{PORT} refused the check", "admin token"])
         failed_start(checks, bin_dir, names, work, "a peer that never answers",
                      config(work, "b", halves["b"], [f"{HOSTS['a']}:7999"], port=7072, timeout=2),
                      [f"peer {HOSTS['a']}:7999 did not answer within 2 s"])
         print(f"two hosts: {len(clients)} ranks served across namespaces; fingerprints checked "
-              "over TCP; a mismatched and a silent peer refused")
+              "over TCP; a mismatched, a wrong-token and a silent peer refused")
     finally:
         for process in daemons:
             process.terminate()

@@ -75,11 +75,14 @@ TEST(DaemonConfigTest, InvalidFieldsAreNamedByPath) {
   EXPECT_THAT(Message(std::string(kJob) + std::string(kJob)), HasSubstr("names two jobs"));
 }
 
-TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddress) {
+TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddressWithAToken) {
   EXPECT_THAT(Message(absl::StrCat("peers: \"10.0.0.2:7070\"\n", kJob)),
               HasSubstr("peers: peers check each other, so admin_tcp_address must be set"));
+  EXPECT_THAT(Message(absl::StrCat("admin_tcp_address: \"10.0.0.1:7070\"\n", kJob)),
+              HasSubstr("admin_tcp_token: required with admin_tcp_address"));
   EXPECT_TRUE(ParseDaemonConfig(absl::StrCat("peers: \"10.0.0.2:7070\"\n"
-                                             "admin_tcp_address: \"10.0.0.1:7070\"\n",
+                                             "admin_tcp_address: \"10.0.0.1:7070\"\n"
+                                             "admin_tcp_token: \"s\"\n",
                                              kJob),
                                 "c.textproto")
                   .ok());

@@ -64,6 +64,9 @@ class Daemon {
   std::atomic<bool> started_{false};
 };
 
+// The gRPC metadata key that carries admin_tcp_token on the TCP listener.
+inline constexpr const char* kAdminTokenMetadata = "x-packfeed-admin-token";
+
 // The version packfeedd reports.
 inline constexpr const char* kPackfeedVersion = "0.1.0";
 
