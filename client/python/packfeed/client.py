@@ -173,8 +173,11 @@ class Client:
         for name, dtype, capsule in native["fields"]:
             tensor = torch.utils.dlpack.from_dlpack(capsule)
             batch[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
-        batch["packed_seq_params"] = _packed_seq_params_kwargs(batch)
+        # The ints are read from the slot, before any copy to a device.
+        max_seqlen = int(batch["max_seqlen"])
+        local_cp_size = None if batch["local_cp_size"] is None else int(batch["local_cp_size"])
         self._place(batch)
+        batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, max_seqlen, local_cp_size)
         return batch
 
     def _place(self, batch):
@@ -195,7 +198,6 @@ class Client:
         elif self._copy:
             for k in names:
                 batch[k] = batch[k].clone()
-        _refresh_packed_seq_params(batch)
         if self._copy:
             self.release()
 
@@ -229,11 +231,9 @@ def _resolve_device(device):
     return None if device.type == "cpu" else device
 
 
-def _packed_seq_params_kwargs(batch):
+def _packed_seq_params_kwargs(batch, max_seqlen, local_cp_size):
     """The arguments of Megatron's PackedSeqParams for this microbatch
     (packfeed.megatron.packed_seq_params builds the object itself)."""
-    local_cp_size = batch["local_cp_size"]
-    max_seqlen = int(batch["max_seqlen"])
     return {
         "qkv_format": "thd",
         "cu_seqlens_q": batch["cu_seqlens"],
@@ -242,12 +242,5 @@ def _packed_seq_params_kwargs(batch):
         "cu_seqlens_kv_padded": batch["cu_seqlens_padded"],
         "max_seqlen_q": max_seqlen,
         "max_seqlen_kv": max_seqlen,
-        "local_cp_size": None if local_cp_size is None else int(local_cp_size),
+        "local_cp_size": local_cp_size,
     }
-
-
-def _refresh_packed_seq_params(batch):
-    # After a copy or a move, the kwargs point at the batch's own tensors.
-    params = batch["packed_seq_params"]
-    params["cu_seqlens_q"] = params["cu_seqlens_kv"] = batch["cu_seqlens"]
-    params["cu_seqlens_q_padded"] = params["cu_seqlens_kv_padded"] = batch["cu_seqlens_padded"]
