@@ -6,7 +6,10 @@
 //     microbatches so its ring is full when it asks);
 //   - the daemon's peak RSS (VmHWM), which must not grow with the dataset.
 //
-//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--quick] [--json]
+// With --ring device every rank's ring is in CUDA device memory (UCX built
+// with CUDA, a GPU present).
+//
+//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device] [--quick] [--json]
 
 #include <signal.h>
 
@@ -36,6 +39,7 @@ struct Args {
   int64_t docs = 20000;
   bool quick = false;
   bool json = false;
+  std::string ring = "host";
 };
 
 struct Figures {
@@ -104,7 +108,8 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   client::ClientOptions options;
   options.socket_path = dir + "/bench.sock";
   options.job = "bench";
-  options.placement = transport::RingPlacement::kHost;
+  options.placement = args.ring == "device" ? transport::RingPlacement::kDevice
+                                            : transport::RingPlacement::kHost;
 
   // Throughput: every rank as fast as it can.
   std::atomic<int64_t> tokens{0};
@@ -184,6 +189,8 @@ int main(int argc, char** argv) {
   app.add_option("--docs", args.docs, "documents of the smaller dataset (the other has 10×)")
       ->capture_default_str();
   app.add_option("--daemon", daemon, "packfeedd binary")->capture_default_str();
+  app.add_option("--ring", args.ring, "where each rank's ring lives: host or device (CUDA)")
+      ->check(CLI::IsMember({"host", "device"}));
   app.add_flag("--quick", args.quick, "a short run (smoke test)");
   app.add_flag("--json", args.json, "one JSON object per dataset");
   CLI11_PARSE(app, argc, argv);

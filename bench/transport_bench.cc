@@ -9,7 +9,11 @@
 // into the sender (same-node shared memory), the in-place path (memcpy into
 // the mapped slot + CommitMapped). Throughputs are medians of 9 rounds.
 //
-//   transport_bench [--tls sm,self] [--slots 4] [--json] [--quick]
+// With --ring device the receiver's ring is in CUDA device memory (UCX built
+// with CUDA) and the baseline is a synchronous host→device cudaMemcpy of the
+// same sizes from pageable memory; it needs a GPU.
+//
+//   transport_bench [--tls sm,self] [--slots 4] [--ring host|device] [--json] [--quick]
 
 #include <signal.h>
 
@@ -25,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "child_process.h"
+#include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/sender.h"
 #include "transport_harness.h"
@@ -46,6 +51,8 @@ struct Flags {
   bool json = false;
   bool quick = false;
   int spin_us = 50;
+  std::string ring = "host";
+  bool device() const { return ring == "device"; }
 };
 
 uint64_t NowNanos() {
@@ -76,7 +83,8 @@ int RunReceiver(const Flags& flags) {
   options.ucx.transports = flags.transports;
   options.slots = flags.slots;
   options.slot_bytes = kMaxSlot;
-  options.placement = transport::RingPlacement::kHost;
+  options.placement =
+      flags.device() ? transport::RingPlacement::kDevice : transport::RingPlacement::kHost;
   options.spin = absl::Microseconds(flags.spin_us);
   std::unique_ptr<Receiver> receiver = Check(Receiver::Create(options));
   Check(testing::SendFrame(testing::kControlFd, receiver->worker_address()));
@@ -137,6 +145,19 @@ double MemcpyGiBPerSecond(uint64_t size, uint64_t count, uint32_t slots,
   return GiBPerSecond(size * count, elapsed);
 }
 
+// The device baseline: what one cudaMemcpy host→device of the same sizes
+// moves, from the same pageable sources.
+double CudaCopyGiBPerSecond(uint64_t size, uint64_t count, uint32_t slots,
+                            const std::vector<std::vector<uint8_t>>& sources) {
+  transport::CudaDeviceBuffer ring = Check(transport::CudaDeviceBuffer::Allocate(0, size * slots));
+  const uint64_t start = NowNanos();
+  for (uint64_t i = 0; i < count; ++i) {
+    Check(transport::CudaCopy(static_cast<uint8_t*>(ring.data()) + (i % slots) * size,
+                              sources[i % sources.size()].data(), size));
+  }
+  return GiBPerSecond(size * count, NowNanos() - start);
+}
+
 class Bench {
  public:
   Bench(const Flags& flags, ChildProcess& child, Sender& sender, uint64_t epoch)
@@ -150,7 +171,9 @@ class Bench {
     const bool mapped = Check(sender_.Stats(epoch_)).mapped;
     std::vector<double> memcpy_rates, put_rates, mapped_rates;
     for (int round = 0; round < rounds; ++round) {
-      memcpy_rates.push_back(MemcpyGiBPerSecond(size, count, flags_.slots, sources));
+      memcpy_rates.push_back(flags_.device()
+                                 ? CudaCopyGiBPerSecond(size, count, flags_.slots, sources)
+                                 : MemcpyGiBPerSecond(size, count, flags_.slots, sources));
       put_rates.push_back(Throughput(sources, count, /*in_place=*/false));
       if (mapped) mapped_rates.push_back(Throughput(sources, count, /*in_place=*/true));
     }
@@ -241,7 +264,8 @@ class Bench {
 int RunSender(const Flags& flags, const std::string& self) {
   ChildProcess child = Check(ChildProcess::Spawn(
       {self, "--role", "receiver", "--tls", flags.transports, "--slots",
-       absl::StrCat(flags.slots), "--spin-us", absl::StrCat(flags.spin_us)}));
+       absl::StrCat(flags.slots), "--spin-us", absl::StrCat(flags.spin_us), "--ring",
+       flags.ring}));
   transport::SenderOptions options;
   options.ucx.transports = flags.transports;
   options.spin = absl::Microseconds(flags.spin_us);
@@ -259,11 +283,11 @@ int RunSender(const Flags& flags, const std::string& self) {
   if (!flags.json) {
     std::string lanes = stats.transports;
     std::replace(lanes.begin(), lanes.end(), '\n', ' ');
-    printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, ring %s\n",
+    printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s\n",
            transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(),
-           flags.slots, stats.mapped ? "mapped into the sender" : "not mapped");
+           flags.slots, flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped");
     printf("%10s %12s %14s %13s %7s %9s %9s\n", "slot", "put GiB/s", "in-place GiB/s",
-           "memcpy GiB/s", "ratio", "p50 us", "p99 us");
+           flags.device() ? "H2D cpy GiB/s" : "memcpy GiB/s", "ratio", "p50 us", "p99 us");
   }
   // Short measurements, many rounds: this kind of machine throttles sustained
   // copies after a few milliseconds (memcpy of an L2-resident 64 KiB falls
@@ -306,6 +330,8 @@ int main(int argc, char** argv) {
   app.add_option("--tls", flags.transports, "UCX transports, as UCX_TLS spells them");
   app.add_option("--slots", flags.slots, "ring slots (credits)");
   app.add_option("--spin-us", flags.spin_us, "polling before sleeping, both sides");
+  app.add_option("--ring", flags.ring, "where the receiver's ring lives: host or device (CUDA)")
+      ->check(CLI::IsMember({"host", "device"}));
   app.add_flag("--json", flags.json, "one JSON object per slot size");
   app.add_flag("--quick", flags.quick, "1/16 of the messages (a smoke run)");
   CLI11_PARSE(app, argc, argv);

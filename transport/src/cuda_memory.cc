@@ -32,8 +32,14 @@ int CudaDeviceCount() {
 
 absl::StatusOr<CudaHostRegistration> CudaHostRegistration::Register(void* address,
                                                                     size_t length) {
-  absl::Status status = CudaStatus(
-      cudaHostRegister(address, length, cudaHostRegisterDefault), "cudaHostRegister");
+  const cudaError_t error = cudaHostRegister(address, length, cudaHostRegisterDefault);
+  if (error == cudaErrorHostMemoryAlreadyRegistered) {
+    // A UCX built with CUDA page-locks the memory it maps itself: the range
+    // is already what we want, and it is not ours to unregister.
+    cudaGetLastError();
+    return CudaHostRegistration(nullptr);
+  }
+  absl::Status status = CudaStatus(error, "cudaHostRegister");
   if (!status.ok()) return status;
   return CudaHostRegistration(address);
 }

@@ -59,7 +59,7 @@ absl::Status Receiver::CreateRing() {
         ") and a UCX built with CUDA (UCX ", UcpContext::LibraryVersion(), ": ",
         context_.supports_cuda_memory() ? "has CUDA" : "no CUDA", ")"));
   }
-  if (options_.placement != RingPlacement::kHost && device_ring_possible) {
+  if (options_.placement == RingPlacement::kDevice) {
     PF_ASSIGN_OR_RETURN(CudaDeviceBuffer buffer,
                         CudaDeviceBuffer::Allocate(options_.cuda_device, length));
     device_ring_.emplace(std::move(buffer));

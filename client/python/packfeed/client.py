@@ -44,9 +44,9 @@ class Client:
     reconnect_timeout: seconds to keep re-attaching when the daemon goes away
     (killed, restarted); the client then goes on from the first microbatch it
     had not taken, bit-identical. 0 raises UnavailableError at once.
-    device: where tensors should end up. A device ring is used when the UCX
-    build and a GPU allow it; otherwise the host ring's tensors are copied to
-    the device asynchronously and the slot is freed once the copy is done.
+    device: where tensors should end up. The (page-locked) host ring's
+    tensors are copied to the device asynchronously and the slot is freed
+    once the copy is done.
     """
 
     def __init__(self, job=None, *, rank=None, socket_path=None, fingerprint="",
@@ -151,7 +151,7 @@ class Client:
         self._native = _native.attach(
             socket_path=self.socket_path, job=self.job, global_rank=self.rank,
             fingerprint=fingerprint, auth_token=self._auth_token, start_step=start_step,
-            placement="auto" if on_gpu else "host",
+            placement="host",
             cuda_device=self._device.index if on_gpu else 0, **self._options)
 
     def _live(self):

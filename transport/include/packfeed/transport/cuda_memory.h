@@ -17,7 +17,8 @@ namespace packfeed::transport {
 int CudaDeviceCount();
 
 // Host memory page-locked with cudaHostRegister so a copy to the device can
-// run asynchronously. Move-only; unregisters on destruction.
+// run asynchronously. Move-only; unregisters on destruction what it registered
+// (a range already page-locked by someone else is accepted and left alone).
 class CudaHostRegistration {
  public:
   static absl::StatusOr<CudaHostRegistration> Register(void* address, size_t length);
