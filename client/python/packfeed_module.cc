@@ -115,7 +115,7 @@ py::capsule ToCapsule(const FieldView& field, transport::MemoryKind kind, int cu
 std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string& job,
                                int global_rank, const std::string& fingerprint,
                                const std::string& auth_token, int64_t start_step,
-                               uint32_t slots, uint64_t slot_bytes,
+                               int start_microbatch, bool elastic, uint32_t slots, uint64_t slot_bytes,
                                const std::string& placement, int cuda_device,
                                const std::string& ucx_transports, double attach_timeout,
                                double reconnect_timeout) {
@@ -126,6 +126,8 @@ std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string
   options.fingerprint = fingerprint;
   options.auth_token = auth_token;
   options.start_step = start_step;
+  options.start_microbatch = start_microbatch;
+  options.elastic = elastic;
   options.slots = slots;
   options.slot_bytes = slot_bytes;
   options.placement = ValueOrRaise(Placement(placement));
@@ -151,6 +153,7 @@ py::dict NextStep(Client& client, std::optional<double> timeout) {
   py::dict out;
   out["step"] = step.step;
   out["num_microbatches"] = step.num_microbatches;
+  out["first_microbatch"] = step.first_microbatch;
   out["padded_sum"] = step.padded_sum;
   out["padded_squared_sum"] = step.padded_squared_sum;
   out["real_sum"] = step.real_sum;
@@ -240,6 +243,7 @@ PYBIND11_MODULE(_native, m) {
              out["job"] = state.job;
              out["fingerprint"] = state.fingerprint;
              out["next_step"] = state.next_step;
+             out["next_microbatch"] = state.next_microbatch;
              return out;
            })
       .def_property_readonly("fingerprint", &Client::fingerprint)
@@ -247,7 +251,8 @@ PYBIND11_MODULE(_native, m) {
         return client.memory_kind() == packfeed::transport::MemoryKind::kCuda ? "cuda" : "host";
       });
   m.def("attach", &Attach, py::arg("socket_path"), py::arg("job"), py::arg("global_rank"),
-        py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"), py::arg("slots"),
+        py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"),
+        py::arg("start_microbatch"), py::arg("elastic"), py::arg("slots"),
         py::arg("slot_bytes"), py::arg("placement"), py::arg("cuda_device"),
         py::arg("ucx_transports"), py::arg("attach_timeout"), py::arg("reconnect_timeout"));
   m.def("time_next_in_cpp", &TimeNextInCpp, py::arg("client"), py::arg("steps"),

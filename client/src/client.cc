@@ -83,12 +83,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& opti
   receiver.cuda_device = options.cuda_device;
   PF_ASSIGN_OR_RETURN(client->receiver_, transport::Receiver::Create(receiver));
   client->slot_bytes_ = slot_bytes;
-  PF_RETURN_IF_ERROR(client->AttachAt(options.start_step));
+  PF_RETURN_IF_ERROR(client->AttachAt(options.start_step, options.start_microbatch));
   client->next_step_ = options.start_step;
   return client;
 }
 
-absl::Status Client::AttachAt(int64_t start_step) {
+absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
   v1::AttachRequest request;
   request.set_job(options_.job);
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
@@ -101,6 +101,9 @@ absl::Status Client::AttachAt(int64_t start_step) {
   request.mutable_ring()->set_slot_bytes(slot_bytes_);
   request.mutable_ring()->set_ring_descriptor(receiver_->ring_descriptor());
   request.set_start_step(start_step);
+  request.set_start_microbatch(static_cast<uint32_t>(start_microbatch));
+  // Elastic only for the first attach: a re-attach is to the same job.
+  request.set_elastic(options_.elastic && fingerprint_.empty());
   v1::AttachReply reply;
   grpc::ClientContext context;
   SetDeadline(context, options_.attach_timeout);
@@ -111,6 +114,8 @@ absl::Status Client::AttachAt(int64_t start_step) {
   PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.epoch()));
   epoch_ = reply.epoch();
   fingerprint_ = reply.fingerprint();
+  resume_step_ = start_step;
+  resume_microbatch_ = start_microbatch;
   return absl::OkStatus();
 }
 
@@ -130,7 +135,7 @@ absl::Status Client::Reattach(const absl::Status& cause) {
   const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
-    absl::Status attached = AttachAt(step);
+    absl::Status attached = AttachAt(step, skip);
     if (attached.ok()) break;
     if (absl::Now() + backoff > deadline) {
       return absl::UnavailableError(absl::StrCat(
@@ -140,17 +145,8 @@ absl::Status Client::Reattach(const absl::Status& cause) {
     absl::SleepFor(backoff);
     backoff = std::min(2 * backoff, absl::Seconds(2));
   }
-  // The plan is deterministic: the daemon serves step `step` again from its
-  // first microbatch, bit-identical; drop what the trainer already took.
-  for (int m = 0; m < skip; ++m) {
-    PF_ASSIGN_OR_RETURN(transport::ReceivedSlot slot, receiver_->Next(options_.attach_timeout));
-    if (slot.step != step || static_cast<int>(slot.microbatch) != m) {
-      return absl::DataLossError(absl::StrCat("after re-attaching: expected step ", step,
-                                              " microbatch ", m, ", received step ", slot.step,
-                                              " microbatch ", slot.microbatch));
-    }
-    PF_RETURN_IF_ERROR(receiver_->Release(slot.seq));
-  }
+  // The plan is deterministic: the daemon serves from microbatch `skip` of
+  // `step` on, bit-identical to what the lost connection would have sent.
   return absl::OkStatus();
 }
 
@@ -163,6 +159,11 @@ absl::Status Client::Detach() {
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
   request.set_epoch(std::exchange(epoch_, 0));
   request.set_auth_token(options_.auth_token);
+  // The held microbatch is consumed; its release may still be on its way.
+  Release().IgnoreError();
+  const ClientState state = State();
+  request.mutable_consumed_to()->set_step(state.next_step);
+  request.mutable_consumed_to()->set_microbatch(static_cast<uint32_t>(state.next_microbatch));
   v1::DetachReply reply;
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(2));
@@ -197,23 +198,31 @@ absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
     pending_ = std::move(slot);
   }
   v1::SlotMetadata metadata;
-  if (!metadata.ParseFromString(pending_->inline_metadata) || metadata.microbatch() != 0 ||
-      metadata.num_microbatches() == 0 || metadata.step() != pending_->step) {
-    return absl::DataLossError(absl::StrCat("slot ", pending_->seq,
-                                            ": not the first microbatch of a step (step ",
-                                            pending_->step, " microbatch ", pending_->microbatch,
-                                            ")"));
+  // The first microbatch of a step, or, right after an attach inside a
+  // step, the one it resumed at.
+  const uint32_t first =
+      pending_->step == resume_step_ ? static_cast<uint32_t>(resume_microbatch_) : 0;
+  if (!metadata.ParseFromString(pending_->inline_metadata) || metadata.microbatch() != first ||
+      metadata.num_microbatches() <= first || metadata.step() != pending_->step ||
+      pending_->microbatch != first) {
+    const absl::Status error = absl::DataLossError(
+        absl::StrCat("slot ", pending_->seq, ": expected microbatch ", first, " of step ",
+                     pending_->step, ", received microbatch ", pending_->microbatch));
+    pending_.reset();
+    return error;
   }
   StepInfo info;
   info.step = metadata.step();
   info.num_microbatches = static_cast<int>(metadata.num_microbatches());
+  info.first_microbatch = static_cast<int>(first);
   info.padded_sum = metadata.padded_sum();
   info.padded_squared_sum = metadata.padded_squared_sum();
   info.real_sum = metadata.real_sum();
   info.real_squared_sum = metadata.real_squared_sum();
   step_ = info;
-  taken_ = 0;
+  taken_ = static_cast<int>(first);
   next_step_ = info.step;
+  resume_step_ = -1;
   return info;
 }
 
@@ -249,6 +258,13 @@ absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout) {
   return out;
 }
 
-ClientState Client::State() const { return {options_.job, fingerprint_, next_step_}; }
+ClientState Client::State() const {
+  const bool in_step = step_.has_value() && taken_ < step_->num_microbatches;
+  if (in_step) return {options_.job, fingerprint_, step_->step, taken_};
+  // Not inside a step: where the ring begins (a mid-step attach not yet
+  // begun by NextStep) or the next step.
+  if (resume_step_ == next_step_) return {options_.job, fingerprint_, next_step_, resume_microbatch_};
+  return {options_.job, fingerprint_, next_step_, 0};
+}
 
 }  // namespace packfeed::client

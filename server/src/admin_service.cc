@@ -11,25 +11,35 @@
 namespace packfeed {
 namespace {
 
-// Collects one JobStats per runner, each arriving on its runner's thread, and
-// finishes the call with the last.
-struct StatsCollector {
+// Collects one answer per runner (JobStats, JobLedger), each arriving on its
+// runner's thread, and finishes the call with the last, jobs by name.
+template <typename Item, typename Reply>
+struct PerJobCollector {
   grpc::ServerUnaryReactor* reactor;
-  v1::GetStatsReply* reply;
+  Reply* reply;
   absl::Mutex mutex;
-  std::vector<v1::JobStats> stats ABSL_GUARDED_BY(mutex);
+  std::vector<Item> items ABSL_GUARDED_BY(mutex);
   size_t expected = 0;
 
-  void Add(v1::JobStats job) {
+  void Add(Item item) {
     absl::MutexLock lock(&mutex);
-    stats.push_back(std::move(job));
-    if (stats.size() < expected) return;
-    std::sort(stats.begin(), stats.end(),
-              [](const v1::JobStats& a, const v1::JobStats& b) { return a.name() < b.name(); });
-    for (v1::JobStats& s : stats) *reply->add_jobs() = std::move(s);
+    items.push_back(std::move(item));
+    if (items.size() < expected) return;
+    std::sort(items.begin(), items.end(),
+              [](const Item& a, const Item& b) { return a.name() < b.name(); });
+    for (Item& i : items) *reply->add_jobs() = std::move(i);
     reactor->Finish(grpc::Status::OK);
   }
 };
+
+// The runners a request names: every one for an empty name.
+std::vector<JobRunner*> RunnersNamed(const Daemon& daemon, const std::string& job) {
+  std::vector<JobRunner*> runners;
+  for (const auto& runner : daemon.runners()) {
+    if (job.empty() || runner->job().name() == job) runners.push_back(runner.get());
+  }
+  return runners;
+}
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
@@ -59,22 +69,37 @@ class AdminService final : public v1::Admin::CallbackService {
                                      v1::GetStatsReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    std::vector<JobRunner*> runners;
-    for (const auto& runner : daemon_.runners()) {
-      if (request->job().empty() || runner->job().name() == request->job()) {
-        runners.push_back(runner.get());
-      }
-    }
+    const std::vector<JobRunner*> runners = RunnersNamed(daemon_, request->job());
     if (runners.empty()) {
       reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
       return reactor;
     }
-    auto collector = std::make_shared<StatsCollector>();
+    auto collector = std::make_shared<PerJobCollector<v1::JobStats, v1::GetStatsReply>>();
     collector->reactor = reactor;
     collector->reply = reply;
     collector->expected = runners.size();
     for (JobRunner* runner : runners) {
       runner->Stats([collector](v1::JobStats stats) { collector->Add(std::move(stats)); });
+    }
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* GetLedger(grpc::CallbackServerContext* context,
+                                      const v1::GetLedgerRequest* request,
+                                      v1::GetLedgerReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    const std::vector<JobRunner*> runners = RunnersNamed(daemon_, request->job());
+    if (runners.empty()) {
+      reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
+      return reactor;
+    }
+    auto collector = std::make_shared<PerJobCollector<v1::JobLedger, v1::GetLedgerReply>>();
+    collector->reactor = reactor;
+    collector->reply = reply;
+    collector->expected = runners.size();
+    for (JobRunner* runner : runners) {
+      runner->GetLedger([collector](v1::JobLedger ledger) { collector->Add(std::move(ledger)); });
     }
     return reactor;
   }
@@ -163,6 +188,7 @@ class AdminService final : public v1::Admin::CallbackService {
           info->set_document(step.samples[s.sample].index);
           info->set_length(s.length);
           info->set_padded_length(s.padded_length);
+          info->set_epoch(step.samples[s.sample].epoch);
         }
       }
     }

@@ -3,8 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "packfeed/server/fingerprint.h"
-#include "packfeed/transport/wire.h"
+#include "packfeed/server/attach_check.h"
 #include "services.h"
 #include "spdlog/spdlog.h"
 
@@ -25,42 +24,7 @@ absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
     return absl::NotFoundError(absl::StrCat("no job '", request.job(), "' on this daemon (jobs: ",
                                             absl::StrJoin(names, ", "), ")"));
   }
-  const Job& job = runner->job();
-  if (!ConstantTimeEquals(request.auth_token(), job.config().auth_token())) {
-    return absl::PermissionDeniedError(absl::StrCat("wrong auth token for job ", job.name()));
-  }
-  const int world = job.layout().world_size();
-  if (request.global_rank() >= static_cast<uint32_t>(world)) {
-    return absl::OutOfRangeError(absl::StrCat("rank ", request.global_rank(),
-                                              " is outside job ", job.name(), "'s world of ",
-                                              world, " ranks"));
-  }
-  if (!job.IsLocal(static_cast<int>(request.global_rank()))) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job.name(), " rank ", request.global_rank(), " is not hosted by this daemon (",
-        job.local_ranks().size(), " local ranks, from ", job.local_ranks().front(), " to ",
-        job.local_ranks().back(), ")"));
-  }
-  if (!request.fingerprint().empty()) {
-    absl::Status match = CompareFingerprints(request.fingerprint(), job.fingerprint());
-    if (!match.ok()) return match;
-  }
-  absl::StatusOr<transport::RingDescriptor> ring =
-      transport::DecodeRingDescriptor(request.ring().ring_descriptor());
-  if (!ring.ok()) {
-    return absl::Status(ring.status().code(),
-                        absl::StrCat("ring descriptor: ", ring.status().message()));
-  }
-  if (ring->slot_bytes < job.required_slot_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring slots of ", ring->slot_bytes, " bytes are smaller than job ", job.name(),
-        "'s largest microbatch: slots of at least ", job.required_slot_bytes(),
-        " bytes are needed"));
-  }
-  if (request.start_step() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("start step ", request.start_step(), " < 0"));
-  }
-  return absl::OkStatus();
+  return CheckAttachRequest(runner->job(), request);
 }
 
 class ControlService final : public v1::Control::CallbackService {
@@ -84,6 +48,8 @@ class ControlService final : public v1::Control::CallbackService {
     args.worker_address = request->worker_address();
     args.ring_descriptor = request->ring().ring_descriptor();
     args.start_step = request->start_step();
+    args.start_microbatch = static_cast<int>(request->start_microbatch());
+    args.ring_slots = request->ring().slots();
     runner->Attach(std::move(args), [reactor, reply, runner, request](absl::StatusOr<uint64_t> epoch) {
       if (!epoch.ok()) {
         spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
@@ -117,7 +83,12 @@ class ControlService final : public v1::Control::CallbackService {
       reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(
           absl::StrCat("wrong auth token for job ", request->job()))));
     } else {
-      runner->Detach(static_cast<int>(request->global_rank()), request->epoch(),
+      std::optional<LedgerPosition> consumed_to;
+      if (request->has_consumed_to()) {
+        consumed_to = LedgerPosition{request->consumed_to().step(),
+                                     static_cast<int>(request->consumed_to().microbatch())};
+      }
+      runner->Detach(static_cast<int>(request->global_rank()), request->epoch(), consumed_to,
                      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
     }
     return reactor;
@@ -128,18 +99,6 @@ class ControlService final : public v1::Control::CallbackService {
 };
 
 }  // namespace
-
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  // The length may leak; the contents do not.
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const std::string& longer = a.size() >= b.size() ? a : b;
-  for (size_t i = 0; i < longer.size(); ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
 
 std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon) {
   return std::make_unique<ControlService>(daemon);

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/server_builder.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/server/fingerprint.h"
 #include "packfeed/v1/service.grpc.pb.h"
@@ -96,6 +97,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                                                       const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = config;
+  if (!config.state_dir().empty() && mkdir(config.state_dir().c_str(), 0750) != 0 &&
+      errno != EEXIST) {
+    return ErrnoToStatus(errno, "state_dir: mkdir", config.state_dir());
+  }
   for (const v1::JobConfig& job_config : config.jobs()) {
     absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config);
     if (!job.ok()) {
@@ -106,6 +111,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     runner_options.sender.ucx.transports = options.ucx_transports;
     runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
     runner_options.memory_budget_bytes = config.memory_budget_bytes();
+    if (!config.state_dir().empty()) {
+      // One ledger per job and fingerprint: another configuration begins
+      // its own.
+      runner_options.ledger_path = absl::StrCat(config.state_dir(), "/", job_config.name(), "-",
+                                                (*job)->fingerprint(), ".ledger");
+    }
     PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
                         JobRunner::Start(**job, runner_options));
     daemon->by_name_[job_config.name()] = runner.get();

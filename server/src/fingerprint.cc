@@ -16,12 +16,13 @@ namespace {
 struct Part {
   char tag;
   const char* name;
+  bool data;  // decides which samples a step holds
 };
-constexpr std::array<Part, 5> kParts = {{{'d', "datasets"},
-                                         {'t', "topology"},
-                                         {'b', "batch"},
-                                         {'s', "scheduler"},
-                                         {'r', "sampler"}}};
+constexpr std::array<Part, 5> kParts = {{{'d', "datasets", true},
+                                         {'t', "topology", false},
+                                         {'b', "batch", true},
+                                         {'s', "scheduler", false},
+                                         {'r', "sampler", true}}};
 
 }  // namespace
 
@@ -39,7 +40,8 @@ std::string MakeFingerprint(const FingerprintInputs& inputs) {
   return out;
 }
 
-absl::Status CompareFingerprints(absl::string_view expected, absl::string_view actual) {
+absl::Status CompareFingerprints(absl::string_view expected, absl::string_view actual,
+                                 bool data_only) {
   if (expected == actual) return absl::OkStatus();
   const std::vector<absl::string_view> want = absl::StrSplit(expected, '-');
   const std::vector<absl::string_view> have = absl::StrSplit(actual, '-');
@@ -53,10 +55,15 @@ absl::Status CompareFingerprints(absl::string_view expected, absl::string_view a
   }
   std::vector<std::string> differing;
   for (size_t i = 0; i < kParts.size(); ++i) {
-    if (want[i + 1] != have[i + 1]) differing.push_back(kParts[i].name);
+    if (want[i + 1] != have[i + 1] && (kParts[i].data || !data_only)) {
+      differing.push_back(kParts[i].name);
+    }
   }
+  if (differing.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "job fingerprint mismatch: ", absl::StrJoin(differing, ", "), " differ (expected ",
+      "job fingerprint mismatch: ", absl::StrJoin(differing, ", "), " differ",
+      data_only ? " (an elastic resume may change only topology and scheduler)" : "",
+      " (expected ",
       expected, ", daemon has ", actual, ")"));
 }
 

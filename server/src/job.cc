@@ -292,4 +292,13 @@ absl::StatusOr<PackedMicrobatch> Job::Pack(const StepData& data, int microbatch,
   return packed;
 }
 
+std::vector<SampleRef> MicrobatchSamples(const StepPlan& plan, int microbatch, int dp_cp_rank) {
+  std::vector<SampleRef> samples;
+  const CpGroup& group = GroupOfRank(plan.plan.microbatches[microbatch], dp_cp_rank);
+  for (const PlannedSequence& sequence : group.sequences) {
+    samples.push_back(plan.samples[sequence.sample]);
+  }
+  return samples;
+}
+
 }  // namespace packfeed

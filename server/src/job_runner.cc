@@ -1,8 +1,11 @@
 #include "packfeed/server/job_runner.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -19,6 +22,15 @@ struct JobRunner::RankState {
   uint64_t pushed = 0;
   uint64_t bytes_sent = 0;
   uint64_t released = 0;  // as last seen from its connection
+  // Pushed and not yet released, oldest first, with what the ledger needs.
+  struct InFlight {
+    LedgerPosition at;
+    int num_microbatches = 0;
+    std::vector<EpochShare> shares;
+  };
+  std::deque<InFlight> in_flight;
+  uint64_t ledgered = 0;  // releases moved into the ledger
+  uint32_t ring_slots = 0;
 
   bool live() const { return !failed && !detached; }
 };
@@ -33,6 +45,18 @@ void JobRunner::UpdateAttached() {
 absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job,
                                                             const JobRunnerOptions& options) {
   std::unique_ptr<JobRunner> runner(new JobRunner(job, options));
+  absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(options.ledger_path);
+  if (absl::IsDataLoss(ledger.status())) {
+    const std::string aside = options.ledger_path + ".corrupt";
+    spdlog::error("job {}: {}; set aside as {}, a new ledger begins", job.name(),
+                  std::string(ledger.status().message()), aside);
+    if (std::rename(options.ledger_path.c_str(), aside.c_str()) != 0) {
+      return ErrnoToStatus(errno, "rename", options.ledger_path);
+    }
+    ledger = Ledger::Open(options.ledger_path);
+  }
+  if (!ledger.ok()) return ledger.status();
+  runner->ledger_ = *std::move(ledger);
   PF_ASSIGN_OR_RETURN(runner->sender_, transport::Sender::Create(options.sender));
   runner->sender_address_ = runner->sender_->worker_address();
   // From here on only the runner thread touches the sender.
@@ -68,46 +92,142 @@ int JobRunner::attached_ranks() const {
 void JobRunner::Attach(AttachArgs args,
                        std::function<void(absl::StatusOr<uint64_t>)> done) {
   Post([this, args = std::move(args), done = std::move(done)] {
-    auto existing = ranks_.find(args.global_rank);
-    if (existing != ranks_.end() && !existing->second.failed && !existing->second.detached &&
-        sender_->Credits(existing->second.epoch).ok()) {
-      done(absl::AlreadyExistsError(absl::StrCat(
-          "job ", job_.name(), " rank ", args.global_rank, " is already attached (connection ",
-          existing->second.epoch, "); detach it first or wait for its failure to be noticed")));
-      return;
+    uint64_t epoch = 0;
+    absl::Status status = AttachOnThread(args, epoch);
+    if (status.ok()) {
+      done(epoch);
+    } else {
+      done(status);
     }
-    if (existing != ranks_.end()) {
-      sender_->Disconnect(existing->second.epoch).IgnoreError();
-      ranks_.erase(existing);
-    }
-    absl::StatusOr<uint64_t> epoch = sender_->Connect(args.worker_address, args.ring_descriptor);
-    if (!epoch.ok()) {
-      done(epoch.status());
-      return;
-    }
-    RankState state;
-    state.global_rank = args.global_rank;
-    state.coords = job_.layout().Coords(args.global_rank);
-    state.epoch = *epoch;
-    state.next_step = args.start_step;
-    ranks_.emplace(args.global_rank, state);
-    UpdateAttached();
-    spdlog::info("job {} rank {}: attached at step {} (connection {:#x})", job_.name(),
-                 args.global_rank, args.start_step, *epoch);
-    done(*epoch);
   });
 }
 
-void JobRunner::Detach(int global_rank, uint64_t epoch, std::function<void(absl::Status)> done) {
-  Post([this, global_rank, epoch, done = std::move(done)] {
+absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& epoch) {
+  auto existing = ranks_.find(args.global_rank);
+  if (existing != ranks_.end() && existing->second.live() &&
+      sender_->Credits(existing->second.epoch).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "job ", job_.name(), " rank ", args.global_rank, " is already attached (connection ",
+        existing->second.epoch, "); detach it first or wait for its failure to be noticed"));
+  }
+  const LedgerPosition at{args.start_step, args.start_microbatch};
+  if (at.microbatch > 0) {
+    PF_ASSIGN_OR_RETURN(StepPlan plan, job_.Plan(at.step));
+    if (at.microbatch >= plan.plan.num_microbatches()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("start microbatch ", at.microbatch, " of step ", at.step, ", which has ",
+                       plan.plan.num_microbatches(), " microbatches"));
+    }
+  }
+  if (existing != ranks_.end()) {
+    AccountReleases(existing->second);
+    sender_->Disconnect(existing->second.epoch).IgnoreError();
+    ranks_.erase(existing);
+  }
+  PF_ASSIGN_OR_RETURN(Ledger::AttachResult resume, ledger_->Attach(args.global_rank, at));
+  switch (resume.kind) {
+    case Ledger::AttachKind::kRewind:
+      spdlog::info("job {} rank {}: rewinds from step {} microbatch {} to step {} microbatch {} "
+                   "(a restart from a checkpoint): what follows is served again",
+                   job_.name(), args.global_rank, resume.before.step, resume.before.microbatch,
+                   at.step, at.microbatch);
+      break;
+    case Ledger::AttachKind::kAhead:
+      PF_RETURN_IF_ERROR(ClaimUpTo(args.global_rank, resume.before, at, args.ring_slots));
+      break;
+    case Ledger::AttachKind::kFirst:
+    case Ledger::AttachKind::kContinue:
+      break;
+  }
+  PF_ASSIGN_OR_RETURN(epoch, sender_->Connect(args.worker_address, args.ring_descriptor));
+  RankState state;
+  state.global_rank = args.global_rank;
+  state.coords = job_.layout().Coords(args.global_rank);
+  state.epoch = epoch;
+  state.next_step = at.step;
+  state.next_microbatch = at.microbatch;
+  state.ring_slots = args.ring_slots;
+  ranks_.emplace(args.global_rank, std::move(state));
+  UpdateAttached();
+  spdlog::info("job {} rank {}: attached at step {} microbatch {} (connection {:#x})", job_.name(),
+               args.global_rank, at.step, at.microbatch, epoch);
+  return absl::OkStatus();
+}
+
+absl::Status JobRunner::ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to,
+                                  uint32_t slots) {
+  // The rank says it consumed [from, to): releases that never reached the
+  // ledger. At most its ring's slots (plus the one it held) can be such.
+  const int dp_cp_rank = job_.layout().Coords(global_rank).dp_cp_rank;
+  std::vector<Ledger::Claimed> claims;
+  std::optional<StepPlan> plan;
+  for (LedgerPosition p = from; p < to && claims.size() <= slots;) {
+    if (!plan.has_value() || plan->step != p.step) {
+      PF_ASSIGN_OR_RETURN(StepPlan next, job_.Plan(p.step));
+      plan = std::move(next);
+    }
+    const int count = plan->plan.num_microbatches();
+    claims.push_back({p, count, SharesOf(MicrobatchSamples(*plan, p.microbatch, dp_cp_rank))});
+    p = p.microbatch + 1 == count ? LedgerPosition{p.step + 1, 0}
+                                  : LedgerPosition{p.step, p.microbatch + 1};
+  }
+  if (claims.size() > slots) {
+    spdlog::warn("job {} rank {}: re-attaches at step {} microbatch {}, more than its {} ring "
+                 "slots past what it consumed (step {} microbatch {}): the ledger counts a gap",
+                 job_.name(), global_rank, to.step, to.microbatch, slots, from.step,
+                 from.microbatch);
+    return ledger_->Jump(global_rank, to, claims.size());
+  }
+  for (Ledger::Claimed& claim : claims) {
+    PF_RETURN_IF_ERROR(ledger_->Claim(global_rank, claim.at, claim.num_microbatches,
+                                      std::move(claim.shares)));
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::AccountReleases(RankState& rank) {
+  absl::StatusOr<transport::ConnectionStats> stats = sender_->Stats(rank.epoch);
+  if (stats.ok()) rank.released = stats->released;
+  while (rank.ledgered < rank.released && !rank.in_flight.empty()) {
+    RankState::InFlight& done = rank.in_flight.front();
+    absl::Status status = ledger_->Consume(rank.global_rank, done.at, done.num_microbatches,
+                                           std::move(done.shares));
+    if (!status.ok()) {
+      spdlog::error("job {} rank {}: ledger: {}", job_.name(), rank.global_rank,
+                    status.ToString());
+    }
+    rank.in_flight.pop_front();
+    ++rank.ledgered;
+  }
+}
+
+void JobRunner::GetLedger(std::function<void(v1::JobLedger)> done) {
+  Post([this, done = std::move(done)] {
+    for (auto& [_, rank] : ranks_) {
+      if (rank.live()) AccountReleases(rank);
+    }
+    done(ledger_->Snapshot(job_.name()));
+  });
+}
+
+void JobRunner::Detach(int global_rank, uint64_t epoch, std::optional<LedgerPosition> consumed_to,
+                       std::function<void(absl::Status)> done) {
+  Post([this, global_rank, epoch, consumed_to, done = std::move(done)] {
     auto rank = ranks_.find(global_rank);
     if (rank == ranks_.end() || rank->second.epoch != epoch || rank->second.detached) {
       done(absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
                                             " has no connection ", epoch)));
       return;
     }
-    absl::StatusOr<transport::ConnectionStats> last = sender_->Stats(epoch);
-    if (last.ok()) rank->second.released = last->released;
+    AccountReleases(rank->second);
+    const std::optional<LedgerPosition> ledgered = ledger_->next(global_rank);
+    if (consumed_to.has_value() && ledgered.has_value() && *ledgered < *consumed_to) {
+      absl::Status claimed =
+          ClaimUpTo(global_rank, *ledgered, *consumed_to, rank->second.ring_slots);
+      if (!claimed.ok()) {
+        spdlog::error("job {} rank {}: ledger: {}", job_.name(), global_rank, claimed.ToString());
+      }
+    }
     sender_->Disconnect(epoch).IgnoreError();
     rank->second.detached = true;
     UpdateAttached();
@@ -217,6 +337,7 @@ bool JobRunner::PrefetchOne() {
 bool JobRunner::ServeRank(RankState& rank) {
   bool pushed = false;
   while (rank.live()) {
+    AccountReleases(rank);
     absl::StatusOr<uint32_t> credits = sender_->Credits(rank.epoch);
     if (!credits.ok()) {
       spdlog::warn("job {} rank {} step {}: connection lost: {}", job_.name(), rank.global_rank,
@@ -253,6 +374,9 @@ bool JobRunner::ServeRank(RankState& rank) {
       if (status.ok()) {
         absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.epoch);
         if (after.ok()) rank.bytes_sent = after->bytes;
+        rank.in_flight.push_back(
+            {{rank.next_step, rank.next_microbatch}, plan.num_microbatches(),
+             SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
       }
     }
     if (absl::IsResourceExhausted(status)) break;

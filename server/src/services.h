@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
+#include "packfeed/server/attach_check.h"
 #include "packfeed/server/daemon.h"
 #include "packfeed/v1/service.grpc.pb.h"
 
@@ -22,9 +23,6 @@ std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon)
 // `required_token` non-empty: every call must carry it (the TCP listener).
 std::unique_ptr<v1::Admin::CallbackService> MakeAdminService(Daemon& daemon,
                                                              std::string required_token = "");
-
-// Compares secrets in time independent of where they differ.
-bool ConstantTimeEquals(const std::string& a, const std::string& b);
 
 }  // namespace packfeed
 

@@ -52,7 +52,7 @@ class Client:
     def __init__(self, job=None, *, rank=None, socket_path=None, fingerprint="",
                  auth_token=None, start_step=0, slots=4, slot_bytes=0, device=None,
                  copy=False, ucx_transports="", attach_timeout=30.0, reconnect_timeout=0.0,
-                 state=None):
+                 state=None, elastic=False):
         self.job = job or os.environ.get("PACKFEED_JOB") or ""
         self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
         world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=None)
@@ -70,7 +70,7 @@ class Client:
         self._copy_stream = None   # where those copies run (created on first use)
         self._last_step = None
         if state is not None:
-            self.load_state_dict(state)
+            self.load_state_dict(state, elastic=elastic)
         else:
             self._attach(fingerprint, start_step)
 
@@ -83,12 +83,15 @@ class Client:
         self._finish_copy()
         info = self._live().next_step(timeout)
         self._last_step = info
-        iterator = _StepIterator(self, info["num_microbatches"], timeout)
+        # A step resumed inside (load_state_dict of a mid-step state) yields
+        # only the microbatches not yet consumed.
+        iterator = _StepIterator(self, info["num_microbatches"] - info["first_microbatch"], timeout)
         return iterator, info["num_microbatches"], info["padded_sum"], info["padded_squared_sum"]
 
     @property
     def last_step(self):
-        """The last next_step's figures: step, num_microbatches, padded_sum,
+        """The last next_step's figures: step, num_microbatches,
+        first_microbatch (> 0 for a step resumed inside), padded_sum,
         padded_squared_sum, real_sum, real_squared_sum."""
         return self._last_step
 
@@ -103,11 +106,16 @@ class Client:
         new client reproduces exactly the batches that follow."""
         state = self._live().state()
         return {"version": STATE_VERSION, "job": state["job"], "rank": self.rank,
-                "fingerprint": state["fingerprint"], "next_step": state["next_step"]}
+                "fingerprint": state["fingerprint"], "next_step": state["next_step"],
+                "next_microbatch": state["next_microbatch"]}
 
-    def load_state_dict(self, state):
-        """Re-attaches from `state`: the next step served is state's next_step,
-        and a daemon whose job changed (another fingerprint) is refused."""
+    def load_state_dict(self, state, elastic=False):
+        """Re-attaches from `state`: serving resumes at state's next_step (and,
+        for a state taken inside a step, its next_microbatch), and a daemon
+        whose job changed (another fingerprint) is refused. elastic=True
+        accepts a job whose topology or scheduler changed (another DP size)
+        as long as its data did not: the state must be at a step boundary
+        (docs/RELIABILITY.md)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"packfeed state version {state.get('version')}; "
                              f"this client reads {STATE_VERSION}")
@@ -117,7 +125,8 @@ class Client:
             raise ValueError(f"state is for rank {state['rank']}, this client is rank {self.rank}")
         self.job = state["job"]
         self.close()
-        self._attach(state["fingerprint"], state["next_step"])
+        self._attach(state["fingerprint"], state["next_step"], state.get("next_microbatch", 0),
+                     elastic)
 
     # --- lifetime --------------------------------------------------------
     @property
@@ -146,11 +155,12 @@ class Client:
         self.close()
 
     # --- internals -------------------------------------------------------
-    def _attach(self, fingerprint, start_step):
+    def _attach(self, fingerprint, start_step, start_microbatch=0, elastic=False):
         on_gpu = self._device is not None and self._device.type == "cuda"
         self._native = _native.attach(
             socket_path=self.socket_path, job=self.job, global_rank=self.rank,
             fingerprint=fingerprint, auth_token=self._auth_token, start_step=start_step,
+            start_microbatch=start_microbatch, elastic=elastic,
             placement="host",
             cuda_device=self._device.index if on_gpu else 0, **self._options)
 

@@ -41,6 +41,13 @@ struct ClientOptions {
   std::string fingerprint;
   std::string auth_token;
   int64_t start_step = 0;  // first step to receive
+  // Microbatches of start_step already consumed (a resume inside a step:
+  // ClientState::next_microbatch); NextStep then begins the step there.
+  int start_microbatch = 0;
+  // An elastic resume: `fingerprint` (required) may differ from the daemon's
+  // in topology and scheduler (another DP size), not in data; start at a step
+  // boundary. docs/RELIABILITY.md.
+  bool elastic = false;
   uint32_t slots = 4;      // ring slots: microbatches the daemon may run ahead
   // Bytes per slot; 0 = exactly what the job's largest microbatch needs
   // (asked from the daemon at attach).
@@ -61,6 +68,9 @@ struct ClientOptions {
 struct StepInfo {
   int64_t step = 0;
   int num_microbatches = 0;
+  // > 0 only for a step resumed inside (start_microbatch): the microbatches
+  // before it were consumed before the resume; Next() starts here.
+  int first_microbatch = 0;
   // Σ padded length and Σ padded length² (what Megatron's FLOPs formula
   // consumes), and the same over real lengths.
   int64_t padded_sum = 0;
@@ -88,12 +98,14 @@ struct Microbatch {
   const FieldView* Field(absl::string_view name) const;
 };
 
-// Where a rank stands, for checkpoints: resuming with start_step = next_step
-// reproduces the following batches exactly.
+// Where a rank stands, for checkpoints: resuming with start_step =
+// next_step and start_microbatch = next_microbatch reproduces the following
+// batches exactly.
 struct ClientState {
   std::string job;
   std::string fingerprint;
-  int64_t next_step = 0;  // first step not yet begun
+  int64_t next_step = 0;    // the step in progress, or the next to begin
+  int next_microbatch = 0;  // microbatches of next_step already taken
 };
 
 class Client {
@@ -127,7 +139,7 @@ class Client {
   Client() = default;
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
-  absl::Status AttachAt(int64_t start_step);
+  absl::Status AttachAt(int64_t start_step, int start_microbatch);
   // Re-attaches after `cause` (Unavailable) as reconnect_timeout allows;
   // returns `cause` when it does not apply.
   absl::Status Reattach(const absl::Status& cause);
@@ -143,6 +155,10 @@ class Client {
   std::optional<StepInfo> step_;
   int taken_ = 0;          // microbatches of step_ handed out
   int64_t next_step_ = 0;  // for State()
+  // Where the ring begins after an attach inside a step: NextStep of that
+  // step starts at this microbatch.
+  int64_t resume_step_ = -1;
+  int resume_microbatch_ = 0;
 };
 
 }  // namespace packfeed::client

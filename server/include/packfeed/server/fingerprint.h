@@ -29,8 +29,11 @@ struct FingerprintInputs {
 std::string MakeFingerprint(const FingerprintInputs& inputs);
 
 // OK when equal. FailedPrecondition naming each part that differs, or
-// InvalidArgument when `expected` is not a fingerprint at all.
-absl::Status CompareFingerprints(absl::string_view expected, absl::string_view actual);
+// InvalidArgument when `expected` is not a fingerprint at all. `data_only`
+// compares only what decides which samples each step holds (datasets, batch,
+// sampler): an elastic resume may change the topology and the scheduler.
+absl::Status CompareFingerprints(absl::string_view expected, absl::string_view actual,
+                                 bool data_only = false);
 
 // XXH3-64 of `bytes`, the digest every part uses.
 uint64_t StableHash(absl::string_view bytes);

@@ -105,6 +105,10 @@ class Job {
   uint64_t required_slot_bytes_ = 0;
 };
 
+// The samples dp-cp rank `dp_cp_rank` processes in `microbatch` of `plan`
+// (its CP group's sequences), in order.
+std::vector<SampleRef> MicrobatchSamples(const StepPlan& plan, int microbatch, int dp_cp_rank);
+
 // The wire fields of a packed microbatch for a rank of PP stage `pp_rank`
 // of `pp_size` (DESIGN.md §3), and their bytes.
 struct SlotFields {

@@ -17,6 +17,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "packfeed/server/job.h"
+#include "packfeed/server/ledger.h"
 #include "packfeed/transport/sender.h"
 #include "packfeed/v1/service.pb.h"
 
@@ -36,6 +38,10 @@ struct JobRunnerOptions {
   // Read-ahead stops once the cached steps' samples hold this many bytes;
   // 0 = bounded by prefetch_steps only.
   uint64_t memory_budget_bytes = 0;
+  // The consumption ledger's journal; empty = in memory only. A journal
+  // that cannot be read back is set aside (".corrupt") with one error line
+  // and a new one begun: serving never waits on bookkeeping.
+  std::string ledger_path;
 };
 
 struct AttachArgs {
@@ -43,6 +49,8 @@ struct AttachArgs {
   std::string worker_address;
   std::string ring_descriptor;
   int64_t start_step = 0;
+  int start_microbatch = 0;  // of start_step, already consumed
+  uint32_t ring_slots = 0;   // how many microbatches it may hold unreleased
 };
 
 class JobRunner {
@@ -59,9 +67,12 @@ class JobRunner {
   // Connects a rank's ring. AlreadyExists when the rank is attached and
   // alive; FailedPrecondition for a ring the transport refuses.
   void Attach(AttachArgs args, std::function<void(absl::StatusOr<uint64_t> epoch)> done);
-  // NotFound when `epoch` is not the rank's connection.
-  void Detach(int global_rank, uint64_t epoch, std::function<void(absl::Status)> done);
+  // NotFound when `epoch` is not the rank's connection. `consumed_to`: the
+  // rank's own position, for the ledger.
+  void Detach(int global_rank, uint64_t epoch, std::optional<LedgerPosition> consumed_to,
+              std::function<void(absl::Status)> done);
   void Stats(std::function<void(v1::JobStats)> done);
+  void GetLedger(std::function<void(v1::JobLedger)> done);
   int attached_ranks() const;
   // When the runner's loop last went round (at least every 100 ms while it
   // is healthy): what the systemd watchdog is fed from.
@@ -72,6 +83,12 @@ class JobRunner {
   JobRunner(const Job& job, JobRunnerOptions options);
   void Post(std::function<void()> task);
   void Loop();
+  absl::Status AttachOnThread(const AttachArgs& args, uint64_t& epoch);
+  // Moves the microbatches the rank released since the last call into the
+  // ledger.
+  void AccountReleases(RankState& rank);
+  // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
+  absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
   bool ServeRank(RankState& rank);  // true when it pushed something
   bool PrefetchOne();               // true when it read a step ahead
   const StepData* StepAt(int64_t step);
@@ -87,6 +104,7 @@ class JobRunner {
 
   // Runner thread only.
   std::map<int, RankState> ranks_;
+  std::unique_ptr<Ledger> ledger_;
   std::map<int64_t, StepData> steps_;
   int64_t steps_planned_ = 0;
   uint64_t bytes_read_ = 0;

@@ -1,0 +1,267 @@
+#include "packfeed/server/ledger.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "packfeed/common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed {
+namespace {
+
+constexpr absl::string_view kHeader = "packfeed-ledger 1";
+
+std::string FormatShares(const std::vector<EpochShare>& shares) {
+  std::string out;
+  for (const EpochShare& share : shares) {
+    absl::StrAppend(&out, " ", share.dataset, ":", share.epoch, ":", share.samples, ":",
+                    absl::StrFormat("%016x", share.digest));
+  }
+  return out;
+}
+
+bool ParseShare(absl::string_view text, EpochShare& share) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  return parts.size() == 4 && absl::SimpleAtoi(parts[0], &share.dataset) &&
+         share.dataset >= 0 && absl::SimpleAtoi(parts[1], &share.epoch) &&
+         absl::SimpleAtoi(parts[2], &share.samples) && parts[3].size() == 16 &&
+         absl::SimpleHexAtoi(parts[3], &share.digest);
+}
+
+}  // namespace
+
+uint64_t SampleDigest(int dataset, int64_t index) {
+  uint64_t z = (static_cast<uint64_t>(dataset) << 40) + static_cast<uint64_t>(index);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::vector<EpochShare> SharesOf(const std::vector<SampleRef>& samples) {
+  std::vector<EpochShare> shares;
+  for (const SampleRef& sample : samples) {
+    auto it = std::find_if(shares.begin(), shares.end(), [&](const EpochShare& s) {
+      return s.dataset == sample.dataset && s.epoch == sample.epoch;
+    });
+    if (it == shares.end()) it = shares.insert(shares.end(), {sample.dataset, sample.epoch, 0, 0});
+    ++it->samples;
+    it->digest += SampleDigest(sample.dataset, sample.index);
+  }
+  std::sort(shares.begin(), shares.end(), [](const EpochShare& a, const EpochShare& b) {
+    return std::tie(a.dataset, a.epoch) < std::tie(b.dataset, b.epoch);
+  });
+  return shares;
+}
+
+absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_path) {
+  std::unique_ptr<Ledger> ledger(new Ledger(journal_path));
+  if (journal_path.empty()) return ledger;
+  absl::StatusOr<MappedFile> existing = MappedFile::Open(journal_path);
+  if (existing.ok()) {
+    const auto bytes = existing->bytes();
+    PF_RETURN_IF_ERROR(
+        ledger->Replay(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+  } else if (!absl::IsNotFound(existing.status())) {
+    return existing.status();
+  }
+  const int fd = open(journal_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) return ErrnoToStatus(errno, "open", journal_path);
+  ledger->journal_ = ScopedFd(fd);
+  if (!existing.ok()) PF_RETURN_IF_ERROR(ledger->Append(std::string(kHeader)));
+  return ledger;
+}
+
+absl::Status Ledger::Replay(const std::string& text) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  // The text ends with '\n' when its last line is whole: StrSplit then
+  // yields an empty last piece. Anything else is a line torn by a crash.
+  if (!lines.back().empty()) {
+    spdlog::warn("ledger {}: dropping a torn last line ({} bytes), written when the daemon died",
+                 journal_path_, lines.back().size());
+  }
+  lines.pop_back();
+  if (lines.empty()) return absl::OkStatus();  // only a torn header: start afresh
+  if (lines[0] != kHeader) {
+    return absl::DataLossError(absl::StrCat("ledger ", journal_path_, ": not a packfeed ledger (",
+                                            "first line '", lines[0].substr(0, 40), "')"));
+  }
+  for (size_t i = 1; i < lines.size(); ++i) {
+    absl::Status status = ReplayLine(std::string(lines[i]));
+    if (!status.ok()) {
+      return absl::DataLossError(absl::StrCat("ledger ", journal_path_, " line ", i + 1, ": ",
+                                              status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ledger::ReplayLine(const std::string& line) {
+  const std::vector<absl::string_view> words = absl::StrSplit(line, ' ');
+  int rank = 0;
+  LedgerPosition at;
+  const bool position_ok = words.size() >= 4 && absl::SimpleAtoi(words[1], &rank) && rank >= 0 &&
+                           absl::SimpleAtoi(words[2], &at.step) && at.step >= 0 &&
+                           absl::SimpleAtoi(words[3], &at.microbatch) && at.microbatch >= 0;
+  if (position_ok && words[0] == "A" && words.size() == 4) {
+    ApplyAttach(rank, at);
+    return absl::OkStatus();
+  }
+  uint64_t skipped = 0;
+  if (position_ok && words[0] == "J" && words.size() == 5 && absl::SimpleAtoi(words[4], &skipped)) {
+    ApplyJump(rank, at, skipped);
+    return absl::OkStatus();
+  }
+  Entry entry;
+  if (position_ok && words[0] == "C" && words.size() >= 6 &&
+      absl::SimpleAtoi(words[4], &entry.num_microbatches) &&
+      at.microbatch < entry.num_microbatches && (words[5] == "c" || words[5] == "l")) {
+    for (size_t i = 6; i < words.size(); ++i) {
+      EpochShare share;
+      if (!ParseShare(words[i], share)) return absl::InvalidArgumentError("bad sample digest");
+      entry.shares.push_back(share);
+    }
+    ApplyConsume(rank, at, std::move(entry), words[5] == "l");
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unreadable record '", line.substr(0, 60), "'"));
+}
+
+absl::Status Ledger::Append(const std::string& line) {
+  if (!journal_.valid()) return absl::OkStatus();
+  return WriteFully(journal_.get(), journal_path_, line + "\n");
+}
+
+absl::StatusOr<Ledger::AttachResult> Ledger::Attach(int rank, LedgerPosition at) {
+  PF_RETURN_IF_ERROR(Append(absl::StrCat("A ", rank, " ", at.step, " ", at.microbatch)));
+  return ApplyAttach(rank, at);
+}
+
+absl::Status Ledger::Jump(int rank, LedgerPosition at, uint64_t skipped) {
+  PF_RETURN_IF_ERROR(
+      Append(absl::StrCat("J ", rank, " ", at.step, " ", at.microbatch, " ", skipped)));
+  ApplyJump(rank, at, skipped);
+  return absl::OkStatus();
+}
+
+void Ledger::ApplyJump(int rank, LedgerPosition at, uint64_t skipped) {
+  RankRecord& record = ranks_[rank];
+  record.gaps += skipped;
+  record.next = at;
+}
+
+absl::Status Ledger::Consume(int rank, LedgerPosition at, int num_microbatches,
+                             std::vector<EpochShare> shares) {
+  PF_RETURN_IF_ERROR(Append(absl::StrCat("C ", rank, " ", at.step, " ", at.microbatch, " ",
+                                         num_microbatches, " c", FormatShares(shares))));
+  ApplyConsume(rank, at, {num_microbatches, std::move(shares)}, /*claimed=*/false);
+  return absl::OkStatus();
+}
+
+absl::Status Ledger::Claim(int rank, LedgerPosition at, int num_microbatches,
+                           std::vector<EpochShare> shares) {
+  PF_RETURN_IF_ERROR(Append(absl::StrCat("C ", rank, " ", at.step, " ", at.microbatch, " ",
+                                         num_microbatches, " l", FormatShares(shares))));
+  ApplyConsume(rank, at, {num_microbatches, std::move(shares)}, /*claimed=*/true);
+  return absl::OkStatus();
+}
+
+Ledger::AttachResult Ledger::ApplyAttach(int rank, LedgerPosition at) {
+  auto [it, first] = ranks_.try_emplace(rank);
+  RankRecord& record = it->second;
+  const LedgerPosition before = record.next;
+  if (first) {
+    record.first_step = at.step;
+    record.next = at;
+    return {AttachKind::kFirst, at};
+  }
+  if (at == before) return {AttachKind::kContinue, before};
+  if (at < before) {
+    record.consumed.erase(record.consumed.lower_bound(at), record.consumed.end());
+    record.next = at;
+    ++record.rewinds;
+    return {AttachKind::kRewind, before};
+  }
+  return {AttachKind::kAhead, before};
+}
+
+void Ledger::ApplyConsume(int rank, LedgerPosition at, Entry entry, bool claimed) {
+  auto [it, first] = ranks_.try_emplace(rank);
+  RankRecord& record = it->second;
+  if (first) {
+    record.first_step = at.step;
+    record.next = at;
+  }
+  if (at < record.next) {
+    ++record.duplicates;
+    spdlog::error("ledger: rank {} consumed step {} microbatch {} again (its position is step {} "
+                  "microbatch {})",
+                  rank, at.step, at.microbatch, record.next.step, record.next.microbatch);
+    return;
+  }
+  if (record.next < at) {
+    // Positions between are unknown microbatches: count one per step
+    // boundary crossed plus the microbatches within the same step.
+    const uint64_t skipped = at.step == record.next.step
+                                 ? static_cast<uint64_t>(at.microbatch - record.next.microbatch)
+                                 : 1;
+    record.gaps += skipped;
+    spdlog::error("ledger: rank {} consumed step {} microbatch {} but its position was step {} "
+                  "microbatch {}: a gap",
+                  rank, at.step, at.microbatch, record.next.step, record.next.microbatch);
+  }
+  if (claimed) ++record.claimed;
+  const int count = entry.num_microbatches;
+  record.consumed[at] = std::move(entry);
+  record.next = at.microbatch + 1 == count ? LedgerPosition{at.step + 1, 0}
+                                           : LedgerPosition{at.step, at.microbatch + 1};
+}
+
+std::optional<LedgerPosition> Ledger::next(int rank) const {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return std::nullopt;
+  return it->second.next;
+}
+
+v1::JobLedger Ledger::Snapshot(const std::string& job) const {
+  v1::JobLedger out;
+  out.set_name(job);
+  out.set_journal(journal_path_);
+  for (const auto& [rank, record] : ranks_) {
+    v1::RankLedger* r = out.add_ranks();
+    r->set_global_rank(static_cast<uint32_t>(rank));
+    r->set_first_step(record.first_step);
+    r->set_next_step(record.next.step);
+    r->set_next_microbatch(static_cast<uint32_t>(record.next.microbatch));
+    r->set_microbatches(record.consumed.size());
+    r->set_duplicates(record.duplicates);
+    r->set_gaps(record.gaps);
+    r->set_rewinds(record.rewinds);
+    r->set_claimed(record.claimed);
+    std::map<std::pair<int, int64_t>, EpochShare> epochs;
+    uint64_t samples = 0;
+    for (const auto& [_, entry] : record.consumed) {
+      for (const EpochShare& share : entry.shares) {
+        EpochShare& sum = epochs[{share.dataset, share.epoch}];
+        sum.samples += share.samples;
+        sum.digest += share.digest;
+        samples += share.samples;
+      }
+    }
+    r->set_samples(samples);
+    for (const auto& [key, sum] : epochs) {
+      v1::LedgerEpoch* e = r->add_epochs();
+      e->set_dataset(static_cast<uint32_t>(key.first));
+      e->set_epoch(key.second);
+      e->set_samples(sum.samples);
+      e->set_digest(sum.digest);
+    }
+  }
+  return out;
+}
+
+}  // namespace packfeed
