@@ -29,6 +29,7 @@ struct AdminArgs {
   uint64_t slot_bytes = 0;
   double hold_seconds = 0;
   bool json = false;
+  bool check = false;
 };
 
 std::unique_ptr<v1::Admin::Stub> Connect(const AdminArgs& args) {
@@ -97,6 +98,8 @@ absl::Status Stats(const AdminArgs& args) {
                 static_cast<unsigned long long>(job.unique_bytes_needed()),
                 job.io_amplification(), job.slowest_rank(),
                 static_cast<long long>(job.slowest_rank_steps_behind()));
+    std::printf("  %llu B of samples held for the steps ahead\n",
+                static_cast<unsigned long long>(job.cached_bytes()));
     std::printf("  %6s %9s %10s %8s %9s %14s %9s\n", "rank", "attached", "next_step", "pushed",
                 "released", "bytes_sent", "in_flight");
     for (const v1::RankStats& rank : job.ranks()) {
@@ -106,6 +109,52 @@ absl::Status Stats(const AdminArgs& args) {
                   static_cast<unsigned long long>(rank.slots_released()),
                   static_cast<unsigned long long>(rank.bytes_sent()), rank.slots_in_flight());
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Ledger(const AdminArgs& args) {
+  v1::GetLedgerRequest request;
+  request.set_job(args.job);
+  v1::GetLedgerReply reply;
+  PF_RETURN_IF_ERROR(Call(args, "ledger", [&](grpc::ClientContext& c) {
+    return Connect(args)->GetLedger(&c, request, &reply);
+  }));
+  uint64_t faults = 0;
+  for (const v1::JobLedger& job : reply.jobs()) {
+    for (const v1::RankLedger& rank : job.ranks()) faults += rank.duplicates() + rank.gaps();
+  }
+  if (args.json) {
+    Print(reply, true);
+  } else {
+    for (const v1::JobLedger& job : reply.jobs()) {
+      std::printf("job %s: ledger %s\n", job.name().c_str(),
+                  job.journal().empty() ? "in memory only" : job.journal().c_str());
+      std::printf("  %6s %10s %14s %12s %10s %10s %5s %7s %7s\n", "rank", "from_step",
+                  "next(step.mb)", "microbatches", "samples", "duplicates", "gaps", "rewinds",
+                  "claimed");
+      for (const v1::RankLedger& rank : job.ranks()) {
+        const std::string next = absl::StrCat(rank.next_step(), ".", rank.next_microbatch());
+        std::printf("  %6u %10lld %14s %12llu %10llu %10llu %5llu %7llu %7llu\n",
+                    rank.global_rank(), static_cast<long long>(rank.first_step()), next.c_str(),
+                    static_cast<unsigned long long>(rank.microbatches()),
+                    static_cast<unsigned long long>(rank.samples()),
+                    static_cast<unsigned long long>(rank.duplicates()),
+                    static_cast<unsigned long long>(rank.gaps()),
+                    static_cast<unsigned long long>(rank.rewinds()),
+                    static_cast<unsigned long long>(rank.claimed()));
+        for (const v1::LedgerEpoch& epoch : rank.epochs()) {
+          std::printf("         dataset %u epoch %lld: %llu samples, digest %016llx\n",
+                      epoch.dataset(), static_cast<long long>(epoch.epoch()),
+                      static_cast<unsigned long long>(epoch.samples()),
+                      static_cast<unsigned long long>(epoch.digest()));
+        }
+      }
+    }
+  }
+  if (args.check && faults > 0) {
+    return absl::DataLossError(
+        absl::StrCat("the ledger holds ", faults, " duplicated or skipped microbatches"));
   }
   return absl::OkStatus();
 }
@@ -236,6 +285,11 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
   AddCommand(app, "stats", "Per-job and per-rank serving figures", args)
       ->callback([args, exit_code] { *exit_code = ExitCode(Stats(*args)); })
       ->add_option("--job", args->job, "Only this job");
+  CLI::App* ledger = AddCommand(app, "ledger", "What each rank consumed, per dataset epoch", args);
+  ledger->add_option("--job", args->job, "Only this job");
+  ledger->add_flag("--check", args->check,
+                   "Exit non-zero when any rank has a duplicated or skipped microbatch");
+  ledger->callback([args, exit_code] { *exit_code = ExitCode(Ledger(*args)); });
   CLI::App* plan = AddCommand(app, "plan-step", "Dry-run a step's plan on a running daemon", args);
   plan->add_option("--job", args->job, "Job")->required();
   plan->add_option("step", args->step, "Step")->required();

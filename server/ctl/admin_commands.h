@@ -6,7 +6,7 @@
 namespace packfeed::ctl {
 
 // Adds the commands that talk to a running packfeedd: `jobs`, `stats`,
-// `plan-step`, `health`, `drain`, and `dump` (attaches as a rank and prints
+// `ledger`, `plan-step`, `health`, `drain`, and `dump` (attaches as a rank and prints
 // what it receives).
 void AddAdminCommands(CLI::App& app, int* exit_code);
 

@@ -272,6 +272,7 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
       if (slowest == nullptr || rank.next_step < slowest->next_step) slowest = &rank;
     }
     stats.set_steps_served(served == INT64_MAX ? 0 : served);
+    stats.set_cached_bytes(CachedBytes());
     if (slowest != nullptr) {
       stats.set_slowest_rank(slowest->global_rank);
       stats.set_slowest_rank_steps_behind(fastest - slowest->next_step);

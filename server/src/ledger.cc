@@ -1,6 +1,7 @@
 #include "packfeed/server/ledger.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -64,8 +65,14 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_
   absl::StatusOr<MappedFile> existing = MappedFile::Open(journal_path);
   if (existing.ok()) {
     const auto bytes = existing->bytes();
-    PF_RETURN_IF_ERROR(
-        ledger->Replay(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+    const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    PF_RETURN_IF_ERROR(ledger->Replay(text));
+    // Cut a torn last line off, so that the next record starts a line.
+    const size_t whole = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+    if (whole < text.size() && truncate(journal_path.c_str(), static_cast<off_t>(whole)) != 0) {
+      return ErrnoToStatus(errno, "truncate", journal_path);
+    }
+    if (whole == 0) existing = absl::NotFoundError("empty");  // write the header again
   } else if (!absl::IsNotFound(existing.status())) {
     return existing.status();
   }

@@ -1,0 +1,203 @@
+// The consumption ledger's bookkeeping and its journal: what is counted as
+// consumed, duplicated, skipped and rewound, and that a replayed journal
+// gives back the same ledger, whatever state the file was left in.
+
+#include "packfeed/server/ledger.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace packfeed {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<EpochShare> Shares(std::initializer_list<int64_t> documents) {
+  std::vector<SampleRef> samples;
+  for (int64_t d : documents) samples.push_back({0, d, 0});
+  return SharesOf(samples);
+}
+
+class LedgerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pf-ledger-test-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "job.ledger").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+const v1::RankLedger& RankOf(const v1::JobLedger& ledger, int rank) {
+  for (const v1::RankLedger& r : ledger.ranks()) {
+    if (static_cast<int>(r.global_rank()) == rank) return r;
+  }
+  static const v1::RankLedger kNone;
+  return kNone;
+}
+
+TEST(SampleDigestTest, IsSplitmix64OfDatasetAndIndex) {
+  // Values a Python reimplementation in the integration tests relies on.
+  EXPECT_EQ(SampleDigest(0, 0), 0ull);
+  EXPECT_EQ(SampleDigest(0, 1), 0x5692161d100b05e5ull);
+  EXPECT_NE(SampleDigest(1, 0), SampleDigest(0, 1));
+}
+
+TEST(SampleDigestTest, SharesSumPerDatasetEpoch) {
+  const std::vector<EpochShare> shares = SharesOf({{0, 3, 0}, {1, 3, 2}, {0, 5, 0}});
+  ASSERT_EQ(shares.size(), 2u);
+  EXPECT_EQ(shares[0].dataset, 0);
+  EXPECT_EQ(shares[0].samples, 2u);
+  EXPECT_EQ(shares[0].digest, SampleDigest(0, 3) + SampleDigest(0, 5));
+  EXPECT_EQ(shares[1].dataset, 1);
+  EXPECT_EQ(shares[1].epoch, 2);
+}
+
+TEST_F(LedgerTest, ConsumptionAdvancesThePositionAcrossSteps) {
+  auto ledger = *Ledger::Open("");
+  ASSERT_EQ(ledger->Attach(3, {5, 0})->kind, Ledger::AttachKind::kFirst);
+  ASSERT_TRUE(ledger->Consume(3, {5, 0}, 2, Shares({1, 2})).ok());
+  ASSERT_TRUE(ledger->Consume(3, {5, 1}, 2, Shares({3})).ok());
+  ASSERT_TRUE(ledger->Consume(3, {6, 0}, 1, Shares({4})).ok());
+  const v1::RankLedger rank = RankOf(ledger->Snapshot("j"), 3);
+  EXPECT_EQ(rank.first_step(), 5);
+  EXPECT_EQ(rank.next_step(), 7);
+  EXPECT_EQ(rank.next_microbatch(), 0u);
+  EXPECT_EQ(rank.microbatches(), 3u);
+  EXPECT_EQ(rank.samples(), 4u);
+  EXPECT_EQ(rank.duplicates() + rank.gaps() + rank.rewinds(), 0u);
+  ASSERT_EQ(rank.epochs_size(), 1);
+  EXPECT_EQ(rank.epochs(0).digest(), SampleDigest(0, 1) + SampleDigest(0, 2) +
+                                         SampleDigest(0, 3) + SampleDigest(0, 4));
+}
+
+TEST_F(LedgerTest, ADuplicateAndAGapAreCountedNotHidden) {
+  auto ledger = *Ledger::Open("");
+  ASSERT_TRUE(ledger->Attach(0, {0, 0}).ok());
+  ASSERT_TRUE(ledger->Consume(0, {0, 0}, 4, Shares({1})).ok());
+  ASSERT_TRUE(ledger->Consume(0, {0, 0}, 4, Shares({1})).ok());  // again
+  ASSERT_TRUE(ledger->Consume(0, {0, 3}, 4, Shares({4})).ok());  // 1 and 2 skipped
+  const v1::RankLedger rank = RankOf(ledger->Snapshot("j"), 0);
+  EXPECT_EQ(rank.duplicates(), 1u);
+  EXPECT_EQ(rank.gaps(), 2u);
+  EXPECT_EQ(rank.samples(), 2u);  // the duplicate is not counted twice
+}
+
+TEST_F(LedgerTest, AttachPositionsAreClassified) {
+  auto ledger = *Ledger::Open("");
+  ASSERT_TRUE(ledger->Attach(1, {0, 0}).ok());
+  for (int m = 0; m < 4; ++m) ASSERT_TRUE(ledger->Consume(1, {0, m}, 4, Shares({m})).ok());
+  EXPECT_EQ(ledger->Attach(1, {1, 0})->kind, Ledger::AttachKind::kContinue);
+  EXPECT_EQ(ledger->Attach(1, {1, 2})->kind, Ledger::AttachKind::kAhead);
+  // A rewind drops what follows the position: it will be consumed again.
+  const Ledger::AttachResult rewind = *ledger->Attach(1, {0, 2});
+  EXPECT_EQ(rewind.kind, Ledger::AttachKind::kRewind);
+  EXPECT_EQ(rewind.before, (LedgerPosition{1, 0}));
+  const v1::RankLedger rank = RankOf(ledger->Snapshot("j"), 1);
+  EXPECT_EQ(rank.microbatches(), 2u);
+  EXPECT_EQ(rank.rewinds(), 1u);
+  EXPECT_EQ(rank.next_step(), 0);
+  EXPECT_EQ(rank.next_microbatch(), 2u);
+}
+
+TEST_F(LedgerTest, ClaimsAndJumps) {
+  auto ledger = *Ledger::Open("");
+  ASSERT_TRUE(ledger->Attach(2, {0, 0}).ok());
+  ASSERT_TRUE(ledger->Claim(2, {0, 0}, 2, Shares({9})).ok());
+  ASSERT_TRUE(ledger->Jump(2, {5, 0}, 7).ok());
+  const v1::RankLedger rank = RankOf(ledger->Snapshot("j"), 2);
+  EXPECT_EQ(rank.claimed(), 1u);
+  EXPECT_EQ(rank.gaps(), 7u);
+  EXPECT_EQ(rank.next_step(), 5);
+}
+
+TEST_F(LedgerTest, TheJournalReplaysToTheSameLedger) {
+  v1::JobLedger before;
+  {
+    auto ledger = *Ledger::Open(path_);
+    ASSERT_TRUE(ledger->Attach(0, {0, 0}).ok());
+    ASSERT_TRUE(ledger->Attach(1, {0, 0}).ok());
+    for (int m = 0; m < 3; ++m) {
+      ASSERT_TRUE(ledger->Consume(0, {0, m}, 3, Shares({m, m + 10})).ok());
+      ASSERT_TRUE(ledger->Consume(1, {0, m}, 3, Shares({m + 20})).ok());
+    }
+    ASSERT_TRUE(ledger->Attach(0, {0, 1}).ok());  // rewind
+    ASSERT_TRUE(ledger->Claim(0, {0, 1}, 3, Shares({1, 11})).ok());
+    ASSERT_TRUE(ledger->Consume(1, {0, 0}, 3, Shares({20})).ok());  // duplicate
+    before = ledger->Snapshot("j");
+  }
+  auto replayed = Ledger::Open(path_);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_EQ((*replayed)->Snapshot("j").SerializeAsString(), before.SerializeAsString());
+  // And it goes on appending.
+  ASSERT_TRUE((*replayed)->Consume(0, {0, 2}, 3, Shares({2, 12})).ok());
+  auto again = *Ledger::Open(path_);
+  EXPECT_EQ(RankOf(again->Snapshot("j"), 0).microbatches(), 3u);
+}
+
+TEST_F(LedgerTest, ATornLastLineIsDropped) {
+  {
+    auto ledger = *Ledger::Open(path_);
+    ASSERT_TRUE(ledger->Attach(0, {0, 0}).ok());
+    ASSERT_TRUE(ledger->Consume(0, {0, 0}, 2, Shares({1})).ok());
+  }
+  std::ofstream(path_, std::ios::app) << "C 0 0 1 2 c 0:0:1:00";  // a crash mid-write
+  auto ledger = Ledger::Open(path_);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  EXPECT_EQ(RankOf((*ledger)->Snapshot("j"), 0).microbatches(), 1u);
+  // The torn bytes are cut off: the next record is a line of its own.
+  ASSERT_TRUE((*ledger)->Consume(0, {0, 1}, 2, Shares({2})).ok());
+  auto again = Ledger::Open(path_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(RankOf((*again)->Snapshot("j"), 0).microbatches(), 2u);
+}
+
+TEST_F(LedgerTest, CorruptJournalsAreRefusedNamingTheLine) {
+  {
+    auto ledger = *Ledger::Open(path_);
+    ASSERT_TRUE(ledger->Attach(0, {0, 0}).ok());
+  }
+  std::ofstream(path_, std::ios::app) << "C 0 zero 0 2 c 0:0:1:0000000000000001\n";
+  absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(path_);
+  EXPECT_TRUE(absl::IsDataLoss(ledger.status())) << ledger.status();
+  EXPECT_THAT(ledger.status().message(), HasSubstr("line 3"));
+
+  std::ofstream(path_, std::ios::trunc) << "some other file\nC 0 0 0 1 c\n";
+  ledger = Ledger::Open(path_);
+  EXPECT_TRUE(absl::IsDataLoss(ledger.status())) << ledger.status();
+  EXPECT_THAT(ledger.status().message(), HasSubstr("not a packfeed ledger"));
+
+  for (const char* bad : {"C 0 0 5 2 c\n",                      // microbatch beyond its step
+                          "C 0 0 0 2 x\n",                      // unknown kind
+                          "C 0 0 0 2 c 0:0:1:xyz\n",            // bad digest
+                          "A -1 0 0\n",                         // negative rank
+                          "J 0 0 0\n",                          // missing count
+                          "Q 0 0 0\n"}) {                       // unknown record
+    std::ofstream(path_, std::ios::trunc) << "packfeed-ledger 1\n" << bad;
+    ledger = Ledger::Open(path_);
+    EXPECT_TRUE(absl::IsDataLoss(ledger.status())) << bad << ": " << ledger.status();
+  }
+}
+
+TEST_F(LedgerTest, AnUnwritableJournalIsAClearError) {
+  if (geteuid() == 0) GTEST_SKIP() << "root writes anywhere";
+  std::filesystem::permissions(dir_, std::filesystem::perms::owner_read |
+                                         std::filesystem::perms::owner_exec);
+  absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(path_);
+  EXPECT_TRUE(absl::IsPermissionDenied(ledger.status())) << ledger.status();
+  std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
+}
+
+}  // namespace
+}  // namespace packfeed
