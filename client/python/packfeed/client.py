@@ -41,6 +41,9 @@ class Client:
     Tensors are zero-copy views of the ring slot: valid until the next
     microbatch is taken (or release()), after which the daemon reuses the slot.
     copy=True hands out owned copies instead and frees the slot at once.
+    elastic: with fingerprint and start_step (or state), accept a job whose
+    topology or scheduler changed since (another DP size) as long as its data
+    did not; start at a step boundary (docs/RELIABILITY.md).
     reconnect_timeout: seconds to keep re-attaching when the daemon goes away
     (killed, restarted); the client then goes on from the first microbatch it
     had not taken, bit-identical. 0 raises UnavailableError at once.
@@ -72,7 +75,7 @@ class Client:
         if state is not None:
             self.load_state_dict(state, elastic=elastic)
         else:
-            self._attach(fingerprint, start_step)
+            self._attach(fingerprint, start_step, 0, elastic)
 
     # --- iteration -------------------------------------------------------
     def next_step(self, timeout=None):
