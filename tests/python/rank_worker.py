@@ -9,6 +9,7 @@ trainer resumes from its last checkpoint.
   rank_worker.py --socket S --job J --rank R --steps N --out FILE
                  [--die-after K]       SIGKILL itself after its K-th line
                  [--pause-after K --pause S]  sleep S seconds after line K
+                 [--delay S]           sleep S seconds per microbatch (the trainer's compute)
                  [--checkpoint-at STEP --checkpoint FILE]  save the state at that step boundary
                  [--resume-from FILE]  start from a saved state (a restart from a checkpoint)
                  [--elastic-from FILE] start from a state saved under another topology
@@ -74,6 +75,7 @@ def main():
     parser.add_argument("--die-after", type=int, default=-1)
     parser.add_argument("--pause-after", type=int, default=-1)
     parser.add_argument("--pause", type=float, default=0)
+    parser.add_argument("--delay", type=float, default=0)
     parser.add_argument("--checkpoint-at", type=int, default=-1)
     parser.add_argument("--checkpoint")
     parser.add_argument("--resume-from")
@@ -115,6 +117,7 @@ def main():
                     os.kill(os.getpid(), signal.SIGKILL)
                 if lines == args.pause_after:
                     time.sleep(args.pause)
+                time.sleep(args.delay)
     client.close()
 
 
