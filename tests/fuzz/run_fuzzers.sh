@@ -4,7 +4,8 @@
 # index_parser_fuzz is seeded with Megatron's fixture indexes (when ../shared
 # is present) and indexes made by packfeedctl; wire_fuzz starts from nothing
 # (libFuzzer's comparison tracing finds the magic and the version);
-# config_fuzz from one configuration using every field. Longer runs: pass more seconds, or run the binary
+# config_fuzz from one configuration using every field; attach_fuzz from
+# nothing (half its inputs are merged over a valid request). Longer runs: pass more seconds, or run the binary
 # directly, e.g. build-fuzz/tests/fuzz/index_parser_fuzz -max_total_time=3600 DIR
 set -euo pipefail
 build=$1
@@ -39,7 +40,7 @@ run() {  # run TARGET CORPUS_DIR
   grep -E '^(Done|stat::(number_of_executed_units|new_units_added))' "$log"
   echo "run_fuzzers: $1 ran ${seconds}s without a crash"
 }
-mkdir -p "$corpus/wire" "$corpus/config"
+mkdir -p "$corpus/wire" "$corpus/config" "$corpus/attach"
 cat >"$corpus/config/seed.textproto" <<'CONFIG'
 socket_path: "/run/packfeed/packfeedd.sock"
 prefetch_steps: 2
@@ -64,3 +65,4 @@ CONFIG
 run index_parser_fuzz "$corpus"
 run wire_fuzz "$corpus/wire"
 run config_fuzz "$corpus/config"
+run attach_fuzz "$corpus/attach"

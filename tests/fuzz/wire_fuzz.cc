@@ -1,6 +1,8 @@
-// libFuzzer target for the data plane's wire format: any bytes a peer sends
-// must be rejected with a status or decode to a message that encodes back to
-// the same bytes and validates against a ring without reading out of bounds.
+// libFuzzer target for the data plane's wire format, as the client's receiver
+// meets it: any bytes a peer sends as a notification, ring descriptor or
+// worker address must be rejected with a status or decode to what encodes
+// back to the same bytes and validates against a ring without reading out of
+// bounds.
 
 #include <cstddef>
 #include <cstdint>
@@ -20,5 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   absl::StatusOr<RingDescriptor> ring = DecodeRingDescriptor(bytes);
   if (ring.ok() && EncodeRingDescriptor(*ring) != bytes) __builtin_trap();
+  absl::StatusOr<std::string> address = DecodeWorkerAddress(bytes);
+  if (address.ok() && EncodeWorkerAddress(*address) != bytes) __builtin_trap();
   return 0;
 }

@@ -92,10 +92,12 @@ absl::Status Receiver::CreateRing() {
 }
 
 absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t epoch) {
-  if (sender_address.empty()) {
-    return absl::InvalidArgumentError("empty sender worker address");
+  absl::StatusOr<std::string> decoded = DecodeWorkerAddress(sender_address);
+  if (!decoded.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sender worker address: ", decoded.status().message()));
   }
-  std::string address(sender_address);
+  std::string address = *std::move(decoded);
   return RunOnProgressThread([this, &address, epoch] { return Reconnect(address, epoch); });
 }
 

@@ -88,15 +88,17 @@ Sender::~Sender() {
 absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
                                          absl::string_view ring_descriptor) {
   PF_ASSIGN_OR_RETURN(RingDescriptor ring, DecodeRingDescriptor(ring_descriptor));
-  if (receiver_address.empty()) {
-    return absl::InvalidArgumentError("empty receiver worker address");
+  absl::StatusOr<std::string> address = DecodeWorkerAddress(receiver_address);
+  if (!address.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("receiver worker address: ", address.status().message()));
   }
   auto connection = std::make_unique<Connection>();
   connection->epoch = next_epoch_++;
   connection->ring = std::move(ring);
   PF_ASSIGN_OR_RETURN(UcpEndpoint endpoint,
-                      UcpEndpoint::Connect(worker_, receiver_address,
-                                           &Sender::OnEndpointError, connection.get()));
+                      UcpEndpoint::Connect(worker_, *address, &Sender::OnEndpointError,
+                                           connection.get()));
   connection->endpoint.emplace(std::move(endpoint));
   PF_ASSIGN_OR_RETURN(connection->remote_key,
                       RemoteKey::Unpack(*connection->endpoint, connection->ring.remote_key));

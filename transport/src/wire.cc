@@ -1,5 +1,7 @@
 #include "packfeed/transport/wire.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -15,6 +17,7 @@ static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian and encoded by memcpy");
 
 constexpr uint16_t kRingDescriptorKind = 16;
+constexpr uint16_t kWorkerAddressKind = 17;
 
 class Writer {
  public:
@@ -64,6 +67,8 @@ class Reader {
   }
   absl::string_view bytes_;
 };
+
+uint64_t Checksum(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
 struct Header {
   uint16_t kind;
@@ -327,6 +332,7 @@ std::string EncodeRingDescriptor(const RingDescriptor& ring) {
   writer.Put(static_cast<uint8_t>(ring.memory_kind));
   writer.Put(static_cast<uint32_t>(ring.remote_key.size()));
   writer.PutBytes(ring.remote_key);
+  writer.Put(Checksum(ring.remote_key));
   return std::move(writer).Finish(kRingDescriptorKind, 0);
 }
 
@@ -348,7 +354,11 @@ absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
   PF_ASSIGN_OR_RETURN(uint8_t kind, reader.Get<uint8_t>("ring descriptor"));
   PF_ASSIGN_OR_RETURN(uint32_t key_bytes, reader.Get<uint32_t>("ring descriptor"));
   PF_ASSIGN_OR_RETURN(absl::string_view key, reader.GetBytes(key_bytes, "remote key"));
+  PF_ASSIGN_OR_RETURN(uint64_t checksum, reader.Get<uint64_t>("remote key checksum"));
   PF_RETURN_IF_ERROR(ExpectEmpty(reader, "ring descriptor"));
+  if (checksum != Checksum(key)) {
+    return absl::InvalidArgumentError("remote key checksum mismatch: a corrupt ring descriptor");
+  }
   if (kind > static_cast<uint8_t>(MemoryKind::kCuda)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown ring memory kind ", kind));
   }
@@ -364,6 +374,32 @@ absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
     return absl::InvalidArgumentError("ring extent overflows the address space");
   }
   return ring;
+}
+
+std::string EncodeWorkerAddress(absl::string_view ucx_address) {
+  Writer writer;
+  writer.Put(static_cast<uint32_t>(ucx_address.size()));
+  writer.PutBytes(ucx_address);
+  writer.Put(Checksum(ucx_address));
+  return std::move(writer).Finish(kWorkerAddressKind, 0);
+}
+
+absl::StatusOr<std::string> DecodeWorkerAddress(absl::string_view bytes) {
+  Reader reader(bytes);
+  PF_ASSIGN_OR_RETURN(Header header, ReadHeader(reader));
+  if (header.kind != kWorkerAddressKind || header.epoch != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a worker address, got message kind ", header.kind));
+  }
+  PF_ASSIGN_OR_RETURN(uint32_t length, reader.Get<uint32_t>("worker address"));
+  PF_ASSIGN_OR_RETURN(absl::string_view address, reader.GetBytes(length, "worker address"));
+  PF_ASSIGN_OR_RETURN(uint64_t checksum, reader.Get<uint64_t>("worker address checksum"));
+  PF_RETURN_IF_ERROR(ExpectEmpty(reader, "worker address"));
+  if (address.empty()) return absl::InvalidArgumentError("empty worker address");
+  if (checksum != Checksum(address)) {
+    return absl::InvalidArgumentError("worker address checksum mismatch: a corrupt address");
+  }
+  return std::string(address);
 }
 
 absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(

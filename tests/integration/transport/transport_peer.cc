@@ -137,13 +137,15 @@ void RunRogue(const PeerFlags& flags) {
       !status.ok()) {
     Die(status);
   }
-  Reply(worker->address());
+  Reply(transport::EncodeWorkerAddress(worker->address()));
   std::optional<transport::UcpEndpoint> endpoint;
   while (true) {
     const std::string command = Next();
     if (command == "connect") {
+      auto address = transport::DecodeWorkerAddress(Next());
+      if (!address.ok()) Die(address.status());
       auto connected = transport::UcpEndpoint::Connect(
-          *worker, Next(), [](void*, ucp_ep_h, ucs_status_t) {}, nullptr);
+          *worker, *address, [](void*, ucp_ep_h, ucs_status_t) {}, nullptr);
       if (!connected.ok()) Die(connected.status());
       endpoint.emplace(std::move(*connected));
       Reply("ok");

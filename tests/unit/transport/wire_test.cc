@@ -132,6 +132,33 @@ TEST(WireTest, RingDescriptorRefusesNonsense) {
   EXPECT_THAT(DecodeRingDescriptor(bytes).status().message(), HasSubstr("epoch 5"));
   EXPECT_THAT(DecodeRingDescriptor(EncodeMessage(Goodbye{1})).status().message(),
               HasSubstr("expected a ring descriptor"));
+  // UCX aborts on a malformed packed key: a corrupt one never reaches it.
+  bytes = EncodeRingDescriptor({2, 64, 0, MemoryKind::kHost, "key"});
+  bytes[bytes.size() - 9] ^= 1;  // the key's last byte
+  EXPECT_THAT(DecodeRingDescriptor(bytes).status().message(), HasSubstr("checksum mismatch"));
+}
+
+TEST(WireTest, WorkerAddressesRoundTripAndRefuseCorruption) {
+  const std::string ucx(std::string("\x01\x02ucx-address\x00\xff", 16));
+  const std::string encoded = EncodeWorkerAddress(ucx);
+  ASSERT_TRUE(DecodeWorkerAddress(encoded).ok());
+  EXPECT_EQ(*DecodeWorkerAddress(encoded), ucx);
+  for (size_t i = 24; i < encoded.size(); ++i) {  // every byte after the header
+    std::string corrupt = encoded;
+    corrupt[i] ^= 0x20;
+    EXPECT_FALSE(DecodeWorkerAddress(corrupt).ok()) << "byte " << i;
+  }
+  for (size_t n = 0; n < encoded.size(); ++n) {
+    EXPECT_FALSE(DecodeWorkerAddress(encoded.substr(0, n)).ok()) << n << " bytes";
+  }
+  EXPECT_THAT(DecodeWorkerAddress("not an address at all, just text").status().message(),
+              HasSubstr("not a packfeed message"));
+  EXPECT_THAT(DecodeWorkerAddress(EncodeWorkerAddress("")).status().message(),
+              HasSubstr("empty worker address"));
+  EXPECT_THAT(DecodeWorkerAddress(EncodeRingDescriptor({2, 64, 0, MemoryKind::kHost, "k"}))
+                  .status()
+                  .message(),
+              HasSubstr("expected a worker address"));
 }
 
 TEST(WireTest, LaysOutAlignedFieldsOrSaysHowMuchIsMissing) {

@@ -95,7 +95,8 @@ class Receiver {
   static absl::StatusOr<std::unique_ptr<Receiver>> Create(const ReceiverOptions& options);
   ~Receiver();  // Stops the progress thread, closes, frees the ring.
 
-  const std::string& worker_address() const { return worker_.address(); }
+  // The worker address to give the sender (EncodeWorkerAddress).
+  std::string worker_address() const { return EncodeWorkerAddress(worker_.address()); }
   // The encoded RingDescriptor the sender connects with.
   const std::string& ring_descriptor() const { return ring_descriptor_; }
   MemoryKind memory_kind() const { return memory_kind_; }

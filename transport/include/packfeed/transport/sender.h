@@ -75,7 +75,8 @@ class Sender {
   static absl::StatusOr<std::unique_ptr<Sender>> Create(const SenderOptions& options);
   ~Sender();  // Says goodbye on every open connection (bounded by the timeout).
 
-  const std::string& worker_address() const { return worker_.address(); }
+  // The worker address to give receivers (EncodeWorkerAddress).
+  std::string worker_address() const { return EncodeWorkerAddress(worker_.address()); }
 
   // Connects to a receiver, given its worker address and encoded ring
   // descriptor, and returns the connection's epoch. Epochs name connections in

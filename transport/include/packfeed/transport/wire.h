@@ -119,8 +119,19 @@ struct RingDescriptor {
   bool operator==(const RingDescriptor&) const = default;
 };
 
+// The remote key travels with an XXH3 checksum: UCX asserts (aborts the
+// process) on a malformed packed key, so a corrupt one is refused here.
 std::string EncodeRingDescriptor(const RingDescriptor& ring);
 absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes);
+
+// A UCX worker address as it travels in attach requests and replies: UCX's
+// opaque packed bytes behind our header, with their XXH3 checksum. UCX
+// asserts (aborts the process) on a malformed address, so a corrupt or
+// foreign blob must be refused before it reaches ucp_ep_create. (This guards
+// against accidents, not forgeries: a sender only sees addresses from
+// clients that presented the job's token.)
+std::string EncodeWorkerAddress(absl::string_view ucx_address);
+absl::StatusOr<std::string> DecodeWorkerAddress(absl::string_view bytes);
 
 // Lays out fields of the given types and shapes one after another, each at a
 // multiple of kFieldAlignment, and returns their descriptors. InvalidArgument

@@ -1,0 +1,302 @@
+// Bad requests against a real packfeedd while a good rank is being served:
+// each is refused with its own status and a message naming what is wrong,
+// and between every two of them the good rank receives its next step,
+// bit-identical to an undisturbed run (no wrong bytes, nobody else held up).
+// The ledger shows the good rank's consumption exact at the end.
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "child_process.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "packfeed/client/client.h"
+#include "packfeed/server/dataset_generator.h"
+#include "packfeed/server/fingerprint.h"
+#include "packfeed/transport/receiver.h"
+#include "packfeed/transport/wire.h"
+#include "packfeed/v1/service.grpc.pb.h"
+
+namespace packfeed {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "s3cret";
+
+struct BadRequest {
+  std::string name;
+  std::function<grpc::Status()> send;
+  grpc::StatusCode code;
+  std::string message;
+};
+
+class DaemonBadInputTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(std::filesystem::temp_directory_path() /
+                           absl::StrCat("pf-bad-input-", getpid()));
+    std::filesystem::create_directories(*dir_);
+    const std::string prefix = *dir_ + "/data";
+    GeneratedDatasetOptions dataset;
+    dataset.vocab_size = 5000;
+    auto lengths = GenerateLengths({4, 120, 40, 1.1}, 300, 5);
+    ASSERT_TRUE(lengths.ok());
+    ASSERT_TRUE(WriteGeneratedDataset(prefix, *lengths, dataset).ok());
+    socket_ = new std::string(*dir_ + "/packfeedd.sock");
+    std::ofstream(*dir_ + "/config.textproto") << absl::StrCat(
+        "socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n", R"(jobs {
+  name: "job"
+  datasets { prefix: ")", prefix, R"(" }
+  topology { tp: 1 pp: 1 cp: 1 dp: 4 }
+  global_batch: 8
+  seq_length: 128
+  eod_id: 5000
+  append_eod: true
+  auth_token: ")", kToken, R"("
+  local_ranks: [0, 1, 2]
+  scheduler { kind: "balanced" max_tokens_per_rank: 128 }
+})");
+    auto daemon = testing::ChildProcess::Spawn(
+        {PF_PACKFEEDD, "--config", *dir_ + "/config.textproto", "--log-level", "warn"});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = new testing::ChildProcess(*std::move(daemon));
+    admin_ = v1::Admin::NewStub(Channel()).release();
+    control_ = v1::Control::NewStub(Channel()).release();
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (true) {
+      grpc::ClientContext context;
+      v1::HealthReply health;
+      if (admin_->Health(&context, {}, &health).ok()) break;
+      ASSERT_LT(absl::Now(), deadline) << "packfeedd did not answer";
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
+  static void TearDownTestSuite() {
+    daemon_->Kill(SIGTERM);
+    EXPECT_EQ(*daemon_->Wait(absl::Seconds(20)), 0);
+    delete daemon_;
+    std::filesystem::remove_all(*dir_);
+  }
+
+  static std::shared_ptr<grpc::Channel> Channel() {
+    return grpc::CreateChannel("unix:" + *socket_, grpc::InsecureChannelCredentials());
+  }
+
+  static client::ClientOptions Options(int rank) {
+    client::ClientOptions options;
+    options.socket_path = *socket_;
+    options.job = "job";
+    options.global_rank = rank;
+    options.auth_token = kToken;
+    options.placement = transport::RingPlacement::kHost;
+    return options;
+  }
+
+  // StableHash of every field's bytes of the client's next step.
+  static std::vector<uint64_t> TakeStep(client::Client& client) {
+    std::vector<uint64_t> hashes;
+    absl::StatusOr<client::StepInfo> step = client.NextStep(absl::Seconds(30));
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) return hashes;
+    for (int m = step->first_microbatch; m < step->num_microbatches; ++m) {
+      absl::StatusOr<client::Microbatch> mb = client.Next(absl::Seconds(30));
+      EXPECT_TRUE(mb.ok()) << mb.status();
+      if (!mb.ok()) return hashes;
+      for (const client::FieldView& field : mb->fields) {
+        hashes.push_back(StableHash(absl::string_view(static_cast<const char*>(field.data),
+                                                      field.bytes)));
+      }
+    }
+    return hashes;
+  }
+
+  static inline std::string* dir_ = nullptr;
+  static inline std::string* socket_ = nullptr;
+  static inline testing::ChildProcess* daemon_ = nullptr;
+  static inline v1::Admin::Stub* admin_ = nullptr;
+  static inline v1::Control::Stub* control_ = nullptr;
+};
+
+TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExactly) {
+  // The undisturbed run of rank 0 (then rank 0 rewinds to step 0 below).
+  std::vector<std::vector<uint64_t>> reference;
+  {
+    auto client = client::Client::Attach(Options(0));
+    ASSERT_TRUE(client.ok()) << client.status();
+    for (int s = 0; s < 30; ++s) reference.push_back(TakeStep(**client));
+  }
+  auto good = client::Client::Attach(Options(0));
+  ASSERT_TRUE(good.ok()) << good.status();
+  const std::string fingerprint = (*good)->fingerprint();
+
+  // A real ring and worker for the would-be rank 1, and a ring too small.
+  transport::ReceiverOptions ring_options;
+  ring_options.placement = transport::RingPlacement::kHost;
+  ring_options.slots = 2;
+  ring_options.slot_bytes = 4 << 20;
+  auto ring = transport::Receiver::Create(ring_options);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  ring_options.slot_bytes = 4096;
+  auto small = transport::Receiver::Create(ring_options);
+  ASSERT_TRUE(small.ok()) << small.status();
+
+  auto attach = [&](std::function<void(v1::AttachRequest&)> spoil) {
+    return [&, spoil] {
+      v1::AttachRequest request;
+      request.set_job("job");
+      request.set_global_rank(1);
+      request.set_auth_token(kToken);
+      request.set_fingerprint(fingerprint);
+      request.set_worker_address((*ring)->worker_address());
+      request.mutable_ring()->set_slots(2);
+      request.mutable_ring()->set_slot_bytes(4 << 20);
+      request.mutable_ring()->set_ring_descriptor((*ring)->ring_descriptor());
+      spoil(request);
+      v1::AttachReply reply;
+      grpc::ClientContext context;
+      return control_->Attach(&context, request, &reply);
+    };
+  };
+  auto detach = [&](std::function<void(v1::DetachRequest&)> spoil) {
+    return [&, spoil] {
+      v1::DetachRequest request;
+      request.set_job("job");
+      request.set_global_rank(0);
+      request.set_auth_token(kToken);
+      request.set_epoch(12345);
+      spoil(request);
+      v1::DetachReply reply;
+      grpc::ClientContext context;
+      return control_->Detach(&context, request, &reply);
+    };
+  };
+  std::string other_topology = fingerprint;
+  other_topology.replace(other_topology.find("-t") + 2, 8, "00000000");
+  using grpc::StatusCode;
+  const std::vector<BadRequest> cases = {
+      {"unknown job", attach([](auto& r) { r.set_job("nope"); }), StatusCode::NOT_FOUND,
+       "no job 'nope'"},
+      {"wrong token", attach([](auto& r) { r.set_auth_token("guess"); }),
+       StatusCode::PERMISSION_DENIED, "wrong auth token"},
+      {"no token", attach([](auto& r) { r.clear_auth_token(); }), StatusCode::PERMISSION_DENIED,
+       "wrong auth token"},
+      {"rank outside the world", attach([](auto& r) { r.set_global_rank(99); }),
+       StatusCode::OUT_OF_RANGE, "outside job job's world of 4"},
+      {"rank of another node", attach([](auto& r) { r.set_global_rank(3); }),
+       StatusCode::FAILED_PRECONDITION, "not hosted by this daemon"},
+      {"fingerprint of another topology",
+       attach([&](auto& r) { r.set_fingerprint(other_topology); }),
+       StatusCode::FAILED_PRECONDITION, "topology differ"},
+      {"not a fingerprint", attach([](auto& r) { r.set_fingerprint("pf1-garbage"); }),
+       StatusCode::INVALID_ARGUMENT, "not a packfeed job fingerprint"},
+      {"no ring descriptor", attach([](auto& r) { r.mutable_ring()->clear_ring_descriptor(); }),
+       StatusCode::INVALID_ARGUMENT, "ring descriptor"},
+      {"garbage ring descriptor",
+       attach([](auto& r) { r.mutable_ring()->set_ring_descriptor(std::string(40, '\x7f')); }),
+       StatusCode::INVALID_ARGUMENT, "ring descriptor"},
+      {"ring slots too small",
+       attach([&](auto& r) { r.mutable_ring()->set_ring_descriptor((*small)->ring_descriptor()); }),
+       StatusCode::INVALID_ARGUMENT, "are needed"},
+      {"negative start step", attach([](auto& r) { r.set_start_step(-3); }),
+       StatusCode::INVALID_ARGUMENT, "start step -3 < 0"},
+      {"start microbatch beyond its step", attach([](auto& r) { r.set_start_microbatch(999); }),
+       StatusCode::INVALID_ARGUMENT, "start microbatch 999 of step 0"},
+      {"elastic without a fingerprint",
+       attach([](auto& r) { r.set_elastic(true); r.clear_fingerprint(); }),
+       StatusCode::INVALID_ARGUMENT, "elastic resume needs the fingerprint"},
+      {"elastic inside a step",
+       attach([](auto& r) { r.set_elastic(true); r.set_start_microbatch(1); }),
+       StatusCode::INVALID_ARGUMENT, "step boundary"},
+      {"rank already attached", attach([](auto& r) { r.set_global_rank(0); }),
+       StatusCode::ALREADY_EXISTS, "already attached"},
+      {"garbage worker address", attach([](auto& r) { r.set_worker_address("not an address"); }),
+       StatusCode::INVALID_ARGUMENT, "worker address"},
+      {"detach: unknown job", detach([](auto& r) { r.set_job("nope"); }), StatusCode::NOT_FOUND,
+       "no job 'nope'"},
+      {"detach: wrong token", detach([](auto& r) { r.set_auth_token("guess"); }),
+       StatusCode::PERMISSION_DENIED, "wrong auth token"},
+      {"detach: another connection", detach([](auto&) {}), StatusCode::NOT_FOUND,
+       "has no connection 12345"},
+      {"plan: unknown job",
+       [&] {
+         v1::GetPlanRequest request;
+         request.set_job("nope");
+         v1::GetPlanReply reply;
+         grpc::ClientContext context;
+         return admin_->GetPlan(&context, request, &reply);
+       },
+       StatusCode::NOT_FOUND, "nope"},
+      {"plan: negative step",
+       [&] {
+         v1::GetPlanRequest request;
+         request.set_job("job");
+         request.set_step(-1);
+         v1::GetPlanReply reply;
+         grpc::ClientContext context;
+         return admin_->GetPlan(&context, request, &reply);
+       },
+       StatusCode::INVALID_ARGUMENT, "step -1 < 0"},
+      {"stats: unknown job",
+       [&] {
+         v1::GetStatsRequest request;
+         request.set_job("nope");
+         v1::GetStatsReply reply;
+         grpc::ClientContext context;
+         return admin_->GetStats(&context, request, &reply);
+       },
+       StatusCode::NOT_FOUND, "no job 'nope'"},
+      {"ledger: unknown job",
+       [&] {
+         v1::GetLedgerRequest request;
+         request.set_job("nope");
+         v1::GetLedgerReply reply;
+         grpc::ClientContext context;
+         return admin_->GetLedger(&context, request, &reply);
+       },
+       StatusCode::NOT_FOUND, "no job 'nope'"},
+      {"drain: wrong token",
+       [&] {
+         v1::DrainRequest request;
+         request.set_auth_token("guess");
+         v1::DrainReply reply;
+         grpc::ClientContext context;
+         return admin_->Drain(&context, request, &reply);
+       },
+       StatusCode::PERMISSION_DENIED, "auth token"},
+  };
+  ASSERT_LE(cases.size(), reference.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    const grpc::Status status = cases[i].send();
+    EXPECT_EQ(status.error_code(), cases[i].code) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(cases[i].message));
+    // Meanwhile the good rank goes on, byte for byte as undisturbed.
+    EXPECT_EQ(TakeStep(**good), reference[i]);
+  }
+  ASSERT_TRUE((*good)->Detach().ok());
+
+  grpc::ClientContext context;
+  v1::GetLedgerRequest request;
+  request.set_job("job");
+  v1::GetLedgerReply ledger;
+  ASSERT_TRUE(admin_->GetLedger(&context, request, &ledger).ok());
+  const v1::RankLedger& rank0 = ledger.jobs(0).ranks(0);
+  EXPECT_EQ(rank0.global_rank(), 0u);
+  EXPECT_EQ(rank0.duplicates(), 0u);
+  EXPECT_EQ(rank0.gaps(), 0u);
+  EXPECT_EQ(rank0.rewinds(), 1u);  // the reference run, then again from step 0
+  EXPECT_EQ(rank0.next_step(), static_cast<int64_t>(cases.size()));
+}
+
+}  // namespace
+}  // namespace packfeed
