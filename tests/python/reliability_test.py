@@ -157,6 +157,26 @@ class ReliabilityTest(unittest.TestCase):
                                        "next_microbatch": 1}, elastic=True)
             self.assertIn("step boundary", str(raised.exception))
 
+    def test_a_corrupt_ledger_is_set_aside_and_serving_goes_on(self):
+        workdir = tempfile.mkdtemp(prefix="pf-reliability-ledger-")
+        with self.daemon_for("ledger", workdir=workdir) as daemon:
+            workers = Workers(daemon, "job", RANKS, 2, workdir, "before")
+            workers.start_all()
+            workers.wait_all()
+            journal = ledger(daemon, "job") and daemon.ctl_json("ledger")["jobs"][0]["journal"]
+        with open(journal, "a") as f:
+            f.write("C 0 zero 0 1 c\n")  # a line no daemon wrote
+        with self.daemon_for("ledger", workdir=workdir) as daemon:
+            errors = [line for line in daemon.log.read_text().splitlines() if "[error]" in line]
+            self.assertEqual(len(errors), 1, errors)
+            self.assertIn("set aside", errors[0])
+            self.assertTrue(os.path.exists(journal + ".corrupt"))
+            workers = Workers(daemon, "job", RANKS, STEPS, workdir, "after")
+            workers.start_all()
+            workers.wait_all()
+            self.assertEqual(workers.shas(), self.reference)
+            check_ledger(self, daemon, "job", RANKS, STEPS, TP, CP, DP)
+
     def test_a_stalled_rank_holds_its_job_not_the_others_and_stats_name_it(self):
         slow = job_text(self.prefix, name="slow", tp=1, cp=1, dp=2)
         steady = job_text(self.prefix, name="steady", tp=1, cp=1, dp=2)
