@@ -32,13 +32,30 @@ struct PerJobCollector {
   }
 };
 
-// The runners a request names: every one for an empty name.
-std::vector<JobRunner*> RunnersNamed(const Daemon& daemon, const std::string& job) {
+// Asks each runner `job` names (every one for an empty name) through `ask`
+// and finishes the call with all the answers: NotFound for an unknown job.
+template <typename Item, typename Reply>
+grpc::ServerUnaryReactor* AskEveryRunner(grpc::CallbackServerContext* context,
+                                         const Daemon& daemon, const std::string& job,
+                                         Reply* reply,
+                                         void (JobRunner::*ask)(std::function<void(Item)>)) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::vector<JobRunner*> runners;
   for (const auto& runner : daemon.runners()) {
     if (job.empty() || runner->job().name() == job) runners.push_back(runner.get());
   }
-  return runners;
+  if (runners.empty()) {
+    reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", job, "'"))));
+    return reactor;
+  }
+  auto collector = std::make_shared<PerJobCollector<Item, Reply>>();
+  collector->reactor = reactor;
+  collector->reply = reply;
+  collector->expected = runners.size();
+  for (JobRunner* runner : runners) {
+    (runner->*ask)([collector](Item item) { collector->Add(std::move(item)); });
+  }
+  return reactor;
 }
 
 class AdminService final : public v1::Admin::CallbackService {
@@ -68,40 +85,16 @@ class AdminService final : public v1::Admin::CallbackService {
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    const std::vector<JobRunner*> runners = RunnersNamed(daemon_, request->job());
-    if (runners.empty()) {
-      reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
-      return reactor;
-    }
-    auto collector = std::make_shared<PerJobCollector<v1::JobStats, v1::GetStatsReply>>();
-    collector->reactor = reactor;
-    collector->reply = reply;
-    collector->expected = runners.size();
-    for (JobRunner* runner : runners) {
-      runner->Stats([collector](v1::JobStats stats) { collector->Add(std::move(stats)); });
-    }
-    return reactor;
+    return AskEveryRunner<v1::JobStats>(context, daemon_, request->job(), reply,
+                                        &JobRunner::Stats);
   }
 
   grpc::ServerUnaryReactor* GetLedger(grpc::CallbackServerContext* context,
                                       const v1::GetLedgerRequest* request,
                                       v1::GetLedgerReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    const std::vector<JobRunner*> runners = RunnersNamed(daemon_, request->job());
-    if (runners.empty()) {
-      reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
-      return reactor;
-    }
-    auto collector = std::make_shared<PerJobCollector<v1::JobLedger, v1::GetLedgerReply>>();
-    collector->reactor = reactor;
-    collector->reply = reply;
-    collector->expected = runners.size();
-    for (JobRunner* runner : runners) {
-      runner->GetLedger([collector](v1::JobLedger ledger) { collector->Add(std::move(ledger)); });
-    }
-    return reactor;
+    return AskEveryRunner<v1::JobLedger>(context, daemon_, request->job(), reply,
+                                         &JobRunner::GetLedger);
   }
 
   // A dry run: plans the step (no data is read) on the gRPC thread; planning

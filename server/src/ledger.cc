@@ -163,17 +163,20 @@ void Ledger::ApplyJump(int rank, LedgerPosition at, uint64_t skipped) {
 
 absl::Status Ledger::Consume(int rank, LedgerPosition at, int num_microbatches,
                              std::vector<EpochShare> shares) {
-  PF_RETURN_IF_ERROR(Append(absl::StrCat("C ", rank, " ", at.step, " ", at.microbatch, " ",
-                                         num_microbatches, " c", FormatShares(shares))));
-  ApplyConsume(rank, at, {num_microbatches, std::move(shares)}, /*claimed=*/false);
-  return absl::OkStatus();
+  return Record(rank, at, num_microbatches, std::move(shares), /*claimed=*/false);
 }
 
 absl::Status Ledger::Claim(int rank, LedgerPosition at, int num_microbatches,
                            std::vector<EpochShare> shares) {
+  return Record(rank, at, num_microbatches, std::move(shares), /*claimed=*/true);
+}
+
+absl::Status Ledger::Record(int rank, LedgerPosition at, int num_microbatches,
+                            std::vector<EpochShare> shares, bool claimed) {
   PF_RETURN_IF_ERROR(Append(absl::StrCat("C ", rank, " ", at.step, " ", at.microbatch, " ",
-                                         num_microbatches, " l", FormatShares(shares))));
-  ApplyConsume(rank, at, {num_microbatches, std::move(shares)}, /*claimed=*/true);
+                                         num_microbatches, claimed ? " l" : " c",
+                                         FormatShares(shares))));
+  ApplyConsume(rank, at, {num_microbatches, std::move(shares)}, claimed);
   return absl::OkStatus();
 }
 
@@ -211,8 +214,8 @@ void Ledger::ApplyConsume(int rank, LedgerPosition at, Entry entry, bool claimed
     return;
   }
   if (record.next < at) {
-    // Positions between are unknown microbatches: count one per step
-    // boundary crossed plus the microbatches within the same step.
+    // Microbatches between were never consumed: within one step, how many;
+    // across steps (whose counts the ledger may not know), at least one.
     const uint64_t skipped = at.step == record.next.step
                                  ? static_cast<uint64_t>(at.microbatch - record.next.microbatch)
                                  : 1;

@@ -111,6 +111,8 @@ class Ledger {
   absl::Status Replay(const std::string& text);
   absl::Status ReplayLine(const std::string& line);
   absl::Status Append(const std::string& line);
+  absl::Status Record(int rank, LedgerPosition at, int num_microbatches,
+                      std::vector<EpochShare> shares, bool claimed);
   AttachResult ApplyAttach(int rank, LedgerPosition at);
   void ApplyJump(int rank, LedgerPosition at, uint64_t skipped);
   void ApplyConsume(int rank, LedgerPosition at, Entry entry, bool claimed);
