@@ -313,6 +313,7 @@ const StepData* JobRunner::StepAt(int64_t step) {
       spdlog::error("job {} step {}: {}", job_.name(), step, data.status().ToString());
       failed_step_ = step;
     }
+    failure_ = data.status();
     return nullptr;
   }
   ++steps_planned_;
@@ -350,7 +351,10 @@ bool JobRunner::ServeRank(RankState& rank) {
     if (*credits == 0) break;
     if (rank.next_step > SlowestStep() + options_.prefetch_steps) break;
     const StepData* data = StepAt(rank.next_step);
-    if (data == nullptr) break;
+    if (data == nullptr) {
+      if (!IsTransient(failure_)) EndRank(rank, failure_);
+      break;
+    }
     const GlobalPlan& plan = data->plan.plan;
     absl::StatusOr<PackedMicrobatch> packed = job_.Pack(*data, rank.next_microbatch, rank.global_rank);
     absl::Status status = packed.status();
@@ -396,6 +400,24 @@ bool JobRunner::ServeRank(RankState& rank) {
     }
   }
   return pushed;
+}
+
+bool JobRunner::IsTransient(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+         absl::IsResourceExhausted(status) || absl::IsAborted(status);
+}
+
+void JobRunner::EndRank(RankState& rank, const absl::Status& cause) {
+  // A step that cannot be planned or read will not become servable by
+  // waiting: tell the rank, so its trainer stops with the reason instead of
+  // timing out.
+  const std::string reason = absl::StrCat("job ", job_.name(), " step ", rank.next_step,
+                                          " cannot be served: ", cause.ToString());
+  spdlog::error("job {} rank {}: connection ended: {}", job_.name(), rank.global_rank, reason);
+  AccountReleases(rank);
+  sender_->Disconnect(rank.epoch, reason).IgnoreError();
+  rank.failed = true;
+  UpdateAttached();
 }
 
 void JobRunner::Loop() {

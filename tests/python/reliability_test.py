@@ -6,6 +6,7 @@ that needs it exactly once)."""
 import json
 import os
 import signal
+import subprocess
 import tempfile
 import time
 import unittest
@@ -176,6 +177,31 @@ class ReliabilityTest(unittest.TestCase):
             workers.wait_all()
             self.assertEqual(workers.shas(), self.reference)
             check_ledger(self, daemon, "job", RANKS, STEPS, TP, CP, DP)
+
+    def test_a_step_that_cannot_be_planned_is_an_error_not_a_hang(self):
+        # Every sequence is longer than max_tokens_per_rank at CP 1: no step
+        # of job "impossible" can be planned; job "job" beside it is fine.
+        workdir = tempfile.mkdtemp(prefix="pf-reliability-unservable-")
+        prefix = os.path.join(workdir, "long")
+        subprocess.run([str(BIN_DIR / "packfeedctl"), "make-dataset", "--out", prefix, "--count",
+                        "32", "--min", "100", "--max", "120", "--vocab", "5000"], check=True,
+                       capture_output=True)
+        impossible = job_text(prefix, name="impossible", tp=1, cp=1, dp=1).replace(
+            "max_tokens_per_rank: 128", "max_tokens_per_rank: 64")
+        text = daemon_text([impossible, self.job], os.path.join(workdir, "state"))
+        with Daemon(BIN_DIR, text, name="unservable", workdir=workdir) as daemon:
+            client = packfeed.Client("impossible", rank=0, socket_path=daemon.socket)
+            started = time.monotonic()
+            with self.assertRaises(packfeed.errors.FailedPreconditionError) as raised:
+                client.next_step(timeout=60)
+            self.assertLess(time.monotonic() - started, 10)
+            self.assertIn("job impossible step 0 cannot be served", str(raised.exception))
+            client.close()
+            workers = Workers(daemon, "job", RANKS, STEPS, workdir, "beside")
+            workers.start_all()
+            workers.wait_all()
+            self.assertEqual(workers.shas(), self.reference)
+        print(f"unservable step: the rank was told at once: {raised.exception}")
 
     def test_a_stalled_rank_holds_its_job_not_the_others_and_stats_name_it(self):
         slow = job_text(self.prefix, name="slow", tp=1, cp=1, dp=2)

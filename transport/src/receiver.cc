@@ -342,6 +342,14 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
       ++stale_;
       return;
     }
+    if (!goodbye->reason.empty()) {
+      // The sender cannot serve this receiver any further: not a fault of
+      // the connection, and not one that re-attaching would mend.
+      failure_ = absl::FailedPreconditionError(absl::StrCat(
+          "connection ", epoch_, ": the sender stopped serving it: ", goodbye->reason));
+      Logger().warn("{}", std::string(failure_.message()));
+      return;
+    }
     // A goodbye is the normal end of a stream: no warning.
     failure_ = absl::UnavailableError(absl::StrCat("connection ", epoch_, ": the sender closed it"));
     Logger().debug("{}", std::string(failure_.message()));

@@ -122,7 +122,7 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
   return epoch;
 }
 
-absl::Status Sender::Disconnect(uint64_t epoch) {
+absl::Status Sender::Disconnect(uint64_t epoch, absl::string_view reason) {
   auto it = connections_.find(epoch);
   if (it == connections_.end()) {
     return absl::NotFoundError(absl::StrCat("no connection with epoch ", epoch));
@@ -132,7 +132,7 @@ absl::Status Sender::Disconnect(uint64_t epoch) {
   if (status.ok()) {
     // Goodbye, then a flush so it leaves before the endpoint closes.
     const absl::Time deadline = absl::Now() + options_.operation_timeout;
-    connection.notification = EncodeMessage(Goodbye{epoch});
+    connection.notification = EncodeMessage(Goodbye{epoch, std::string(reason)});
     status = Wait(connection,
                   connection.endpoint->SendEager(kActiveMessageId, connection.notification),
                   "ucp_am_send_nbx(goodbye)", deadline);

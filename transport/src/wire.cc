@@ -272,6 +272,10 @@ std::string EncodeMessage(const Message& message) {
                                     credit->epoch);
   }
   const auto& goodbye = std::get<Goodbye>(message);
+  if (!goodbye.reason.empty()) {
+    writer.Put(static_cast<uint32_t>(goodbye.reason.size()));
+    writer.PutBytes(goodbye.reason);
+  }
   return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kGoodbye),
                                   goodbye.epoch);
 }
@@ -287,9 +291,16 @@ absl::StatusOr<Message> DecodeMessage(absl::string_view bytes) {
       PF_RETURN_IF_ERROR(ExpectEmpty(reader, "credit"));
       return Credit{header.epoch, released};
     }
-    case MessageKind::kGoodbye:
+    case MessageKind::kGoodbye: {
+      if (reader.remaining() == 0) return Goodbye{header.epoch, ""};
+      PF_ASSIGN_OR_RETURN(uint32_t length, reader.Get<uint32_t>("goodbye reason"));
+      PF_ASSIGN_OR_RETURN(absl::string_view reason, reader.GetBytes(length, "goodbye reason"));
       PF_RETURN_IF_ERROR(ExpectEmpty(reader, "goodbye"));
-      return Goodbye{header.epoch};
+      if (reason.empty()) {
+        return absl::InvalidArgumentError("goodbye with an empty reason (omit it instead)");
+      }
+      return Goodbye{header.epoch, std::string(reason)};
+    }
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", header.kind));
 }

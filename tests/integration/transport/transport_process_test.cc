@@ -389,7 +389,7 @@ TEST_P(RogueSenderTest, HandsOutNothingOfASlotMessageWithABadHeader) {
 TEST_P(RogueSenderTest, GoodbyeEndsTheStreamAfterWhatWasAnnounced) {
   Accept(3);
   Send(Ready(3, 0, "last"));
-  Send(transport::EncodeMessage(transport::Goodbye{3}));
+  Send(transport::EncodeMessage(transport::Goodbye{3, ""}));
   auto slot = receiver_->Next(absl::Seconds(5));
   ASSERT_TRUE(slot.ok()) << slot.status();
   EXPECT_EQ(slot->inline_metadata, "last");

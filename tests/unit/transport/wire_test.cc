@@ -28,7 +28,7 @@ absl::Status DecodeStatus(const std::string& bytes) { return DecodeMessage(bytes
 
 TEST(WireTest, RoundTripsEveryMessage) {
   for (const Message& message :
-       {Message(SampleReady()), Message(Credit{7, 12}), Message(Goodbye{7})}) {
+       {Message(SampleReady()), Message(Credit{7, 12}), Message(Goodbye{7, ""}), Message(Goodbye{7, "step 3 cannot be served"})}) {
     absl::StatusOr<Message> decoded = DecodeMessage(EncodeMessage(message));
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_TRUE(*decoded == message);
@@ -59,12 +59,25 @@ TEST(WireTest, RefusesEveryTruncationAndTrailingBytes) {
   EXPECT_EQ(DecodeStatus(bytes + "x").code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(WireTest, AGoodbyeReasonIsWholeOrAbsent) {
+  const std::string bytes = EncodeMessage(Goodbye{1, "why"});
+  for (size_t length = 24; length < bytes.size(); ++length) {  // cut inside the reason
+    EXPECT_EQ(DecodeStatus(bytes.substr(0, length)).code(), absl::StatusCode::kInvalidArgument)
+        << length;
+  }
+  // A present but empty reason would not encode back to the same bytes.
+  std::string empty = EncodeMessage(Goodbye{1, ""}) + std::string(4, '\0');
+  const uint64_t body = 4;
+  std::memcpy(empty.data() + 16, &body, 8);  // the header's body length
+  EXPECT_FALSE(DecodeMessage(empty).ok());
+}
+
 TEST(WireTest, RefusesWrongMagicKindAndCounts) {
-  std::string bytes = EncodeMessage(Goodbye{1});
+  std::string bytes = EncodeMessage(Goodbye{1, ""});
   bytes[0] = 'X';
   EXPECT_THAT(DecodeStatus(bytes).message(), HasSubstr("not a packfeed message"));
 
-  bytes = EncodeMessage(Goodbye{1});
+  bytes = EncodeMessage(Goodbye{1, ""});
   bytes[6] = 42;  // kind
   EXPECT_THAT(DecodeStatus(bytes).message(), HasSubstr("unknown message kind 42"));
 
@@ -130,7 +143,7 @@ TEST(WireTest, RingDescriptorRefusesNonsense) {
   bytes = EncodeRingDescriptor({2, 64, 0, MemoryKind::kHost, "k"});
   bytes[8] = 5;  // epoch
   EXPECT_THAT(DecodeRingDescriptor(bytes).status().message(), HasSubstr("epoch 5"));
-  EXPECT_THAT(DecodeRingDescriptor(EncodeMessage(Goodbye{1})).status().message(),
+  EXPECT_THAT(DecodeRingDescriptor(EncodeMessage(Goodbye{1, ""})).status().message(),
               HasSubstr("expected a ring descriptor"));
   // UCX aborts on a malformed packed key: a corrupt one never reaches it.
   bytes = EncodeRingDescriptor({2, 64, 0, MemoryKind::kHost, "key"});

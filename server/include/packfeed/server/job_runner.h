@@ -90,6 +90,9 @@ class JobRunner {
   // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
   absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
   bool ServeRank(RankState& rank);  // true when it pushed something
+  static bool IsTransient(const absl::Status& status);
+  // Ends the rank's connection, telling it `cause`.
+  void EndRank(RankState& rank, const absl::Status& cause);
   bool PrefetchOne();               // true when it read a step ahead
   const StepData* StepAt(int64_t step);
   int64_t SlowestStep() const;
@@ -110,6 +113,7 @@ class JobRunner {
   uint64_t bytes_read_ = 0;
   uint64_t unique_bytes_ = 0;
   int64_t failed_step_ = -1;  // the step whose plan or read failed last, logged once
+  absl::Status failure_;      // and why
 
   mutable absl::Mutex mutex_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);

@@ -89,7 +89,9 @@ class Sender {
                                    absl::string_view ring_descriptor);
   // Tells the receiver no slot follows those already pushed, closes the
   // connection and forgets it (a failed one too). NotFound for an unknown epoch.
-  absl::Status Disconnect(uint64_t epoch);
+  // A non-empty `reason` tells the receiver why it is no longer served (its
+  // Next then fails with FailedPrecondition carrying it).
+  absl::Status Disconnect(uint64_t epoch, absl::string_view reason = "");
 
   // Free slots of the connection now: 0 until the receiver has accepted the
   // connection (Receiver::Connect sends its first credit). Unavailable once

@@ -89,8 +89,12 @@ struct Credit {
 };
 
 // Sender → receiver: the connection ends after the slots already announced.
+// An empty reason is the normal end (the daemon drains); otherwise it says
+// why the sender cannot go on serving this receiver (a step it cannot plan
+// or read), which the receiver hands to its user instead of waiting forever.
 struct Goodbye {
   uint64_t epoch = 0;
+  std::string reason;
   bool operator==(const Goodbye&) const = default;
 };
 
