@@ -164,12 +164,24 @@ absl::Status Client::Detach() {
   const ClientState state = State();
   request.mutable_consumed_to()->set_step(state.next_step);
   request.mutable_consumed_to()->set_microbatch(static_cast<uint32_t>(state.next_microbatch));
-  v1::DetachReply reply;
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(2));
-  return FromGrpc(control_->control->Detach(&context, request, &reply),
-                  absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
-                  options_.socket_path);
+  request.set_ring_slots(options_.slots);
+  // With reconnect_timeout, a daemon that is away (restarting) is waited
+  // for: what this rank took from its ring after the daemon died reaches the
+  // ledger only this way.
+  const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    v1::DetachReply reply;
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(2));
+    absl::Status status =
+        FromGrpc(control_->control->Detach(&context, request, &reply),
+                 absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
+                 options_.socket_path);
+    if (!absl::IsUnavailable(status) || absl::Now() + backoff > deadline) return status;
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(2));
+  }
 }
 
 absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {

@@ -83,10 +83,11 @@ class ControlService final : public v1::Control::CallbackService {
       reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(
           absl::StrCat("wrong auth token for job ", request->job()))));
     } else {
-      std::optional<LedgerPosition> consumed_to;
+      std::optional<JobRunner::DetachPosition> consumed_to;
       if (request->has_consumed_to()) {
-        consumed_to = LedgerPosition{request->consumed_to().step(),
-                                     static_cast<int>(request->consumed_to().microbatch())};
+        consumed_to = JobRunner::DetachPosition{
+            {request->consumed_to().step(), static_cast<int>(request->consumed_to().microbatch())},
+            request->ring_slots()};
       }
       runner->Detach(static_cast<int>(request->global_rank()), request->epoch(), consumed_to,
                      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });

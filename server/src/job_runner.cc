@@ -210,23 +210,30 @@ void JobRunner::GetLedger(std::function<void(v1::JobLedger)> done) {
   });
 }
 
-void JobRunner::Detach(int global_rank, uint64_t epoch, std::optional<LedgerPosition> consumed_to,
+void JobRunner::Detach(int global_rank, uint64_t epoch, std::optional<DetachPosition> consumed_to,
                        std::function<void(absl::Status)> done) {
   Post([this, global_rank, epoch, consumed_to, done = std::move(done)] {
     auto rank = ranks_.find(global_rank);
-    if (rank == ranks_.end() || rank->second.epoch != epoch || rank->second.detached) {
+    const bool connected =
+        rank != ranks_.end() && rank->second.epoch == epoch && !rank->second.detached;
+    if (!connected) {
+      // A rank whose connection this daemon does not hold (it died with a
+      // daemon that was restarted since, say) may still tell the ledger
+      // what it consumed: what it took from its ring after the daemon died.
+      // Not while another process of the rank is attached.
+      const bool other_attached = rank != ranks_.end() && rank->second.live();
+      if (consumed_to.has_value() && !other_attached) {
+        RecordConsumedTo(global_rank, consumed_to->at, consumed_to->ring_slots);
+        done(absl::OkStatus());
+        return;
+      }
       done(absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
                                             " has no connection ", epoch)));
       return;
     }
     AccountReleases(rank->second);
-    const std::optional<LedgerPosition> ledgered = ledger_->next(global_rank);
-    if (consumed_to.has_value() && ledgered.has_value() && *ledgered < *consumed_to) {
-      absl::Status claimed =
-          ClaimUpTo(global_rank, *ledgered, *consumed_to, rank->second.ring_slots);
-      if (!claimed.ok()) {
-        spdlog::error("job {} rank {}: ledger: {}", job_.name(), global_rank, claimed.ToString());
-      }
+    if (consumed_to.has_value()) {
+      RecordConsumedTo(global_rank, consumed_to->at, rank->second.ring_slots);
     }
     sender_->Disconnect(epoch).IgnoreError();
     rank->second.detached = true;
@@ -234,6 +241,15 @@ void JobRunner::Detach(int global_rank, uint64_t epoch, std::optional<LedgerPosi
     spdlog::info("job {} rank {}: detached", job_.name(), global_rank);
     done(absl::OkStatus());
   });
+}
+
+void JobRunner::RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots) {
+  const std::optional<LedgerPosition> ledgered = ledger_->next(global_rank);
+  if (!ledgered.has_value() || !(*ledgered < to)) return;
+  absl::Status claimed = ClaimUpTo(global_rank, *ledgered, to, slots);
+  if (!claimed.ok()) {
+    spdlog::error("job {} rank {}: ledger: {}", job_.name(), global_rank, claimed.ToString());
+  }
 }
 
 void JobRunner::Stats(std::function<void(v1::JobStats)> done) {

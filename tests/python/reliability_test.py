@@ -87,6 +87,32 @@ class ReliabilityTest(unittest.TestCase):
               f"after the restart {checked} sample deliveries checked against the journaled "
               f"ledger, {claimed} claimed at re-attach, no loss, no duplicate")
 
+    def test_what_a_rank_takes_from_its_ring_after_the_daemon_died_reaches_the_ledger(self):
+        # The daemon dies after it pushed the rank's last step; the rank
+        # takes that step from its ring and detaches: the restarted daemon
+        # must learn it (DetachRequest.consumed_to), or the ledger would be
+        # short (found by the soak).
+        workdir = tempfile.mkdtemp(prefix="pf-reliability-late-")
+        text = job_text(self.prefix, tp=1, cp=1, dp=1)
+        daemon = self.daemon_for("late", text=text, workdir=workdir)
+        with daemon:
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket, slots=16,
+                                     copy=True, reconnect_timeout=30)
+            list(client.next_step(timeout=30)[0])
+            wait_for(lambda: int(daemon.ctl_json("stats")["jobs"][0]["ranks"][0]
+                                 .get("next_step", 0)) >= 2)
+            daemon.process.kill()
+            daemon.process.wait()
+            iterator, count, _, _ = client.next_step(timeout=30)  # from the ring alone
+            self.assertEqual(len(list(iterator)), count)
+        with self.daemon_for("late", text=text, workdir=workdir) as daemon:
+            client.close()
+            checked = check_ledger(self, daemon, "job", [0], 2, 1, 1, 1)
+            claimed = int(ledger(daemon, "job")[0].get("claimed", 0))
+            self.assertGreaterEqual(claimed, count)
+        print(f"late detach: {count} microbatches taken from the ring after the daemon died "
+              f"reached the restarted daemon's ledger; {checked} deliveries checked")
+
     def test_a_trainer_restarted_from_a_checkpoint_gets_the_same_batches(self):
         checkpoint_step = 2
         with self.daemon_for("checkpoint") as daemon:

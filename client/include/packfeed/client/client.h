@@ -117,7 +117,9 @@ class Client {
   ~Client();  // Detaches (best effort) unless Detach() did.
 
   // Tells the daemon this rank is gone, so the same rank may attach again at
-  // once; the ring stays mapped (views remain readable) until destruction.
+  // once, and what it consumed (for the ledger); the ring stays mapped
+  // (views remain readable) until destruction. With reconnect_timeout, a
+  // daemon that is away is waited for that long.
   absl::Status Detach();
 
   // Begins the next step: waits for its first microbatch. FailedPrecondition

@@ -67,9 +67,14 @@ class JobRunner {
   // Connects a rank's ring. AlreadyExists when the rank is attached and
   // alive; FailedPrecondition for a ring the transport refuses.
   void Attach(AttachArgs args, std::function<void(absl::StatusOr<uint64_t> epoch)> done);
-  // NotFound when `epoch` is not the rank's connection. `consumed_to`: the
-  // rank's own position, for the ledger.
-  void Detach(int global_rank, uint64_t epoch, std::optional<LedgerPosition> consumed_to,
+  // NotFound when `epoch` is not the rank's connection, unless the rank
+  // says what it consumed and no process of it is attached: then the ledger
+  // takes that in, and OK. `consumed_to`: the rank's own position.
+  struct DetachPosition {
+    LedgerPosition at;
+    uint32_t ring_slots = 0;
+  };
+  void Detach(int global_rank, uint64_t epoch, std::optional<DetachPosition> consumed_to,
               std::function<void(absl::Status)> done);
   void Stats(std::function<void(v1::JobStats)> done);
   void GetLedger(std::function<void(v1::JobLedger)> done);
@@ -89,6 +94,7 @@ class JobRunner {
   void AccountReleases(RankState& rank);
   // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
   absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
+  void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);
   bool ServeRank(RankState& rank);  // true when it pushed something
   static bool IsTransient(const absl::Status& status);
   // Ends the rank's connection, telling it `cause`.
