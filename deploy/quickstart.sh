@@ -23,6 +23,7 @@ echo "== generating a dataset in $work"
 
 cat >"$work/packfeedd.textproto" <<CONFIG
 socket_path: "$socket"
+state_dir: "$work/state"
 jobs {
   name: "demo"
   datasets { prefix: "$work/demo" }
@@ -75,6 +76,9 @@ PYTHONPATH=build/python /usr/bin/python3 client/python/examples/train_loop.py \
 echo
 echo "== packfeedctl stats"
 "$ctl" stats --socket "$socket"
+echo
+echo "== packfeedctl ledger --check --job demo (what each rank consumed; exit 1 on a duplicate or gap)"
+"$ctl" ledger --check --socket "$socket" --job demo
 echo
 echo "== packfeedctl plan-step 0 (dry run)"
 "$ctl" plan-step --socket "$socket" --job demo 0
