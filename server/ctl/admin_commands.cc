@@ -100,11 +100,14 @@ absl::Status Stats(const AdminArgs& args) {
                 static_cast<long long>(job.slowest_rank_steps_behind()));
     std::printf("  %llu B of samples held for the steps ahead\n",
                 static_cast<unsigned long long>(job.cached_bytes()));
-    std::printf("  %6s %9s %10s %8s %9s %14s %9s\n", "rank", "attached", "next_step", "pushed",
-                "released", "bytes_sent", "in_flight");
+    std::printf("  %6s %9s %14s %10s %8s %9s %14s %9s\n", "rank", "attached", "consumed_to",
+                "next_step", "pushed", "released", "bytes_sent", "in_flight");
     for (const v1::RankStats& rank : job.ranks()) {
-      std::printf("  %6u %9s %10lld %8llu %9llu %14llu %9u\n", rank.global_rank(),
-                  rank.attached() ? "yes" : "no", static_cast<long long>(rank.next_step()),
+      const std::string consumed =
+          absl::StrCat(rank.consumed_step(), ".", rank.consumed_microbatch());
+      std::printf("  %6u %9s %14s %10lld %8llu %9llu %14llu %9u\n", rank.global_rank(),
+                  rank.attached() ? "yes" : "no", consumed.c_str(),
+                  static_cast<long long>(rank.next_step()),
                   static_cast<unsigned long long>(rank.slots_pushed()),
                   static_cast<unsigned long long>(rank.slots_released()),
                   static_cast<unsigned long long>(rank.bytes_sent()), rank.slots_in_flight());

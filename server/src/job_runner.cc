@@ -263,8 +263,9 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
                                                   : static_cast<double>(bytes_read_) /
                                                         static_cast<double>(unique_bytes_));
     int64_t served = INT64_MAX;
-    int64_t fastest = INT64_MIN;
-    const RankState* slowest = nullptr;
+    // Slowest and fastest by what the ranks consumed (the ledger's position),
+    // not by what was pushed to them: a stalled rank's ring is full too.
+    std::optional<std::pair<LedgerPosition, int>> slowest, fastest;
     for (int global_rank : job_.local_ranks()) {
       v1::RankStats* out = stats.add_ranks();
       out->set_global_rank(global_rank);
@@ -274,9 +275,9 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
         continue;
       }
       RankState& rank = it->second;
+      if (rank.live()) AccountReleases(rank);
       absl::StatusOr<transport::ConnectionStats> connection = sender_->Stats(rank.epoch);
       const bool attached = rank.live() && connection.ok();
-      if (attached) rank.released = connection->released;
       out->set_attached(attached);
       out->set_next_step(rank.next_step);
       out->set_slots_pushed(rank.pushed);
@@ -284,14 +285,19 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
       out->set_slots_released(rank.released);
       if (attached) out->set_slots_in_flight(static_cast<uint32_t>(rank.pushed - rank.released));
       served = std::min(served, rank.next_step);
-      fastest = std::max(fastest, rank.next_step);
-      if (slowest == nullptr || rank.next_step < slowest->next_step) slowest = &rank;
+      const std::optional<LedgerPosition> consumed = ledger_->next(global_rank);
+      if (!consumed.has_value()) continue;
+      out->set_consumed_step(consumed->step);
+      out->set_consumed_microbatch(static_cast<uint32_t>(consumed->microbatch));
+      const std::pair<LedgerPosition, int> here{*consumed, global_rank};
+      if (!slowest.has_value() || here < *slowest) slowest = here;
+      if (!fastest.has_value() || *fastest < here) fastest = here;
     }
     stats.set_steps_served(served == INT64_MAX ? 0 : served);
     stats.set_cached_bytes(CachedBytes());
-    if (slowest != nullptr) {
-      stats.set_slowest_rank(slowest->global_rank);
-      stats.set_slowest_rank_steps_behind(fastest - slowest->next_step);
+    if (slowest.has_value()) {
+      stats.set_slowest_rank(static_cast<uint32_t>(slowest->second));
+      stats.set_slowest_rank_steps_behind(fastest->first.step - slowest->first.step);
     }
     done(std::move(stats));
   });
