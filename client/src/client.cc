@@ -1,6 +1,7 @@
 #include "packfeed/client/client.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,21 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view call,
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+// Calls `attempt` until it returns OK or a status `again` refuses, or
+// `timeout` has passed; sleeps 0.1 s doubling to 2 s between attempts.
+absl::Status RetryWithBackoff(absl::Duration timeout,
+                              const std::function<absl::Status()>& attempt,
+                              const std::function<bool(const absl::Status&)>& again) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  while (true) {
+    absl::Status status = attempt();
+    if (status.ok() || !again(status) || absl::Now() + backoff > deadline) return status;
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(2));
+  }
 }
 
 }  // namespace
@@ -132,18 +148,13 @@ absl::Status Client::Reattach(const absl::Status& cause) {
   pending_.reset();
   held_.reset();
   epoch_ = 0;  // that daemon is gone: nothing to detach from
-  const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
-  absl::Duration backoff = absl::Milliseconds(100);
-  while (true) {
-    absl::Status attached = AttachAt(step, skip);
-    if (attached.ok()) break;
-    if (absl::Now() + backoff > deadline) {
-      return absl::UnavailableError(absl::StrCat(
-          cause.message(), "; re-attaching for ", absl::FormatDuration(options_.reconnect_timeout),
-          " failed: ", attached.message()));
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(2));
+  absl::Status attached = RetryWithBackoff(
+      options_.reconnect_timeout, [&] { return AttachAt(step, skip); },
+      [](const absl::Status&) { return true; });
+  if (!attached.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        cause.message(), "; re-attaching for ", absl::FormatDuration(options_.reconnect_timeout),
+        " failed: ", attached.message()));
   }
   // The plan is deterministic: the daemon serves from microbatch `skip` of
   // `step` on, bit-identical to what the lost connection would have sent.
@@ -168,20 +179,17 @@ absl::Status Client::Detach() {
   // With reconnect_timeout, a daemon that is away (restarting) is waited
   // for: what this rank took from its ring after the daemon died reaches the
   // ledger only this way.
-  const absl::Time deadline = absl::Now() + options_.reconnect_timeout;
-  absl::Duration backoff = absl::Milliseconds(100);
-  while (true) {
-    v1::DetachReply reply;
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(2));
-    absl::Status status =
-        FromGrpc(control_->control->Detach(&context, request, &reply),
-                 absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
-                 options_.socket_path);
-    if (!absl::IsUnavailable(status) || absl::Now() + backoff > deadline) return status;
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(2));
-  }
+  return RetryWithBackoff(
+      options_.reconnect_timeout,
+      [&] {
+        v1::DetachReply reply;
+        grpc::ClientContext context;
+        SetDeadline(context, absl::Seconds(2));
+        return FromGrpc(control_->control->Detach(&context, request, &reply),
+                        absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
+                        options_.socket_path);
+      },
+      [](const absl::Status& status) { return absl::IsUnavailable(status); });
 }
 
 absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {
