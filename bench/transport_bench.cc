@@ -281,8 +281,6 @@ int RunSender(const Flags& flags, const std::string& self) {
   bench.Measure(kMaxSlot, flags.slots, 1, 1);  // warm-up: the sender maps every page once
   const transport::ConnectionStats stats = Check(sender->Stats(epoch));
   if (!flags.json) {
-    std::string lanes = stats.transports;
-    std::replace(lanes.begin(), lanes.end(), '\n', ' ');
     printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s\n",
            transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(),
            flags.slots, flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped");

@@ -360,8 +360,8 @@ bool JobRunner::PrefetchOne() {
 
 bool JobRunner::ServeRank(RankState& rank) {
   bool pushed = false;
+  if (rank.live()) AccountReleases(rank);
   while (rank.live()) {
-    AccountReleases(rank);
     absl::StatusOr<uint32_t> credits = sender_->Credits(rank.epoch);
     if (!credits.ok()) {
       spdlog::warn("job {} rank {} step {}: connection lost: {}", job_.name(), rank.global_rank,

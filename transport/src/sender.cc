@@ -314,8 +314,12 @@ void Sender::ProgressOrWait(absl::Duration timeout) {
 absl::StatusOr<ConnectionStats> Sender::Stats(uint64_t epoch) const {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
   return ConnectionStats{connection->pushed, connection->released, connection->bytes,
-                         connection->credits(), connection->mapped != nullptr,
-                         connection->endpoint->TransportSummary()};
+                         connection->credits(), connection->mapped != nullptr};
+}
+
+absl::StatusOr<std::string> Sender::Transports(uint64_t epoch) const {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+  return connection->endpoint->TransportSummary();
 }
 
 void Sender::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {

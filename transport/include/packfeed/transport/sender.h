@@ -65,7 +65,6 @@ struct ConnectionStats {
   uint64_t bytes = 0;     // field bytes pushed
   uint32_t credits = 0;   // free slots now
   bool mapped = false;    // MapNextSlot is available (same-node shared memory)
-  std::string transports; // the lanes UCX chose, as ucp_ep_print_info says
 };
 
 // Thread-compatible: one thread owns a Sender and its UCP worker (the daemon
@@ -124,7 +123,11 @@ class Sender {
   // call from any thread.
   void Wake() { worker_.Signal(); }
 
+  // Counters only: cheap enough to read after every push.
   absl::StatusOr<ConnectionStats> Stats(uint64_t epoch) const;
+  // The lanes UCX chose, as ucp_ep_print_info says (formats text: for logs
+  // and checks, not for a serving loop).
+  absl::StatusOr<std::string> Transports(uint64_t epoch) const;
 
  private:
   struct Connection;
