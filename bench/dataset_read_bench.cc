@@ -15,8 +15,8 @@
 
 #include "CLI/CLI.hpp"
 #include "packfeed/common/posix_file.h"
-#include "packfeed/server/dataset_generator.h"
-#include "packfeed/server/indexed_dataset.h"
+#include "packfeed/dataset/dataset_generator.h"
+#include "packfeed/dataset/indexed_dataset.h"
 
 namespace {
 
@@ -28,8 +28,7 @@ double BestSeconds(int repeats, const std::function<void()>& body) {
   for (int r = 0; r < repeats; ++r) {
     const auto start = Clock::now();
     body();
-    best = std::min(
-        best, std::chrono::duration<double>(Clock::now() - start).count());
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
   }
   return best;
 }
@@ -52,23 +51,21 @@ int main(int argc, char** argv) {
   app.add_option("--gib", gib, "Dataset size in GiB")->capture_default_str();
   app.add_option("--dir", dir, "Scratch directory")->capture_default_str();
   app.add_option("--dtype", dtype_name, "Token dtype")->capture_default_str();
-  app.add_option("--repeats", repeats, "Runs per figure (best is kept)")
-      ->capture_default_str();
+  app.add_option("--repeats", repeats, "Runs per figure (best is kept)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  absl::StatusOr<packfeed::DType> dtype = packfeed::DTypeFromName(dtype_name);
+  absl::StatusOr<packfeed::dataset::DType> dtype = packfeed::dataset::DTypeFromName(dtype_name);
   Check(dtype.status());
-  const size_t item = packfeed::DTypeSize(*dtype);
-  const uint64_t target_tokens =
-      static_cast<uint64_t>(gib * (uint64_t{1} << 30)) / item;
+  const size_t item = packfeed::dataset::DTypeSize(*dtype);
+  const uint64_t target_tokens = static_cast<uint64_t>(gib * (uint64_t{1} << 30)) / item;
 
   // Lengths from the SFT trace's distribution until the target size.
-  packfeed::LengthDistribution dist;
+  packfeed::dataset::LengthDistribution dist;
   std::vector<int64_t> lengths;
   uint64_t tokens = 0;
   for (uint64_t seed = 0; tokens < target_tokens; ++seed) {
     absl::StatusOr<std::vector<int64_t>> chunk =
-        packfeed::GenerateLengths(dist, 4096, seed);
+        packfeed::dataset::GenerateLengths(dist, 4096, seed);
     Check(chunk.status());
     for (int64_t length : *chunk) {
       if (tokens >= target_tokens) break;
@@ -78,20 +75,18 @@ int main(int argc, char** argv) {
     }
   }
   const std::string prefix = dir + "/packfeed_read_bench";
-  packfeed::GeneratedDatasetOptions options;
+  packfeed::dataset::GeneratedDatasetOptions options;
   options.dtype = *dtype;
-  options.vocab_size =
-      std::min<int64_t>(32000, packfeed::DTypeMaxValue(*dtype));
+  options.vocab_size = std::min<int64_t>(32000, packfeed::dataset::DTypeMaxValue(*dtype));
   std::printf("generating %.2f GiB (%zu sequences, %llu tokens, %s) in %s\n",
               tokens * item / double(1 << 30), lengths.size(),
-              static_cast<unsigned long long>(tokens), dtype_name.c_str(),
-              dir.c_str());
-  Check(packfeed::WriteGeneratedDataset(prefix, lengths, options));
+              static_cast<unsigned long long>(tokens), dtype_name.c_str(), dir.c_str());
+  Check(packfeed::dataset::WriteGeneratedDataset(prefix, lengths, options));
 
-  packfeed::IndexedDatasetOptions open_options;
+  packfeed::dataset::IndexedDatasetOptions open_options;
   open_options.map_data = true;
-  absl::StatusOr<packfeed::IndexedDataset> dataset =
-      packfeed::IndexedDataset::Open(prefix, open_options);
+  absl::StatusOr<packfeed::dataset::IndexedDataset> dataset =
+      packfeed::dataset::IndexedDataset::Open(prefix, open_options);
   Check(dataset.status());
   const uint64_t bytes = dataset->index().data_bytes();
   const uint64_t n = dataset->num_sequences();
@@ -128,15 +123,13 @@ int main(int argc, char** argv) {
     for (size_t b = 0; b < batches.size(); ++b) {
       const uint64_t first = batches[b].first;
       const uint64_t end = b + 1 < batches.size() ? batches[b + 1].first : n;
-      Check(dataset->ReadSequences(
-          first, end - first,
-          absl::MakeSpan(buffer.data(), batches[b].second)));
+      Check(dataset->ReadSequences(first, end - first,
+                                   absl::MakeSpan(buffer.data(), batches[b].second)));
     }
   });
   // memcpy of the same bytes: the raw .bin, from the page-cache map into a
   // buffer, in the same 16 MiB-of-output-sized steps.
-  absl::StatusOr<packfeed::MappedFile> bin =
-      packfeed::MappedFile::Open(prefix + ".bin");
+  absl::StatusOr<packfeed::MappedFile> bin = packfeed::MappedFile::Open(prefix + ".bin");
   Check(bin.status());
   std::vector<char> destination(size_t{16} << 20);
   const double copy = BestSeconds(repeats, [&] {
@@ -146,20 +139,17 @@ int main(int argc, char** argv) {
     }
   });
   std::printf("sequences %llu, mean length %.0f, raw bytes %.3f GB\n",
-              static_cast<unsigned long long>(n), double(tokens) / n,
-              bytes / 1e9);
+              static_cast<unsigned long long>(n), double(tokens) / n, bytes / 1e9);
   const double memcpy_gbs = bytes / copy / 1e9;
   std::printf("%-28s %8s %10s\n", "method", "GB/s", "vs memcpy");
-  std::printf("%-28s %8.2f %10.2f\n", "memcpy (same raw bytes)", memcpy_gbs,
-              1.0);
-  for (auto [name, seconds] : {std::pair{"pread per sequence", per_sequence},
-                               std::pair{"pread coalesced batches", coalesced},
-                               std::pair{"mmap per sequence", mapped}}) {
+  std::printf("%-28s %8.2f %10.2f\n", "memcpy (same raw bytes)", memcpy_gbs, 1.0);
+  for (auto [name, seconds] :
+       {std::pair{"pread per sequence", per_sequence},
+        std::pair{"pread coalesced batches", coalesced}, std::pair{"mmap per sequence", mapped}}) {
     const double gbs = bytes / seconds / 1e9;
     std::printf("%-28s %8.2f %10.2f\n", name, gbs, gbs / memcpy_gbs);
   }
-  std::printf("(GB/s of raw dataset bytes; int64 output is %zux larger)\n",
-              8 / item);
+  std::printf("(GB/s of raw dataset bytes; int64 output is %zux larger)\n", 8 / item);
   std::filesystem::remove(prefix + ".idx");
   std::filesystem::remove(prefix + ".bin");
   return 0;

@@ -28,7 +28,7 @@
 #include "absl/time/clock.h"
 #include "child_process.h"
 #include "packfeed/client/client.h"
-#include "packfeed/server/dataset_generator.h"
+#include "packfeed/dataset/dataset_generator.h"
 
 namespace packfeed {
 namespace {
@@ -64,8 +64,10 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks)
   // TP2 × CP2 × DP(ranks/4), dynamic CP: the quick start's shape.
   return absl::StrCat("socket_path: \"", dir, "/bench.sock\"\n", R"(jobs {
   name: "bench"
-  datasets { prefix: ")", prefix, R"(" }
-  topology { tp: 2 cp: 2 dp: )", std::max(1, ranks / 4), R"( }
+  datasets { prefix: ")",
+                      prefix, R"(" }
+  topology { tp: 2 cp: 2 dp: )",
+                      std::max(1, ranks / 4), R"( }
   global_batch: 64
   seq_length: 8192
   eod_id: 32000
@@ -86,21 +88,19 @@ absl::StatusOr<std::unique_ptr<client::Client>> AttachWithRetry(client::ClientOp
 }
 
 absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, int64_t docs) {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          absl::StrCat("pf-e2e-bench-", getpid(), "-", docs);
+  const std::string dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("pf-e2e-bench-", getpid(), "-", docs);
   std::filesystem::create_directories(dir);
   const std::string prefix = dir + "/data";
-  LengthDistribution dist{128, 8192, 1024, 1.2};
-  absl::StatusOr<std::vector<int64_t>> lengths = GenerateLengths(dist, docs, 1);
+  dataset::LengthDistribution dist{128, 8192, 1024, 1.2};
+  absl::StatusOr<std::vector<int64_t>> lengths = dataset::GenerateLengths(dist, docs, 1);
   if (!lengths.ok()) return lengths.status();
-  if (absl::Status s = WriteGeneratedDataset(prefix, *lengths, {}); !s.ok()) return s;
+  if (absl::Status s = dataset::WriteGeneratedDataset(prefix, *lengths, {}); !s.ok()) return s;
   Figures figures;
   figures.docs = docs;
   figures.dataset_bytes = std::filesystem::file_size(prefix + ".bin");
   const int ranks = std::max(4, args.ranks / 4 * 4);
-  {
-    std::ofstream(dir + "/bench.textproto") << Config(dir, prefix, ranks);
-  }
+  { std::ofstream(dir + "/bench.textproto") << Config(dir, prefix, ranks); }
   absl::StatusOr<testing::ChildProcess> daemon = testing::ChildProcess::Spawn(
       {daemon_path, "--config", dir + "/bench.textproto", "--log-level", "warn"});
   if (!daemon.ok()) return daemon.status();
@@ -108,8 +108,8 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   client::ClientOptions options;
   options.socket_path = dir + "/bench.sock";
   options.job = "bench";
-  options.placement = args.ring == "device" ? transport::RingPlacement::kDevice
-                                            : transport::RingPlacement::kHost;
+  options.placement =
+      args.ring == "device" ? transport::RingPlacement::kDevice : transport::RingPlacement::kHost;
 
   // Throughput: every rank as fast as it can.
   std::atomic<int64_t> tokens{0};
@@ -131,10 +131,16 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
       attached.wait();
       for (int s = 0; s < args.steps; ++s) {
         absl::StatusOr<client::StepInfo> step = (*c)->NextStep(absl::Seconds(60));
-        if (!step.ok()) { ++failures; return; }
+        if (!step.ok()) {
+          ++failures;
+          return;
+        }
         for (int m = 0; m < step->num_microbatches; ++m) {
           absl::StatusOr<client::Microbatch> mb = (*c)->Next(absl::Seconds(60));
-          if (!mb.ok()) { ++failures; return; }
+          if (!mb.ok()) {
+            ++failures;
+            return;
+          }
           tokens += mb->Field("padding_mask")->shape[1];
         }
       }
@@ -206,17 +212,18 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (args.json) {
-      std::printf("{\"docs\":%lld,\"dataset_bytes\":%llu,\"tokens_per_s\":%.0f,"
-                  "\"next_p50_us\":%.1f,\"next_p99_us\":%.1f,\"daemon_peak_rss_kib\":%llu}\n",
-                  static_cast<long long>(f->docs), static_cast<unsigned long long>(f->dataset_bytes),
-                  f->tokens_per_s, f->next_p50_us, f->next_p99_us,
-                  static_cast<unsigned long long>(f->daemon_peak_rss_kib));
+      std::printf(
+          "{\"docs\":%lld,\"dataset_bytes\":%llu,\"tokens_per_s\":%.0f,"
+          "\"next_p50_us\":%.1f,\"next_p99_us\":%.1f,\"daemon_peak_rss_kib\":%llu}\n",
+          static_cast<long long>(f->docs), static_cast<unsigned long long>(f->dataset_bytes),
+          f->tokens_per_s, f->next_p50_us, f->next_p99_us,
+          static_cast<unsigned long long>(f->daemon_peak_rss_kib));
     } else {
-      std::printf("dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served, Next() p50 %6.1f us "
-                  "p99 %6.1f us (daemon ahead), daemon peak RSS %6.1f MiB\n",
-                  static_cast<long long>(f->docs), f->dataset_bytes / 1048576.0,
-                  f->tokens_per_s / 1e6, f->next_p50_us, f->next_p99_us,
-                  f->daemon_peak_rss_kib / 1024.0);
+      std::printf(
+          "dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served, Next() p50 %6.1f us "
+          "p99 %6.1f us (daemon ahead), daemon peak RSS %6.1f MiB\n",
+          static_cast<long long>(f->docs), f->dataset_bytes / 1048576.0, f->tokens_per_s / 1e6,
+          f->next_p50_us, f->next_p99_us, f->daemon_peak_rss_kib / 1024.0);
     }
   }
   return 0;

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 import packfeed
-from packfeed import _native
+import _next_timer
 from daemon_harness import Daemon
 
 PAUSE_US = 300
@@ -67,7 +67,7 @@ jobs {{
         client = packfeed.Client("bench", rank=0, socket_path=daemon.socket)
         time_python(client, 1)  # warm-up
         for _ in range(args.rounds):
-            cpp_ns += _native.time_next_in_cpp(client._native, args.steps, PAUSE_US)
+            cpp_ns += _next_timer.time_next_in_cpp(client._native, args.steps, PAUSE_US)
             python_ns += time_python(client, args.steps)
         client.close()
     figures = {

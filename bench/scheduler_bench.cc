@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "packfeed/server/dataset_generator.h"
-#include "packfeed/server/plan_replay.h"
+#include "packfeed/dataset/dataset_generator.h"
+#include "server/ctl/plan_replay.h"
 
 namespace {
 
-using packfeed::PlannerOptions;
-using packfeed::ReplayOptions;
-using packfeed::ReplaySummary;
-using packfeed::SchedulerKind;
+using packfeed::scheduler::PlannerOptions;
+using packfeed::scheduler::SchedulerKind;
+using packfeed::server::ctl::ReplayOptions;
+using packfeed::server::ctl::ReplaySummary;
 
 struct MegatronFigures {
   const char* scheduler;
@@ -43,8 +43,7 @@ const std::vector<Config>& Configs() {
        1,
        8192,
        256,
-       {{"dp_balanced", 16.5, 13.1, 2.04, 0, 0.05},
-        {"dynamic CP", 13.4, 13.2, 1.035, 0.15, 13.6}}},
+       {{"dp_balanced", 16.5, 13.1, 2.04, 0, 0.05}, {"dynamic CP", 13.4, 13.2, 1.035, 0.15, 13.6}}},
       {"SFT, DP4xCP2, 4096, 256",
        "trace_sft_lognormal_1024_8192",
        4,
@@ -74,8 +73,7 @@ const std::vector<Config>& Configs() {
        16,
        3072,
        8192,
-       {{"dp_balanced", 18, 15, 3.55, 0.25, 3.6},
-        {"dynamic CP", 18, 18, 1.10, 18.6, 89000}}},
+       {{"dp_balanced", 18, 15, 3.55, 0.25, 3.6}, {"dynamic CP", 18, 18, 1.10, 18.6, 89000}}},
       {"example, DP16xCP4 (64 ranks), 2048, 128",
        "trace_dcpex_lognormal_128_8192",
        16,
@@ -101,13 +99,11 @@ const Variant kVariants[] = {
     {"dynamic_cp, fewest microbatches", SchedulerKind::kDynamicCp, 1e9},
 };
 
-void PrintRow(const char* scheduler, double m, double lower, double s2,
-              const std::string& full, const std::string& bound,
-              const std::string& inflation, double padding,
+void PrintRow(const char* scheduler, double m, double lower, double s2, const std::string& full,
+              const std::string& bound, const std::string& inflation, double padding,
               const std::string& ms) {
-  std::printf("  %-36s %6.2f (%5.2f) %8.4f %8s %7s %8s %7.3f %14s\n", scheduler,
-              m, lower, s2, full.c_str(), bound.c_str(), inflation.c_str(),
-              padding, ms.c_str());
+  std::printf("  %-36s %6.2f (%5.2f) %8.4f %8s %7s %8s %7.3f %14s\n", scheduler, m, lower, s2,
+              full.c_str(), bound.c_str(), inflation.c_str(), padding, ms.c_str());
 }
 
 std::string Fixed(double value, int digits) {
@@ -121,8 +117,7 @@ std::string Fixed(double value, int digits) {
 int main(int argc, char** argv) {
   CLI::App app("Scheduler figures beside Megatron-LM's");
   std::string traces = std::string(PF_SOURCE_DIR) + "/../shared/bench/traces";
-  app.add_option("--traces", traces, "Folder of trace_*.txt length files")
-      ->capture_default_str();
+  app.add_option("--traces", traces, "Folder of trace_*.txt length files")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::printf(
@@ -132,11 +127,9 @@ int main(int argc, char** argv) {
       "global batch, one core\n");
   for (const Config& config : Configs()) {
     const std::string path = traces + "/" + config.trace + ".txt";
-    absl::StatusOr<std::vector<int64_t>> lengths =
-        packfeed::ReadLengthsFile(path);
+    absl::StatusOr<std::vector<int64_t>> lengths = packfeed::dataset::ReadLengthsFile(path);
     if (!lengths.ok()) {
-      std::fprintf(stderr, "scheduler_bench: %s\n",
-                   lengths.status().ToString().c_str());
+      std::fprintf(stderr, "scheduler_bench: %s\n", lengths.status().ToString().c_str());
       return 1;
     }
     // Each batch four times over: the same means, steadier timings.
@@ -145,12 +138,11 @@ int main(int argc, char** argv) {
       replayed.insert(replayed.end(), lengths->begin(), lengths->end());
     }
     std::printf("\n%s  [%s]\n", config.name, config.trace);
-    std::printf("  %-36s %14s %8s %8s %7s %8s %7s %14s\n", "scheduler",
-                "M (lower b.)", "s2", "full", "bound", "infl", "pad %", "ms");
+    std::printf("  %-36s %14s %8s %8s %7s %8s %7s %14s\n", "scheduler", "M (lower b.)", "s2",
+                "full", "bound", "infl", "pad %", "ms");
     for (const MegatronFigures& m : config.megatron) {
-      PrintRow((std::string("Megatron ") + m.scheduler).c_str(), m.microbatches,
-               m.lower_bound, m.step_over_ideal, "-", "-", "-", m.padding_pct,
-               Fixed(m.ms, 2));
+      PrintRow((std::string("Megatron ") + m.scheduler).c_str(), m.microbatches, m.lower_bound,
+               m.step_over_ideal, "-", "-", "-", m.padding_pct, Fixed(m.ms, 2));
     }
     for (const Variant& variant : kVariants) {
       ReplayOptions options;
@@ -160,20 +152,15 @@ int main(int argc, char** argv) {
       options.planner.max_tokens_per_rank = config.cap;
       options.planner.cp_upgrade_budget = variant.cp_upgrade_budget;
       options.global_batch = config.global_batch;
-      absl::StatusOr<ReplaySummary> s =
-          packfeed::ReplayTrace(replayed, options);
+      absl::StatusOr<ReplaySummary> s = packfeed::server::ctl::ReplayTrace(replayed, options);
       if (!s.ok()) {
-        std::printf("  %-36s %s\n", variant.label,
-                    s.status().ToString().c_str());
+        std::printf("  %-36s %s\n", variant.label, s.status().ToString().c_str());
         continue;
       }
-      PrintRow(variant.label, s->microbatches_mean,
-               s->microbatches_lower_bound_mean, s->step_over_ideal,
-               Fixed(s->step_over_ideal_full_model, 4),
-               Fixed(s->step_over_ideal_bound, 3), Fixed(s->cp_inflation, 3),
-               s->padding_pct,
-               Fixed(s->schedule_ms_median, 2) + " (" +
-                   Fixed(s->schedule_ms_max, 1) + ")");
+      PrintRow(variant.label, s->microbatches_mean, s->microbatches_lower_bound_mean,
+               s->step_over_ideal, Fixed(s->step_over_ideal_full_model, 4),
+               Fixed(s->step_over_ideal_bound, 3), Fixed(s->cp_inflation, 3), s->padding_pct,
+               Fixed(s->schedule_ms_median, 2) + " (" + Fixed(s->schedule_ms_max, 1) + ")");
     }
   }
   return 0;

@@ -111,10 +111,9 @@ int RunReceiver(const Flags& flags) {
         latencies.push_back(now - stamp);
         Check(receiver->Release(slot.seq));
       }
-      Check(testing::SendFrame(
-          testing::kControlFd,
-          absl::string_view(reinterpret_cast<const char*>(latencies.data()),
-                            latencies.size() * sizeof(uint64_t))));
+      Check(testing::SendFrame(testing::kControlFd,
+                               absl::string_view(reinterpret_cast<const char*>(latencies.data()),
+                                                 latencies.size() * sizeof(uint64_t))));
     }
   }
 }
@@ -238,8 +237,7 @@ class Bench {
     WaitForCredit(window);
     transport::SlotContent content;
     content.fields.push_back(
-        {{"payload", ElementType::kUInt8, {static_cast<int64_t>(source.size())}},
-         source.data()});
+        {{"payload", ElementType::kUInt8, {static_cast<int64_t>(source.size())}}, source.data()});
     content.inline_metadata = Stamp();
     Check(sender_.Push(epoch_, content));
   }
@@ -263,9 +261,8 @@ class Bench {
 
 int RunSender(const Flags& flags, const std::string& self) {
   ChildProcess child = Check(ChildProcess::Spawn(
-      {self, "--role", "receiver", "--tls", flags.transports, "--slots",
-       absl::StrCat(flags.slots), "--spin-us", absl::StrCat(flags.spin_us), "--ring",
-       flags.ring}));
+      {self, "--role", "receiver", "--tls", flags.transports, "--slots", absl::StrCat(flags.slots),
+       "--spin-us", absl::StrCat(flags.spin_us), "--ring", flags.ring}));
   transport::SenderOptions options;
   options.ucx.transports = flags.transports;
   options.spin = absl::Microseconds(flags.spin_us);
@@ -282,8 +279,8 @@ int RunSender(const Flags& flags, const std::string& self) {
   const transport::ConnectionStats stats = Check(sender->Stats(epoch));
   if (!flags.json) {
     printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s\n",
-           transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(),
-           flags.slots, flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped");
+           transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(), flags.slots,
+           flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped");
     printf("%10s %12s %14s %13s %7s %9s %9s\n", "slot", "put GiB/s", "in-place GiB/s",
            flags.device() ? "H2D cpy GiB/s" : "memcpy GiB/s", "ratio", "p50 us", "p99 us");
   }
@@ -302,15 +299,17 @@ int RunSender(const Flags& flags, const std::string& self) {
                                    std::max<uint64_t>(4, size.latency_count / divisor), rounds);
     const double ratio = r.gib_per_s / r.memcpy_gib_per_s;
     if (flags.json) {
-      printf("{\"bytes\": %lu, \"gib_per_s\": %.3f, \"mapped_gib_per_s\": %.3f, "
-             "\"memcpy_gib_per_s\": %.3f, \"ratio\": %.3f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
-             "\"transports\": \"%s\"}\n",
-             r.bytes, r.gib_per_s, r.mapped_gib_per_s, r.memcpy_gib_per_s, ratio, r.p50_us,
-             r.p99_us, flags.transports.c_str());
+      printf(
+          "{\"bytes\": %lu, \"gib_per_s\": %.3f, \"mapped_gib_per_s\": %.3f, "
+          "\"memcpy_gib_per_s\": %.3f, \"ratio\": %.3f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
+          "\"transports\": \"%s\"}\n",
+          r.bytes, r.gib_per_s, r.mapped_gib_per_s, r.memcpy_gib_per_s, ratio, r.p50_us, r.p99_us,
+          flags.transports.c_str());
     } else {
-      printf("%10s %12.2f %14s %13.2f %7.2f %9.1f %9.1f\n", size.name, r.gib_per_s,
-             r.mapped_gib_per_s < 0 ? "-" : absl::StrCat(absl::SixDigits(r.mapped_gib_per_s)).c_str(),
-             r.memcpy_gib_per_s, ratio, r.p50_us, r.p99_us);
+      printf(
+          "%10s %12.2f %14s %13.2f %7.2f %9.1f %9.1f\n", size.name, r.gib_per_s,
+          r.mapped_gib_per_s < 0 ? "-" : absl::StrCat(absl::SixDigits(r.mapped_gib_per_s)).c_str(),
+          r.memcpy_gib_per_s, ratio, r.p50_us, r.p99_us);
     }
   }
   Check(sender->Disconnect(epoch));

@@ -20,6 +20,10 @@ echo "== generating a dataset in $work"
 "$ctl" make-dataset --out "$work/demo" --count 2000 --dist lognormal \
   --min 128 --max 8192 --mean 1024 --sigma 1.5 --vocab 32000 --seed 1
 "$ctl" dataset-info "$work/demo"
+# A small-vocabulary chat-like set for the Python training demo, so a real
+# torch model trains on it in seconds on a laptop-class CPU.
+"$ctl" make-dataset --out "$work/chat" --count 2000 --dist lognormal \
+  --min 16 --max 1024 --mean 200 --sigma 1.0 --vocab 512 --seed 2
 
 cat >"$work/packfeedd.textproto" <<CONFIG
 socket_path: "$socket"
@@ -37,13 +41,13 @@ jobs {
 }
 jobs {
   name: "single"
-  datasets { prefix: "$work/demo" }
+  datasets { prefix: "$work/chat" }
   topology { tp: 1 cp: 1 dp: 1 }
-  global_batch: 8
-  seq_length: 8192
-  eod_id: 32000
+  global_batch: 16
+  seq_length: 1024
+  eod_id: 512
   append_eod: true
-  scheduler { kind: "balanced" max_tokens_per_rank: 8192 }
+  scheduler { kind: "balanced" max_tokens_per_rank: 2048 }
 }
 CONFIG
 echo
@@ -71,7 +75,7 @@ cat "$work"/rank*.log
 echo
 echo "== a Python training loop (client/python/examples/train_loop.py) on job 'single'"
 PYTHONPATH=build/python /usr/bin/python3 client/python/examples/train_loop.py \
-  --socket "$socket" --job single --rank 0 --steps 3
+  --socket "$socket" --job single --rank 0 --steps 5 --vocab 513
 
 echo
 echo "== packfeedctl stats"

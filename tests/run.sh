@@ -4,35 +4,69 @@
 #   1. build/       RelWithDebInfo, -Werror: every ctest test
 #   2. build-asan/  Debug + ASan/UBSan, -Werror: the unit tests and the
 #                   transport's process tests again
-#   3. build-fuzz/  clang + libFuzzer: each fuzz target for a bounded time
-# PF_FUZZ_SECONDS (default 30) sets the fuzzing time per target.
+#   3. build-fuzz/  clang + libFuzzer, -Wthread-safety as an error (every
+#                   ABSL_GUARDED_BY is checked): each fuzz target for a
+#                   bounded time
+# usage: tests/run.sh [--fast]
+#   --fast   the fast lane: build/ and its unit tests only (a few minutes)
+# PF_FUZZ_SECONDS (default 30) sets the fuzzing time per target; PF_JOBS
+# (default: the number of cores) how many tests ctest runs at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=false
+[[ "${1:-}" == "--fast" ]] && fast=true
+jobs=${PF_JOBS:-$(nproc)}
 start=$SECONDS
+phase_start=$SECONDS
+phases=()
 
+# Each phase prints its name on start and its time when the next begins.
+phase() {
+  if ((${#phases[@]} > 0)); then
+    phases[-1]="${phases[-1]} $((SECONDS - phase_start))"
+  fi
+  phase_start=$SECONDS
+  [[ $# -gt 0 ]] || return 0
+  phases+=("$1")
+  echo
+  echo "=== $1 (at ${SECONDS}s)"
+}
+summary() {
+  phase
+  echo
+  echo "=== phase times"
+  for p in "${phases[@]}"; do printf '  %-40s %5ss\n' "${p% *}" "${p##* }"; done
+  printf '  %-40s %5ss\n' total $((SECONDS - start))
+}
+trap summary EXIT
+
+phase "install dependencies"
 deploy/install_deps.sh
 
-section() { echo; echo "=== $* ($((SECONDS - start))s)"; }
-
-section "build (RelWithDebInfo, -Werror)"
+phase "build (RelWithDebInfo, -Werror)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPF_WERROR=ON >/dev/null
 cmake --build build
 
-section "build (Debug + ASan/UBSan)"
+if $fast; then
+  phase "unit tests (fast lane)"
+  ctest --test-dir build -L unit -j "$jobs" --output-on-failure
+  exit 0
+fi
+
+phase "build (Debug + ASan/UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPF_SANITIZE=ON \
   -DPF_WERROR=ON -DPF_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan
 
-section "build (libFuzzer)"
+phase "build (clang: libFuzzer, -Werror=thread-safety)"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DPF_FUZZ=ON >/dev/null
 cmake --build build-fuzz
 
-section "unit and transport tests under ASan/UBSan"
-ctest --test-dir build-asan -L 'unit|asan' --output-on-failure
+phase "unit and transport tests under ASan/UBSan"
+ctest --test-dir build-asan -L 'unit|asan' -j "$jobs" --output-on-failure
 
-section "fuzzing (${PF_FUZZ_SECONDS:-30}s per target)"
+phase "fuzzing (${PF_FUZZ_SECONDS:-30}s per target)"
 tests/fuzz/run_fuzzers.sh build-fuzz "${PF_FUZZ_SECONDS:-30}"
 
-section "all tests"
-ctest --test-dir build --output-on-failure
-echo "tests/run.sh: done in $((SECONDS - start))s"
+phase "all tests"
+ctest --test-dir build -j "$jobs" --output-on-failure

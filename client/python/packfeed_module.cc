@@ -22,6 +22,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "packfeed/client/client.h"
+#include "packfeed/common/defaults.h"
+#include "packfeed/common/version.h"
 
 namespace py = pybind11;
 
@@ -49,8 +51,8 @@ absl::StatusOr<transport::RingPlacement> Placement(const std::string& name) {
   if (name == "auto") return transport::RingPlacement::kAuto;
   if (name == "host") return transport::RingPlacement::kHost;
   if (name == "device") return transport::RingPlacement::kDevice;
-  return absl::InvalidArgumentError(
-      "placement '" + name + "': expected 'auto', 'host' or 'device'");
+  return absl::InvalidArgumentError("placement '" + name +
+                                    "': expected 'auto', 'host' or 'device'");
 }
 
 // DLPack 0.6 has no bool: bools travel as uint8 and Python views them back.
@@ -87,8 +89,8 @@ py::capsule ToCapsule(const FieldView& field, transport::MemoryKind kind, int cu
   auto* exported = new ExportedField{{}, field.shape, std::move(owner)};
   DLTensor& tensor = exported->managed.dl_tensor;
   tensor.data = const_cast<void*>(field.data);
-  tensor.device = kind == transport::MemoryKind::kCuda ? DLDevice{kDLCUDA, cuda_device}
-                                                       : DLDevice{kDLCPU, 0};
+  tensor.device =
+      kind == transport::MemoryKind::kCuda ? DLDevice{kDLCUDA, cuda_device} : DLDevice{kDLCPU, 0};
   tensor.ndim = static_cast<int32_t>(exported->shape.size());
   tensor.dtype = DlType(field.dtype);
   tensor.shape = exported->shape.data();
@@ -115,8 +117,8 @@ py::capsule ToCapsule(const FieldView& field, transport::MemoryKind kind, int cu
 std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string& job,
                                int global_rank, const std::string& fingerprint,
                                const std::string& auth_token, int64_t start_step,
-                               int start_microbatch, bool elastic, uint32_t slots, uint64_t slot_bytes,
-                               const std::string& placement, int cuda_device,
+                               int start_microbatch, bool elastic, uint32_t slots,
+                               uint64_t slot_bytes, const std::string& placement, int cuda_device,
                                const std::string& ucx_transports, double attach_timeout,
                                double reconnect_timeout) {
   ClientOptions options;
@@ -182,42 +184,12 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
   return out;
 }
 
-// Next()'s latency measured in C++, for bench/python_next_bench.py to set
-// beside Python's in the same run: nanoseconds per microbatch over `steps`,
-// each Next() after a pause of `pause_us` (so the daemon is ahead).
-std::vector<int64_t> TimeNextInCpp(Client& client, int steps, int pause_us) {
-  std::vector<int64_t> latencies;
-  absl::Status failure;
-  {
-    py::gil_scoped_release release;
-    for (int s = 0; s < steps && failure.ok(); ++s) {
-      absl::StatusOr<StepInfo> step = client.NextStep();
-      if (!step.ok()) {
-        failure = step.status();
-        break;
-      }
-      for (int m = 0; m < step->num_microbatches; ++m) {
-        absl::SleepFor(absl::Microseconds(pause_us));
-        const auto start = std::chrono::steady_clock::now();
-        absl::StatusOr<Microbatch> microbatch = client.Next();
-        latencies.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                std::chrono::steady_clock::now() - start)
-                                .count());
-        if (!microbatch.ok()) {
-          failure = microbatch.status();
-          break;
-        }
-      }
-    }
-  }
-  if (!failure.ok()) Raise(failure);
-  return latencies;
-}
-
 }  // namespace
 }  // namespace packfeed::client
 
 PYBIND11_MODULE(_native, m) {
+  m.attr("__version__") = packfeed::kPackfeedVersion;
+  m.attr("DEFAULT_SOCKET") = packfeed::kDefaultSocketPath;
   using namespace packfeed::client;
   m.doc() = "packfeed's C++ client; use the packfeed package, not this module";
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
@@ -252,9 +224,7 @@ PYBIND11_MODULE(_native, m) {
       });
   m.def("attach", &Attach, py::arg("socket_path"), py::arg("job"), py::arg("global_rank"),
         py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"),
-        py::arg("start_microbatch"), py::arg("elastic"), py::arg("slots"),
-        py::arg("slot_bytes"), py::arg("placement"), py::arg("cuda_device"),
-        py::arg("ucx_transports"), py::arg("attach_timeout"), py::arg("reconnect_timeout"));
-  m.def("time_next_in_cpp", &TimeNextInCpp, py::arg("client"), py::arg("steps"),
-        py::arg("pause_us"));
+        py::arg("start_microbatch"), py::arg("elastic"), py::arg("slots"), py::arg("slot_bytes"),
+        py::arg("placement"), py::arg("cuda_device"), py::arg("ucx_transports"),
+        py::arg("attach_timeout"), py::arg("reconnect_timeout"));
 }

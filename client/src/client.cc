@@ -24,8 +24,8 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view call,
                       absl::string_view socket) {
   if (status.ok()) return absl::OkStatus();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::UnavailableError(absl::StrCat(call, ": no packfeedd answers on ", socket, ": ",
-                                               status.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat(call, ": no packfeedd answers on ", socket, ": ", status.error_message()));
   }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat(call, ": ", status.error_message()));
@@ -37,8 +37,7 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 
 // Calls `attempt` until it returns OK or a status `again` refuses, or
 // `timeout` has passed; sleeps 0.1 s doubling to 2 s between attempts.
-absl::Status RetryWithBackoff(absl::Duration timeout,
-                              const std::function<absl::Status()>& attempt,
+absl::Status RetryWithBackoff(absl::Duration timeout, const std::function<absl::Status()>& attempt,
                               const std::function<bool(const absl::Status&)>& again) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(100);
@@ -81,14 +80,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& opti
     grpc::ClientContext context;
     SetDeadline(context, options.attach_timeout);
     v1::ListJobsReply jobs;
-    PF_RETURN_IF_ERROR(FromGrpc(control.admin->ListJobs(&context, {}, &jobs), "list jobs",
-                                options.socket_path));
+    PF_RETURN_IF_ERROR(
+        FromGrpc(control.admin->ListJobs(&context, {}, &jobs), "list jobs", options.socket_path));
     for (const v1::JobSummary& job : jobs.jobs()) {
       if (job.name() == options.job) slot_bytes = job.required_slot_bytes();
     }
     if (slot_bytes == 0) {
-      return absl::NotFoundError(absl::StrCat("no job '", options.job, "' on the daemon at ",
-                                              options.socket_path));
+      return absl::NotFoundError(
+          absl::StrCat("no job '", options.job, "' on the daemon at ", options.socket_path));
     }
   }
   transport::ReceiverOptions receiver;
@@ -123,10 +122,10 @@ absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
   v1::AttachReply reply;
   grpc::ClientContext context;
   SetDeadline(context, options_.attach_timeout);
-  PF_RETURN_IF_ERROR(FromGrpc(control_->control->Attach(&context, request, &reply),
-                              absl::StrCat("attach job ", options_.job, " rank ",
-                                           options_.global_rank),
-                              options_.socket_path));
+  PF_RETURN_IF_ERROR(
+      FromGrpc(control_->control->Attach(&context, request, &reply),
+               absl::StrCat("attach job ", options_.job, " rank ", options_.global_rank),
+               options_.socket_path));
   PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.epoch()));
   epoch_ = reply.epoch();
   fingerprint_ = reply.fingerprint();
@@ -152,9 +151,9 @@ absl::Status Client::Reattach(const absl::Status& cause) {
       options_.reconnect_timeout, [&] { return AttachAt(step, skip); },
       [](const absl::Status&) { return true; });
   if (!attached.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        cause.message(), "; re-attaching for ", absl::FormatDuration(options_.reconnect_timeout),
-        " failed: ", attached.message()));
+    return absl::UnavailableError(absl::StrCat(cause.message(), "; re-attaching for ",
+                                               absl::FormatDuration(options_.reconnect_timeout),
+                                               " failed: ", attached.message()));
   }
   // The plan is deterministic: the daemon serves from microbatch `skip` of
   // `step` on, bit-identical to what the lost connection would have sent.
@@ -209,9 +208,9 @@ absl::Status Client::Release() {
 
 absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
   if (step_.has_value() && taken_ < step_->num_microbatches) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step_->step, ": ", taken_, " of ", step_->num_microbatches,
-        " microbatches taken; take them all before the next step"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step_->step, ": ", taken_, " of ", step_->num_microbatches,
+                     " microbatches taken; take them all before the next step"));
   }
   if (!pending_.has_value()) {
     PF_ASSIGN_OR_RETURN(transport::ReceivedSlot slot, Receive(timeout));
@@ -283,7 +282,8 @@ ClientState Client::State() const {
   if (in_step) return {options_.job, fingerprint_, step_->step, taken_};
   // Not inside a step: where the ring begins (a mid-step attach not yet
   // begun by NextStep) or the next step.
-  if (resume_step_ == next_step_) return {options_.job, fingerprint_, next_step_, resume_microbatch_};
+  if (resume_step_ == next_step_)
+    return {options_.job, fingerprint_, next_step_, resume_microbatch_};
   return {options_.job, fingerprint_, next_step_, 0};
 }
 

@@ -13,10 +13,8 @@
 
 namespace packfeed {
 
-absl::Status ErrnoToStatus(int error_number, absl::string_view call,
-                           absl::string_view path) {
-  std::string message =
-      absl::StrCat(call, " ", path, ": ", std::strerror(error_number));
+absl::Status ErrnoToStatus(int error_number, absl::string_view call, absl::string_view path) {
+  std::string message = absl::StrCat(call, " ", path, ": ", std::strerror(error_number));
   switch (error_number) {
     case ENOENT:
     case ENOTDIR:
@@ -60,8 +58,7 @@ absl::StatusOr<ScopedFd> OpenForRead(const std::string& path) {
   if (::fstat(fd, &info) != 0) return ErrnoToStatus(errno, "fstat", path);
   // open() succeeds on a directory; reading it fails later with a vaguer error.
   if (!S_ISREG(info.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("open ", path, ": not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat("open ", path, ": not a regular file"));
   }
   return owned;
 }
@@ -72,28 +69,26 @@ absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path) {
   return static_cast<uint64_t>(info.st_size);
 }
 
-absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset,
-                        absl::Span<char> out) {
+absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset, absl::Span<char> out) {
   size_t done = 0;
   while (done < out.size()) {
-    ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
-                        static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, "pread", path);
     }
     if (n == 0) {
-      return absl::DataLossError(absl::StrCat(
-          "pread ", path, ": end of file at byte ", offset + done,
-          " while reading ", out.size(), " bytes at offset ", offset));
+      return absl::DataLossError(absl::StrCat("pread ", path, ": end of file at byte ",
+                                              offset + done, " while reading ", out.size(),
+                                              " bytes at offset ", offset));
     }
     done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
 }
 
-absl::Status WriteFully(int fd, absl::string_view path,
-                        absl::string_view data) {
+absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data) {
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::write(fd, data.data() + done, data.size() - done);

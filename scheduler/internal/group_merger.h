@@ -14,10 +14,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "internal/row_packer.h"
 #include "packfeed/scheduler/plan.h"
+#include "scheduler/internal/row_packer.h"
 
-namespace packfeed::internal {
+namespace packfeed::scheduler::internal {
 
 // `items[sample]` gives each sequence's own size. `budget`: CP inflation that
 // may still be spent, in padded tokens (see Inflation in row_packer.h). Merged
@@ -26,6 +26,6 @@ namespace packfeed::internal {
 void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
                          const PackerConfig& config, double budget);
 
-}  // namespace packfeed::internal
+}  // namespace packfeed::scheduler::internal
 
 #endif  // PACKFEED_SCHEDULER_INTERNAL_GROUP_MERGER_H_

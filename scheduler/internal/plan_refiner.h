@@ -14,11 +14,11 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/plan.h"
 
-namespace packfeed::internal {
+namespace packfeed::scheduler::internal {
 
-void RefinePlan(GlobalPlan& plan, const CostModel& model,
-                int64_t max_tokens_per_rank, int max_passes = 4);
+void RefinePlan(GlobalPlan& plan, const CostModel& model, int64_t max_tokens_per_rank,
+                int max_passes = 4);
 
-}  // namespace packfeed::internal
+}  // namespace packfeed::scheduler::internal
 
 #endif  // PACKFEED_SCHEDULER_INTERNAL_PLAN_REFINER_H_

@@ -28,7 +28,7 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/plan.h"
 
-namespace packfeed::internal {
+namespace packfeed::scheduler::internal {
 
 struct PackerConfig {
   int num_ranks = 1;  // N = DP × CP
@@ -64,16 +64,15 @@ SequenceShape ShapeAt(int64_t length, int cp_size, const PackerConfig& config);
 // padded tokens: padded · (cp_size / its own size − 1). Summed over a batch
 // and divided by its tokens, this is the plan's CP inflation − 1 (weighted
 // by padded rather than real tokens).
-double Inflation(const PackerItem& item, int cp_size,
-                 const PackerConfig& config);
+double Inflation(const PackerItem& item, int cp_size, const PackerConfig& config);
 
 // Packs `items` into exactly `rows` microbatches.
 // ResourceExhausted when the sequences do not fit in `rows` (the caller
 // tries more); InvalidArgument when no row count can work (too few
 // sequences to give every rank one).
-absl::StatusOr<GlobalPlan> PackRows(const std::vector<PackerItem>& items,
-                                    int rows, const PackerConfig& config);
+absl::StatusOr<GlobalPlan> PackRows(const std::vector<PackerItem>& items, int rows,
+                                    const PackerConfig& config);
 
-}  // namespace packfeed::internal
+}  // namespace packfeed::scheduler::internal
 
 #endif  // PACKFEED_SCHEDULER_INTERNAL_ROW_PACKER_H_

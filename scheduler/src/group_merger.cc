@@ -1,10 +1,10 @@
-#include "internal/group_merger.h"
+#include "scheduler/internal/group_merger.h"
 
 #include <algorithm>
 #include <optional>
 #include <vector>
 
-namespace packfeed::internal {
+namespace packfeed::scheduler::internal {
 namespace {
 
 // Per-rank cost and tokens of `groups`' sequences run together at `size`.
@@ -13,8 +13,7 @@ struct Load {
   int64_t tokens = 0;
   int64_t padded = 0;
 };
-Load LoadAt(const std::vector<const CpGroup*>& groups, int size,
-            const PackerConfig& config) {
+Load LoadAt(const std::vector<const CpGroup*>& groups, int size, const PackerConfig& config) {
   Load load;
   for (const CpGroup* group : groups) {
     for (const PlannedSequence& s : group->sequences) {
@@ -29,10 +28,9 @@ Load LoadAt(const std::vector<const CpGroup*>& groups, int size,
 
 // A group may merge only while its sequences run at their own size.
 bool AtOwnSize(const CpGroup& group, const std::vector<PackerItem>& items) {
-  return std::all_of(group.sequences.begin(), group.sequences.end(),
-                     [&](const PlannedSequence& s) {
-                       return items[s.sample].cp_size == group.size;
-                     });
+  return std::all_of(group.sequences.begin(), group.sequences.end(), [&](const PlannedSequence& s) {
+    return items[s.sample].cp_size == group.size;
+  });
 }
 
 struct Merge {
@@ -45,8 +43,7 @@ struct Merge {
 // The best merge for one microbatch: its heaviest group with the partner of
 // the same size that gives the lowest maximum.
 std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
-                               const std::vector<PackerItem>& items,
-                               const PackerConfig& config) {
+                               const std::vector<PackerItem>& items, const PackerConfig& config) {
   const std::vector<CpGroup>& groups = microbatch.groups;
   std::vector<double> cost(groups.size());
   size_t heaviest = 0;
@@ -77,8 +74,7 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
   std::optional<Merge> best;
   double best_max = cost[heaviest];
   for (size_t j = 0; j < groups.size(); ++j) {
-    if (j == heaviest || groups[j].size != top.size ||
-        !AtOwnSize(groups[j], items)) {
+    if (j == heaviest || groups[j].size != top.size || !AtOwnSize(groups[j], items)) {
       continue;
     }
     const Load merged = LoadAt({&top, &groups[j]}, 2 * top.size, config);
@@ -95,8 +91,7 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
 // Replaces the two groups by one of twice the size and lays the
 // microbatch's groups out again, largest first: consecutive blocks sorted by
 // decreasing power-of-two size are always aligned.
-void Apply(PlannedMicrobatch& microbatch, const Merge& merge,
-           const PackerConfig& config) {
+void Apply(PlannedMicrobatch& microbatch, const Merge& merge, const PackerConfig& config) {
   std::vector<CpGroup>& groups = microbatch.groups;
   CpGroup merged;
   merged.size = 2 * groups[merge.heaviest].size;
@@ -113,9 +108,8 @@ void Apply(PlannedMicrobatch& microbatch, const Merge& merge,
     }
   }
   rest.push_back(std::move(merged));
-  std::stable_sort(
-      rest.begin(), rest.end(),
-      [](const CpGroup& a, const CpGroup& b) { return a.size > b.size; });
+  std::stable_sort(rest.begin(), rest.end(),
+                   [](const CpGroup& a, const CpGroup& b) { return a.size > b.size; });
   int first = 0;
   for (CpGroup& group : rest) {
     group.first_rank = first;
@@ -137,9 +131,8 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
     std::optional<size_t> chosen;
     for (size_t m = 0; m < best.size(); ++m) {
       if (!best[m] || static_cast<double>(best[m]->tokens) > budget) continue;
-      if (!chosen ||
-          best[m]->gain * static_cast<double>(best[*chosen]->tokens) >
-              best[*chosen]->gain * static_cast<double>(best[m]->tokens)) {
+      if (!chosen || best[m]->gain * static_cast<double>(best[*chosen]->tokens) >
+                         best[*chosen]->gain * static_cast<double>(best[m]->tokens)) {
         chosen = m;
       }
     }
@@ -151,4 +144,4 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
   plan.flops = ComputeFlopsInputs(plan);
 }
 
-}  // namespace packfeed::internal
+}  // namespace packfeed::scheduler::internal

@@ -5,7 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 absl::Status ValidateOptions(absl::Span<const int64_t> lengths,
@@ -13,27 +13,23 @@ absl::Status ValidateOptions(absl::Span<const int64_t> lengths,
                              const MegatronDpBalancedOptions& options) {
   if (options.dp < 1 || options.cp < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dp_balanced: DP ", options.dp, " and CP ", options.cp,
-                     " must be >= 1"));
+        absl::StrCat("dp_balanced: DP ", options.dp, " and CP ", options.cp, " must be >= 1"));
   }
   if (options.max_seqlen_per_dp_cp_rank < 1) {
-    return absl::InvalidArgumentError(
-        "dp_balanced: max_seqlen_per_dp_cp_rank must be >= 1");
+    return absl::InvalidArgumentError("dp_balanced: max_seqlen_per_dp_cp_rank must be >= 1");
   }
   if (options.max_num_seqs < 0 || options.vpp_group_size < 0) {
-    return absl::InvalidArgumentError(
-        "dp_balanced: max_num_seqs and vpp_group_size must be >= 0");
+    return absl::InvalidArgumentError("dp_balanced: max_num_seqs and vpp_group_size must be >= 0");
   }
   if (lengths.size() != padded_lengths.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dp_balanced: ", lengths.size(), " lengths but ",
-                     padded_lengths.size(), " padded lengths"));
+    return absl::InvalidArgumentError(absl::StrCat("dp_balanced: ", lengths.size(), " lengths but ",
+                                                   padded_lengths.size(), " padded lengths"));
   }
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] < 1 || padded_lengths[i] < lengths[i]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dp_balanced: sample ", i, " has length ", lengths[i],
-                       " and padded length ", padded_lengths[i]));
+      return absl::InvalidArgumentError(absl::StrCat("dp_balanced: sample ", i, " has length ",
+                                                     lengths[i], " and padded length ",
+                                                     padded_lengths[i]));
     }
   }
   return absl::OkStatus();
@@ -41,11 +37,10 @@ absl::Status ValidateOptions(absl::Span<const int64_t> lengths,
 
 }  // namespace
 
-absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
-    absl::Span<const int64_t> lengths, absl::Span<const int64_t> padded_lengths,
-    const MegatronDpBalancedOptions& options) {
-  if (absl::Status status = ValidateOptions(lengths, padded_lengths, options);
-      !status.ok()) {
+absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(absl::Span<const int64_t> lengths,
+                                                  absl::Span<const int64_t> padded_lengths,
+                                                  const MegatronDpBalancedOptions& options) {
+  if (absl::Status status = ValidateOptions(lengths, padded_lengths, options); !status.ok()) {
     return status;
   }
   const int64_t capacity = options.max_seqlen_per_dp_cp_rank * options.cp;
@@ -56,9 +51,9 @@ absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
   std::vector<int64_t> open;
   int64_t open_tokens = 0;
   for (size_t i = 0; i < padded_lengths.size(); ++i) {
-    const bool fits = open_tokens + padded_lengths[i] <= capacity &&
-                      (options.max_num_seqs == 0 ||
-                       open.size() < static_cast<size_t>(options.max_num_seqs));
+    const bool fits =
+        open_tokens + padded_lengths[i] <= capacity &&
+        (options.max_num_seqs == 0 || open.size() < static_cast<size_t>(options.max_num_seqs));
     if (!fits) {
       packs.push_back(std::move(open));
       open.clear();
@@ -74,14 +69,13 @@ absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
   // until it holds one; then the walk steps to the previous pack.
   const size_t multiple =
       static_cast<size_t>(options.dp) *
-      static_cast<size_t>(options.vpp_group_size > 0 ? options.vpp_group_size
-                                                     : 1);
+      static_cast<size_t>(options.vpp_group_size > 0 ? options.vpp_group_size : 1);
   int64_t i = static_cast<int64_t>(packs.size()) - 1;
   while (packs.size() % multiple != 0) {
     if (i < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dp_balanced: Not enough samples to move: ", padded_lengths.size(),
-          " sequences cannot fill a multiple of ", multiple, " packs"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dp_balanced: Not enough samples to move: ", padded_lengths.size(),
+                       " sequences cannot fill a multiple of ", multiple, " packs"));
     }
     if (packs[i].size() >= 2) {
       const int64_t moved = packs[i].back();
@@ -93,12 +87,12 @@ absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
   }
   for (size_t p = 0; p < packs.size(); ++p) {
     if (packs[p].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dp_balanced: Megatron's schedule holds an empty pack (pack ", p,
-          ") because sample ", packs[p + 1].front(), " of padded length ",
-          padded_lengths[packs[p + 1].front()], " exceeds a pack's ", capacity,
-          " tokens; Megatron would crash later; use packfeed's planners or "
-          "raise max_seqlen_per_dp_cp_rank"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dp_balanced: Megatron's schedule holds an empty pack (pack ", p,
+                       ") because sample ", packs[p + 1].front(), " of padded length ",
+                       padded_lengths[packs[p + 1].front()], " exceeds a pack's ", capacity,
+                       " tokens; Megatron would crash later; use packfeed's planners or "
+                       "raise max_seqlen_per_dp_cp_rank"));
     }
   }
 
@@ -112,8 +106,7 @@ absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
       group.first_rank = d * options.cp;
       group.size = options.cp;
       for (int64_t sample : packs[k * options.dp + d]) {
-        group.sequences.push_back(
-            {sample, lengths[sample], padded_lengths[sample]});
+        group.sequences.push_back({sample, lengths[sample], padded_lengths[sample]});
       }
       plan.microbatches[k].groups.push_back(std::move(group));
     }
@@ -122,4 +115,4 @@ absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
   return plan;
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

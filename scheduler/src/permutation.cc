@@ -1,6 +1,6 @@
 #include "packfeed/scheduler/permutation.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 // Four rounds make a Feistel network a strong pseudo-random permutation
@@ -45,4 +45,4 @@ uint64_t Permutation::operator()(uint64_t index) const {
   return x;
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

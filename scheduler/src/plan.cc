@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 FlopsInputs ComputeFlopsInputs(const GlobalPlan& plan) {
   FlopsInputs flops;
@@ -24,9 +24,8 @@ FlopsInputs ComputeFlopsInputs(const GlobalPlan& plan) {
 const CpGroup& GroupOfRank(const PlannedMicrobatch& microbatch, int rank) {
   // Groups are ordered by first_rank: the last one starting at or before
   // `rank` holds it.
-  auto it = std::upper_bound(
-      microbatch.groups.begin(), microbatch.groups.end(), rank,
-      [](int r, const CpGroup& group) { return r < group.first_rank; });
+  auto it = std::upper_bound(microbatch.groups.begin(), microbatch.groups.end(), rank,
+                             [](int r, const CpGroup& group) { return r < group.first_rank; });
   return *(it - 1);
 }
 
@@ -36,43 +35,39 @@ absl::Status ValidatePlan(const GlobalPlan& plan, int64_t num_samples) {
     int next_rank = 0;
     for (const CpGroup& group : plan.microbatches[m].groups) {
       const auto where = [&] {
-        return absl::StrCat("microbatch ", m, " group at rank ",
-                            group.first_rank, " size ", group.size, ": ");
+        return absl::StrCat("microbatch ", m, " group at rank ", group.first_rank, " size ",
+                            group.size, ": ");
       };
       if (group.first_rank != next_rank) {
-        return absl::InternalError(
-            absl::StrCat(where(), "expected to start at rank ", next_rank));
+        return absl::InternalError(absl::StrCat(where(), "expected to start at rank ", next_rank));
       }
       if (group.size < 1 || group.first_rank % group.size != 0) {
-        return absl::InternalError(
-            absl::StrCat(where(), "not an aligned block"));
+        return absl::InternalError(absl::StrCat(where(), "not an aligned block"));
       }
       next_rank += group.size;
       for (const PlannedSequence& s : group.sequences) {
         if (s.sample < 0 || s.sample >= num_samples) {
-          return absl::InternalError(
-              absl::StrCat(where(), "sample ", s.sample, " out of range"));
+          return absl::InternalError(absl::StrCat(where(), "sample ", s.sample, " out of range"));
         }
         if (s.padded_length < s.length) {
-          return absl::InternalError(absl::StrCat(where(), "sample ", s.sample,
-                                                  " padded below its length"));
+          return absl::InternalError(
+              absl::StrCat(where(), "sample ", s.sample, " padded below its length"));
         }
         ++seen[static_cast<size_t>(s.sample)];
       }
     }
     if (next_rank != plan.dp_cp_size) {
-      return absl::InternalError(absl::StrCat("microbatch ", m, " covers ",
-                                              next_rank, " of ",
-                                              plan.dp_cp_size, " ranks"));
+      return absl::InternalError(
+          absl::StrCat("microbatch ", m, " covers ", next_rank, " of ", plan.dp_cp_size, " ranks"));
     }
   }
   for (int64_t i = 0; i < num_samples; ++i) {
     if (seen[static_cast<size_t>(i)] != 1) {
-      return absl::InternalError(absl::StrCat(
-          "sample ", i, " placed ", seen[static_cast<size_t>(i)], " times"));
+      return absl::InternalError(
+          absl::StrCat("sample ", i, " placed ", seen[static_cast<size_t>(i)], " times"));
     }
   }
   return absl::OkStatus();
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

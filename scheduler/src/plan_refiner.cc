@@ -1,11 +1,11 @@
-#include "internal/plan_refiner.h"
+#include "scheduler/internal/plan_refiner.h"
 
 #include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
 
-namespace packfeed::internal {
+namespace packfeed::scheduler::internal {
 namespace {
 
 // Gains below this fraction of the group's cost are noise, not progress.
@@ -23,8 +23,7 @@ struct GroupRef {
 
 class Refiner {
  public:
-  Refiner(GlobalPlan& plan, const CostModel& model, int64_t cap)
-      : model_(model), cap_(cap) {
+  Refiner(GlobalPlan& plan, const CostModel& model, int64_t cap) : model_(model), cap_(cap) {
     rows_.resize(plan.microbatches.size());
     row_max_.assign(plan.microbatches.size(), 0.0);
     for (size_t m = 0; m < plan.microbatches.size(); ++m) {
@@ -49,8 +48,7 @@ class Refiner {
       bool improved = false;
       for (int m = 0; m < static_cast<int>(rows_.size()); ++m) {
         // Each success lowers this row's maximum; bound the attempts.
-        for (size_t tries = 0;
-             tries < 4 * rows_[m].size() && work_ < kWorkBudget; ++tries) {
+        for (size_t tries = 0; tries < 4 * rows_[m].size() && work_ < kWorkBudget; ++tries) {
           if (!ImproveRow(m)) break;
           improved = true;
         }
@@ -60,9 +58,7 @@ class Refiner {
   }
 
  private:
-  static int64_t Tokens(const PlannedSequence& s, int size) {
-    return s.padded_length / size;
-  }
+  static int64_t Tokens(const PlannedSequence& s, int size) { return s.padded_length / size; }
   double Cost(const PlannedSequence& s, int size) const {
     return model_.Cost(s.padded_length, size);
   }
@@ -105,8 +101,7 @@ class Refiner {
         // not become the new maximum).
         const double limit = dest.row == m ? top : row_max_[dest.row];
         // Move x (the group must keep a sequence).
-        if (out.size() >= 2 && dest.tokens + tx <= cap_ &&
-            dest.cost + wx <= limit) {
+        if (out.size() >= 2 && dest.tokens + tx <= cap_ && dest.cost + wx <= limit) {
           double after = std::max(second, top - wx);
           if (dest.row == m) after = std::max(after, dest.cost + wx);
           if (top - after > best_gain) {
@@ -157,8 +152,7 @@ class Refiner {
       group.cost -= cost;
       return std::make_pair(s, cost);
     };
-    const auto put = [size](GroupRef& group,
-                            const std::pair<PlannedSequence, double>& entry) {
+    const auto put = [size](GroupRef& group, const std::pair<PlannedSequence, double>& entry) {
       group.group->sequences.push_back(entry.first);
       group.costs.push_back(entry.second);
       group.tokens += Tokens(entry.first, size);
@@ -184,9 +178,9 @@ class Refiner {
 
 }  // namespace
 
-void RefinePlan(GlobalPlan& plan, const CostModel& model,
-                int64_t max_tokens_per_rank, int max_passes) {
+void RefinePlan(GlobalPlan& plan, const CostModel& model, int64_t max_tokens_per_rank,
+                int max_passes) {
   Refiner(plan, model, max_tokens_per_rank).Run(max_passes);
 }
 
-}  // namespace packfeed::internal
+}  // namespace packfeed::scheduler::internal

@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <vector>
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
-int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank,
-                 int min_cp) {
+int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank, int min_cp) {
   int c = 1;
   while (c < min_cp) c *= 2;
   while ((padded_length + c - 1) / c > max_tokens_per_rank) c *= 2;
@@ -35,14 +34,12 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
         real += s.length;
         padded += s.padded_length;
         stats.cp_size_histogram[group.size] += 1;
-        const int needed =
-            NeededCpSize(s.padded_length, max_tokens_per_rank, min_cp);
-        inflation_weighted += static_cast<double>(s.length) * group.size /
-                              static_cast<double>(needed);
+        const int needed = NeededCpSize(s.padded_length, max_tokens_per_rank, min_cp);
+        inflation_weighted +=
+            static_cast<double>(s.length) * group.size / static_cast<double>(needed);
       }
       const int64_t per_rank = (tokens + group.size - 1) / group.size;
-      stats.max_tokens_on_a_rank =
-          std::max(stats.max_tokens_on_a_rank, per_rank);
+      stats.max_tokens_on_a_rank = std::max(stats.max_tokens_on_a_rank, per_rank);
       microbatch_max = std::max(microbatch_max, work);
       for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
         rank_sum[static_cast<size_t>(r)] += work;
@@ -57,14 +54,12 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
     stats.rank_sum_max_over_mean = max_rank / (total / n);
   }
   const int64_t capacity = int64_t{n} * max_tokens_per_rank;
-  stats.microbatches_lower_bound =
-      static_cast<int>((padded + capacity - 1) / capacity);
+  stats.microbatches_lower_bound = static_cast<int>((padded + capacity - 1) / capacity);
   if (real > 0) {
-    stats.padding_pct =
-        100.0 * static_cast<double>(padded - real) / static_cast<double>(real);
+    stats.padding_pct = 100.0 * static_cast<double>(padded - real) / static_cast<double>(real);
     stats.cp_inflation = inflation_weighted / static_cast<double>(real);
   }
   return stats;
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

@@ -4,13 +4,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "internal/group_merger.h"
-#include "internal/plan_refiner.h"
-#include "internal/row_packer.h"
 #include "packfeed/scheduler/megatron_dp_balanced.h"
 #include "packfeed/scheduler/padding.h"
+#include "scheduler/internal/group_merger.h"
+#include "scheduler/internal/plan_refiner.h"
+#include "scheduler/internal/row_packer.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 constexpr double kUnlimited = 1e300;
@@ -23,12 +23,10 @@ int LargestPowerOfTwoAtMost(int x) {
   return p;
 }
 
-absl::Status ValidateCommon(absl::Span<const int64_t> lengths,
-                            const PlannerOptions& options) {
+absl::Status ValidateCommon(absl::Span<const int64_t> lengths, const PlannerOptions& options) {
   if (options.dp < 1 || options.cp < 1 || options.tp < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DP ", options.dp, ", CP ", options.cp, " and TP ",
-                     options.tp, " must all be >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat("DP ", options.dp, ", CP ", options.cp,
+                                                   " and TP ", options.tp, " must all be >= 1"));
   }
   if (options.max_tokens_per_rank < 1) {
     return absl::InvalidArgumentError(
@@ -43,8 +41,7 @@ absl::Status ValidateCommon(absl::Span<const int64_t> lengths,
   }
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sample ", i, " has length ", lengths[i]));
+      return absl::InvalidArgumentError(absl::StrCat("sample ", i, " has length ", lengths[i]));
     }
   }
   return absl::OkStatus();
@@ -52,41 +49,58 @@ absl::Status ValidateCommon(absl::Span<const int64_t> lengths,
 
 absl::StatusOr<GlobalPlan> PlanMegatron(absl::Span<const int64_t> lengths,
                                         const PlannerOptions& options) {
-  // Megatron pads every sequence for the static CP, whatever it is
-  // scheduled with.
-  const int64_t divisor =
-      PaddingDivisor(options.cp, options.tp, options.sequence_parallel);
-  std::vector<int64_t> padded;
-  padded.reserve(lengths.size());
-  for (int64_t length : lengths) padded.push_back(PadTo(length, divisor));
+  // Megatron numbers the batch DP-rank-major: DP rank d reads positions
+  // k·DP + d, and its k-th sample is gid d·(G/DP) + k. It pads every sequence
+  // for the static CP, whatever it is scheduled with.
+  const int64_t size = static_cast<int64_t>(lengths.size());
+  if (size % options.dp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("megatron_dp_balanced: a batch of ", size,
+                                                   " is not a multiple of DP ", options.dp));
+  }
+  const int64_t per_dp = size / options.dp;
+  const int64_t divisor = PaddingDivisor(options.cp, options.tp, options.sequence_parallel);
+  std::vector<int64_t> real(lengths.size()), padded(lengths.size()), position(lengths.size());
+  for (int64_t p = 0; p < size; ++p) {
+    const int64_t gid = (p % options.dp) * per_dp + p / options.dp;
+    padded[gid] = PadTo(lengths[p], divisor);
+    real[gid] = options.megatron_padding_is_real ? padded[gid] : lengths[p];
+    position[gid] = p;
+  }
   MegatronDpBalancedOptions megatron;
   megatron.dp = options.dp;
   megatron.cp = options.cp;
   megatron.max_seqlen_per_dp_cp_rank = options.max_tokens_per_rank;
   megatron.max_num_seqs = options.max_sequences_per_pack;
   megatron.vpp_group_size = options.vpp_group_size;
-  return PlanMegatronDpBalanced(lengths, padded, megatron);
+  absl::StatusOr<GlobalPlan> plan = PlanMegatronDpBalanced(real, padded, megatron);
+  if (!plan.ok()) return plan.status();
+  // Name each sequence by its position in the batch given, as every planner does.
+  for (PlannedMicrobatch& microbatch : plan->microbatches) {
+    for (CpGroup& group : microbatch.groups) {
+      for (PlannedSequence& sequence : group.sequences) {
+        sequence.sample = position[static_cast<size_t>(sequence.sample)];
+      }
+    }
+  }
+  return plan;
 }
 
 // Each sequence's smallest group: CP under static CP; under dynamic CP the
 // smallest allowed power of two whose per-rank share fits the cap.
-absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(
-    absl::Span<const int64_t> lengths, const internal::PackerConfig& config) {
+absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(absl::Span<const int64_t> lengths,
+                                                            const internal::PackerConfig& config) {
   std::vector<internal::PackerItem> items;
   items.reserve(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) {
     int c = config.min_cp;
-    while (internal::ShapeAt(lengths[i], c, config).tokens_per_rank >
-               config.max_tokens_per_rank &&
+    while (internal::ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank &&
            c < config.max_cp) {
       c *= 2;
     }
-    if (internal::ShapeAt(lengths[i], c, config).tokens_per_rank >
-        config.max_tokens_per_rank) {
+    if (internal::ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "sample ", i, " of length ", lengths[i], " does not fit in ",
-          config.max_tokens_per_rank, " tokens per rank even at CP size ", c,
-          " (the largest allowed)"));
+          "sample ", i, " of length ", lengths[i], " does not fit in ", config.max_tokens_per_rank,
+          " tokens per rank even at CP size ", c, " (the largest allowed)"));
     }
     items.push_back({static_cast<int64_t>(i), lengths[i], c});
   }
@@ -96,8 +110,7 @@ absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(
 // After packing: under dynamic CP, merges that spend what is left of the
 // upgrade budget on the heaviest groups; then local search.
 void Polish(GlobalPlan& plan, const std::vector<internal::PackerItem>& items,
-            const internal::PackerConfig& config, SchedulerKind kind,
-            double budget) {
+            const internal::PackerConfig& config, SchedulerKind kind, double budget) {
   if (kind == SchedulerKind::kDynamicCp) {
     double total = 0;
     double upgraded = 0;
@@ -123,9 +136,8 @@ absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name) {
   if (name == "balanced") return SchedulerKind::kBalanced;
   if (name == "dynamic_cp") return SchedulerKind::kDynamicCp;
   if (name == "megatron_dp_balanced") return SchedulerKind::kMegatronDpBalanced;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown scheduler '", name,
-                   "'; expected balanced, dynamic_cp or megatron_dp_balanced"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown scheduler '", name, "'; expected balanced, dynamic_cp or megatron_dp_balanced"));
 }
 
 absl::string_view SchedulerKindName(SchedulerKind kind) {
@@ -145,16 +157,16 @@ absl::StatusOr<CpRange> ResolveCpRange(const PlannerOptions& options) {
   CpRange range;
   range.min = options.min_cp > 0 ? options.min_cp : 1;
   range.max = options.max_cp > 0 ? options.max_cp : LargestPowerOfTwoAtMost(n);
-  if (!IsPowerOfTwo(range.min) || !IsPowerOfTwo(range.max) ||
-      range.min > range.max || range.max > n) {
+  if (!IsPowerOfTwo(range.min) || !IsPowerOfTwo(range.max) || range.min > range.max ||
+      range.max > n) {
     return absl::InvalidArgumentError(
         absl::StrCat("dynamic CP sizes [", range.min, ", ", range.max,
                      "] must be powers of two with min <= max <= DP×CP = ", n));
   }
   if (n % range.min != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DP×CP = ", n, " ranks cannot be split into groups of at least ",
-        range.min, " (the minimum CP size)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DP×CP = ", n, " ranks cannot be split into groups of at least ", range.min,
+                     " (the minimum CP size)"));
   }
   return range;
 }
@@ -182,8 +194,7 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   } else {
     config.min_cp = config.max_cp = options.cp;
   }
-  absl::StatusOr<std::vector<internal::PackerItem>> items =
-      MakeItems(lengths, config);
+  absl::StatusOr<std::vector<internal::PackerItem>> items = MakeItems(lengths, config);
   if (!items.ok()) return items.status();
 
   // Start at the token lower bound (each sequence at its smallest group)
@@ -192,24 +203,20 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   for (const internal::PackerItem& item : *items) {
     tokens += internal::ShapeAt(item.length, item.cp_size, config).padded;
   }
-  const int64_t capacity =
-      int64_t{config.num_ranks} * config.max_tokens_per_rank;
+  const int64_t capacity = int64_t{config.num_ranks} * config.max_tokens_per_rank;
   const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
-  const int64_t lower_bound =
-      ((tokens + capacity - 1) / capacity + step - 1) / step * step;
+  const int64_t lower_bound = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
   const int64_t most = static_cast<int64_t>(items->size());
   absl::Status last = absl::InvalidArgumentError(
       absl::StrCat("cannot give every one of the ", config.num_ranks,
-                   " ranks a sequence in each of ", lower_bound,
-                   " microbatches (a multiple of ", step, "): the batch holds ",
-                   most, " sequences"));
+                   " ranks a sequence in each of ", lower_bound, " microbatches (a multiple of ",
+                   step, "): the batch holds ", most, " sequences"));
   // If the upgrade budget pushes the microbatch count past what the batch
   // can fill, giving every rank work matters more: plan without it.
   for (const double budget : {options.cp_upgrade_budget, kUnlimited}) {
     config.cp_upgrade_budget = budget;
     for (int64_t rows = lower_bound; rows <= most; rows += step) {
-      absl::StatusOr<GlobalPlan> plan =
-          internal::PackRows(*items, static_cast<int>(rows), config);
+      absl::StatusOr<GlobalPlan> plan = internal::PackRows(*items, static_cast<int>(rows), config);
       if (plan.ok()) {
         Polish(*plan, *items, config, options.kind, budget);
         return plan;
@@ -222,4 +229,4 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   return absl::InvalidArgumentError(last.message());
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

@@ -1,4 +1,4 @@
-#include "internal/row_packer.h"
+#include "scheduler/internal/row_packer.h"
 
 #include <algorithm>
 #include <map>
@@ -9,10 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/scheduler/padding.h"
 
-namespace packfeed::internal {
+namespace packfeed::scheduler::internal {
 
-double Inflation(const PackerItem& item, int cp_size,
-                 const PackerConfig& config) {
+double Inflation(const PackerItem& item, int cp_size, const PackerConfig& config) {
   if (cp_size <= item.cp_size) return 0;
   return static_cast<double>(ShapeAt(item.length, cp_size, config).padded) *
          (static_cast<double>(cp_size) / item.cp_size - 1.0);
@@ -20,8 +19,7 @@ double Inflation(const PackerItem& item, int cp_size,
 
 SequenceShape ShapeAt(int64_t length, int cp_size, const PackerConfig& config) {
   SequenceShape shape;
-  shape.padded = PadTo(
-      length, PaddingDivisor(cp_size, config.tp, config.sequence_parallel));
+  shape.padded = PadTo(length, PaddingDivisor(cp_size, config.tp, config.sequence_parallel));
   shape.tokens_per_rank = shape.padded / cp_size;
   shape.cost_per_rank = config.cost_model.Cost(shape.padded, cp_size);
   return shape;
@@ -49,8 +47,7 @@ struct Group {
 
 class Packer {
  public:
-  Packer(const std::vector<PackerItem>& items, int rows,
-         const PackerConfig& config);
+  Packer(const std::vector<PackerItem>& items, int rows, const PackerConfig& config);
 
   absl::StatusOr<GlobalPlan> Run();
 
@@ -104,20 +101,18 @@ class Packer {
   // CP inflation spent (Inflation() summed) and how much may be.
   double upgraded_tokens_ = 0;
   double upgrade_limit_ = 0;
-  int64_t tokens_ = 0;  // padded, every sequence at its own size
+  int64_t tokens_ = 0;                           // padded, every sequence at its own size
   std::vector<std::map<int, int>> search_from_;  // [row][width] → rank
 };
 
-Packer::Packer(const std::vector<PackerItem>& items, int rows,
-               const PackerConfig& config)
+Packer::Packer(const std::vector<PackerItem>& items, int rows, const PackerConfig& config)
     : items_(items), rows_(rows), config_(config), n_(config.num_ranks) {
   for (const PackerItem& item : items_) widths_.push_back(item.cp_size);
   std::sort(widths_.begin(), widths_.end());
   widths_.erase(std::unique(widths_.begin(), widths_.end()), widths_.end());
   own_cost_.reserve(items_.size());
   for (const PackerItem& item : items_) {
-    own_cost_.push_back(
-        ShapeAt(item.length, item.cp_size, config_).cost_per_rank);
+    own_cost_.push_back(ShapeAt(item.length, item.cp_size, config_).cost_per_rank);
   }
   order_.resize(items_.size());
   for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int>(i);
@@ -128,8 +123,7 @@ Packer::Packer(const std::vector<PackerItem>& items, int rows,
   by_class_.resize(widths_.size());
   for (int i : order_) {
     const size_t k = static_cast<size_t>(
-        std::lower_bound(widths_.begin(), widths_.end(), items_[i].cp_size) -
-        widths_.begin());
+        std::lower_bound(widths_.begin(), widths_.end(), items_[i].cp_size) - widths_.begin());
     by_class_[k].push_back(i);
   }
   class_head_.assign(widths_.size(), 0);
@@ -156,9 +150,7 @@ double Packer::UpgradedTokens(int group, int size) const {
 
 int Packer::ClassOf(int width) const {
   const auto it = std::lower_bound(widths_.begin(), widths_.end(), width);
-  return it != widths_.end() && *it == width
-             ? static_cast<int>(it - widths_.begin())
-             : -1;
+  return it != widths_.end() && *it == width ? static_cast<int>(it - widths_.begin()) : -1;
 }
 
 absl::Status Packer::SetQuotas() {
@@ -174,8 +166,7 @@ absl::Status Packer::SetQuotas() {
     int64_t alone = 0;
     int64_t shared_tokens = 0;
     for (int item : by_class_[k]) {
-      const SequenceShape shape =
-          ShapeAt(items_[item].length, widths_[k], config_);
+      const SequenceShape shape = ShapeAt(items_[item].length, widths_[k], config_);
       if (2 * shape.tokens_per_rank > cap) {
         alone += widths_[k];
       } else {
@@ -192,9 +183,9 @@ absl::Status Packer::SetQuotas() {
   // Each rank-unit given way moves about a full rank of tokens to at least
   // twice the CP size they need: that much inflation at the least.
   if (static_cast<double>(excess * cap) > upgrade_limit_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(rows_, " microbatches would spend more than ",
-                     config_.cp_upgrade_budget, " of CP inflation"));
+    return absl::ResourceExhaustedError(absl::StrCat(rows_, " microbatches would spend more than ",
+                                                     config_.cp_upgrade_budget,
+                                                     " of CP inflation"));
   }
   for (size_t k = 0; k + 1 < widths_.size() && excess > 0; ++k) {
     const int64_t cut = std::min(excess, quota_[k]);
@@ -274,8 +265,7 @@ void Packer::AddMember(int group, int item) {
 }
 
 void Packer::Resize(int group, int first, int size) {
-  upgraded_tokens_ +=
-      UpgradedTokens(group, size) - UpgradedTokens(group, groups_[group].size);
+  upgraded_tokens_ += UpgradedTokens(group, size) - UpgradedTokens(group, groups_[group].size);
   Group& g = groups_[group];
   g.first = first;
   g.size = size;
@@ -311,8 +301,7 @@ bool Packer::DoubleIntoBuddy(int group) {
   if (size > config_.max_cp || first + size > n_) return false;
   const int other = first == g.first ? g.first + g.size : first;
   if (!BlockIsFree(g.row, other, g.size)) return false;
-  std::fill(owner_[g.row].begin() + other,
-            owner_[g.row].begin() + other + g.size, group);
+  std::fill(owner_[g.row].begin() + other, owner_[g.row].begin() + other + g.size, group);
   free_ranks_[g.row] -= g.size;
   Resize(group, first, size);
   heaviest_[g.row] = HeaviestGroup(g.row);  // its cost fell
@@ -326,8 +315,7 @@ bool Packer::SpreadIntoSmallestFreeBlock(int row) {
   for (int width = 1; width <= n_ / 2; width *= 2) {
     for (int first = 0; first + width <= n_; first += width) {
       const int buddy = first ^ width;
-      if (buddy + width > n_ || !BlockIsFree(row, first, width) ||
-          BlockIsFree(row, buddy, width)) {
+      if (buddy + width > n_ || !BlockIsFree(row, first, width) || BlockIsFree(row, buddy, width)) {
         continue;
       }
       std::vector<int> inside;
@@ -342,14 +330,12 @@ bool Packer::SpreadIntoSmallestFreeBlock(int row) {
         }
       }
       if (inside.empty()) continue;
-      std::stable_sort(inside.begin(), inside.end(), [&](int a, int b) {
-        return groups_[a].size > groups_[b].size;
-      });
+      std::stable_sort(inside.begin(), inside.end(),
+                       [&](int a, int b) { return groups_[a].size > groups_[b].size; });
       int next = std::min(first, buddy);
       for (int g : inside) {
         const int size = 2 * groups_[g].size;
-        std::fill(owner_[row].begin() + next, owner_[row].begin() + next + size,
-                  g);
+        std::fill(owner_[row].begin() + next, owner_[row].begin() + next + size, g);
         Resize(g, next, size);
         next += size;
       }
@@ -396,8 +382,7 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
     // 1. The heaviest sequence whose group could reach the row's target.
     int best = -1;
     int best_first = -1;
-    for (int k = 0; taken < budget && k < static_cast<int>(widths_.size());
-         ++k) {
+    for (int k = 0; taken < budget && k < static_cast<int>(widths_.size()); ++k) {
       const int item = ClassHead(k);
       if (item < 0) continue;
       const int width = widths_[k];
@@ -417,8 +402,7 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
     }
     // 2. Dynamic CP: halve the heaviest group's cost by doubling it.
     if (heaviest >= 0 &&
-        upgraded_tokens_ +
-                UpgradedTokens(heaviest, 2 * groups_[heaviest].size) -
+        upgraded_tokens_ + UpgradedTokens(heaviest, 2 * groups_[heaviest].size) -
                 UpgradedTokens(heaviest, groups_[heaviest].size) <=
             upgrade_limit_ &&
         DoubleIntoBuddy(heaviest)) {
@@ -427,9 +411,8 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
     // 3. A lighter sequence rather than an idle rank: the heaviest with a
     //    free block of its own size (quota first), and only then one in a
     //    larger block.
-    if (taken < budget &&
-        (PlaceLightest(row, true, false) || PlaceLightest(row, false, false) ||
-         PlaceLightest(row, true, true) || PlaceLightest(row, false, true))) {
+    if (taken < budget && (PlaceLightest(row, true, false) || PlaceLightest(row, false, false) ||
+                           PlaceLightest(row, true, true) || PlaceLightest(row, false, true))) {
       ++taken;
       continue;
     }
@@ -448,10 +431,10 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
       ++taken;
       continue;
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot give every one of the ", n_, " ranks a sequence in each of ",
-        rows_, " microbatches: the batch holds ", items_.size(), " sequences (",
-        free_ranks_[row], " ranks idle in microbatch ", row, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot give every one of the ", n_, " ranks a sequence in each of ", rows_,
+                     " microbatches: the batch holds ", items_.size(), " sequences (",
+                     free_ranks_[row], " ranks idle in microbatch ", row, ")"));
   }
   return absl::OkStatus();
 }
@@ -473,9 +456,7 @@ absl::Status Packer::Fill() {
   const auto key = [&](int g) {
     return std::make_pair(groups_[g].cost - target[groups_[g].row], g);
   };
-  const auto room_key = [&](int g) {
-    return std::make_pair(groups_[g].tokens - cap, g);
-  };
+  const auto room_key = [&](int g) { return std::make_pair(groups_[g].tokens - cap, g); };
   for (int g = 0; g < static_cast<int>(groups_.size()); ++g) {
     open[groups_[g].size].by_deficit.insert(key(g));
     open[groups_[g].size].by_room.insert(room_key(g));
@@ -484,8 +465,7 @@ absl::Status Packer::Fill() {
   // less room than that are closed.
   std::vector<int64_t> shortest_after(order_.size() + 1, INT64_MAX);
   for (size_t p = order_.size(); p-- > 0;) {
-    shortest_after[p] =
-        std::min(shortest_after[p + 1], items_[order_[p]].length);
+    shortest_after[p] = std::min(shortest_after[p + 1], items_[order_[p]].length);
   }
   for (size_t p = 0; p < order_.size(); ++p) {
     const int item = order_[p];
@@ -498,8 +478,7 @@ absl::Status Packer::Fill() {
       const SequenceShape shape = ShapeAt(items_[item].length, size, config_);
       // Larger than its own size only within the upgrade budget.
       if (size > own &&
-          upgraded_tokens_ + Inflation(items_[item], size, config_) >
-              upgrade_limit_) {
+          upgraded_tokens_ + Inflation(items_[item], size, config_) > upgrade_limit_) {
         continue;
       }
       // The most deficit among the first few groups that have room; past
@@ -537,9 +516,8 @@ absl::Status Packer::Fill() {
       }
     }
     if (chosen < 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("sample ", items_[item].sample, " does not fit in ",
-                       rows_, " microbatches"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sample ", items_[item].sample, " does not fit in ", rows_, " microbatches"));
     }
     Open& groups = open[groups_[chosen].size];
     groups.by_deficit.erase(key(chosen));
@@ -557,18 +535,16 @@ GlobalPlan Packer::Build() const {
   plan.microbatches.resize(static_cast<size_t>(rows_));
   for (int row = 0; row < rows_; ++row) {
     std::vector<int> groups = rows_groups_[row];
-    std::sort(groups.begin(), groups.end(), [&](int a, int b) {
-      return groups_[a].first < groups_[b].first;
-    });
+    std::sort(groups.begin(), groups.end(),
+              [&](int a, int b) { return groups_[a].first < groups_[b].first; });
     for (int g : groups) {
       const Group& group = groups_[g];
       CpGroup out;
       out.first_rank = group.first;
       out.size = group.size;
       for (int item : group.members) {
-        out.sequences.push_back(
-            {items_[item].sample, items_[item].length,
-             ShapeAt(items_[item].length, group.size, config_).padded});
+        out.sequences.push_back({items_[item].sample, items_[item].length,
+                                 ShapeAt(items_[item].length, group.size, config_).padded});
       }
       plan.microbatches[row].groups.push_back(std::move(out));
     }
@@ -579,9 +555,9 @@ GlobalPlan Packer::Build() const {
 
 }  // namespace
 
-absl::StatusOr<GlobalPlan> PackRows(const std::vector<PackerItem>& items,
-                                    int rows, const PackerConfig& config) {
+absl::StatusOr<GlobalPlan> PackRows(const std::vector<PackerItem>& items, int rows,
+                                    const PackerConfig& config) {
   return Packer(items, rows, config).Run();
 }
 
-}  // namespace packfeed::internal
+}  // namespace packfeed::scheduler::internal

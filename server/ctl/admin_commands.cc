@@ -15,7 +15,7 @@
 #include "packfeed/server/daemon_config.h"
 #include "packfeed/v1/service.grpc.pb.h"
 
-namespace packfeed::ctl {
+namespace packfeed::server::ctl {
 namespace {
 
 struct AdminArgs {
@@ -90,14 +90,14 @@ absl::Status Stats(const AdminArgs& args) {
     return absl::OkStatus();
   }
   for (const v1::JobStats& job : reply.jobs()) {
-    std::printf("job %s: %lld steps planned, %lld served; read %llu B of %llu B needed "
-                "(I/O amplification %.2f); slowest rank %u, %lld steps behind\n",
-                job.name().c_str(), static_cast<long long>(job.steps_planned()),
-                static_cast<long long>(job.steps_served()),
-                static_cast<unsigned long long>(job.bytes_read()),
-                static_cast<unsigned long long>(job.unique_bytes_needed()),
-                job.io_amplification(), job.slowest_rank(),
-                static_cast<long long>(job.slowest_rank_steps_behind()));
+    std::printf(
+        "job %s: %lld steps planned, %lld served; read %llu B of %llu B needed "
+        "(I/O amplification %.2f); slowest rank %u, %lld steps behind\n",
+        job.name().c_str(), static_cast<long long>(job.steps_planned()),
+        static_cast<long long>(job.steps_served()),
+        static_cast<unsigned long long>(job.bytes_read()),
+        static_cast<unsigned long long>(job.unique_bytes_needed()), job.io_amplification(),
+        job.slowest_rank(), static_cast<long long>(job.slowest_rank_steps_behind()));
     std::printf("  %llu B of samples held for the steps ahead\n",
                 static_cast<unsigned long long>(job.cached_bytes()));
     std::printf("  %6s %9s %14s %10s %8s %9s %14s %9s\n", "rank", "attached", "consumed_to",
@@ -174,13 +174,15 @@ absl::Status PlanStep(const AdminArgs& args) {
     Print(reply, true);
     return absl::OkStatus();
   }
-  std::printf("job %s step %lld: %u microbatches, step/ideal %.4f, %lld real of %lld padded tokens\n",
-              reply.job().c_str(), static_cast<long long>(reply.step()), reply.num_microbatches(),
-              reply.step_over_ideal(), static_cast<long long>(reply.real_sum()),
-              static_cast<long long>(reply.padded_sum()));
+  std::printf(
+      "job %s step %lld: %u microbatches, step/ideal %.4f, %lld real of %lld padded tokens\n",
+      reply.job().c_str(), static_cast<long long>(reply.step()), reply.num_microbatches(),
+      reply.step_over_ideal(), static_cast<long long>(reply.real_sum()),
+      static_cast<long long>(reply.padded_sum()));
   for (const v1::PlannedRank& rank : reply.ranks()) {
     std::printf("  dp-cp rank %u: tokens [%s] cp [%s]\n", rank.dp_cp_rank(),
-                absl::StrJoin(rank.tokens(), " ").c_str(), absl::StrJoin(rank.cp_size(), " ").c_str());
+                absl::StrJoin(rank.tokens(), " ").c_str(),
+                absl::StrJoin(rank.cp_size(), " ").c_str());
   }
   return absl::OkStatus();
 }
@@ -204,9 +206,8 @@ absl::Status Drain(const AdminArgs& args) {
   v1::DrainRequest request;
   request.set_auth_token(args.token);
   v1::DrainReply reply;
-  return Call(args, "drain", [&](grpc::ClientContext& c) {
-    return Connect(args)->Drain(&c, request, &reply);
-  });
+  return Call(args, "drain",
+              [&](grpc::ClientContext& c) { return Connect(args)->Drain(&c, request, &reply); });
 }
 
 // The values of a field as JSON: a scalar for a 0-d field, else a flat list.
@@ -216,11 +217,20 @@ nlohmann::json FieldValues(const client::FieldView& field) {
   nlohmann::json values = nlohmann::json::array();
   for (size_t i = 0; i < count; ++i) {
     switch (field.dtype) {
-      case ElementType::kInt64: values.push_back(static_cast<const int64_t*>(field.data)[i]); break;
-      case ElementType::kInt32: values.push_back(static_cast<const int32_t*>(field.data)[i]); break;
-      case ElementType::kFloat32: values.push_back(static_cast<const float*>(field.data)[i]); break;
-      case ElementType::kBool: values.push_back(static_cast<const uint8_t*>(field.data)[i] != 0); break;
-      default: values.push_back(nullptr);
+      case ElementType::kInt64:
+        values.push_back(static_cast<const int64_t*>(field.data)[i]);
+        break;
+      case ElementType::kInt32:
+        values.push_back(static_cast<const int32_t*>(field.data)[i]);
+        break;
+      case ElementType::kFloat32:
+        values.push_back(static_cast<const float*>(field.data)[i]);
+        break;
+      case ElementType::kBool:
+        values.push_back(static_cast<const uint8_t*>(field.data)[i] != 0);
+        break;
+      default:
+        values.push_back(nullptr);
     }
   }
   if (field.shape.empty()) return values[0];
@@ -283,8 +293,9 @@ CLI::App* AddCommand(CLI::App& app, const char* name, const char* help,
 
 void AddAdminCommands(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<AdminArgs>();
-  AddCommand(app, "jobs", "List a daemon's jobs", args)
-      ->callback([args, exit_code] { *exit_code = ExitCode(Jobs(*args)); });
+  AddCommand(app, "jobs", "List a daemon's jobs", args)->callback([args, exit_code] {
+    *exit_code = ExitCode(Jobs(*args));
+  });
   AddCommand(app, "stats", "Per-job and per-rank serving figures", args)
       ->callback([args, exit_code] { *exit_code = ExitCode(Stats(*args)); })
       ->add_option("--job", args->job, "Only this job");
@@ -297,13 +308,14 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
   plan->add_option("--job", args->job, "Job")->required();
   plan->add_option("step", args->step, "Step")->required();
   plan->callback([args, exit_code] { *exit_code = ExitCode(PlanStep(*args)); });
-  AddCommand(app, "health", "Is the daemon serving", args)
-      ->callback([args, exit_code] { *exit_code = ExitCode(Health(*args)); });
+  AddCommand(app, "health", "Is the daemon serving", args)->callback([args, exit_code] {
+    *exit_code = ExitCode(Health(*args));
+  });
   CLI::App* drain = AddCommand(app, "drain", "Stop the daemon after goodbyes to every rank", args);
   drain->add_option("--token", args->token, "Auth token (every job's that has one)");
   drain->callback([args, exit_code] { *exit_code = ExitCode(Drain(*args)); });
-  CLI::App* dump = AddCommand(app, "dump", "Attach as a rank and print every field it receives",
-                              args);
+  CLI::App* dump =
+      AddCommand(app, "dump", "Attach as a rank and print every field it receives", args);
   dump->add_option("--job", args->job, "Job")->required();
   dump->add_option("--rank", args->rank, "Global rank")->required();
   dump->add_option("--steps", args->steps, "Steps to receive")->capture_default_str();
@@ -316,4 +328,4 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
   dump->callback([args, exit_code] { *exit_code = ExitCode(Dump(*args)); });
 }
 
-}  // namespace packfeed::ctl
+}  // namespace packfeed::server::ctl

@@ -13,17 +13,17 @@
 #include "exit_code.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
-#include "packfeed/server/dataset_generator.h"
-#include "packfeed/server/indexed_dataset.h"
+#include "packfeed/dataset/dataset_generator.h"
+#include "packfeed/dataset/indexed_dataset.h"
 
-namespace packfeed::ctl {
+namespace packfeed::server::ctl {
 namespace {
 
 struct MakeDatasetArgs {
   std::string out;
   uint64_t count = 1000;
   std::string dist = "lognormal";
-  LengthDistribution lengths;
+  dataset::LengthDistribution lengths;
   std::string lengths_file;
   int64_t vocab = 32000;
   std::string dtype;  // Empty: Megatron's choice for the vocabulary.
@@ -38,25 +38,23 @@ struct DatasetInfoArgs {
 absl::Status MakeDataset(const MakeDatasetArgs& args) {
   std::vector<int64_t> lengths;
   if (!args.lengths_file.empty()) {
-    PF_ASSIGN_OR_RETURN(lengths, ReadLengthsFile(args.lengths_file));
+    PF_ASSIGN_OR_RETURN(lengths, dataset::ReadLengthsFile(args.lengths_file));
   } else {
-    PF_ASSIGN_OR_RETURN(lengths,
-                        GenerateLengths(args.lengths, args.count, args.seed));
+    PF_ASSIGN_OR_RETURN(lengths, dataset::GenerateLengths(args.lengths, args.count, args.seed));
   }
-  GeneratedDatasetOptions options;
+  dataset::GeneratedDatasetOptions options;
   options.vocab_size = args.vocab;
   options.seed = args.seed;
-  options.dtype = OptimalTokenDType(args.vocab);
+  options.dtype = dataset::OptimalTokenDType(args.vocab);
   if (!args.dtype.empty()) {
-    PF_ASSIGN_OR_RETURN(options.dtype, DTypeFromName(args.dtype));
+    PF_ASSIGN_OR_RETURN(options.dtype, dataset::DTypeFromName(args.dtype));
   }
-  PF_RETURN_IF_ERROR(WriteGeneratedDataset(args.out, lengths, options));
+  PF_RETURN_IF_ERROR(dataset::WriteGeneratedDataset(args.out, lengths, options));
   uint64_t tokens = 0;
   for (int64_t length : lengths) tokens += static_cast<uint64_t>(length);
-  std::printf("wrote %s.idx/.bin: %zu sequences, %llu tokens, dtype %s\n",
-              args.out.c_str(), lengths.size(),
-              static_cast<unsigned long long>(tokens),
-              std::string(DTypeName(options.dtype)).c_str());
+  std::printf("wrote %s.idx/.bin: %zu sequences, %llu tokens, dtype %s\n", args.out.c_str(),
+              lengths.size(), static_cast<unsigned long long>(tokens),
+              std::string(dataset::DTypeName(options.dtype)).c_str());
   return absl::OkStatus();
 }
 
@@ -69,7 +67,7 @@ struct Summary {
 
 // Reads every token once, in batches of whole sequences of about 4 Mi
 // tokens, so memory stays bounded on any dataset size.
-absl::StatusOr<Summary> Summarize(const IndexedDataset& dataset) {
+absl::StatusOr<Summary> Summarize(const dataset::IndexedDataset& dataset) {
   constexpr uint64_t kBatchTokens = uint64_t{1} << 22;
   Summary summary;
   const uint64_t n = dataset.num_sequences();
@@ -77,19 +75,17 @@ absl::StatusOr<Summary> Summarize(const IndexedDataset& dataset) {
     summary.min_length = summary.max_length = dataset.sequence_length(0);
   }
   for (uint64_t i = 0; i < n; ++i) {
-    summary.min_length =
-        std::min<int64_t>(summary.min_length, dataset.sequence_length(i));
-    summary.max_length =
-        std::max<int64_t>(summary.max_length, dataset.sequence_length(i));
+    summary.min_length = std::min<int64_t>(summary.min_length, dataset.sequence_length(i));
+    summary.max_length = std::max<int64_t>(summary.max_length, dataset.sequence_length(i));
   }
-  if (DTypeIsFloat(dataset.dtype())) {
+  if (dataset::DTypeIsFloat(dataset.dtype())) {
     std::vector<char> raw;
     for (uint64_t i = 0; i < n; ++i) {
       raw.resize(static_cast<size_t>(dataset.sequence_length(i)) *
-                 DTypeSize(dataset.dtype()));
+                 dataset::DTypeSize(dataset.dtype()));
       PF_RETURN_IF_ERROR(dataset.ReadRaw(i, absl::MakeSpan(raw)));
-      for (size_t j = 0; j < raw.size(); j += DTypeSize(dataset.dtype())) {
-        if (dataset.dtype() == DType::kFloat32) {
+      for (size_t j = 0; j < raw.size(); j += dataset::DTypeSize(dataset.dtype())) {
+        if (dataset.dtype() == dataset::DType::kFloat32) {
           float v;
           std::memcpy(&v, raw.data() + j, sizeof(v));
           summary.value_sum += v;
@@ -107,13 +103,11 @@ absl::StatusOr<Summary> Summarize(const IndexedDataset& dataset) {
     uint64_t count = 0;
     uint64_t batch_tokens = 0;
     while (first + count < n && (count == 0 || batch_tokens < kBatchTokens)) {
-      batch_tokens +=
-          static_cast<uint64_t>(dataset.sequence_length(first + count));
+      batch_tokens += static_cast<uint64_t>(dataset.sequence_length(first + count));
       ++count;
     }
     tokens.resize(batch_tokens);
-    PF_RETURN_IF_ERROR(
-        dataset.ReadSequences(first, count, absl::MakeSpan(tokens)));
+    PF_RETURN_IF_ERROR(dataset.ReadSequences(first, count, absl::MakeSpan(tokens)));
     for (int64_t token : tokens) summary.token_sum += token;
     first += count;
   }
@@ -121,21 +115,18 @@ absl::StatusOr<Summary> Summarize(const IndexedDataset& dataset) {
 }
 
 absl::Status DatasetInfo(const DatasetInfoArgs& args) {
-  PF_ASSIGN_OR_RETURN(IndexedDataset dataset,
-                      IndexedDataset::Open(args.prefix));
+  PF_ASSIGN_OR_RETURN(dataset::IndexedDataset dataset, dataset::IndexedDataset::Open(args.prefix));
   PF_ASSIGN_OR_RETURN(Summary summary, Summarize(dataset));
-  const bool is_float = DTypeIsFloat(dataset.dtype());
-  const double mean_length =
-      dataset.num_sequences() == 0
-          ? 0.0
-          : static_cast<double>(dataset.total_tokens()) /
-                static_cast<double>(dataset.num_sequences());
+  const bool is_float = dataset::DTypeIsFloat(dataset.dtype());
+  const double mean_length = dataset.num_sequences() == 0
+                                 ? 0.0
+                                 : static_cast<double>(dataset.total_tokens()) /
+                                       static_cast<double>(dataset.num_sequences());
   if (!args.json) {
     std::printf("dataset       %s\n", args.prefix.c_str());
-    std::printf("dtype         %s (code %d)%s\n",
-                std::string(DTypeName(dataset.dtype())).c_str(),
-                static_cast<int>(dataset.dtype()),
-                dataset.index().multimodal() ? ", multimodal" : "");
+    std::printf(
+        "dtype         %s (code %d)%s\n", std::string(dataset::DTypeName(dataset.dtype())).c_str(),
+        static_cast<int>(dataset.dtype()), dataset.index().multimodal() ? ", multimodal" : "");
     std::printf("sequences     %llu in %llu documents\n",
                 static_cast<unsigned long long>(dataset.num_sequences()),
                 static_cast<unsigned long long>(dataset.num_documents()));
@@ -158,7 +149,7 @@ absl::Status DatasetInfo(const DatasetInfoArgs& args) {
   out["sequences"] = dataset.num_sequences();
   out["documents"] = dataset.num_documents();
   out["dtype_code"] = static_cast<int>(dataset.dtype());
-  out["dtype"] = std::string(DTypeName(dataset.dtype()));
+  out["dtype"] = std::string(dataset::DTypeName(dataset.dtype()));
   out["multimodal"] = dataset.index().multimodal();
   out["total_tokens"] = dataset.total_tokens();
   out["min_length"] = summary.min_length;
@@ -168,8 +159,8 @@ absl::Status DatasetInfo(const DatasetInfoArgs& args) {
   // bound, so it is spliced in as digits rather than lose precision.
   std::ostringstream token_sum;
   token_sum << summary.token_sum;
-  out["token_sum"] = is_float ? nlohmann::ordered_json(nullptr)
-                              : nlohmann::ordered_json("@TOKEN_SUM@");
+  out["token_sum"] =
+      is_float ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json("@TOKEN_SUM@");
   if (is_float) out["value_sum"] = summary.value_sum;
   out["idx_bytes"] = dataset.idx_bytes();
   out["bin_bytes"] = dataset.bin_bytes();
@@ -186,47 +177,33 @@ absl::Status DatasetInfo(const DatasetInfoArgs& args) {
 
 void AddDatasetCommands(CLI::App& app, int* exit_code) {
   auto make_args = std::make_shared<MakeDatasetArgs>();
-  CLI::App* make = app.add_subcommand(
-      "make-dataset", "Write a synthetic Megatron indexed dataset");
-  make->add_option("--out", make_args->out, "Output prefix (PREFIX.idx/.bin)")
-      ->required();
-  make->add_option("--count", make_args->count, "Number of sequences")
-      ->capture_default_str();
+  CLI::App* make = app.add_subcommand("make-dataset", "Write a synthetic Megatron indexed dataset");
+  make->add_option("--out", make_args->out, "Output prefix (PREFIX.idx/.bin)")->required();
+  make->add_option("--count", make_args->count, "Number of sequences")->capture_default_str();
   make->add_option("--dist", make_args->dist, "Length distribution")
       ->check(CLI::IsMember({"lognormal"}))
       ->capture_default_str();
-  make->add_option("--min", make_args->lengths.min, "Shortest length")
+  make->add_option("--min", make_args->lengths.min, "Shortest length")->capture_default_str();
+  make->add_option("--max", make_args->lengths.max, "Longest length")->capture_default_str();
+  make->add_option("--mean", make_args->lengths.mean, "Mean of the unclipped lognormal")
       ->capture_default_str();
-  make->add_option("--max", make_args->lengths.max, "Longest length")
-      ->capture_default_str();
-  make->add_option("--mean", make_args->lengths.mean,
-                   "Mean of the unclipped lognormal")
-      ->capture_default_str();
-  make->add_option("--sigma", make_args->lengths.sigma, "Lognormal sigma")
-      ->capture_default_str();
+  make->add_option("--sigma", make_args->lengths.sigma, "Lognormal sigma")->capture_default_str();
   make->add_option("--lengths", make_args->lengths_file,
                    "File of lengths, one per line (overrides --count/--dist)");
-  make->add_option("--vocab", make_args->vocab,
-                   "Vocabulary size; tokens are uniform in [0, vocab)")
+  make->add_option("--vocab", make_args->vocab, "Vocabulary size; tokens are uniform in [0, vocab)")
       ->capture_default_str();
   make->add_option("--dtype", make_args->dtype,
                    "Token dtype (default: uint16 below 65500 tokens, else "
                    "int32)");
-  make->add_option("--seed", make_args->seed, "Random seed")
-      ->capture_default_str();
-  make->callback([make_args, exit_code] {
-    *exit_code = ExitCode(MakeDataset(*make_args));
-  });
+  make->add_option("--seed", make_args->seed, "Random seed")->capture_default_str();
+  make->callback([make_args, exit_code] { *exit_code = ExitCode(MakeDataset(*make_args)); });
 
   auto info_args = std::make_shared<DatasetInfoArgs>();
-  CLI::App* info = app.add_subcommand(
-      "dataset-info",
-      "Validate a dataset and summarise it (reads every token)");
+  CLI::App* info =
+      app.add_subcommand("dataset-info", "Validate a dataset and summarise it (reads every token)");
   info->add_option("prefix", info_args->prefix, "Dataset prefix")->required();
   info->add_flag("--json", info_args->json, "Print one JSON object");
-  info->callback([info_args, exit_code] {
-    *exit_code = ExitCode(DatasetInfo(*info_args));
-  });
+  info->callback([info_args, exit_code] { *exit_code = ExitCode(DatasetInfo(*info_args)); });
 }
 
-}  // namespace packfeed::ctl
+}  // namespace packfeed::server::ctl

@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 
-namespace packfeed::ctl {
+namespace packfeed::server::ctl {
 
 // The process exit code for a command's outcome; prints the error (code and
 // message) to stderr when there is one.
@@ -15,6 +15,6 @@ inline int ExitCode(const absl::Status& status) {
   return 1;
 }
 
-}  // namespace packfeed::ctl
+}  // namespace packfeed::server::ctl
 
 #endif  // PACKFEED_SERVER_CTL_EXIT_CODE_H_

@@ -5,15 +5,17 @@
 #include "CLI/CLI.hpp"
 #include "admin_commands.h"
 #include "dataset_commands.h"
+#include "packfeed/common/version.h"
 #include "plan_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"packfeedctl: datasets, plans and admin queries for packfeed"};
+  app.set_version_flag("--version", packfeed::kPackfeedVersion);
   app.require_subcommand(1);
   int exit_code = 0;
-  packfeed::ctl::AddDatasetCommands(app, &exit_code);
-  packfeed::ctl::AddPlanCommand(app, &exit_code);
-  packfeed::ctl::AddAdminCommands(app, &exit_code);
+  packfeed::server::ctl::AddDatasetCommands(app, &exit_code);
+  packfeed::server::ctl::AddPlanCommand(app, &exit_code);
+  packfeed::server::ctl::AddAdminCommands(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

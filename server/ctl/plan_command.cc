@@ -10,17 +10,21 @@
 #include "exit_code.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/dataset/dataset_generator.h"
+#include "packfeed/dataset/indexed_dataset.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
-#include "packfeed/server/dataset_generator.h"
-#include "packfeed/server/indexed_dataset.h"
-#include "packfeed/server/plan_replay.h"
+#include "packfeed/server/daemon_config.h"
+#include "packfeed/server/job_config.h"
+#include "server/ctl/plan_replay.h"
 
-namespace packfeed::ctl {
+namespace packfeed::server::ctl {
 namespace {
 
 struct PlanArgs {
+  std::string config;  // a packfeedd configuration: plan its job `job`
+  std::string job;
   std::string lengths_file;
   std::string dataset;
   int64_t seed = -1;  // < 0: the file's or dataset's own order
@@ -41,19 +45,29 @@ struct PlanArgs {
   bool json = false;
 };
 
-nlohmann::json PlanToJson(const GlobalPlan& plan) {
+// With `samples` (a configured job's batch), each sequence also names its
+// stored sample as the daemon's plan-step does.
+nlohmann::json PlanToJson(const scheduler::GlobalPlan& plan,
+                          const std::vector<scheduler::SampleRef>* samples) {
   nlohmann::json microbatches = nlohmann::json::array();
-  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+  for (const scheduler::PlannedMicrobatch& microbatch : plan.microbatches) {
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < plan.dp_cp_size; ++r) {
-      const CpGroup& group = GroupOfRank(microbatch, r);
+      const scheduler::CpGroup& group = scheduler::GroupOfRank(microbatch, r);
       nlohmann::json sequences = nlohmann::json::array();
-      for (const PlannedSequence& s : group.sequences) {
-        sequences.push_back({{"sample", s.sample},
-                             {"length", s.length},
-                             {"padded_length", s.padded_length},
-                             {"cp_size", group.size},
-                             {"cp_group", group.first_rank / group.size}});
+      for (const scheduler::PlannedSequence& s : group.sequences) {
+        nlohmann::json sequence = {{"sample", s.sample},
+                                   {"length", s.length},
+                                   {"padded_length", s.padded_length},
+                                   {"cp_size", group.size},
+                                   {"cp_group", group.first_rank / group.size}};
+        if (samples != nullptr) {
+          const scheduler::SampleRef& ref = (*samples)[static_cast<size_t>(s.sample)];
+          sequence["dataset"] = ref.dataset;
+          sequence["document"] = ref.index;
+          sequence["epoch"] = ref.epoch;
+        }
+        sequences.push_back(std::move(sequence));
       }
       ranks.push_back(sequences);
     }
@@ -62,55 +76,90 @@ nlohmann::json PlanToJson(const GlobalPlan& plan) {
   return microbatches;
 }
 
-absl::StatusOr<CostModel> CostModelFromName(const std::string& name) {
-  if (name == "megatron") return CostModel::Megatron();
-  if (name == "llama8b") return CostModel::FromModel(4096, 14336, 1024);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown cost model '", name, "'; expected megatron or llama8b"));
-}
-
 // The lengths to replay, batch after batch: the file's or dataset's own
 // order, or with --seed the order packfeed's sampler draws (shuffled per
 // epoch), as a job would see it.
 absl::StatusOr<std::vector<int64_t>> LoadLengths(const PlanArgs& args) {
   if (args.dataset.empty() == args.lengths_file.empty()) {
-    return absl::InvalidArgumentError(
-        "give exactly one of --lengths and --dataset");
+    return absl::InvalidArgumentError("give exactly one of --lengths and --dataset");
   }
   std::vector<int64_t> stored;
   if (!args.dataset.empty()) {
-    PF_ASSIGN_OR_RETURN(IndexedDataset dataset,
-                        IndexedDataset::Open(args.dataset));
+    PF_ASSIGN_OR_RETURN(dataset::IndexedDataset dataset,
+                        dataset::IndexedDataset::Open(args.dataset));
     stored.reserve(dataset.num_sequences());
     for (uint64_t i = 0; i < dataset.num_sequences(); ++i) {
       stored.push_back(dataset.sequence_length(i));
     }
   } else {
-    PF_ASSIGN_OR_RETURN(stored, ReadLengthsFile(args.lengths_file));
+    PF_ASSIGN_OR_RETURN(stored, dataset::ReadLengthsFile(args.lengths_file));
   }
   if (args.seed < 0) return stored;
-  PF_ASSIGN_OR_RETURN(
-      Sampler sampler,
-      Sampler::Create({{{static_cast<int64_t>(stored.size()), 1.0}},
-                       args.global_batch,
-                       static_cast<uint64_t>(args.seed),
-                       /*shuffle=*/true}));
+  PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
+                      scheduler::Sampler::Create({{{static_cast<int64_t>(stored.size()), 1.0}},
+                                                  args.global_batch,
+                                                  static_cast<uint64_t>(args.seed),
+                                                  /*shuffle=*/true}));
   std::vector<int64_t> drawn;
   const int64_t steps = static_cast<int64_t>(stored.size()) / args.global_batch;
   for (int64_t step = 0; step < steps; ++step) {
-    for (const SampleRef& ref : sampler.GlobalBatch(step)) {
+    for (const scheduler::SampleRef& ref : sampler.GlobalBatch(step)) {
       drawn.push_back(stored[static_cast<size_t>(ref.index)]);
     }
   }
   return drawn;
 }
 
-absl::Status Plan(const PlanArgs& args) {
+// A configured job's first `steps` global batches (0 = 1), drawn and
+// measured exactly as packfeedd plans them: the same sampler, sample rules
+// and planner options (packfeed/server/job_config.h).
+struct ConfiguredBatches {
   ReplayOptions options;
-  PF_ASSIGN_OR_RETURN(options.planner.kind,
-                      SchedulerKindFromName(args.scheduler));
-  PF_ASSIGN_OR_RETURN(options.planner.cost_model,
-                      CostModelFromName(args.cost_model));
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<scheduler::SampleRef>> samples;  // by step
+};
+
+absl::StatusOr<ConfiguredBatches> LoadConfiguredBatches(const PlanArgs& args) {
+  PF_ASSIGN_OR_RETURN(v1::DaemonConfig config, LoadDaemonConfig(args.config));
+  const v1::JobConfig* job = nullptr;
+  for (const v1::JobConfig& candidate : config.jobs()) {
+    if (candidate.name() == args.job || (args.job.empty() && config.jobs_size() == 1)) {
+      job = &candidate;
+    }
+  }
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat(args.config, ": no job '", args.job,
+                                            "' (--job is required with several jobs)"));
+  }
+  ConfiguredBatches out;
+  PF_ASSIGN_OR_RETURN(out.options.planner, PlannerOptionsOf(*job));
+  out.options.global_batch = job->global_batch();
+  out.options.steps = std::max<int64_t>(args.steps, 1);
+  const dataset::SampleRules rules = SampleRulesOf(*job);
+  std::vector<dataset::IndexedDataset> datasets;
+  std::vector<int64_t> num_documents;
+  for (const v1::DatasetSpec& spec : job->datasets()) {
+    PF_ASSIGN_OR_RETURN(dataset::IndexedDataset opened,
+                        dataset::IndexedDataset::Open(spec.prefix()));
+    num_documents.push_back(static_cast<int64_t>(opened.num_documents()));
+    datasets.push_back(std::move(opened));
+  }
+  PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
+                      scheduler::Sampler::Create(SamplerOptionsOf(*job, num_documents)));
+  for (int64_t step = 0; step < out.options.steps; ++step) {
+    out.samples.push_back(sampler.GlobalBatch(step));
+    for (const scheduler::SampleRef& ref : out.samples.back()) {
+      out.lengths.push_back(dataset::PlannedLength(
+          datasets[static_cast<size_t>(ref.dataset)].index(), ref.index, rules));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
+  ReplayOptions options;
+  PF_ASSIGN_OR_RETURN(options.planner.kind, scheduler::SchedulerKindFromName(args.scheduler));
+  PF_ASSIGN_OR_RETURN(options.planner.cost_model, scheduler::CostModelFromName(args.cost_model));
   options.planner.dp = args.dp;
   options.planner.cp = args.cp;
   options.planner.tp = args.tp;
@@ -122,10 +171,29 @@ absl::Status Plan(const PlanArgs& args) {
   options.planner.cp_upgrade_budget = args.cp_upgrade_budget;
   options.global_batch = args.global_batch;
   options.steps = args.steps;
+  return options;
+}
+
+absl::Status Plan(const PlanArgs& args) {
+  ReplayOptions options;
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<scheduler::SampleRef>> samples;
+  std::string source = args.dataset.empty() ? args.lengths_file : args.dataset;
+  std::string scheduler_name = args.scheduler;
+  std::string cost_model = args.cost_model;
+  if (!args.config.empty()) {
+    PF_ASSIGN_OR_RETURN(ConfiguredBatches batches, LoadConfiguredBatches(args));
+    options = std::move(batches.options);
+    lengths = std::move(batches.lengths);
+    samples = std::move(batches.samples);
+    source = args.config;
+    scheduler_name = std::string(scheduler::SchedulerKindName(options.planner.kind));
+    cost_model = "(from the job)";
+  } else {
+    PF_ASSIGN_OR_RETURN(options, OptionsFromFlags(args));
+    PF_ASSIGN_OR_RETURN(lengths, LoadLengths(args));
+  }
   options.keep_plans = !args.dump_plan.empty();
-  const std::string source =
-      args.dataset.empty() ? args.lengths_file : args.dataset;
-  PF_ASSIGN_OR_RETURN(std::vector<int64_t> lengths, LoadLengths(args));
   absl::StatusOr<ReplaySummary> summary = ReplayTrace(lengths, options);
   if (!summary.ok()) {
     return absl::Status(summary.status().code(),
@@ -133,13 +201,13 @@ absl::Status Plan(const PlanArgs& args) {
   }
 
   nlohmann::ordered_json out;
-  out["scheduler"] = args.scheduler;
-  out["cost_model"] = args.cost_model;
+  out["scheduler"] = scheduler_name;
+  out["cost_model"] = cost_model;
   out["steps"] = summary->steps;
-  out["dp"] = args.dp;
-  out["cp"] = args.cp;
-  out["max_tokens_per_rank"] = args.max_tokens_per_rank;
-  out["global_batch"] = args.global_batch;
+  out["dp"] = options.planner.dp;
+  out["cp"] = options.planner.cp;
+  out["max_tokens_per_rank"] = options.planner.max_tokens_per_rank;
+  out["global_batch"] = options.global_batch;
   out["step_over_ideal"] = summary->step_over_ideal;
   out["step_over_ideal_full_model"] = summary->step_over_ideal_full_model;
   out["step_over_ideal_bound"] = summary->step_over_ideal_bound;
@@ -148,6 +216,7 @@ absl::Status Plan(const PlanArgs& args) {
   out["microbatches_lower_bound_mean"] = summary->microbatches_lower_bound_mean;
   out["padding_pct"] = summary->padding_pct;
   out["schedule_ms_median"] = summary->schedule_ms_median;
+  out["schedule_ms_max"] = summary->schedule_ms_max;
   nlohmann::ordered_json histogram = nlohmann::ordered_json::object();
   for (auto [c, count] : summary->cp_size_histogram) {
     histogram[std::to_string(c)] = count;
@@ -158,8 +227,9 @@ absl::Status Plan(const PlanArgs& args) {
   if (!args.dump_plan.empty()) {
     nlohmann::json dump = nlohmann::json::array();
     for (size_t step = 0; step < summary->plans.size(); ++step) {
-      dump.push_back(
-          {{"step", step}, {"microbatches", PlanToJson(summary->plans[step])}});
+      dump.push_back({{"step", step},
+                      {"microbatches", PlanToJson(summary->plans[step],
+                                                  samples.empty() ? nullptr : &samples[step])}});
     }
     std::ofstream file(args.dump_plan);
     file << dump.dump() << "\n";
@@ -181,10 +251,13 @@ absl::Status Plan(const PlanArgs& args) {
 
 void AddPlanCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<PlanArgs>();
-  CLI::App* plan = app.add_subcommand(
-      "plan", "Replay global batches of a length file through a scheduler");
-  plan->add_option("--lengths", args->lengths_file,
-                   "One sequence length per line");
+  CLI::App* plan =
+      app.add_subcommand("plan", "Replay global batches of a length file through a scheduler");
+  plan->add_option("--config", args->config,
+                   "A packfeedd configuration: plan its job's batches exactly as the daemon "
+                   "does (every other planning flag is the job's)");
+  plan->add_option("--job", args->job, "With --config: the job (needed with several)");
+  plan->add_option("--lengths", args->lengths_file, "One sequence length per line");
   plan->add_option("--dataset", args->dataset,
                    "A Megatron indexed dataset prefix: plan its sequences");
   plan->add_option("--seed", args->seed,
@@ -192,25 +265,18 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                    "from this seed instead of in stored order");
   plan->add_option("--global-batch", args->global_batch, "Sequences per step")
       ->capture_default_str();
-  plan->add_option("--dp", args->dp, "Data-parallel size")
-      ->capture_default_str();
-  plan->add_option("--cp", args->cp, "Context-parallel size")
-      ->capture_default_str();
-  plan->add_option("--tp", args->tp, "Tensor-parallel size")
-      ->capture_default_str();
+  plan->add_option("--dp", args->dp, "Data-parallel size")->capture_default_str();
+  plan->add_option("--cp", args->cp, "Context-parallel size")->capture_default_str();
+  plan->add_option("--tp", args->tp, "Tensor-parallel size")->capture_default_str();
   plan->add_flag("--sequence-parallel", args->sequence_parallel,
                  "Pad for sequence parallelism (×TP)");
-  plan->add_option("--vpp", args->vpp,
-                   "Microbatch group size per VPP stage (0 = off)")
+  plan->add_option("--vpp", args->vpp, "Microbatch group size per VPP stage (0 = off)")
       ->capture_default_str();
   plan->add_option("--max-tokens-per-rank", args->max_tokens_per_rank,
-                   "Padded tokens a rank may hold per microbatch")
-      ->required();
-  plan->add_option("--scheduler", args->scheduler,
-                   "balanced | dynamic_cp | megatron_dp_balanced")
+                   "Padded tokens a rank may hold per microbatch (required without --config)");
+  plan->add_option("--scheduler", args->scheduler, "balanced | dynamic_cp | megatron_dp_balanced")
       ->capture_default_str();
-  plan->add_option("--min-cp", args->min_cp,
-                   "dynamic_cp: smallest CP size (0 = 1)")
+  plan->add_option("--min-cp", args->min_cp, "dynamic_cp: smallest CP size (0 = 1)")
       ->capture_default_str();
   plan->add_option("--max-cp", args->max_cp,
                    "dynamic_cp: largest CP size (0 = largest power of two "
@@ -222,14 +288,13 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                    "balance (1e9 = fewest microbatches)")
       ->capture_default_str();
   plan->add_option("--cost-model", args->cost_model,
-                   "What the planner balances: megatron (s²/c) | llama8b")
+                   absl::StrCat("What the planner balances: ", scheduler::kCostModelNames))
       ->capture_default_str();
   plan->add_option("--steps", args->steps, "Global batches to replay (0 = all)")
       ->capture_default_str();
-  plan->add_option("--dump-plan", args->dump_plan,
-                   "Write every step's plan as JSON to this file");
+  plan->add_option("--dump-plan", args->dump_plan, "Write every step's plan as JSON to this file");
   plan->add_flag("--json", args->json, "Print one JSON object");
   plan->callback([args, exit_code] { *exit_code = ExitCode(Plan(*args)); });
 }
 
-}  // namespace packfeed::ctl
+}  // namespace packfeed::server::ctl

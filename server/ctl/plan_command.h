@@ -3,11 +3,11 @@
 
 #include "CLI/CLI.hpp"
 
-namespace packfeed::ctl {
+namespace packfeed::server::ctl {
 
 // Adds `plan`: the offline planner over a length file (capacity planning).
 void AddPlanCommand(CLI::App& app, int* exit_code);
 
-}  // namespace packfeed::ctl
+}  // namespace packfeed::server::ctl
 
 #endif  // PACKFEED_SERVER_CTL_PLAN_COMMAND_H_

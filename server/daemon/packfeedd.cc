@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "packfeed/common/version.h"
 #include "packfeed/server/daemon.h"
 #include "packfeed/server/daemon_config.h"
 #include "spdlog/spdlog.h"
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   std::string socket_path;
   std::string ucx_tls;
   std::string log_level = "info";
+  app.set_version_flag("--version", packfeed::kPackfeedVersion);
   app.add_option("--config", config_path, "configuration file (protobuf text format)")->required();
   app.add_option("--socket", socket_path, "override the configuration's socket_path");
   app.add_option("--ucx-tls", ucx_tls, "UCX transports, as UCX_TLS spells them (default: UCX's)");
@@ -31,7 +33,8 @@ int main(int argc, char** argv) {
   // to a pipe or file is otherwise block-buffered.
   spdlog::flush_on(spdlog::level::trace);
 
-  absl::StatusOr<packfeed::v1::DaemonConfig> config = packfeed::LoadDaemonConfig(config_path);
+  absl::StatusOr<packfeed::v1::DaemonConfig> config =
+      packfeed::server::LoadDaemonConfig(config_path);
   if (!config.ok()) {
     spdlog::error("invalid configuration: {}", config.status().ToString());
     return 2;
@@ -46,15 +49,15 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  packfeed::DaemonOptions options;
+  packfeed::server::DaemonOptions options;
   options.ucx_transports = ucx_tls;
-  absl::StatusOr<std::unique_ptr<packfeed::Daemon>> daemon =
-      packfeed::Daemon::Start(*config, options);
+  absl::StatusOr<std::unique_ptr<packfeed::server::Daemon>> daemon =
+      packfeed::server::Daemon::Start(*config, options);
   if (!daemon.ok()) {
     spdlog::error("cannot start: {}", daemon.status().ToString());
     return 1;
   }
-  packfeed::SystemdNotifier systemd(**daemon);
+  packfeed::server::SystemdNotifier systemd(**daemon);
   std::thread signal_thread([&] {
     int signal = 0;
     sigwait(&signals, &signal);

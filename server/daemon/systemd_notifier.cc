@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
-namespace packfeed {
+namespace packfeed::server {
 
 SystemdNotifier::SystemdNotifier(const Daemon& daemon) : daemon_(daemon) {
   uint64_t usec = 0;
@@ -46,4 +46,4 @@ void SystemdNotifier::FeedWatchdog(absl::Duration interval) {
   }
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

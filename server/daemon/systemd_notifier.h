@@ -10,7 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "packfeed/server/daemon.h"
 
-namespace packfeed {
+namespace packfeed::server {
 
 class SystemdNotifier {
  public:
@@ -29,6 +29,6 @@ class SystemdNotifier {
   std::thread watchdog_;
 };
 
-}  // namespace packfeed
+}  // namespace packfeed::server
 
 #endif  // PACKFEED_SERVER_DAEMON_SYSTEMD_NOTIFIER_H_

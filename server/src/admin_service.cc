@@ -4,11 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "packfeed/common/version.h"
 #include "packfeed/scheduler/plan_stats.h"
-#include "services.h"
+#include "server/internal/plan.h"
+#include "server/internal/services.h"
 #include "spdlog/spdlog.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 // Collects one answer per runner (JobStats, JobLedger), each arriving on its
@@ -35,9 +37,8 @@ struct PerJobCollector {
 // Asks each runner `job` names (every one for an empty name) through `ask`
 // and finishes the call with all the answers: NotFound for an unknown job.
 template <typename Item, typename Reply>
-grpc::ServerUnaryReactor* AskEveryRunner(grpc::CallbackServerContext* context,
-                                         const Daemon& daemon, const std::string& job,
-                                         Reply* reply,
+grpc::ServerUnaryReactor* AskEveryRunner(grpc::CallbackServerContext* context, const Daemon& daemon,
+                                         const std::string& job, Reply* reply,
                                          void (JobRunner::*ask)(std::function<void(Item)>)) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::vector<JobRunner*> runners;
@@ -64,7 +65,8 @@ class AdminService final : public v1::Admin::CallbackService {
       : daemon_(daemon), required_token_(std::move(required_token)) {}
 
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const v1::ListJobsRequest*, v1::ListJobsReply* reply) override {
+                                     const v1::ListJobsRequest*,
+                                     v1::ListJobsReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     for (const auto& runner : daemon_.runners()) {
       const Job& job = runner->job();
@@ -85,8 +87,7 @@ class AdminService final : public v1::Admin::CallbackService {
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
-    return AskEveryRunner<v1::JobStats>(context, daemon_, request->job(), reply,
-                                        &JobRunner::Stats);
+    return AskEveryRunner<v1::JobStats>(context, daemon_, request->job(), reply, &JobRunner::Stats);
   }
 
   grpc::ServerUnaryReactor* GetLedger(grpc::CallbackServerContext* context,
@@ -112,7 +113,7 @@ class AdminService final : public v1::Admin::CallbackService {
       status = absl::InvalidArgumentError(absl::StrCat("step ", request->step(), " < 0"));
     } else {
       const Job& job = runner->job();
-      absl::StatusOr<StepPlan> plan = job.Plan(request->step());
+      absl::StatusOr<StepPlan> plan = PlanStep(job, request->step());
       status = plan.status();
       if (plan.ok()) FillPlan(job, *plan, *reply);
     }
@@ -125,8 +126,8 @@ class AdminService final : public v1::Admin::CallbackService {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (!daemon_.started()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                   "starting: checking the peer daemons"));
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, "starting: checking the peer daemons"));
       return reactor;
     }
     reply->set_serving(!daemon_.draining());
@@ -145,10 +146,11 @@ class AdminService final : public v1::Admin::CallbackService {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     for (const auto& runner : daemon_.runners()) {
-      const std::string& token = runner->job().config().auth_token();
-      if (!token.empty() && !ConstantTimeEquals(request->auth_token(), token)) {
-        reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(
-            absl::StrCat("drain needs the auth token of job ", runner->job().name()))));
+      absl::Status token = CheckToken(
+          request->auth_token(), runner->job().config().auth_token(),
+          absl::StrCat("auth token for job ", runner->job().name(), " (drain needs every job's)"));
+      if (!token.ok()) {
+        reactor->Finish(ToGrpcStatus(token));
         return reactor;
       }
     }
@@ -160,22 +162,23 @@ class AdminService final : public v1::Admin::CallbackService {
 
  private:
   static void FillPlan(const Job& job, const StepPlan& step, v1::GetPlanReply& reply) {
-    const GlobalPlan& plan = step.plan;
-    const CostModel& model = job.planner_options().cost_model;
+    const scheduler::GlobalPlan& plan = step.plan;
+    const scheduler::CostModel& model = job.planner_options().cost_model;
     reply.set_job(job.name());
     reply.set_step(step.step);
     reply.set_num_microbatches(static_cast<uint32_t>(plan.num_microbatches()));
     reply.set_step_over_ideal(
-        ComputePlanStats(plan, model, job.planner_options().max_tokens_per_rank).step_over_ideal);
+        scheduler::ComputePlanStats(plan, model, job.planner_options().max_tokens_per_rank)
+            .step_over_ideal);
     reply.set_padded_sum(plan.flops.padded_sum);
     reply.set_real_sum(plan.flops.real_sum);
-    for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+    for (const scheduler::PlannedMicrobatch& microbatch : plan.microbatches) {
       v1::PlannedMicrobatchInfo* out = reply.add_microbatches();
-      for (const CpGroup& group : microbatch.groups) {
+      for (const scheduler::CpGroup& group : microbatch.groups) {
         v1::PlannedGroup* g = out->add_groups();
         g->set_first_rank(group.first_rank);
         g->set_size(group.size);
-        for (const PlannedSequence& s : group.sequences) {
+        for (const scheduler::PlannedSequence& s : group.sequences) {
           v1::PlannedSequenceInfo* info = g->add_sequences();
           info->set_dataset(step.samples[s.sample].dataset);
           info->set_document(step.samples[s.sample].index);
@@ -188,11 +191,11 @@ class AdminService final : public v1::Admin::CallbackService {
     for (int r = 0; r < plan.dp_cp_size; ++r) {
       v1::PlannedRank* rank = reply.add_ranks();
       rank->set_dp_cp_rank(r);
-      for (const PlannedMicrobatch& microbatch : plan.microbatches) {
-        const CpGroup& group = GroupOfRank(microbatch, r);
+      for (const scheduler::PlannedMicrobatch& microbatch : plan.microbatches) {
+        const scheduler::CpGroup& group = scheduler::GroupOfRank(microbatch, r);
         int64_t tokens = 0;
         double work = 0;
-        for (const PlannedSequence& s : group.sequences) {
+        for (const scheduler::PlannedSequence& s : group.sequences) {
           tokens += s.padded_length;
           work += model.Cost(s.padded_length, group.size);
         }
@@ -206,16 +209,14 @@ class AdminService final : public v1::Admin::CallbackService {
   // On the TCP listener every call carries the admin token (metadata
   // kAdminTokenMetadata); nullptr when this call may proceed.
   grpc::ServerUnaryReactor* RefuseWithoutToken(grpc::CallbackServerContext* context) const {
-    if (required_token_.empty()) return nullptr;
     const auto& metadata = context->client_metadata();
     auto it = metadata.find(kAdminTokenMetadata);
-    if (it != metadata.end() &&
-        ConstantTimeEquals(std::string(it->second.data(), it->second.size()), required_token_)) {
-      return nullptr;
-    }
+    const std::string presented =
+        it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+    absl::Status token = CheckToken(presented, required_token_, "admin token (admin_tcp_token)");
+    if (token.ok()) return nullptr;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                                 "missing or wrong admin token (admin_tcp_token)"));
+    reactor->Finish(ToGrpcStatus(token));
     return reactor;
   }
 
@@ -230,4 +231,4 @@ std::unique_ptr<v1::Admin::CallbackService> MakeAdminService(Daemon& daemon,
   return std::make_unique<AdminService>(daemon, std::move(required_token));
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

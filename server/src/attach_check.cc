@@ -1,20 +1,19 @@
-#include "packfeed/server/attach_check.h"
+#include "server/internal/attach_check.h"
 
 #include "absl/strings/str_cat.h"
-#include "packfeed/server/fingerprint.h"
+#include "packfeed/common/status_macros.h"
 #include "packfeed/transport/wire.h"
+#include "server/internal/fingerprint.h"
 
-namespace packfeed {
+namespace packfeed::server {
 
 absl::Status CheckAttachRequest(const Job& job, const v1::AttachRequest& request) {
-  if (!ConstantTimeEquals(request.auth_token(), job.config().auth_token())) {
-    return absl::PermissionDeniedError(absl::StrCat("wrong auth token for job ", job.name()));
-  }
+  PF_RETURN_IF_ERROR(CheckToken(request.auth_token(), job.config().auth_token(),
+                                absl::StrCat("auth token for job ", job.name())));
   const int world = job.layout().world_size();
   if (request.global_rank() >= static_cast<uint32_t>(world)) {
-    return absl::OutOfRangeError(absl::StrCat("rank ", request.global_rank(),
-                                              " is outside job ", job.name(), "'s world of ",
-                                              world, " ranks"));
+    return absl::OutOfRangeError(absl::StrCat("rank ", request.global_rank(), " is outside job ",
+                                              job.name(), "'s world of ", world, " ranks"));
   }
   if (!job.IsLocal(static_cast<int>(request.global_rank()))) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -38,25 +37,27 @@ absl::Status CheckAttachRequest(const Job& job, const v1::AttachRequest& request
                         absl::StrCat("ring descriptor: ", ring.status().message()));
   }
   if (ring->slot_bytes < job.required_slot_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring slots of ", ring->slot_bytes, " bytes are smaller than job ", job.name(),
-        "'s largest microbatch: slots of at least ", job.required_slot_bytes(),
-        " bytes are needed"));
+    return absl::InvalidArgumentError(absl::StrCat("ring slots of ", ring->slot_bytes,
+                                                   " bytes are smaller than job ", job.name(),
+                                                   "'s largest microbatch: slots of at least ",
+                                                   job.required_slot_bytes(), " bytes are needed"));
   }
   if (request.start_step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("start step ", request.start_step(), " < 0"));
   }
   if (request.elastic() && request.start_microbatch() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "an elastic resume starts at a step boundary, not at microbatch ",
-        request.start_microbatch(), " of step ", request.start_step(),
-        " (another layout plans that step's microbatches differently)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an elastic resume starts at a step boundary, not at microbatch ",
+                     request.start_microbatch(), " of step ", request.start_step(),
+                     " (another layout plans that step's microbatches differently)"));
   }
   return absl::OkStatus();
 }
 
+namespace {
+
+// The length may leak; the contents do not.
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  // The length may leak; the contents do not.
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   const std::string& longer = a.size() >= b.size() ? a : b;
   for (size_t i = 0; i < longer.size(); ++i) {
@@ -67,4 +68,12 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-}  // namespace packfeed
+}  // namespace
+
+absl::Status CheckToken(const std::string& presented, const std::string& required,
+                        absl::string_view what) {
+  if (required.empty() || ConstantTimeEquals(presented, required)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("wrong ", what));
+}
+
+}  // namespace packfeed::server

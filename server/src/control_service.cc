@@ -3,11 +3,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "packfeed/server/attach_check.h"
-#include "services.h"
+#include "server/internal/attach_check.h"
+#include "server/internal/services.h"
 #include "spdlog/spdlog.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 // Everything an attach can get wrong that needs no runner.
@@ -21,8 +21,8 @@ absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
   if (runner == nullptr) {
     std::vector<std::string> names;
     for (const auto& r : daemon.runners()) names.push_back(r->job().name());
-    return absl::NotFoundError(absl::StrCat("no job '", request.job(), "' on this daemon (jobs: ",
-                                            absl::StrJoin(names, ", "), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "no job '", request.job(), "' on this daemon (jobs: ", absl::StrJoin(names, ", "), ")"));
   }
   return CheckAttachRequest(runner->job(), request);
 }
@@ -50,25 +50,26 @@ class ControlService final : public v1::Control::CallbackService {
     args.start_step = request->start_step();
     args.start_microbatch = static_cast<int>(request->start_microbatch());
     args.ring_slots = request->ring().slots();
-    runner->Attach(std::move(args), [reactor, reply, runner, request](absl::StatusOr<uint64_t> epoch) {
-      if (!epoch.ok()) {
-        spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
-                     epoch.status().ToString());
-        reactor->Finish(ToGrpcStatus(epoch.status()));
-        return;
-      }
-      const Job& job = runner->job();
-      const RankCoords coords = job.layout().Coords(static_cast<int>(request->global_rank()));
-      reply->set_sender_address(runner->sender_address());
-      reply->set_epoch(*epoch);
-      reply->set_fingerprint(job.fingerprint());
-      reply->set_tp(coords.tp);
-      reply->set_pp(coords.pp);
-      reply->set_cp(coords.cp);
-      reply->set_dp(coords.dp);
-      reply->set_required_slot_bytes(job.required_slot_bytes());
-      reactor->Finish(grpc::Status::OK);
-    });
+    runner->Attach(
+        std::move(args), [reactor, reply, runner, request](absl::StatusOr<uint64_t> epoch) {
+          if (!epoch.ok()) {
+            spdlog::warn("job {} rank {}: attach refused: {}", request->job(),
+                         request->global_rank(), epoch.status().ToString());
+            reactor->Finish(ToGrpcStatus(epoch.status()));
+            return;
+          }
+          const Job& job = runner->job();
+          const RankCoords coords = job.layout().Coords(static_cast<int>(request->global_rank()));
+          reply->set_sender_address(runner->sender_address());
+          reply->set_epoch(*epoch);
+          reply->set_fingerprint(job.fingerprint());
+          reply->set_tp(coords.tp);
+          reply->set_pp(coords.pp);
+          reply->set_cp(coords.cp);
+          reply->set_dp(coords.dp);
+          reply->set_required_slot_bytes(job.required_slot_bytes());
+          reactor->Finish(grpc::Status::OK);
+        });
     return reactor;
   }
 
@@ -78,10 +79,13 @@ class ControlService final : public v1::Control::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     JobRunner* runner = daemon_.runner(request->job());
     if (runner == nullptr) {
-      reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
-    } else if (!ConstantTimeEquals(request->auth_token(), runner->job().config().auth_token())) {
-      reactor->Finish(ToGrpcStatus(absl::PermissionDeniedError(
-          absl::StrCat("wrong auth token for job ", request->job()))));
+      reactor->Finish(
+          ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
+    } else if (absl::Status token =
+                   CheckToken(request->auth_token(), runner->job().config().auth_token(),
+                              absl::StrCat("auth token for job ", request->job()));
+               !token.ok()) {
+      reactor->Finish(ToGrpcStatus(token));
     } else {
       std::optional<JobRunner::DetachPosition> consumed_to;
       if (request->has_consumed_to()) {
@@ -105,4 +109,4 @@ std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon)
   return std::make_unique<ControlService>(daemon);
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

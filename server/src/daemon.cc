@@ -12,31 +12,30 @@
 #include "grpcpp/server_builder.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
-#include "packfeed/server/fingerprint.h"
 #include "packfeed/v1/service.grpc.pb.h"
-#include "services.h"
+#include "server/internal/fingerprint.h"
+#include "server/internal/services.h"
 #include "spdlog/spdlog.h"
 
-namespace packfeed {
+namespace packfeed::server {
 
 namespace {
 
 // The socket's folder exists (created if need be) and this process may create
 // files in it: checked before any job starts, so the error names the folder.
 absl::Status PrepareSocketDirectory(const std::string& socket) {
-  const std::filesystem::path directory =
-      std::filesystem::path(socket).parent_path().empty()
-          ? std::filesystem::path(".")
-          : std::filesystem::path(socket).parent_path();
+  const std::filesystem::path directory = std::filesystem::path(socket).parent_path().empty()
+                                              ? std::filesystem::path(".")
+                                              : std::filesystem::path(socket).parent_path();
   std::error_code error;
   std::filesystem::create_directories(directory, error);
   if (error) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "socket directory ", directory.string(), " cannot be created: ", error.message()));
+    return absl::FailedPreconditionError(absl::StrCat("socket directory ", directory.string(),
+                                                      " cannot be created: ", error.message()));
   }
   if (access(directory.c_str(), W_OK | X_OK) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "socket directory ", directory.string(), " is not writable by this user"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket directory ", directory.string(), " is not writable by this user"));
   }
   return absl::OkStatus();
 }
@@ -104,8 +103,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   for (const v1::JobConfig& job_config : config.jobs()) {
     absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config);
     if (!job.ok()) {
-      return absl::Status(job.status().code(), absl::StrCat("job ", job_config.name(), ": ",
-                                                            job.status().message()));
+      return absl::Status(job.status().code(),
+                          absl::StrCat("job ", job_config.name(), ": ", job.status().message()));
     }
     JobRunnerOptions runner_options;
     runner_options.sender.ucx.transports = options.ucx_transports;
@@ -117,13 +116,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       runner_options.ledger_path = absl::StrCat(config.state_dir(), "/", job_config.name(), "-",
                                                 (*job)->fingerprint(), ".ledger");
     }
-    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
-                        JobRunner::Start(**job, runner_options));
+    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner, JobRunner::Start(**job, runner_options));
     daemon->by_name_[job_config.name()] = runner.get();
     daemon->runners_.push_back(std::move(runner));
-    spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler",
-                 (*job)->name(), (*job)->fingerprint(), (*job)->layout().world_size(),
-                 (*job)->local_ranks().size(), job_config.scheduler().kind());
+    spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),
+                 (*job)->fingerprint(), (*job)->layout().world_size(), (*job)->local_ranks().size(),
+                 job_config.scheduler().kind());
     daemon->jobs_.push_back(*std::move(job));
   }
 
@@ -200,4 +198,4 @@ JobRunner* Daemon::runner(const std::string& job) const {
   return it == by_name_.end() ? nullptr : it->second;
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

@@ -10,9 +10,10 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 // Collects the parser's complaints instead of letting protobuf log them.
@@ -76,9 +77,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
     }
   }
   const v1::Topology& t = job.topology();
-  for (auto [field, value] : {std::pair{"tp", t.tp()}, {"pp", t.pp()}, {"cp", t.cp()}, {"dp", t.dp()}}) {
+  for (auto [field, value] :
+       {std::pair{"tp", t.tp()}, {"pp", t.pp()}, {"cp", t.cp()}, {"dp", t.dp()}}) {
     if (value < 1 || value > 65536) {
-      return FieldError(where, absl::StrCat("topology.", field), absl::StrCat(value, " is out of [1, 65536]"));
+      return FieldError(where, absl::StrCat("topology.", field),
+                        absl::StrCat(value, " is out of [1, 65536]"));
     }
   }
   const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
@@ -92,14 +95,13 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
     return FieldError(where, "seq_length", absl::StrCat(job.seq_length(), " must be >= 2"));
   }
   const v1::SchedulerConfig& s = job.scheduler();
-  absl::StatusOr<SchedulerKind> kind = SchedulerKindFromName(s.kind());
+  absl::StatusOr<scheduler::SchedulerKind> kind = scheduler::SchedulerKindFromName(s.kind());
   if (!kind.ok()) return FieldError(where, "scheduler.kind", kind.status().message());
   if (s.max_tokens_per_rank() < 1) {
     return FieldError(where, "scheduler.max_tokens_per_rank", "required (>= 1)");
   }
-  if (s.cost_model() != "megatron" && s.cost_model() != "llama8b") {
-    return FieldError(where, "scheduler.cost_model",
-                      absl::StrCat("'", s.cost_model(), "'; expected megatron or llama8b"));
+  if (absl::Status model = scheduler::CostModelFromName(s.cost_model()).status(); !model.ok()) {
+    return FieldError(where, "scheduler.cost_model", model.message());
   }
   for (auto [field, value] : {std::pair{"min_cp", s.min_cp()}, {"max_cp", s.max_cp()}}) {
     if (value != 0 && !IsPowerOfTwo(value)) {
@@ -110,7 +112,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   if (!(s.cp_upgrade_budget() >= 0)) {
     return FieldError(where, "scheduler.cp_upgrade_budget", "must be >= 0");
   }
-  if (*kind == SchedulerKind::kMegatronDpBalanced) {
+  if (*kind == scheduler::SchedulerKind::kMegatronDpBalanced) {
     if (job.global_batch() % t.dp() != 0) {
       return FieldError(where, "global_batch",
                         absl::StrCat(job.global_batch(), " is not a multiple of DP ", t.dp(),
@@ -147,13 +149,14 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
   if (!parser.ParseFromString(std::string(text), &config)) {
     return absl::InvalidArgumentError(absl::StrCat(source, ":", errors.first()));
   }
-  if (config.socket_path().empty()) config.set_socket_path(std::string(kDefaultSocketPath));
+  if (config.socket_path().empty()) config.set_socket_path(kDefaultSocketPath);
   if (config.prefetch_steps() == 0) config.set_prefetch_steps(2);
   if (config.peer_timeout_seconds() == 0) config.set_peer_timeout_seconds(120);
   if (!config.admin_tcp_address().empty() && config.admin_tcp_token().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": admin_tcp_token: required with admin_tcp_address (a TCP listener is "
-        "open to the network)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     ": admin_tcp_token: required with admin_tcp_address (a TCP listener is "
+                     "open to the network)"));
   }
   if (!config.peers().empty() && config.admin_tcp_address().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -185,4 +188,4 @@ absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path) {
   return ParseDaemonConfig(text.str(), path);
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

@@ -1,4 +1,4 @@
-#include "packfeed/server/fingerprint.h"
+#include "server/internal/fingerprint.h"
 
 #include <xxhash.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 struct Part {
@@ -29,9 +29,8 @@ constexpr std::array<Part, 5> kParts = {{{'d', "datasets", true},
 uint64_t StableHash(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
 std::string MakeFingerprint(const FingerprintInputs& inputs) {
-  const std::array<const std::string*, 5> values = {&inputs.datasets, &inputs.topology,
-                                                    &inputs.batch, &inputs.scheduler,
-                                                    &inputs.sampler};
+  const std::array<const std::string*, 5> values = {
+      &inputs.datasets, &inputs.topology, &inputs.batch, &inputs.scheduler, &inputs.sampler};
   std::string out = "pf1";
   for (size_t i = 0; i < kParts.size(); ++i) {
     absl::StrAppend(&out, "-", std::string(1, kParts[i].tag),
@@ -50,8 +49,8 @@ absl::Status CompareFingerprints(absl::string_view expected, absl::string_view a
     well_formed = want[i].size() == 9 && want[i][0] == kParts[i - 1].tag;
   }
   if (!well_formed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", expected, "' is not a packfeed job fingerprint (daemon has ", actual, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", expected, "' is not a packfeed job fingerprint (daemon has ", actual, ")"));
   }
   std::vector<std::string> differing;
   for (size_t i = 0; i < kParts.size(); ++i) {
@@ -60,11 +59,10 @@ absl::Status CompareFingerprints(absl::string_view expected, absl::string_view a
     }
   }
   if (differing.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "job fingerprint mismatch: ", absl::StrJoin(differing, ", "), " differ",
-      data_only ? " (an elastic resume may change only topology and scheduler)" : "",
-      " (expected ",
-      expected, ", daemon has ", actual, ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("job fingerprint mismatch: ", absl::StrJoin(differing, ", "), " differ",
+                   data_only ? " (an elastic resume may change only topology and scheduler)" : "",
+                   " (expected ", expected, ", daemon has ", actual, ")"));
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

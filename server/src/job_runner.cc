@@ -1,4 +1,4 @@
-#include "packfeed/server/job_runner.h"
+#include "server/internal/job_runner.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,9 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
+#include "server/internal/pack.h"
+#include "server/internal/push.h"
 #include "spdlog/spdlog.h"
 
-namespace packfeed {
+namespace packfeed::server {
 
 struct JobRunner::RankState {
   int global_rank = 0;
@@ -89,8 +91,7 @@ int JobRunner::attached_ranks() const {
   return attached_;
 }
 
-void JobRunner::Attach(AttachArgs args,
-                       std::function<void(absl::StatusOr<uint64_t>)> done) {
+void JobRunner::Attach(AttachArgs args, std::function<void(absl::StatusOr<uint64_t>)> done) {
   Post([this, args = std::move(args), done = std::move(done)] {
     uint64_t epoch = 0;
     absl::Status status = AttachOnThread(args, epoch);
@@ -112,7 +113,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& epoch) 
   }
   const LedgerPosition at{args.start_step, args.start_microbatch};
   if (at.microbatch > 0) {
-    PF_ASSIGN_OR_RETURN(StepPlan plan, job_.Plan(at.step));
+    PF_ASSIGN_OR_RETURN(StepPlan plan, PlanStep(job_, at.step));
     if (at.microbatch >= plan.plan.num_microbatches()) {
       return absl::InvalidArgumentError(
           absl::StrCat("start microbatch ", at.microbatch, " of step ", at.step, ", which has ",
@@ -127,10 +128,11 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& epoch) 
   PF_ASSIGN_OR_RETURN(Ledger::AttachResult resume, ledger_->Attach(args.global_rank, at));
   switch (resume.kind) {
     case Ledger::AttachKind::kRewind:
-      spdlog::info("job {} rank {}: rewinds from step {} microbatch {} to step {} microbatch {} "
-                   "(a restart from a checkpoint): what follows is served again",
-                   job_.name(), args.global_rank, resume.before.step, resume.before.microbatch,
-                   at.step, at.microbatch);
+      spdlog::info(
+          "job {} rank {}: rewinds from step {} microbatch {} to step {} microbatch {} "
+          "(a restart from a checkpoint): what follows is served again",
+          job_.name(), args.global_rank, resume.before.step, resume.before.microbatch, at.step,
+          at.microbatch);
       break;
     case Ledger::AttachKind::kAhead:
       PF_RETURN_IF_ERROR(ClaimUpTo(args.global_rank, resume.before, at, args.ring_slots));
@@ -163,7 +165,7 @@ absl::Status JobRunner::ClaimUpTo(int global_rank, LedgerPosition from, LedgerPo
   std::optional<StepPlan> plan;
   for (LedgerPosition p = from; p < to && claims.size() <= slots;) {
     if (!plan.has_value() || plan->step != p.step) {
-      PF_ASSIGN_OR_RETURN(StepPlan next, job_.Plan(p.step));
+      PF_ASSIGN_OR_RETURN(StepPlan next, PlanStep(job_, p.step));
       plan = std::move(next);
     }
     const int count = plan->plan.num_microbatches();
@@ -172,15 +174,15 @@ absl::Status JobRunner::ClaimUpTo(int global_rank, LedgerPosition from, LedgerPo
                                   : LedgerPosition{p.step, p.microbatch + 1};
   }
   if (claims.size() > slots) {
-    spdlog::warn("job {} rank {}: re-attaches at step {} microbatch {}, more than its {} ring "
-                 "slots past what it consumed (step {} microbatch {}): the ledger counts a gap",
-                 job_.name(), global_rank, to.step, to.microbatch, slots, from.step,
-                 from.microbatch);
+    spdlog::warn(
+        "job {} rank {}: re-attaches at step {} microbatch {}, more than its {} ring "
+        "slots past what it consumed (step {} microbatch {}): the ledger counts a gap",
+        job_.name(), global_rank, to.step, to.microbatch, slots, from.step, from.microbatch);
     return ledger_->Jump(global_rank, to, claims.size());
   }
   for (Ledger::Claimed& claim : claims) {
-    PF_RETURN_IF_ERROR(ledger_->Claim(global_rank, claim.at, claim.num_microbatches,
-                                      std::move(claim.shares)));
+    PF_RETURN_IF_ERROR(
+        ledger_->Claim(global_rank, claim.at, claim.num_microbatches, std::move(claim.shares)));
   }
   return absl::OkStatus();
 }
@@ -190,11 +192,10 @@ void JobRunner::AccountReleases(RankState& rank) {
   if (stats.ok()) rank.released = stats->released;
   while (rank.ledgered < rank.released && !rank.in_flight.empty()) {
     RankState::InFlight& done = rank.in_flight.front();
-    absl::Status status = ledger_->Consume(rank.global_rank, done.at, done.num_microbatches,
-                                           std::move(done.shares));
+    absl::Status status =
+        ledger_->Consume(rank.global_rank, done.at, done.num_microbatches, std::move(done.shares));
     if (!status.ok()) {
-      spdlog::error("job {} rank {}: ledger: {}", job_.name(), rank.global_rank,
-                    status.ToString());
+      spdlog::error("job {} rank {}: ledger: {}", job_.name(), rank.global_rank, status.ToString());
     }
     rank.in_flight.pop_front();
     ++rank.ledgered;
@@ -227,8 +228,8 @@ void JobRunner::Detach(int global_rank, uint64_t epoch, std::optional<DetachPosi
         done(absl::OkStatus());
         return;
       }
-      done(absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
-                                            " has no connection ", epoch)));
+      done(absl::NotFoundError(
+          absl::StrCat("job ", job_.name(), " rank ", global_rank, " has no connection ", epoch)));
       return;
     }
     AccountReleases(rank->second);
@@ -327,9 +328,9 @@ void JobRunner::Evict() {
 const StepData* JobRunner::StepAt(int64_t step) {
   auto cached = steps_.find(step);
   if (cached != steps_.end()) return &cached->second;
-  absl::StatusOr<StepPlan> plan = job_.Plan(step);
+  absl::StatusOr<StepPlan> plan = PlanStep(job_, step);
   absl::StatusOr<StepData> data =
-      plan.ok() ? job_.Read(*std::move(plan), job_.local_ranks()) : plan.status();
+      plan.ok() ? ReadStep(job_, *std::move(plan), job_.local_ranks()) : plan.status();
   if (!data.ok()) {
     if (failed_step_ != step) {
       spdlog::error("job {} step {}: {}", job_.name(), step, data.status().ToString());
@@ -377,34 +378,21 @@ bool JobRunner::ServeRank(RankState& rank) {
       if (!IsTransient(failure_)) EndRank(rank, failure_);
       break;
     }
-    const GlobalPlan& plan = data->plan.plan;
-    absl::StatusOr<PackedMicrobatch> packed = job_.Pack(*data, rank.next_microbatch, rank.global_rank);
+    const scheduler::GlobalPlan& plan = data->plan.plan;
+    absl::StatusOr<PackedMicrobatch> packed =
+        PackForRank(job_, *data, rank.next_microbatch, rank.global_rank);
     absl::Status status = packed.status();
     if (status.ok()) {
-      const SlotFields fields = MicrobatchFields(*packed, rank.coords.pp, job_.layout().pp);
-      transport::SlotContent content;
-      content.step = rank.next_step;
-      content.microbatch = static_cast<uint32_t>(rank.next_microbatch);
-      for (size_t i = 0; i < fields.specs.size(); ++i) {
-        content.fields.push_back({fields.specs[i], fields.data[i]});
-      }
-      v1::SlotMetadata metadata;
-      metadata.set_step(rank.next_step);
-      metadata.set_microbatch(content.microbatch);
-      metadata.set_num_microbatches(static_cast<uint32_t>(plan.num_microbatches()));
-      metadata.set_padded_sum(plan.flops.padded_sum);
-      metadata.set_padded_squared_sum(plan.flops.padded_squared_sum);
-      metadata.set_real_sum(plan.flops.real_sum);
-      metadata.set_real_squared_sum(plan.flops.real_squared_sum);
-      content.inline_metadata = metadata.SerializeAsString();
-      status = sender_->Push(rank.epoch, content);
-      if (status.ok()) {
-        absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.epoch);
-        if (after.ok()) rank.bytes_sent = after->bytes;
-        rank.in_flight.push_back(
-            {{rank.next_step, rank.next_microbatch}, plan.num_microbatches(),
-             SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
-      }
+      status = PushMicrobatch(*sender_, rank.epoch, data->plan, rank.next_microbatch, *packed,
+                              rank.coords.pp, job_.layout().pp);
+    }
+    if (status.ok()) {
+      absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.epoch);
+      if (after.ok()) rank.bytes_sent = after->bytes;
+      rank.in_flight.push_back(
+          {{rank.next_step, rank.next_microbatch},
+           plan.num_microbatches(),
+           SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
     }
     if (absl::IsResourceExhausted(status)) break;
     if (!status.ok()) {
@@ -463,4 +451,4 @@ void JobRunner::Loop() {
   sender_.reset();
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

@@ -1,4 +1,4 @@
-#include "packfeed/server/ledger.h"
+#include "server/internal/ledger.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include "packfeed/common/status_macros.h"
 #include "spdlog/spdlog.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 constexpr absl::string_view kHeader = "packfeed-ledger 1";
@@ -28,10 +28,9 @@ std::string FormatShares(const std::vector<EpochShare>& shares) {
 
 bool ParseShare(absl::string_view text, EpochShare& share) {
   const std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
-  return parts.size() == 4 && absl::SimpleAtoi(parts[0], &share.dataset) &&
-         share.dataset >= 0 && absl::SimpleAtoi(parts[1], &share.epoch) &&
-         absl::SimpleAtoi(parts[2], &share.samples) && parts[3].size() == 16 &&
-         absl::SimpleHexAtoi(parts[3], &share.digest);
+  return parts.size() == 4 && absl::SimpleAtoi(parts[0], &share.dataset) && share.dataset >= 0 &&
+         absl::SimpleAtoi(parts[1], &share.epoch) && absl::SimpleAtoi(parts[2], &share.samples) &&
+         parts[3].size() == 16 && absl::SimpleHexAtoi(parts[3], &share.digest);
 }
 
 }  // namespace
@@ -43,9 +42,9 @@ uint64_t SampleDigest(int dataset, int64_t index) {
   return z ^ (z >> 31);
 }
 
-std::vector<EpochShare> SharesOf(const std::vector<SampleRef>& samples) {
+std::vector<EpochShare> SharesOf(const std::vector<scheduler::SampleRef>& samples) {
   std::vector<EpochShare> shares;
-  for (const SampleRef& sample : samples) {
+  for (const scheduler::SampleRef& sample : samples) {
     auto it = std::find_if(shares.begin(), shares.end(), [&](const EpochShare& s) {
       return s.dataset == sample.dataset && s.epoch == sample.epoch;
     });
@@ -100,8 +99,8 @@ absl::Status Ledger::Replay(const std::string& text) {
   for (size_t i = 1; i < lines.size(); ++i) {
     absl::Status status = ReplayLine(std::string(lines[i]));
     if (!status.ok()) {
-      return absl::DataLossError(absl::StrCat("ledger ", journal_path_, " line ", i + 1, ": ",
-                                              status.message()));
+      return absl::DataLossError(
+          absl::StrCat("ledger ", journal_path_, " line ", i + 1, ": ", status.message()));
     }
   }
   return absl::OkStatus();
@@ -173,9 +172,9 @@ absl::Status Ledger::Claim(int rank, LedgerPosition at, int num_microbatches,
 
 absl::Status Ledger::Record(int rank, LedgerPosition at, int num_microbatches,
                             std::vector<EpochShare> shares, bool claimed) {
-  PF_RETURN_IF_ERROR(Append(absl::StrCat("C ", rank, " ", at.step, " ", at.microbatch, " ",
-                                         num_microbatches, claimed ? " l" : " c",
-                                         FormatShares(shares))));
+  PF_RETURN_IF_ERROR(
+      Append(absl::StrCat("C ", rank, " ", at.step, " ", at.microbatch, " ", num_microbatches,
+                          claimed ? " l" : " c", FormatShares(shares))));
   ApplyConsume(rank, at, {num_microbatches, std::move(shares)}, claimed);
   return absl::OkStatus();
 }
@@ -208,9 +207,10 @@ void Ledger::ApplyConsume(int rank, LedgerPosition at, Entry entry, bool claimed
   }
   if (at < record.next) {
     ++record.duplicates;
-    spdlog::error("ledger: rank {} consumed step {} microbatch {} again (its position is step {} "
-                  "microbatch {})",
-                  rank, at.step, at.microbatch, record.next.step, record.next.microbatch);
+    spdlog::error(
+        "ledger: rank {} consumed step {} microbatch {} again (its position is step {} "
+        "microbatch {})",
+        rank, at.step, at.microbatch, record.next.step, record.next.microbatch);
     return;
   }
   if (record.next < at) {
@@ -220,9 +220,10 @@ void Ledger::ApplyConsume(int rank, LedgerPosition at, Entry entry, bool claimed
                                  ? static_cast<uint64_t>(at.microbatch - record.next.microbatch)
                                  : 1;
     record.gaps += skipped;
-    spdlog::error("ledger: rank {} consumed step {} microbatch {} but its position was step {} "
-                  "microbatch {}: a gap",
-                  rank, at.step, at.microbatch, record.next.step, record.next.microbatch);
+    spdlog::error(
+        "ledger: rank {} consumed step {} microbatch {} but its position was step {} "
+        "microbatch {}: a gap",
+        rank, at.step, at.microbatch, record.next.step, record.next.microbatch);
   }
   if (claimed) ++record.claimed;
   const int count = entry.num_microbatches;
@@ -274,4 +275,4 @@ v1::JobLedger Ledger::Snapshot(const std::string& job) const {
   return out;
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::server

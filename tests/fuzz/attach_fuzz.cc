@@ -16,37 +16,40 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "packfeed/server/attach_check.h"
+#include "packfeed/dataset/dataset_generator.h"
 #include "packfeed/server/daemon_config.h"
-#include "packfeed/server/dataset_generator.h"
-#include "packfeed/server/job.h"
 #include "packfeed/transport/wire.h"
+#include "server/internal/attach_check.h"
+#include "server/internal/job.h"
 
 namespace {
 
 struct Subject {
-  std::unique_ptr<packfeed::Job> job;
+  std::unique_ptr<packfeed::server::Job> job;
   packfeed::v1::AttachRequest valid;
 };
 
 Subject* MakeSubject() {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          absl::StrCat("pf-attach-fuzz-", getpid());
+  const std::string dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("pf-attach-fuzz-", getpid());
   std::filesystem::create_directories(dir);
   const std::string prefix = dir + "/data";
-  if (!packfeed::WriteGeneratedDataset(prefix, {5, 9, 14, 3, 30, 7, 8, 11}, {}).ok()) abort();
-  auto config = packfeed::ParseDaemonConfig(absl::StrCat(R"(jobs {
+  if (!packfeed::dataset::WriteGeneratedDataset(prefix, {5, 9, 14, 3, 30, 7, 8, 11}, {}).ok())
+    abort();
+  auto config = packfeed::server::ParseDaemonConfig(absl::StrCat(R"(jobs {
     name: "job"
-    datasets { prefix: ")", prefix, R"(" }
+    datasets { prefix: ")",
+                                                                 prefix, R"(" }
     topology { tp: 2 pp: 1 cp: 1 dp: 2 }
     global_batch: 4
     seq_length: 32
     auth_token: "secret"
     local_ranks: [0, 1]
     scheduler { kind: "balanced" max_tokens_per_rank: 64 }
-  })"), "fuzz");
+  })"),
+                                                    "fuzz");
   if (!config.ok()) abort();
-  auto job = packfeed::Job::Create(config->jobs(0));
+  auto job = packfeed::server::Job::Create(config->jobs(0));
   std::filesystem::remove_all(dir);  // the job holds what it needs mapped
   if (!job.ok()) abort();
   auto* subject = new Subject{*std::move(job), {}};
@@ -56,10 +59,10 @@ Subject* MakeSubject() {
   subject->valid.set_fingerprint(subject->job->fingerprint());
   subject->valid.mutable_ring()->set_slots(4);
   subject->valid.mutable_ring()->set_slot_bytes(subject->job->required_slot_bytes());
-  subject->valid.mutable_ring()->set_ring_descriptor(packfeed::transport::EncodeRingDescriptor(
-      {4, subject->job->required_slot_bytes(), 4096, packfeed::transport::MemoryKind::kHost,
-       "key"}));
-  if (!packfeed::CheckAttachRequest(*subject->job, subject->valid).ok()) abort();
+  subject->valid.mutable_ring()->set_ring_descriptor(
+      packfeed::transport::EncodeRingDescriptor({4, subject->job->required_slot_bytes(), 4096,
+                                                 packfeed::transport::MemoryKind::kHost, "key"}));
+  if (!packfeed::server::CheckAttachRequest(*subject->job, subject->valid).ok()) abort();
   return subject;
 }
 
@@ -75,14 +78,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     merged.MergeFrom(request);
     request = std::move(merged);
   }
-  if (packfeed::CheckAttachRequest(*subject->job, request).ok()) {
-    const packfeed::Job& job = *subject->job;
+  if (packfeed::server::CheckAttachRequest(*subject->job, request).ok()) {
+    const packfeed::server::Job& job = *subject->job;
     auto ring = packfeed::transport::DecodeRingDescriptor(request.ring().ring_descriptor());
-    const bool promised = request.auth_token() == "secret" &&
-                          job.IsLocal(static_cast<int>(request.global_rank())) && ring.ok() &&
-                          ring->slot_bytes >= job.required_slot_bytes() &&
-                          request.start_step() >= 0 &&
-                          (!request.elastic() || request.start_microbatch() == 0);
+    const bool promised =
+        request.auth_token() == "secret" && job.IsLocal(static_cast<int>(request.global_rank())) &&
+        ring.ok() && ring->slot_bytes >= job.required_slot_bytes() && request.start_step() >= 0 &&
+        (!request.elastic() || request.start_microbatch() == 0);
     if (!promised) __builtin_trap();
   }
   return 0;

@@ -14,14 +14,13 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   absl::StatusOr<packfeed::v1::DaemonConfig> config =
-      packfeed::ParseDaemonConfig(text, "fuzz.textproto");
+      packfeed::server::ParseDaemonConfig(text, "fuzz.textproto");
   if (!config.ok()) return 0;
   std::string again;
   if (!google::protobuf::TextFormat::PrintToString(*config, &again)) __builtin_trap();
   absl::StatusOr<packfeed::v1::DaemonConfig> reparsed =
-      packfeed::ParseDaemonConfig(again, "again.textproto");
-  if (!reparsed.ok() ||
-      !google::protobuf::util::MessageDifferencer::Equals(*config, *reparsed)) {
+      packfeed::server::ParseDaemonConfig(again, "again.textproto");
+  if (!reparsed.ok() || !google::protobuf::util::MessageDifferencer::Equals(*config, *reparsed)) {
     __builtin_trap();
   }
   return 0;

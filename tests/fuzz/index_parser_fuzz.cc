@@ -5,11 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "packfeed/server/index_format.h"
+#include "packfeed/dataset/index_format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  absl::StatusOr<packfeed::IndexView> view =
-      packfeed::ParseIndex(absl::MakeConstSpan(data, size), "fuzz.idx");
+  absl::StatusOr<packfeed::dataset::IndexView> view =
+      packfeed::dataset::ParseIndex(absl::MakeConstSpan(data, size), "fuzz.idx");
   if (!view.ok()) return 0;
   int64_t checksum = 0;
   for (uint64_t i = 0; i < view->num_sequences(); ++i) {
@@ -20,8 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // A valid view's totals agree with its arrays.
   if (view->num_sequences() > 0 &&
-      static_cast<uint64_t>(view->pointer(view->num_sequences() - 1)) >
-          view->data_bytes()) {
+      static_cast<uint64_t>(view->pointer(view->num_sequences() - 1)) > view->data_bytes()) {
     __builtin_trap();
   }
   // Keep the reads from being optimised away.

@@ -19,11 +19,11 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "packfeed/client/client.h"
-#include "packfeed/server/dataset_generator.h"
-#include "packfeed/server/fingerprint.h"
+#include "packfeed/dataset/dataset_generator.h"
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/wire.h"
 #include "packfeed/v1/service.grpc.pb.h"
+#include "server/internal/fingerprint.h"
 
 namespace packfeed {
 namespace {
@@ -46,22 +46,24 @@ class DaemonBadInputTest : public ::testing::Test {
                            absl::StrCat("pf-bad-input-", getpid()));
     std::filesystem::create_directories(*dir_);
     const std::string prefix = *dir_ + "/data";
-    GeneratedDatasetOptions dataset;
+    dataset::GeneratedDatasetOptions dataset;
     dataset.vocab_size = 5000;
-    auto lengths = GenerateLengths({4, 120, 40, 1.1}, 300, 5);
+    auto lengths = dataset::GenerateLengths({4, 120, 40, 1.1}, 300, 5);
     ASSERT_TRUE(lengths.ok());
-    ASSERT_TRUE(WriteGeneratedDataset(prefix, *lengths, dataset).ok());
+    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix, *lengths, dataset).ok());
     socket_ = new std::string(*dir_ + "/packfeedd.sock");
     std::ofstream(*dir_ + "/config.textproto") << absl::StrCat(
         "socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n", R"(jobs {
   name: "job"
-  datasets { prefix: ")", prefix, R"(" }
+  datasets { prefix: ")",
+        prefix, R"(" }
   topology { tp: 1 pp: 1 cp: 1 dp: 4 }
   global_batch: 8
   seq_length: 128
   eod_id: 5000
   append_eod: true
-  auth_token: ")", kToken, R"("
+  auth_token: ")",
+        kToken, R"("
   local_ranks: [0, 1, 2]
   scheduler { kind: "balanced" max_tokens_per_rank: 128 }
 })");
@@ -113,8 +115,8 @@ class DaemonBadInputTest : public ::testing::Test {
       EXPECT_TRUE(mb.ok()) << mb.status();
       if (!mb.ok()) return hashes;
       for (const client::FieldView& field : mb->fields) {
-        hashes.push_back(StableHash(absl::string_view(static_cast<const char*>(field.data),
-                                                      field.bytes)));
+        hashes.push_back(server::StableHash(
+            absl::string_view(static_cast<const char*>(field.data), field.bytes)));
       }
     }
     return hashes;
@@ -195,8 +197,8 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
       {"rank of another node", attach([](auto& r) { r.set_global_rank(3); }),
        StatusCode::FAILED_PRECONDITION, "not hosted by this daemon"},
       {"fingerprint of another topology",
-       attach([&](auto& r) { r.set_fingerprint(other_topology); }),
-       StatusCode::FAILED_PRECONDITION, "topology differ"},
+       attach([&](auto& r) { r.set_fingerprint(other_topology); }), StatusCode::FAILED_PRECONDITION,
+       "topology differ"},
       {"not a fingerprint", attach([](auto& r) { r.set_fingerprint("pf1-garbage"); }),
        StatusCode::INVALID_ARGUMENT, "not a packfeed job fingerprint"},
       {"no ring descriptor", attach([](auto& r) { r.mutable_ring()->clear_ring_descriptor(); }),
@@ -211,11 +213,15 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
        StatusCode::INVALID_ARGUMENT, "start step -3 < 0"},
       {"start microbatch beyond its step", attach([](auto& r) { r.set_start_microbatch(999); }),
        StatusCode::INVALID_ARGUMENT, "start microbatch 999 of step 0"},
-      {"elastic without a fingerprint",
-       attach([](auto& r) { r.set_elastic(true); r.clear_fingerprint(); }),
+      {"elastic without a fingerprint", attach([](auto& r) {
+         r.set_elastic(true);
+         r.clear_fingerprint();
+       }),
        StatusCode::INVALID_ARGUMENT, "elastic resume needs the fingerprint"},
-      {"elastic inside a step",
-       attach([](auto& r) { r.set_elastic(true); r.set_start_microbatch(1); }),
+      {"elastic inside a step", attach([](auto& r) {
+         r.set_elastic(true);
+         r.set_start_microbatch(1);
+       }),
        StatusCode::INVALID_ARGUMENT, "step boundary"},
       {"rank already attached", attach([](auto& r) { r.set_global_rank(0); }),
        StatusCode::ALREADY_EXISTS, "already attached"},

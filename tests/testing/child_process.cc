@@ -24,8 +24,7 @@ namespace {
 absl::Status ReadExactly(int fd, char* out, size_t length, absl::Time deadline) {
   while (length > 0) {
     pollfd poll_fd = {fd, POLLIN, 0};
-    const int64_t millis =
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+    const int64_t millis = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
     const int ready = poll(&poll_fd, 1, static_cast<int>(millis));
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) return ErrnoToStatus(errno, "poll", "control socket");
@@ -52,8 +51,7 @@ absl::Status SendFrame(int fd, absl::string_view frame) {
 absl::StatusOr<std::string> ReceiveFrame(int fd, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   uint32_t length = 0;
-  PF_RETURN_IF_ERROR(ReadExactly(fd, reinterpret_cast<char*>(&length), sizeof(length),
-                                 deadline));
+  PF_RETURN_IF_ERROR(ReadExactly(fd, reinterpret_cast<char*>(&length), sizeof(length), deadline));
   std::string frame(length, '\0');
   PF_RETURN_IF_ERROR(ReadExactly(fd, frame.data(), length, deadline));
   return frame;

@@ -23,8 +23,8 @@ void FillPattern(uint8_t* data, size_t bytes, uint64_t seq, uint32_t field) {
   std::memcpy(data + words * 8, &tail, bytes % 8);
 }
 
-std::optional<size_t> FindPatternMismatch(const uint8_t* data, size_t bytes,
-                                          uint64_t seq, uint32_t field) {
+std::optional<size_t> FindPatternMismatch(const uint8_t* data, size_t bytes, uint64_t seq,
+                                          uint32_t field) {
   const size_t words = bytes / 8;
   for (size_t i = 0; i < words; ++i) {
     uint64_t word;
@@ -38,10 +38,10 @@ std::optional<size_t> FindPatternMismatch(const uint8_t* data, size_t bytes,
 
 std::vector<transport::FieldSpec> TestFields(uint64_t seq, uint64_t max_payload_bytes) {
   using transport::ElementType;
-  const uint64_t sizes[] = {1, 7, 4097, 64 << 10, (1 << 20) + 3, (16 << 20) - 1,
-                            max_payload_bytes};
+  const uint64_t sizes[] = {1, 7, 4097, 64 << 10, (1 << 20) + 3, (16 << 20) - 1, max_payload_bytes};
   std::vector<transport::FieldSpec> fields;
-  fields.push_back({"payload", ElementType::kUInt8,
+  fields.push_back({"payload",
+                    ElementType::kUInt8,
                     {static_cast<int64_t>(std::min(sizes[seq % 7], max_payload_bytes))}});
   if (seq % 2 == 1) {
     fields.push_back({"tokens", ElementType::kInt64, {1, static_cast<int64_t>(seq % 1000 + 1)}});

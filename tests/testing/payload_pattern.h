@@ -16,8 +16,8 @@ namespace packfeed::testing {
 
 void FillPattern(uint8_t* data, size_t bytes, uint64_t seq, uint32_t field);
 // The offset of the first wrong byte, or nullopt when all are right.
-std::optional<size_t> FindPatternMismatch(const uint8_t* data, size_t bytes,
-                                          uint64_t seq, uint32_t field);
+std::optional<size_t> FindPatternMismatch(const uint8_t* data, size_t bytes, uint64_t seq,
+                                          uint32_t field);
 
 // The fields of test message `seq`: 1 to 3 fields whose sizes cycle through
 // 1 B, odd sizes, 64 KiB, 1 MiB + 3, 16 MiB - 1 and `max_payload_bytes` (the

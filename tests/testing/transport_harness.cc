@@ -14,9 +14,8 @@ using transport::FieldSpec;
 using transport::ReceivedSlot;
 using transport::SlotContent;
 
-absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch,
-                              uint64_t first_seq, uint64_t count,
-                              uint64_t max_payload_bytes, PushReport* report,
+absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch, uint64_t first_seq,
+                              uint64_t count, uint64_t max_payload_bytes, PushReport* report,
                               absl::Duration credit_timeout) {
   std::vector<std::vector<uint8_t>> buffers;
   for (uint64_t seq = first_seq; seq < first_seq + count; ++seq) {
@@ -53,8 +52,7 @@ absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch,
   return absl::OkStatus();
 }
 
-absl::Status CheckTestMessage(const ReceivedSlot& slot, uint64_t seq,
-                              uint64_t max_payload_bytes) {
+absl::Status CheckTestMessage(const ReceivedSlot& slot, uint64_t seq, uint64_t max_payload_bytes) {
   auto wrong = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("message ", seq, ": ", what));
   };
@@ -77,8 +75,8 @@ absl::Status CheckTestMessage(const ReceivedSlot& slot, uint64_t seq,
     if (field.descriptor.offset % transport::kFieldAlignment != 0) {
       return wrong(absl::StrCat("field ", f, " at unaligned offset ", field.descriptor.offset));
     }
-    std::optional<size_t> bad = FindPatternMismatch(field.data, field.descriptor.bytes, seq,
-                                                    static_cast<uint32_t>(f));
+    std::optional<size_t> bad =
+        FindPatternMismatch(field.data, field.descriptor.bytes, seq, static_cast<uint32_t>(f));
     if (bad.has_value()) {
       return wrong(absl::StrCat("field ", field.descriptor.name, " byte ", *bad, " of ",
                                 field.descriptor.bytes, " is wrong"));
@@ -87,9 +85,8 @@ absl::Status CheckTestMessage(const ReceivedSlot& slot, uint64_t seq,
   return absl::OkStatus();
 }
 
-absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_seq,
-                                 uint64_t count, uint64_t max_payload_bytes,
-                                 absl::Duration hold, uint64_t* bytes,
+absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_seq, uint64_t count,
+                                 uint64_t max_payload_bytes, absl::Duration hold, uint64_t* bytes,
                                  absl::Duration timeout) {
   for (uint64_t seq = first_seq; seq < first_seq + count; ++seq) {
     PF_ASSIGN_OR_RETURN(ReceivedSlot slot, receiver.Next(timeout));

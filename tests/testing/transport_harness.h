@@ -25,9 +25,8 @@ struct PushReport {
 // step = seq, microbatch = seq % 7, inline "seq=<seq>"), waiting for credits
 // as needed. Stops at the first error, or when no credit comes for
 // `credit_timeout`.
-absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch,
-                              uint64_t first_seq, uint64_t count,
-                              uint64_t max_payload_bytes, PushReport* report,
+absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch, uint64_t first_seq,
+                              uint64_t count, uint64_t max_payload_bytes, PushReport* report,
                               absl::Duration credit_timeout = absl::Seconds(30));
 
 // Checks that `slot` is test message `seq` (its step; the slot's own seq
@@ -38,9 +37,8 @@ absl::Status CheckTestMessage(const transport::ReceivedSlot& slot, uint64_t seq,
 
 // Receives `count` slots, checks each is the next test message starting at
 // `first_seq`, and releases it after `hold`. Adds the payload bytes to *bytes.
-absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_seq,
-                                 uint64_t count, uint64_t max_payload_bytes,
-                                 absl::Duration hold, uint64_t* bytes,
+absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_seq, uint64_t count,
+                                 uint64_t max_payload_bytes, absl::Duration hold, uint64_t* bytes,
                                  absl::Duration timeout = absl::Seconds(20));
 
 // "<CODE>: <message>", the way peers report a status over the control channel.

@@ -30,8 +30,7 @@ int CudaDeviceCount() {
   return count;
 }
 
-absl::StatusOr<CudaHostRegistration> CudaHostRegistration::Register(void* address,
-                                                                    size_t length) {
+absl::StatusOr<CudaHostRegistration> CudaHostRegistration::Register(void* address, size_t length) {
   const cudaError_t error = cudaHostRegister(address, length, cudaHostRegisterDefault);
   if (error == cudaErrorHostMemoryAlreadyRegistered) {
     // A UCX built with CUDA page-locks the memory it maps itself: the range
@@ -64,8 +63,7 @@ CudaDeviceBuffer::~CudaDeviceBuffer() {
 }
 
 absl::Status CudaCopy(void* destination, const void* source, size_t length) {
-  return CudaStatus(cudaMemcpy(destination, source, length, cudaMemcpyDefault),
-                    "cudaMemcpy");
+  return CudaStatus(cudaMemcpy(destination, source, length, cudaMemcpyDefault), "cudaMemcpy");
 }
 
 #else  // !PF_HAVE_CUDA
@@ -81,9 +79,7 @@ absl::StatusOr<CudaHostRegistration> CudaHostRegistration::Register(void*, size_
   return NoCuda();
 }
 CudaHostRegistration::~CudaHostRegistration() = default;
-absl::StatusOr<CudaDeviceBuffer> CudaDeviceBuffer::Allocate(int, size_t) {
-  return NoCuda();
-}
+absl::StatusOr<CudaDeviceBuffer> CudaDeviceBuffer::Allocate(int, size_t) { return NoCuda(); }
 CudaDeviceBuffer::~CudaDeviceBuffer() = default;
 absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
 

@@ -12,16 +12,15 @@ namespace {
 
 absl::StatusOr<ucp_mem_attr_t> Query(ucp_mem_h memory) {
   ucp_mem_attr_t attr = {};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH |
-                    UCP_MEM_ATTR_FIELD_MEM_TYPE;
+  attr.field_mask =
+      UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH | UCP_MEM_ATTR_FIELD_MEM_TYPE;
   PF_RETURN_IF_ERROR(UcxStatus(ucp_mem_query(memory, &attr), "ucp_mem_query"));
   return attr;
 }
 
 }  // namespace
 
-absl::StatusOr<MemoryRegion> MemoryRegion::Allocate(ucp_context_h context,
-                                                    size_t length) {
+absl::StatusOr<MemoryRegion> MemoryRegion::Allocate(ucp_context_h context, size_t length) {
   ucp_mem_map_params_t params = {};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.length = length;
@@ -36,12 +35,10 @@ absl::StatusOr<MemoryRegion> MemoryRegion::Allocate(ucp_context_h context,
   return region;
 }
 
-absl::StatusOr<MemoryRegion> MemoryRegion::Register(ucp_context_h context,
-                                                    void* address, size_t length,
-                                                    ucs_memory_type_t memory_type) {
+absl::StatusOr<MemoryRegion> MemoryRegion::Register(ucp_context_h context, void* address,
+                                                    size_t length, ucs_memory_type_t memory_type) {
   ucp_mem_map_params_t params = {};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                      UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
   params.address = address;
   params.length = length;
@@ -53,16 +50,17 @@ absl::StatusOr<MemoryRegion> MemoryRegion::Register(ucp_context_h context,
   PF_ASSIGN_OR_RETURN(ucp_mem_attr_t attr, Query(memory));
   if (attr.mem_type != memory_type) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "ucp_mem_map registered ", ucs_memory_type_names[memory_type],
-        " memory as ", ucs_memory_type_names[attr.mem_type],
-        ": this UCX build cannot serve that memory type"));
+        "ucp_mem_map registered ", ucs_memory_type_names[memory_type], " memory as ",
+        ucs_memory_type_names[attr.mem_type], ": this UCX build cannot serve that memory type"));
   }
   return region;
 }
 
 MemoryRegion::MemoryRegion(MemoryRegion&& other) noexcept
-    : context_(other.context_), memory_(std::exchange(other.memory_, nullptr)),
-      address_(other.address_), length_(other.length_),
+    : context_(other.context_),
+      memory_(std::exchange(other.memory_, nullptr)),
+      address_(other.address_),
+      length_(other.length_),
       memory_type_(other.memory_type_) {}
 
 MemoryRegion& MemoryRegion::operator=(MemoryRegion&& other) noexcept {
@@ -90,8 +88,7 @@ void MemoryRegion::Unmap() {
 absl::StatusOr<std::string> MemoryRegion::PackRemoteKey() const {
   void* buffer = nullptr;
   size_t size = 0;
-  PF_RETURN_IF_ERROR(UcxStatus(ucp_rkey_pack(context_, memory_, &buffer, &size),
-                               "ucp_rkey_pack"));
+  PF_RETURN_IF_ERROR(UcxStatus(ucp_rkey_pack(context_, memory_, &buffer, &size), "ucp_rkey_pack"));
   std::string packed(static_cast<const char*>(buffer), size);
   ucp_rkey_buffer_release(buffer);
   return packed;

@@ -14,18 +14,18 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
   // Every slot starts aligned, so the fields inside it (aligned within the
   // slot by LayoutFields) are aligned in memory.
   if (options.slot_bytes <= UINT64_MAX - kFieldAlignment) {
-    options.slot_bytes = (options.slot_bytes + kFieldAlignment - 1) / kFieldAlignment * kFieldAlignment;
+    options.slot_bytes =
+        (options.slot_bytes + kFieldAlignment - 1) / kFieldAlignment * kFieldAlignment;
   }
   if (options.slots == 0 || options.slot_bytes == 0 ||
       options.slot_bytes > UINT64_MAX / options.slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a ring of ", options.slots, " slots of ", options.slot_bytes,
-        " bytes: both must be positive and their product fit 64 bits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ring of ", options.slots, " slots of ", options.slot_bytes,
+                     " bytes: both must be positive and their product fit 64 bits"));
   }
   PF_ASSIGN_OR_RETURN(UcpContext context, UcpContext::Create(options.ucx));
   PF_ASSIGN_OR_RETURN(UcpWorker worker, UcpWorker::Create(context));
-  std::unique_ptr<Receiver> receiver(
-      new Receiver(options, std::move(context), std::move(worker)));
+  std::unique_ptr<Receiver> receiver(new Receiver(options, std::move(context), std::move(worker)));
   PF_RETURN_IF_ERROR(receiver->CreateRing());
   PF_RETURN_IF_ERROR(receiver->worker_.SetMessageHandler(
       kActiveMessageId, &Receiver::OnActiveMessage, receiver.get()));
@@ -36,8 +36,7 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
 }
 
 Receiver::Receiver(ReceiverOptions options, UcpContext context, UcpWorker worker)
-    : options_(std::move(options)), context_(std::move(context)),
-      worker_(std::move(worker)) {}
+    : options_(std::move(options)), context_(std::move(context)), worker_(std::move(worker)) {}
 
 Receiver::~Receiver() {
   {
@@ -54,18 +53,18 @@ absl::Status Receiver::CreateRing() {
   const bool device_ring_possible =
       devices > options_.cuda_device && context_.supports_cuda_memory();
   if (options_.placement == RingPlacement::kDevice && !device_ring_possible) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a device ring needs CUDA device ", options_.cuda_device, " (found ", devices,
-        ") and a UCX built with CUDA (UCX ", UcpContext::LibraryVersion(), ": ",
-        context_.supports_cuda_memory() ? "has CUDA" : "no CUDA", ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a device ring needs CUDA device ", options_.cuda_device, " (found ", devices,
+                     ") and a UCX built with CUDA (UCX ", UcpContext::LibraryVersion(), ": ",
+                     context_.supports_cuda_memory() ? "has CUDA" : "no CUDA", ")"));
   }
   if (options_.placement == RingPlacement::kDevice) {
     PF_ASSIGN_OR_RETURN(CudaDeviceBuffer buffer,
                         CudaDeviceBuffer::Allocate(options_.cuda_device, length));
     device_ring_.emplace(std::move(buffer));
-    PF_ASSIGN_OR_RETURN(MemoryRegion region,
-                        MemoryRegion::Register(context_.get(), device_ring_->data(),
-                                               length, UCS_MEMORY_TYPE_CUDA));
+    PF_ASSIGN_OR_RETURN(
+        MemoryRegion region,
+        MemoryRegion::Register(context_.get(), device_ring_->data(), length, UCS_MEMORY_TYPE_CUDA));
     ring_.emplace(std::move(region));
     memory_kind_ = MemoryKind::kCuda;
   } else {
@@ -85,9 +84,9 @@ absl::Status Receiver::CreateRing() {
     }
   }
   PF_ASSIGN_OR_RETURN(std::string key, ring_->PackRemoteKey());
-  ring_descriptor_ = EncodeRingDescriptor(
-      {options_.slots, options_.slot_bytes, reinterpret_cast<uint64_t>(ring_->address()),
-       memory_kind_, std::move(key)});
+  ring_descriptor_ = EncodeRingDescriptor({options_.slots, options_.slot_bytes,
+                                           reinterpret_cast<uint64_t>(ring_->address()),
+                                           memory_kind_, std::move(key)});
   return absl::OkStatus();
 }
 
@@ -155,9 +154,8 @@ absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t epo
     ready_.clear();
     received_ = handed_out_ = released_ = 0;
   }
-  PF_ASSIGN_OR_RETURN(UcpEndpoint endpoint,
-                      UcpEndpoint::Connect(worker_, sender_address,
-                                           &Receiver::OnEndpointError, this));
+  PF_ASSIGN_OR_RETURN(UcpEndpoint endpoint, UcpEndpoint::Connect(worker_, sender_address,
+                                                                 &Receiver::OnEndpointError, this));
   endpoint_.emplace(std::move(endpoint));
   Logger().debug("connection {} accepted; lanes: {}", epoch, endpoint_->TransportSummary());
   {
@@ -182,8 +180,8 @@ bool Receiver::SendCredit() {
     ucp_request_free(std::exchange(credit_request_, nullptr));
     if (status != UCS_OK) {
       absl::MutexLock lock(&mutex_);
-      FailConnection(absl::UnavailableError(absl::StrCat(
-          "connection ", epoch_, ": sender failed (", ucs_status_string(status), ")")));
+      FailConnection(absl::UnavailableError(absl::StrCat("connection ", epoch_, ": sender failed (",
+                                                         ucs_status_string(status), ")")));
       return false;
     }
   }
@@ -201,8 +199,7 @@ bool Receiver::SendCredit() {
   if (UCS_PTR_IS_ERR(request)) {
     absl::MutexLock lock(&mutex_);
     FailConnection(absl::UnavailableError(absl::StrCat(
-        "connection ", epoch, ": sending a credit: ",
-        ucs_status_string(UCS_PTR_STATUS(request)))));
+        "connection ", epoch, ": sending a credit: ", ucs_status_string(UCS_PTR_STATUS(request)))));
   } else if (request != nullptr) {
     credit_request_ = request;
   }
@@ -263,9 +260,9 @@ absl::Status Receiver::Release(uint64_t seq) {
           absl::StrCat("release of message ", seq, ": no slot is held"));
     }
     if (seq != released_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "release of message ", seq, ": slots are released in order, the oldest held is ",
-          released_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("release of message ", seq,
+                       ": slots are released in order, the oldest held is ", released_));
     }
     ++released_;
   }
@@ -286,8 +283,8 @@ void Receiver::OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status
       "connection ", receiver->epoch_, ": sender failed (", ucs_status_string(status), ")")));
 }
 
-ucs_status_t Receiver::OnActiveMessage(void* arg, const void*, size_t, void* data,
-                                       size_t length, const ucp_am_recv_param_t* param) {
+ucs_status_t Receiver::OnActiveMessage(void* arg, const void*, size_t, void* data, size_t length,
+                                       const ucp_am_recv_param_t* param) {
   auto* receiver = static_cast<Receiver*>(arg);
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
     absl::MutexLock lock(&receiver->mutex_);
@@ -295,8 +292,7 @@ ucs_status_t Receiver::OnActiveMessage(void* arg, const void*, size_t, void* dat
         "a notification arrived as rendezvous; packfeed senders always send eagerly"));
     return UCS_OK;
   }
-  receiver->OnMessage(absl::string_view(static_cast<const char*>(data), length),
-                      std::nullopt);
+  receiver->OnMessage(absl::string_view(static_cast<const char*>(data), length), std::nullopt);
   return UCS_OK;
 }
 
@@ -314,13 +310,12 @@ ucs_status_t Receiver::OnSlotDataMessage(void* arg, const void* header, size_t h
     absl::MutexLock lock(&receiver->mutex_);
     receiver->FailConnection(absl::DataLossError(absl::StrCat(
         "connection ", receiver->epoch_, ": malformed slot message (", header_length,
-        "-byte header announcing ", notification_length, " bytes of notification in ",
-        length, " bytes", (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0
-                              ? ", sent as rendezvous)" : ")")));
+        "-byte header announcing ", notification_length, " bytes of notification in ", length,
+        " bytes",
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 ? ", sent as rendezvous)" : ")")));
     return UCS_OK;
   }
-  receiver->OnMessage(bytes.substr(0, notification_length),
-                      bytes.substr(notification_length));
+  receiver->OnMessage(bytes.substr(0, notification_length), bytes.substr(notification_length));
   return UCS_OK;
 }
 
@@ -330,11 +325,11 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
   if (!message.ok()) {
     if (!connected_) return;
     const absl::Status& cause = message.status();
-    FailConnection(cause.code() == absl::StatusCode::kFailedPrecondition
-                       ? cause
-                       : absl::DataLossError(absl::StrCat(
-                             "connection ", epoch_, ": malformed notification: ",
-                             cause.message())));
+    FailConnection(
+        cause.code() == absl::StatusCode::kFailedPrecondition
+            ? cause
+            : absl::DataLossError(absl::StrCat("connection ", epoch_,
+                                               ": malformed notification: ", cause.message())));
     return;
   }
   if (const auto* goodbye = std::get_if<Goodbye>(&*message)) {
@@ -351,7 +346,8 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
       return;
     }
     // A goodbye is the normal end of a stream: no warning.
-    failure_ = absl::UnavailableError(absl::StrCat("connection ", epoch_, ": the sender closed it"));
+    failure_ =
+        absl::UnavailableError(absl::StrCat("connection ", epoch_, ": the sender closed it"));
     Logger().debug("{}", std::string(failure_.message()));
     return;
   }
@@ -361,11 +357,9 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
     return;
   }
   if (!failure_.ok()) return;
-  absl::Status valid =
-      ValidateSlotReady(*ready, options_.slots, options_.slot_bytes, received_);
+  absl::Status valid = ValidateSlotReady(*ready, options_.slots, options_.slot_bytes, received_);
   if (!valid.ok()) {
-    FailConnection(absl::DataLossError(
-        absl::StrCat("connection ", epoch_, ": ", valid.message())));
+    FailConnection(absl::DataLossError(absl::StrCat("connection ", epoch_, ": ", valid.message())));
     return;
   }
   uint8_t* base = static_cast<uint8_t*>(ring_->address()) + ready->slot * options_.slot_bytes;
@@ -390,7 +384,7 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
 }
 
 absl::Status Receiver::CopyPayload(const SlotReady& ready, absl::string_view payload,
-                                  uint8_t* slot) const {
+                                   uint8_t* slot) const {
   uint64_t expected = 0;
   for (const FieldDescriptor& field : ready.fields) expected += field.bytes;
   if (memory_kind_ != MemoryKind::kHost || payload.size() != expected) {

@@ -24,19 +24,19 @@ struct Sender::Connection {
   uint64_t epoch = 0;
   RingDescriptor ring;
   std::optional<UcpEndpoint> endpoint;
-  RemoteKey remote_key;      // destroyed before the endpoint closes
-  uint8_t* mapped = nullptr; // the ring in this process, when shared memory
+  RemoteKey remote_key;       // destroyed before the endpoint closes
+  uint8_t* mapped = nullptr;  // the ring in this process, when shared memory
   // A host ring this process cannot map: slots travel inside their
   // notifications (see kSlotDataMessageId) instead of as puts.
   bool slots_as_messages = false;
   uint64_t pushed = 0;
   uint64_t released = 0;
   uint64_t bytes = 0;
-  bool accepted = false;     // the receiver's first credit has arrived
-  absl::Status failure;      // set once; the connection is then closed
-  std::string notification;  // alive until its send completes (UCX 1.13)
-  uint64_t notification_length = 0;     // the header of a kSlotDataMessageId
-  std::vector<ucp_dt_iov_t> pieces;     // its data; alive like `notification`
+  bool accepted = false;             // the receiver's first credit has arrived
+  absl::Status failure;              // set once; the connection is then closed
+  std::string notification;          // alive until its send completes (UCX 1.13)
+  uint64_t notification_length = 0;  // the header of a kSlotDataMessageId
+  std::vector<ucp_dt_iov_t> pieces;  // its data; alive like `notification`
 
   uint32_t credits() const {
     if (!failure.ok() || !accepted) return 0;
@@ -59,8 +59,7 @@ std::vector<FieldSpec> Specs(const SlotContent& content) {
 absl::Status CheckInline(const SlotContent& content) {
   if (content.inline_metadata.size() <= kMaxInlineBytes) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      content.inline_metadata.size(), " bytes of inline metadata (at most ",
-      kMaxInlineBytes, ")"));
+      content.inline_metadata.size(), " bytes of inline metadata (at most ", kMaxInlineBytes, ")"));
 }
 
 }  // namespace
@@ -68,10 +67,9 @@ absl::Status CheckInline(const SlotContent& content) {
 absl::StatusOr<std::unique_ptr<Sender>> Sender::Create(const SenderOptions& options) {
   PF_ASSIGN_OR_RETURN(UcpContext context, UcpContext::Create(options.ucx));
   PF_ASSIGN_OR_RETURN(UcpWorker worker, UcpWorker::Create(context));
-  std::unique_ptr<Sender> sender(
-      new Sender(options, std::move(context), std::move(worker)));
-  PF_RETURN_IF_ERROR(sender->worker_.SetMessageHandler(
-      kActiveMessageId, &Sender::OnActiveMessage, sender.get()));
+  std::unique_ptr<Sender> sender(new Sender(options, std::move(context), std::move(worker)));
+  PF_RETURN_IF_ERROR(
+      sender->worker_.SetMessageHandler(kActiveMessageId, &Sender::OnActiveMessage, sender.get()));
   return sender;
 }
 
@@ -96,9 +94,9 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
   auto connection = std::make_unique<Connection>();
   connection->epoch = next_epoch_++;
   connection->ring = std::move(ring);
-  PF_ASSIGN_OR_RETURN(UcpEndpoint endpoint,
-                      UcpEndpoint::Connect(worker_, *address, &Sender::OnEndpointError,
-                                           connection.get()));
+  PF_ASSIGN_OR_RETURN(
+      UcpEndpoint endpoint,
+      UcpEndpoint::Connect(worker_, *address, &Sender::OnEndpointError, connection.get()));
   connection->endpoint.emplace(std::move(endpoint));
   PF_ASSIGN_OR_RETURN(connection->remote_key,
                       RemoteKey::Unpack(*connection->endpoint, connection->ring.remote_key));
@@ -112,9 +110,9 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
     }
   }
   const uint64_t epoch = connection->epoch;
-  Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", epoch,
-                 connection->ring.slots, connection->ring.slot_bytes,
-                 connection->mapped != nullptr      ? "mapped"
+  Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", epoch, connection->ring.slots,
+                 connection->ring.slot_bytes,
+                 connection->mapped != nullptr   ? "mapped"
                  : connection->slots_as_messages ? "slots as messages"
                                                  : "puts",
                  connection->endpoint->TransportSummary());
@@ -133,9 +131,9 @@ absl::Status Sender::Disconnect(uint64_t epoch, absl::string_view reason) {
     // Goodbye, then a flush so it leaves before the endpoint closes.
     const absl::Time deadline = absl::Now() + options_.operation_timeout;
     connection.notification = EncodeMessage(Goodbye{epoch, std::string(reason)});
-    status = Wait(connection,
-                  connection.endpoint->SendEager(kActiveMessageId, connection.notification),
-                  "ucp_am_send_nbx(goodbye)", deadline);
+    status =
+        Wait(connection, connection.endpoint->SendEager(kActiveMessageId, connection.notification),
+             "ucp_am_send_nbx(goodbye)", deadline);
     if (status.ok()) {
       status = Wait(connection, connection.endpoint->Flush(), "ucp_ep_flush_nbx", deadline);
     }
@@ -201,18 +199,17 @@ absl::Status Sender::Push(uint64_t epoch, const SlotContent& content) {
 absl::StatusOr<MappedSlot> Sender::MapNextSlot(uint64_t epoch) {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
   if (connection->mapped == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "connection ", epoch, ": the receiver's ring is not mapped into this process "
-        "(not same-node shared memory); use Push"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("connection ", epoch,
+                     ": the receiver's ring is not mapped into this process "
+                     "(not same-node shared memory); use Push"));
   }
   if (connection->credits() == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("connection ", epoch, ": no free slot"));
+    return absl::FailedPreconditionError(absl::StrCat("connection ", epoch, ": no free slot"));
   }
-  const uint64_t offset = connection->slot_address(connection->pushed) -
-                          connection->ring.base_address;
-  return MappedSlot{connection->mapped + offset, connection->ring.slot_bytes,
-                    connection->pushed};
+  const uint64_t offset =
+      connection->slot_address(connection->pushed) - connection->ring.base_address;
+  return MappedSlot{connection->mapped + offset, connection->ring.slot_bytes, connection->pushed};
 }
 
 absl::Status Sender::CommitMapped(uint64_t epoch, const SlotContent& content) {
@@ -233,8 +230,7 @@ absl::Status Sender::CommitMapped(uint64_t epoch, const SlotContent& content) {
   return absl::OkStatus();
 }
 
-absl::Status Sender::Notify(Connection& connection,
-                            const std::vector<FieldDescriptor>& layout,
+absl::Status Sender::Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
                             const SlotContent& content, absl::Time deadline) {
   SlotReady ready;
   ready.epoch = connection.epoch;
@@ -270,8 +266,8 @@ absl::Status Sender::Notify(Connection& connection,
   return absl::OkStatus();
 }
 
-absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request,
-                          absl::string_view call, absl::Time deadline) {
+absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,
+                          absl::Time deadline) {
   return worker_.Wait(request, call, deadline, [&] {
     // Alive but not progressing: closing the endpoint completes the request.
     Logger().warn("connection {}: {} did not complete within {}", connection.epoch,
@@ -327,20 +323,18 @@ void Sender::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* connection = static_cast<Connection*>(arg);
   if (connection->failure.ok()) {
     connection->failure = absl::UnavailableError(absl::StrCat(
-        "connection ", connection->epoch, ": receiver failed (",
-        ucs_status_string(status), ")"));
+        "connection ", connection->epoch, ": receiver failed (", ucs_status_string(status), ")"));
     Logger().warn("{}", std::string(connection->failure.message()));
   }
 }
 
-ucs_status_t Sender::OnActiveMessage(void* arg, const void*, size_t, void* data,
-                                     size_t length, const ucp_am_recv_param_t* param) {
+ucs_status_t Sender::OnActiveMessage(void* arg, const void*, size_t, void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
     Logger().warn("dropped a rendezvous message: credits are always eager");
     return UCS_OK;
   }
-  static_cast<Sender*>(arg)->OnMessage(
-      absl::string_view(static_cast<const char*>(data), length));
+  static_cast<Sender*>(arg)->OnMessage(absl::string_view(static_cast<const char*>(data), length));
   return UCS_OK;
 }
 
@@ -362,9 +356,9 @@ void Sender::OnMessage(absl::string_view bytes) {
   }
   Connection& connection = *it->second;
   if (credit->released > connection.pushed) {
-    connection.failure = absl::UnavailableError(absl::StrCat(
-        "connection ", connection.epoch, ": receiver released ", credit->released,
-        " slots of ", connection.pushed, " pushed"));
+    connection.failure = absl::UnavailableError(
+        absl::StrCat("connection ", connection.epoch, ": receiver released ", credit->released,
+                     " slots of ", connection.pushed, " pushed"));
     Logger().warn("{}", std::string(connection.failure.message()));
     return;
   }

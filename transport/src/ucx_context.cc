@@ -16,8 +16,7 @@ struct UcpConfigDeleter {
   void operator()(ucp_config_t* config) const { ucp_config_release(config); }
 };
 
-absl::Status Modify(ucp_config_t* config, const char* name,
-                    const std::string& value) {
+absl::Status Modify(ucp_config_t* config, const char* name, const std::string& value) {
   return UcxStatus(ucp_config_modify(config, name, value.c_str()),
                    absl::StrCat("ucp_config_modify ", name, "=", value));
 }
@@ -26,8 +25,7 @@ absl::Status Modify(ucp_config_t* config, const char* name,
 
 absl::StatusOr<UcpContext> UcpContext::Create(const UcxOptions& options) {
   ucp_config_t* raw_config = nullptr;
-  PF_RETURN_IF_ERROR(
-      UcxStatus(ucp_config_read(nullptr, nullptr, &raw_config), "ucp_config_read"));
+  PF_RETURN_IF_ERROR(UcxStatus(ucp_config_read(nullptr, nullptr, &raw_config), "ucp_config_read"));
   std::unique_ptr<ucp_config_t, UcpConfigDeleter> config(raw_config);
   // Shared-memory transports advertise peer-failure support only with these
   // set; endpoints in peer error mode would otherwise never use them.
@@ -39,8 +37,7 @@ absl::StatusOr<UcpContext> UcpContext::Create(const UcxOptions& options) {
       absl::StrContains(tls, "all")) {
     PF_RETURN_IF_ERROR(Modify(config.get(), "MM_ERROR_HANDLING", "y"));
   }
-  PF_RETURN_IF_ERROR(
-      Modify(config.get(), "KEEPALIVE_INTERVAL", options.keepalive_interval));
+  PF_RETURN_IF_ERROR(Modify(config.get(), "KEEPALIVE_INTERVAL", options.keepalive_interval));
   if (!options.transports.empty()) {
     PF_RETURN_IF_ERROR(Modify(config.get(), "TLS", options.transports));
   }
@@ -50,8 +47,7 @@ absl::StatusOr<UcpContext> UcpContext::Create(const UcxOptions& options) {
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;
   ucp_context_h context = nullptr;
-  PF_RETURN_IF_ERROR(
-      UcxStatus(ucp_init(&params, config.get(), &context), "ucp_init"));
+  PF_RETURN_IF_ERROR(UcxStatus(ucp_init(&params, config.get(), &context), "ucp_init"));
   std::unique_ptr<ucp_context, UcpContextDeleter> owned(context);
 
   ucp_context_attr_t attr = {};
@@ -70,25 +66,23 @@ absl::StatusOr<UcpWorker> UcpWorker::Create(const UcpContext& context) {
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   params.thread_mode = UCS_THREAD_MODE_SINGLE;
   ucp_worker_h worker = nullptr;
-  PF_RETURN_IF_ERROR(UcxStatus(ucp_worker_create(context.get(), &params, &worker),
-                               "ucp_worker_create"));
+  PF_RETURN_IF_ERROR(
+      UcxStatus(ucp_worker_create(context.get(), &params, &worker), "ucp_worker_create"));
   std::unique_ptr<ucp_worker, UcpWorkerDeleter> owned(worker);
 
   ucp_address_t* address = nullptr;
   size_t length = 0;
-  PF_RETURN_IF_ERROR(UcxStatus(ucp_worker_get_address(worker, &address, &length),
-                               "ucp_worker_get_address"));
+  PF_RETURN_IF_ERROR(
+      UcxStatus(ucp_worker_get_address(worker, &address, &length), "ucp_worker_get_address"));
   std::string address_bytes(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(worker, address);
 
   int event_fd = -1;
-  PF_RETURN_IF_ERROR(
-      UcxStatus(ucp_worker_get_efd(worker, &event_fd), "ucp_worker_get_efd"));
+  PF_RETURN_IF_ERROR(UcxStatus(ucp_worker_get_efd(worker, &event_fd), "ucp_worker_get_efd"));
   return UcpWorker(owned.release(), std::move(address_bytes), event_fd);
 }
 
-absl::Status UcpWorker::SetMessageHandler(unsigned id, ucp_am_recv_callback_t callback,
-                                         void* arg) {
+absl::Status UcpWorker::SetMessageHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg) {
   ucp_am_handler_param_t handler = {};
   handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                        UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -115,8 +109,7 @@ absl::Status UcpWorker::Wait(ucs_status_ptr_t request, absl::string_view call) {
   return Wait(request, call, absl::InfiniteFuture(), [] {});
 }
 
-absl::Status UcpWorker::Wait(ucs_status_ptr_t request, absl::string_view call,
-                             absl::Time deadline,
+absl::Status UcpWorker::Wait(ucs_status_ptr_t request, absl::string_view call, absl::Time deadline,
                              absl::FunctionRef<void()> on_deadline) {
   if (request == nullptr) return absl::OkStatus();
   if (UCS_PTR_IS_ERR(request)) return UcxStatus(UCS_PTR_STATUS(request), call);

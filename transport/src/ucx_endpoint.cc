@@ -9,21 +9,17 @@
 
 namespace packfeed::transport {
 
-absl::StatusOr<UcpEndpoint> UcpEndpoint::Connect(UcpWorker& worker,
-                                                 absl::string_view peer_address,
-                                                 ucp_err_handler_cb_t on_error,
-                                                 void* arg) {
+absl::StatusOr<UcpEndpoint> UcpEndpoint::Connect(UcpWorker& worker, absl::string_view peer_address,
+                                                 ucp_err_handler_cb_t on_error, void* arg) {
   ucp_ep_params_t params = {};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = on_error;
   params.err_handler.arg = arg;
   ucp_ep_h endpoint = nullptr;
-  PF_RETURN_IF_ERROR(UcxStatus(ucp_ep_create(worker.get(), &params, &endpoint),
-                               "ucp_ep_create"));
+  PF_RETURN_IF_ERROR(UcxStatus(ucp_ep_create(worker.get(), &params, &endpoint), "ucp_ep_create"));
   return UcpEndpoint(&worker, endpoint);
 }
 
@@ -63,8 +59,8 @@ ucs_status_ptr_t UcpEndpoint::SendEager(unsigned id, absl::string_view header,
   params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
   params.flags = UCP_AM_SEND_FLAG_EAGER;
   params.datatype = ucp_dt_make_iov();
-  return ucp_am_send_nbx(endpoint_, id, header.data(), header.size(), pieces.data(),
-                         pieces.size(), &params);
+  return ucp_am_send_nbx(endpoint_, id, header.data(), header.size(), pieces.data(), pieces.size(),
+                         &params);
 }
 
 ucs_status_ptr_t UcpEndpoint::Flush() const {
@@ -85,17 +81,14 @@ std::string UcpEndpoint::TransportSummary() const {
   return text;
 }
 
-absl::StatusOr<RemoteKey> RemoteKey::Unpack(const UcpEndpoint& endpoint,
-                                            absl::string_view packed) {
+absl::StatusOr<RemoteKey> RemoteKey::Unpack(const UcpEndpoint& endpoint, absl::string_view packed) {
   ucp_rkey_h rkey = nullptr;
   PF_RETURN_IF_ERROR(
-      UcxStatus(ucp_ep_rkey_unpack(endpoint.get(), packed.data(), &rkey),
-                "ucp_ep_rkey_unpack"));
+      UcxStatus(ucp_ep_rkey_unpack(endpoint.get(), packed.data(), &rkey), "ucp_ep_rkey_unpack"));
   return RemoteKey(rkey);
 }
 
-RemoteKey::RemoteKey(RemoteKey&& other) noexcept
-    : rkey_(std::exchange(other.rkey_, nullptr)) {}
+RemoteKey::RemoteKey(RemoteKey&& other) noexcept : rkey_(std::exchange(other.rkey_, nullptr)) {}
 
 RemoteKey& RemoteKey::operator=(RemoteKey&& other) noexcept {
   if (this != &other) {
@@ -111,8 +104,7 @@ void RemoteKey::Reset() {
 
 absl::StatusOr<void*> RemoteKey::LocalPointer(uint64_t remote_address) const {
   void* pointer = nullptr;
-  PF_RETURN_IF_ERROR(
-      UcxStatus(ucp_rkey_ptr(rkey_, remote_address, &pointer), "ucp_rkey_ptr"));
+  PF_RETURN_IF_ERROR(UcxStatus(ucp_rkey_ptr(rkey_, remote_address, &pointer), "ucp_rkey_ptr"));
   return pointer;
 }
 

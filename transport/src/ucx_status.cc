@@ -6,8 +6,7 @@ namespace packfeed::transport {
 
 absl::Status UcxStatus(ucs_status_t status, absl::string_view call) {
   if (status == UCS_OK) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(call, ": ", ucs_status_string(status));
+  const std::string message = absl::StrCat(call, ": ", ucs_status_string(status));
   switch (status) {
     case UCS_ERR_CONNECTION_RESET:
     case UCS_ERR_ENDPOINT_TIMEOUT:

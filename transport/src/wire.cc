@@ -83,24 +83,23 @@ absl::StatusOr<Header> ReadHeader(Reader& reader) {
   }
   PF_ASSIGN_OR_RETURN(uint16_t version, reader.Get<uint16_t>("header"));
   if (version != kWireVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("peer speaks packfeed wire protocol v", version,
-                     "; this side speaks v", kWireVersion));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer speaks packfeed wire protocol v", version, "; this side speaks v", kWireVersion));
   }
   PF_ASSIGN_OR_RETURN(uint16_t kind, reader.Get<uint16_t>("header"));
   PF_ASSIGN_OR_RETURN(uint64_t epoch, reader.Get<uint64_t>("header"));
   PF_ASSIGN_OR_RETURN(uint64_t body_bytes, reader.Get<uint64_t>("header"));
   if (body_bytes != reader.remaining()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "message body is ", reader.remaining(), " bytes, header says ", body_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("message body is ", reader.remaining(), " bytes, header says ", body_bytes));
   }
   return Header{kind, epoch};
 }
 
 absl::Status CheckName(absl::string_view name) {
   if (name.empty() || name.size() > kMaxFieldNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field name of ", name.size(), " bytes (1 to ", kMaxFieldNameBytes, " allowed)"));
+    return absl::InvalidArgumentError(absl::StrCat("field name of ", name.size(), " bytes (1 to ",
+                                                   kMaxFieldNameBytes, " allowed)"));
   }
   for (char c : name) {
     if (c < 0x21 || c > 0x7e) {
@@ -116,18 +115,17 @@ absl::StatusOr<uint64_t> FieldBytes(absl::string_view name, ElementType type,
                                     const std::vector<int64_t>& shape) {
   const size_t element = ElementSize(type);
   if (element == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field ", name, ": unknown element type ", static_cast<int>(type)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", name, ": unknown element type ", static_cast<int>(type)));
   }
   if (shape.size() > kMaxDims) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field ", name, ": ", shape.size(), " dimensions (at most ", kMaxDims, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", name, ": ", shape.size(), " dimensions (at most ", kMaxDims, ")"));
   }
   uint64_t bytes = element;
   for (int64_t dim : shape) {
     if (dim < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("field ", name, ": negative dimension ", dim));
+      return absl::InvalidArgumentError(absl::StrCat("field ", name, ": negative dimension ", dim));
     }
     if (dim != 0 && bytes > UINT64_MAX / static_cast<uint64_t>(dim)) {
       return absl::InvalidArgumentError(absl::StrCat("field ", name, ": size overflows"));
@@ -166,8 +164,8 @@ absl::StatusOr<FieldDescriptor> DecodeField(Reader& reader) {
   field.type = static_cast<ElementType>(type);
   PF_ASSIGN_OR_RETURN(uint8_t dims, reader.Get<uint8_t>("field shape"));
   if (dims > kMaxDims) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field ", field.name, ": ", dims, " dimensions (at most ", kMaxDims, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", field.name, ": ", dims, " dimensions (at most ", kMaxDims, ")"));
   }
   for (int d = 0; d < dims; ++d) {
     PF_ASSIGN_OR_RETURN(int64_t dim, reader.Get<int64_t>("field shape"));
@@ -177,8 +175,8 @@ absl::StatusOr<FieldDescriptor> DecodeField(Reader& reader) {
   PF_ASSIGN_OR_RETURN(field.bytes, reader.Get<uint64_t>("field bytes"));
   PF_ASSIGN_OR_RETURN(uint64_t expected, FieldBytes(field.name, field.type, field.shape));
   if (expected != field.bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field ", field.name, ": ", field.bytes, " bytes for a shape of ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field ", field.name, ": ", field.bytes, " bytes for a shape of ", expected));
   }
   if (field.offset > UINT64_MAX - field.bytes) {
     return absl::InvalidArgumentError(absl::StrCat("field ", field.name, ": offset overflows"));
@@ -196,19 +194,17 @@ absl::StatusOr<SlotReady> DecodeSlotReady(uint64_t epoch, Reader& reader) {
   PF_ASSIGN_OR_RETURN(uint16_t fields, reader.Get<uint16_t>("slot-ready"));
   PF_ASSIGN_OR_RETURN(uint16_t inline_bytes, reader.Get<uint16_t>("slot-ready"));
   if (fields > kMaxFields) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(fields, " fields (at most ", kMaxFields, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(fields, " fields (at most ", kMaxFields, ")"));
   }
   if (inline_bytes > kMaxInlineBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        inline_bytes, " bytes of inline metadata (at most ", kMaxInlineBytes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(inline_bytes, " bytes of inline metadata (at most ", kMaxInlineBytes, ")"));
   }
   for (int i = 0; i < fields; ++i) {
     PF_ASSIGN_OR_RETURN(FieldDescriptor field, DecodeField(reader));
     ready.fields.push_back(std::move(field));
   }
-  PF_ASSIGN_OR_RETURN(absl::string_view metadata,
-                      reader.GetBytes(inline_bytes, "inline metadata"));
+  PF_ASSIGN_OR_RETURN(absl::string_view metadata, reader.GetBytes(inline_bytes, "inline metadata"));
   ready.inline_metadata = std::string(metadata);
   if (reader.remaining() != 0) {
     return absl::InvalidArgumentError(
@@ -227,14 +223,22 @@ absl::Status ExpectEmpty(const Reader& reader, absl::string_view what) {
 
 size_t ElementSize(ElementType type) {
   switch (type) {
-    case ElementType::kUInt8: case ElementType::kInt8: case ElementType::kBool:
+    case ElementType::kUInt8:
+    case ElementType::kInt8:
+    case ElementType::kBool:
       return 1;
-    case ElementType::kUInt16: case ElementType::kInt16:
-    case ElementType::kFloat16: case ElementType::kBFloat16:
+    case ElementType::kUInt16:
+    case ElementType::kInt16:
+    case ElementType::kFloat16:
+    case ElementType::kBFloat16:
       return 2;
-    case ElementType::kUInt32: case ElementType::kInt32: case ElementType::kFloat32:
+    case ElementType::kUInt32:
+    case ElementType::kInt32:
+    case ElementType::kFloat32:
       return 4;
-    case ElementType::kUInt64: case ElementType::kInt64: case ElementType::kFloat64:
+    case ElementType::kUInt64:
+    case ElementType::kInt64:
+    case ElementType::kFloat64:
       return 8;
   }
   return 0;
@@ -242,19 +246,32 @@ size_t ElementSize(ElementType type) {
 
 absl::string_view ElementTypeName(ElementType type) {
   switch (type) {
-    case ElementType::kUInt8: return "uint8";
-    case ElementType::kInt8: return "int8";
-    case ElementType::kUInt16: return "uint16";
-    case ElementType::kInt16: return "int16";
-    case ElementType::kUInt32: return "uint32";
-    case ElementType::kInt32: return "int32";
-    case ElementType::kUInt64: return "uint64";
-    case ElementType::kInt64: return "int64";
-    case ElementType::kFloat16: return "float16";
-    case ElementType::kBFloat16: return "bfloat16";
-    case ElementType::kFloat32: return "float32";
-    case ElementType::kFloat64: return "float64";
-    case ElementType::kBool: return "bool";
+    case ElementType::kUInt8:
+      return "uint8";
+    case ElementType::kInt8:
+      return "int8";
+    case ElementType::kUInt16:
+      return "uint16";
+    case ElementType::kInt16:
+      return "int16";
+    case ElementType::kUInt32:
+      return "uint32";
+    case ElementType::kInt32:
+      return "int32";
+    case ElementType::kUInt64:
+      return "uint64";
+    case ElementType::kInt64:
+      return "int64";
+    case ElementType::kFloat16:
+      return "float16";
+    case ElementType::kBFloat16:
+      return "bfloat16";
+    case ElementType::kFloat32:
+      return "float32";
+    case ElementType::kFloat64:
+      return "float64";
+    case ElementType::kBool:
+      return "bool";
   }
   return "invalid";
 }
@@ -263,21 +280,18 @@ std::string EncodeMessage(const Message& message) {
   Writer writer;
   if (const auto* ready = std::get_if<SlotReady>(&message)) {
     EncodeBody(*ready, writer);
-    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kSlotReady),
-                                    ready->epoch);
+    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kSlotReady), ready->epoch);
   }
   if (const auto* credit = std::get_if<Credit>(&message)) {
     writer.Put(credit->released);
-    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kCredit),
-                                    credit->epoch);
+    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kCredit), credit->epoch);
   }
   const auto& goodbye = std::get<Goodbye>(message);
   if (!goodbye.reason.empty()) {
     writer.Put(static_cast<uint32_t>(goodbye.reason.size()));
     writer.PutBytes(goodbye.reason);
   }
-  return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kGoodbye),
-                                  goodbye.epoch);
+  return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kGoodbye), goodbye.epoch);
 }
 
 absl::StatusOr<Message> DecodeMessage(absl::string_view bytes) {
@@ -305,31 +319,29 @@ absl::StatusOr<Message> DecodeMessage(absl::string_view bytes) {
   return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", header.kind));
 }
 
-absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots,
-                               uint64_t slot_bytes, uint64_t expected_seq) {
+absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots, uint64_t slot_bytes,
+                               uint64_t expected_seq) {
   if (ready.seq != expected_seq) {
-    return absl::DataLossError(absl::StrCat("slot-ready for message ", ready.seq,
-                                            ", expected message ", expected_seq));
+    return absl::DataLossError(
+        absl::StrCat("slot-ready for message ", ready.seq, ", expected message ", expected_seq));
   }
   if (ready.slot >= slots || ready.slot != ready.seq % slots) {
-    return absl::DataLossError(absl::StrCat("slot-ready names slot ", ready.slot,
-                                            " for message ", ready.seq, " of a ",
-                                            slots, "-slot ring"));
+    return absl::DataLossError(absl::StrCat("slot-ready names slot ", ready.slot, " for message ",
+                                            ready.seq, " of a ", slots, "-slot ring"));
   }
   std::vector<std::pair<uint64_t, uint64_t>> extents;
   for (const FieldDescriptor& field : ready.fields) {
     if (field.offset > slot_bytes || field.bytes > slot_bytes - field.offset) {
-      return absl::DataLossError(absl::StrCat(
-          "field ", field.name, " [", field.offset, ", +", field.bytes,
-          ") lies outside the ", slot_bytes, "-byte slot"));
+      return absl::DataLossError(absl::StrCat("field ", field.name, " [", field.offset, ", +",
+                                              field.bytes, ") lies outside the ", slot_bytes,
+                                              "-byte slot"));
     }
     extents.emplace_back(field.offset, field.offset + field.bytes);
   }
   std::sort(extents.begin(), extents.end());
   for (size_t i = 1; i < extents.size(); ++i) {
     if (extents[i].first < extents[i - 1].second) {
-      return absl::DataLossError(absl::StrCat("fields overlap at slot offset ",
-                                              extents[i].first));
+      return absl::DataLossError(absl::StrCat("fields overlap at slot offset ", extents[i].first));
     }
   }
   return absl::OkStatus();
@@ -376,9 +388,9 @@ absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
   ring.memory_kind = static_cast<MemoryKind>(kind);
   ring.remote_key = std::string(key);
   if (ring.slots == 0 || ring.slot_bytes == 0 || key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring of ", ring.slots, " slots of ", ring.slot_bytes, " bytes with a ",
-        key.size(), "-byte key: all must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat("ring of ", ring.slots, " slots of ",
+                                                   ring.slot_bytes, " bytes with a ", key.size(),
+                                                   "-byte key: all must be positive"));
   }
   if (ring.slot_bytes > UINT64_MAX / ring.slots ||
       ring.base_address > UINT64_MAX - ring.slots * ring.slot_bytes) {
@@ -413,8 +425,8 @@ absl::StatusOr<std::string> DecodeWorkerAddress(absl::string_view bytes) {
   return std::string(address);
 }
 
-absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(
-    const std::vector<FieldSpec>& fields, uint64_t slot_bytes) {
+absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(const std::vector<FieldSpec>& fields,
+                                                          uint64_t slot_bytes) {
   if (fields.size() > kMaxFields) {
     return absl::InvalidArgumentError(
         absl::StrCat(fields.size(), " fields (at most ", kMaxFields, ")"));
@@ -431,10 +443,10 @@ absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(
     layout.push_back({spec.name, spec.type, spec.shape, offset, bytes});
   }
   if (overflow || end > slot_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "payload of ", overflow ? std::string("more than 2^64") : absl::StrCat(end),
-        " bytes (", fields.size(), " fields, each aligned to ", kFieldAlignment,
-        " B) does not fit a ring slot of ", slot_bytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload of ", overflow ? std::string("more than 2^64") : absl::StrCat(end),
+                     " bytes (", fields.size(), " fields, each aligned to ", kFieldAlignment,
+                     " B) does not fit a ring slot of ", slot_bytes, " bytes"));
   }
   return layout;
 }

@@ -1,14 +1,18 @@
 """The trainer's data iterator: one packfeed.Client per rank, attached to its
 node's packfeedd, yields each microbatch as the dict Megatron-LM's
 get_batch_on_this_rank_for_sequence_packing returns."""
+from __future__ import annotations
+
 import os
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.utils.dlpack
 
 from . import _native, errors
 
-DEFAULT_SOCKET = "/run/packfeed/packfeedd.sock"
+# The daemon's default socket, as packfeedd and packfeedctl define it.
+DEFAULT_SOCKET: str = _native.DEFAULT_SOCKET
 
 # Megatron's keys, each present in every batch (None when this rank's pipeline
 # stage does not receive it; attention_mask is always None in THD).
@@ -18,8 +22,15 @@ MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_id
 
 STATE_VERSION = 1
 
+# One microbatch: Megatron's keys (tensors, or None where this rank's stage
+# receives no such field) and "packed_seq_params" (PackedSeqParams' arguments).
+Batch = Dict[str, Any]
+# What next_step() returns, as Megatron's wrap_data_iterator does:
+# (microbatches, num_microbatches, seqlen_sum, seqlen_squared_sum).
+Step = Tuple["StepIterator", int, int, int]
 
-def _env_int(*names, default):
+
+def _env_int(*names: str, default: Optional[int]) -> Optional[int]:
     for name in names:
         value = os.environ.get(name)
         if value not in (None, ""):
@@ -32,7 +43,7 @@ class Client:
 
     Defaults from the environment (explicit arguments win):
       rank         RANK (torchrun), else SLURM_PROCID, else 0
-      socket_path  PACKFEED_SOCKET, else /run/packfeed/packfeedd.sock
+      socket_path  PACKFEED_SOCKET, else DEFAULT_SOCKET (/run/packfeed/packfeedd.sock)
       job          PACKFEED_JOB
       auth_token   PACKFEED_TOKEN
       device       "cuda" means cuda:LOCAL_RANK (else SLURM_LOCALID, else 0)
@@ -50,12 +61,19 @@ class Client:
     device: where tensors should end up. The (page-locked) host ring's
     tensors are copied to the device asynchronously and the slot is freed
     once the copy is done.
+
+    Iterating a Client yields its steps, each what next_step() returns:
+        for microbatches, num_microbatches, seqlen_sum, _ in client:
+            for batch in microbatches: ...
     """
 
-    def __init__(self, job=None, *, rank=None, socket_path=None, fingerprint="",
-                 auth_token=None, start_step=0, slots=4, slot_bytes=0, device=None,
-                 copy=False, ucx_transports="", attach_timeout=30.0, reconnect_timeout=0.0,
-                 state=None, elastic=False):
+    def __init__(self, job: Optional[str] = None, *, rank: Optional[int] = None,
+                 socket_path: Optional[str] = None, fingerprint: str = "",
+                 auth_token: Optional[str] = None, start_step: int = 0, slots: int = 4,
+                 slot_bytes: int = 0, device: Optional[str | torch.device] = None,
+                 copy: bool = False, ucx_transports: str = "", attach_timeout: float = 30.0,
+                 reconnect_timeout: float = 0.0, state: Optional[Dict[str, Any]] = None,
+                 elastic: bool = False) -> None:
         self.job = job or os.environ.get("PACKFEED_JOB") or ""
         self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
         world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=None)
@@ -78,7 +96,12 @@ class Client:
             self._attach(fingerprint, start_step, 0, elastic)
 
     # --- iteration -------------------------------------------------------
-    def next_step(self, timeout=None):
+    def __iter__(self) -> Iterator[Step]:
+        """The steps, one next_step() each, until the daemon ends the job."""
+        while True:
+            yield self.next_step()
+
+    def next_step(self, timeout: Optional[float] = None) -> Step:
         """Begins the next step; returns Megatron's wrap_data_iterator result:
         (iterator over the step's microbatches, num_microbatches, seqlen_sum,
         seqlen_squared_sum), the sums over padded lengths of the global batch
@@ -88,23 +111,23 @@ class Client:
         self._last_step = info
         # A step resumed inside (load_state_dict of a mid-step state) yields
         # only the microbatches not yet consumed.
-        iterator = _StepIterator(self, info["num_microbatches"] - info["first_microbatch"], timeout)
+        iterator = StepIterator(self, info["num_microbatches"] - info["first_microbatch"], timeout)
         return iterator, info["num_microbatches"], info["padded_sum"], info["padded_squared_sum"]
 
     @property
-    def last_step(self):
+    def last_step(self) -> Optional[Dict[str, int]]:
         """The last next_step's figures: step, num_microbatches,
         first_microbatch (> 0 for a step resumed inside), padded_sum,
         padded_squared_sum, real_sum, real_squared_sum."""
         return self._last_step
 
-    def release(self):
+    def release(self) -> None:
         """Frees the current microbatch's slot now (its views become invalid)."""
         self._finish_copy()
         self._live().release()
 
     # --- checkpoints -----------------------------------------------------
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Where this rank stands; load_state_dict (or Client(state=...)) on a
         new client reproduces exactly the batches that follow."""
         state = self._live().state()
@@ -112,7 +135,7 @@ class Client:
                 "fingerprint": state["fingerprint"], "next_step": state["next_step"],
                 "next_microbatch": state["next_microbatch"]}
 
-    def load_state_dict(self, state, elastic=False):
+    def load_state_dict(self, state: Dict[str, Any], elastic: bool = False) -> None:
         """Re-attaches from `state`: serving resumes at state's next_step (and,
         for a state taken inside a step, its next_microbatch), and a daemon
         whose job changed (another fingerprint) is refused. elastic=True
@@ -133,15 +156,15 @@ class Client:
 
     # --- lifetime --------------------------------------------------------
     @property
-    def fingerprint(self):
+    def fingerprint(self) -> str:
         return self._live().fingerprint
 
     @property
-    def ring_memory(self):
+    def ring_memory(self) -> str:
         """"cuda" when the ring (and so every view) is in device memory, else "host"."""
         return self._live().memory_kind
 
-    def close(self):
+    def close(self) -> None:
         """Detaches. Views handed out stay readable but are no longer served."""
         self._finish_copy()
         if self._native is not None:
@@ -151,14 +174,15 @@ class Client:
             except errors.UnavailableError:
                 pass  # the daemon is gone: nothing to detach from
 
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # --- internals -------------------------------------------------------
-    def _attach(self, fingerprint, start_step, start_microbatch=0, elastic=False):
+    def _attach(self, fingerprint: str, start_step: int, start_microbatch: int = 0,
+                elastic: bool = False) -> None:
         on_gpu = self._device is not None and self._device.type == "cuda"
         self._native = _native.attach(
             socket_path=self.socket_path, job=self.job, global_rank=self.rank,
@@ -167,19 +191,19 @@ class Client:
             placement="host",
             cuda_device=self._device.index if on_gpu else 0, **self._options)
 
-    def _live(self):
+    def _live(self) -> _native.Client:
         if self._native is None:
             raise RuntimeError("packfeed client is closed")
         return self._native
 
-    def _finish_copy(self):
+    def _finish_copy(self) -> None:
         # The slot under an asynchronous copy is freed by the next native
         # call: wait for that copy (only it, not the compute stream) first.
         if self._pending_copy is not None:
             self._pending_copy.synchronize()
             self._pending_copy = None
 
-    def _next_batch(self, timeout):
+    def _next_batch(self, timeout: Optional[float]) -> Batch:
         self._finish_copy()
         native = self._live().next(timeout)
         batch = dict.fromkeys(MEGATRON_KEYS)
@@ -193,7 +217,7 @@ class Client:
         batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, max_seqlen, local_cp_size)
         return batch
 
-    def _place(self, batch):
+    def _place(self, batch: Batch) -> None:
         names = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
         needs_device = (self._device is not None and
                         any(batch[k].device != self._device for k in names))
@@ -215,19 +239,19 @@ class Client:
             self.release()
 
 
-class _StepIterator:
+class StepIterator:
     """The microbatches of one step; taking one frees the previous one's slot."""
 
-    def __init__(self, client, count, timeout):
+    def __init__(self, client: Client, count: int, timeout: Optional[float]) -> None:
         self._client, self._count, self._timeout, self._taken = client, count, timeout, 0
 
-    def __iter__(self):
+    def __iter__(self) -> "StepIterator":
         return self
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._count - self._taken
 
-    def __next__(self):
+    def __next__(self) -> Batch:
         if self._taken == self._count:
             raise StopIteration
         batch = self._client._next_batch(self._timeout)
@@ -235,7 +259,7 @@ class _StepIterator:
         return batch
 
 
-def _resolve_device(device):
+def _resolve_device(device: Optional[str | torch.device]) -> Optional[torch.device]:
     if device is None:
         return None
     device = torch.device(device)
@@ -244,7 +268,8 @@ def _resolve_device(device):
     return None if device.type == "cpu" else device
 
 
-def _packed_seq_params_kwargs(batch, max_seqlen, local_cp_size):
+def _packed_seq_params_kwargs(batch: Batch, max_seqlen: int,
+                              local_cp_size: Optional[int]) -> Dict[str, Any]:
     """The arguments of Megatron's PackedSeqParams for this microbatch
     (packfeed.megatron.packed_seq_params builds the object itself)."""
     return {

@@ -1,8 +1,11 @@
 """Glue for Megatron-LM's THD path: PackedSeqParams from a packfeed batch."""
+from __future__ import annotations
+
 import dataclasses
+from typing import Any, Dict
 
 
-def packed_seq_params(batch, cp_group=None):
+def packed_seq_params(batch: Dict[str, Any], cp_group: Any = None) -> Any:
     """Megatron's PackedSeqParams for `batch` (a dict from packfeed.Client).
     Only the arguments the installed Megatron-LM knows are passed; cp_group is
     the dynamic-CP group of size batch["local_cp_size"], which the trainer owns."""

@@ -30,15 +30,16 @@ TEST_P(TransportGpuTest, DeliversIntoTheDeviceOrAPageLockedRing) {
   options.slots = 3;
   options.slot_bytes = kMaxPayload + (64 << 10);
   auto receiver = transport::Receiver::Create(options);
-  if (GetParam() == transport::RingPlacement::kDevice && absl::IsFailedPrecondition(receiver.status())) {
+  if (GetParam() == transport::RingPlacement::kDevice &&
+      absl::IsFailedPrecondition(receiver.status())) {
     GTEST_SKIP() << receiver.status();  // a UCX without CUDA (Debian's)
   }
   ASSERT_TRUE(receiver.ok()) << receiver.status();
   if ((*receiver)->memory_kind() == MemoryKind::kHost) {
     EXPECT_TRUE((*receiver)->host_ring_registered_with_cuda());
   }
-  auto child = ChildProcess::Spawn({PF_TRANSPORT_PEER, "--role", "sender", "--max-payload",
-                                    absl::StrCat(kMaxPayload)});
+  auto child = ChildProcess::Spawn(
+      {PF_TRANSPORT_PEER, "--role", "sender", "--max-payload", absl::StrCat(kMaxPayload)});
   ASSERT_TRUE(child.ok()) << child.status();
   const std::string address = *child->Receive();
   ASSERT_TRUE(child->Send("connect").ok());
@@ -59,8 +60,8 @@ TEST_P(TransportGpuTest, DeliversIntoTheDeviceOrAPageLockedRing) {
       copies.assign(host.fields.size(), {});
       for (size_t f = 0; f < host.fields.size(); ++f) {
         copies[f].resize(host.fields[f].descriptor.bytes);
-        ASSERT_TRUE(transport::CudaCopy(copies[f].data(), host.fields[f].data,
-                                        copies[f].size()).ok());
+        ASSERT_TRUE(
+            transport::CudaCopy(copies[f].data(), host.fields[f].data, copies[f].size()).ok());
         host.fields[f].data = copies[f].data();
       }
     }

@@ -85,9 +85,9 @@ void RunReceiver(const PeerFlags& flags) {
       Reply(OkOr((*receiver)->Connect(address, Number(command.at(1))), "ok"));
     } else if (command[0] == "receive") {
       uint64_t bytes = 0;
-      absl::Status status = ReceiveTestMessages(
-          **receiver, Number(command.at(1)), Number(command.at(2)), flags.max_payload,
-          absl::Milliseconds(flags.hold_ms), &bytes);
+      absl::Status status =
+          ReceiveTestMessages(**receiver, Number(command.at(1)), Number(command.at(2)),
+                              flags.max_payload, absl::Milliseconds(flags.hold_ms), &bytes);
       Reply(OkOr(status, absl::StrCat("ok ", bytes)));
     } else {
       return;
@@ -110,9 +110,8 @@ void RunSender(const PeerFlags& flags) {
       Reply(epoch.ok() ? absl::StrCat("epoch ", *epoch) : StatusLine(epoch.status()));
     } else if (command[0] == "push") {
       PushReport report;
-      absl::Status status =
-          PushTestMessages(**sender, Number(command.at(1)), Number(command.at(2)),
-                           Number(command.at(3)), flags.max_payload, &report);
+      absl::Status status = PushTestMessages(**sender, Number(command.at(1)), Number(command.at(2)),
+                                             Number(command.at(3)), flags.max_payload, &report);
       Reply(OkOr(status, "ok"));
     } else {
       return;
@@ -120,8 +119,7 @@ void RunSender(const PeerFlags& flags) {
   }
 }
 
-ucs_status_t IgnoreMessage(void*, const void*, size_t, void*, size_t,
-                           const ucp_am_recv_param_t*) {
+ucs_status_t IgnoreMessage(void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
   return UCS_OK;
 }
 
@@ -151,8 +149,8 @@ void RunRogue(const PeerFlags& flags) {
       Reply("ok");
     } else if (command == "send") {
       const std::string bytes = Next();
-      absl::Status status = worker->Wait(
-          endpoint->SendEager(transport::kActiveMessageId, bytes), "ucp_am_send_nbx");
+      absl::Status status =
+          worker->Wait(endpoint->SendEager(transport::kActiveMessageId, bytes), "ucp_am_send_nbx");
       status.Update(worker->Wait(endpoint->Flush(), "ucp_ep_flush_nbx"));
       Reply(OkOr(status, "sent"));
     } else if (command == "send-slot") {
@@ -160,8 +158,7 @@ void RunRogue(const PeerFlags& flags) {
       std::string data = Next();
       const std::vector<ucp_dt_iov_t> pieces = {{data.data(), data.size()}};
       absl::Status status = worker->Wait(
-          endpoint->SendEager(transport::kSlotDataMessageId, header, pieces),
-          "ucp_am_send_nbx");
+          endpoint->SendEager(transport::kSlotDataMessageId, header, pieces), "ucp_am_send_nbx");
       status.Update(worker->Wait(endpoint->Flush(), "ucp_ep_flush_nbx"));
       Reply(OkOr(status, "sent"));
     } else {
@@ -176,8 +173,9 @@ void RunRogue(const PeerFlags& flags) {
 int main(int argc, char** argv) {
   packfeed::testing::PeerFlags flags;
   CLI::App app{"transport test peer"};
-  app.add_option("--role", flags.role)->required()->check(
-      CLI::IsMember({"receiver", "sender", "rogue"}));
+  app.add_option("--role", flags.role)
+      ->required()
+      ->check(CLI::IsMember({"receiver", "sender", "rogue"}));
   app.add_option("--tls", flags.transports);
   app.add_option("--slots", flags.slots);
   app.add_option("--slot-bytes", flags.slot_bytes);

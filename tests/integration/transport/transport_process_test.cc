@@ -63,12 +63,12 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     return receiver.ok() ? std::move(*receiver) : nullptr;
   }
 
-  ChildProcess Spawn(const std::string& role, uint32_t slots = 3,
-                     uint64_t max_payload = kLarge, int hold_ms = 0) {
+  ChildProcess Spawn(const std::string& role, uint32_t slots = 3, uint64_t max_payload = kLarge,
+                     int hold_ms = 0) {
     auto child = ChildProcess::Spawn(
-        {PF_TRANSPORT_PEER, "--role", role, "--tls", transports(), "--slots",
-         absl::StrCat(slots), "--slot-bytes", absl::StrCat(SlotBytesFor(max_payload)),
-         "--max-payload", absl::StrCat(max_payload), "--hold-ms", absl::StrCat(hold_ms)});
+        {PF_TRANSPORT_PEER, "--role", role, "--tls", transports(), "--slots", absl::StrCat(slots),
+         "--slot-bytes", absl::StrCat(SlotBytesFor(max_payload)), "--max-payload",
+         absl::StrCat(max_payload), "--hold-ms", absl::StrCat(hold_ms)});
     EXPECT_TRUE(child.ok()) << child.status();
     return std::move(*child);
   }
@@ -224,8 +224,7 @@ TEST_P(TransportTest, RefusesAPayloadLargerThanASlotAndStaysUsable) {
   std::vector<uint8_t> big(SlotBytesFor(kSmall) + 1);
   transport::SlotContent content;
   content.fields.push_back(
-      {{"tokens", transport::ElementType::kUInt8, {static_cast<int64_t>(big.size())}},
-       big.data()});
+      {{"tokens", transport::ElementType::kUInt8, {static_cast<int64_t>(big.size())}}, big.data()});
   absl::Status status = sender->Push(epoch, content);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr(absl::StrCat(big.size(), " bytes")));
@@ -343,8 +342,8 @@ TEST_P(RogueSenderTest, HandsOutNothingOfAFieldOutsideItsSlot) {
   Accept(9);
   transport::SlotReady ready;
   ready.epoch = 9;
-  ready.fields.push_back({"tokens", transport::ElementType::kInt64, {1, 4},
-                          SlotBytesFor(kSmall) - 16, 32});
+  ready.fields.push_back(
+      {"tokens", transport::ElementType::kInt64, {1, 4}, SlotBytesFor(kSmall) - 16, 32});
   Send(transport::EncodeMessage(ready));
   auto slot = receiver_->Next(absl::Seconds(5));
   EXPECT_EQ(slot.status().code(), absl::StatusCode::kDataLoss);
@@ -402,8 +401,8 @@ TEST_P(RogueSenderTest, GoodbyeEndsTheStreamAfterWhatWasAnnounced) {
 TEST(TransportProtocolTest, SenderRefusesARingOfAnotherProtocolVersion) {
   auto sender = Sender::Create({});
   ASSERT_TRUE(sender.ok()) << sender.status();
-  std::string ring = transport::EncodeRingDescriptor(
-      {2, 4096, 0x10000, transport::MemoryKind::kHost, "key"});
+  std::string ring =
+      transport::EncodeRingDescriptor({2, 4096, 0x10000, transport::MemoryKind::kHost, "key"});
   const uint16_t version = 2;
   std::memcpy(ring.data() + 4, &version, sizeof(version));
   auto epoch = (*sender)->Connect("some address", ring);
@@ -413,14 +412,12 @@ TEST(TransportProtocolTest, SenderRefusesARingOfAnotherProtocolVersion) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OverSharedMemoryAndTcp, RogueSenderTest,
-                         ::testing::Values("sm,self", "tcp,self"),
-                         [](const auto& info) {
+                         ::testing::Values("sm,self", "tcp,self"), [](const auto& info) {
                            return info.param == "sm,self" ? "SharedMemory" : "Tcp";
                          });
 
 INSTANTIATE_TEST_SUITE_P(OverSharedMemoryAndTcp, TransportTest,
-                         ::testing::Values("sm,self", "tcp,self"),
-                         [](const auto& info) {
+                         ::testing::Values("sm,self", "tcp,self"), [](const auto& info) {
                            return info.param == "sm,self" ? "SharedMemory" : "Tcp";
                          });
 

@@ -43,12 +43,10 @@ TEST(PosixFileTest, MapsEmptyAndNonEmptyFiles) {
   testing::ScopedTempDir dir;
   testing::WriteFileBytes(dir.path() / "empty", "");
   testing::WriteFileBytes(dir.path() / "full", "xyz");
-  absl::StatusOr<MappedFile> empty =
-      MappedFile::Open((dir.path() / "empty").string());
+  absl::StatusOr<MappedFile> empty = MappedFile::Open((dir.path() / "empty").string());
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_TRUE(empty->bytes().empty());
-  absl::StatusOr<MappedFile> full =
-      MappedFile::Open((dir.path() / "full").string());
+  absl::StatusOr<MappedFile> full = MappedFile::Open((dir.path() / "full").string());
   ASSERT_TRUE(full.ok()) << full.status();
   MappedFile moved = std::move(*full);
   ASSERT_EQ(moved.bytes().size(), 3u);

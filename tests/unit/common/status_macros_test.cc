@@ -24,9 +24,7 @@ absl::Status Check(bool ok, int* calls) {
   return absl::OkStatus();
 }
 
-TEST(StatusMacrosTest, AssignOrReturnMovesValue) {
-  EXPECT_EQ(*Twice(true), 14);
-}
+TEST(StatusMacrosTest, AssignOrReturnMovesValue) { EXPECT_EQ(*Twice(true), 14); }
 
 TEST(StatusMacrosTest, AssignOrReturnPropagatesError) {
   absl::StatusOr<int> result = Twice(false);

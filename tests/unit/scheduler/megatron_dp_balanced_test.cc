@@ -11,13 +11,12 @@
 #include "nlohmann/json.hpp"
 #include "test_paths.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<std::vector<std::vector<int64_t>>> PerRankSamples(
-    const GlobalPlan& plan) {
+std::vector<std::vector<std::vector<int64_t>>> PerRankSamples(const GlobalPlan& plan) {
   std::vector<std::vector<std::vector<int64_t>>> out;
   for (const PlannedMicrobatch& microbatch : plan.microbatches) {
     std::vector<std::vector<int64_t>> ranks;
@@ -59,13 +58,11 @@ TEST(MegatronDpBalancedTest, ReproducesEveryMegatronVector) {
     if (!c["microbatch_group_size_per_vp_stage"].is_null()) {
       options.vpp_group_size = c["microbatch_group_size_per_vp_stage"];
     }
-    absl::StatusOr<GlobalPlan> plan =
-        PlanMegatronDpBalanced(padded, padded, options);
+    absl::StatusOr<GlobalPlan> plan = PlanMegatronDpBalanced(padded, padded, options);
     if (!c["error"].is_null()) {
       ASSERT_FALSE(plan.ok());
       EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_THAT(plan.status().message(),
-                  HasSubstr("Not enough samples to move"));
+      EXPECT_THAT(plan.status().message(), HasSubstr("Not enough samples to move"));
       ++errors;
       continue;
     }
@@ -76,9 +73,8 @@ TEST(MegatronDpBalancedTest, ReproducesEveryMegatronVector) {
       continue;
     }
     ASSERT_TRUE(plan.ok()) << plan.status();
-    EXPECT_EQ(
-        PerRankSamples(*plan),
-        (c["expected"].get<std::vector<std::vector<std::vector<int64_t>>>>()));
+    EXPECT_EQ(PerRankSamples(*plan),
+              (c["expected"].get<std::vector<std::vector<std::vector<int64_t>>>>()));
     EXPECT_TRUE(ValidatePlan(*plan, static_cast<int64_t>(padded.size())).ok());
     ++matched;
   }
@@ -94,12 +90,10 @@ TEST(MegatronDpBalancedTest, EmptyPackIsRefusedWithTheReason) {
   options.dp = 2;
   options.max_seqlen_per_dp_cp_rank = 4096;
   std::vector<int64_t> padded = {9000, 100, 100, 100};
-  absl::StatusOr<GlobalPlan> plan =
-      PlanMegatronDpBalanced(padded, padded, options);
+  absl::StatusOr<GlobalPlan> plan = PlanMegatronDpBalanced(padded, padded, options);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(plan.status().message(),
-              HasSubstr("sample 0 of padded length 9000 exceeds a pack's "
-                        "4096 tokens"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("sample 0 of padded length 9000 exceeds a pack's "
+                                                 "4096 tokens"));
 }
 
 TEST(MegatronDpBalancedTest, FlopsInputsCountRealAndPadded) {
@@ -109,8 +103,7 @@ TEST(MegatronDpBalancedTest, FlopsInputsCountRealAndPadded) {
   options.max_seqlen_per_dp_cp_rank = 100;
   std::vector<int64_t> real = {5, 11};
   std::vector<int64_t> padded = {8, 12};
-  absl::StatusOr<GlobalPlan> plan =
-      PlanMegatronDpBalanced(real, padded, options);
+  absl::StatusOr<GlobalPlan> plan = PlanMegatronDpBalanced(real, padded, options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->flops, (FlopsInputs{20, 64 + 144, 16, 25 + 121}));
 }
@@ -118,18 +111,16 @@ TEST(MegatronDpBalancedTest, FlopsInputsCountRealAndPadded) {
 TEST(MegatronDpBalancedTest, RejectsBadOptions) {
   std::vector<int64_t> lengths = {4};
   MegatronDpBalancedOptions options;
-  EXPECT_THAT(
-      PlanMegatronDpBalanced(lengths, lengths, options).status().message(),
-      HasSubstr("max_seqlen_per_dp_cp_rank must be >= 1"));
+  EXPECT_THAT(PlanMegatronDpBalanced(lengths, lengths, options).status().message(),
+              HasSubstr("max_seqlen_per_dp_cp_rank must be >= 1"));
   options.max_seqlen_per_dp_cp_rank = 8;
   options.dp = 0;
   EXPECT_FALSE(PlanMegatronDpBalanced(lengths, lengths, options).ok());
   options.dp = 1;
   std::vector<int64_t> shorter = {2};
-  EXPECT_THAT(
-      PlanMegatronDpBalanced(lengths, shorter, options).status().message(),
-      HasSubstr("sample 0 has length 4 and padded length 2"));
+  EXPECT_THAT(PlanMegatronDpBalanced(lengths, shorter, options).status().message(),
+              HasSubstr("sample 0 has length 4 and padded length 2"));
 }
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

@@ -4,7 +4,7 @@
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/cost_model.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 // Two microbatches over N = 2 ranks:
@@ -34,17 +34,15 @@ TEST(PlanStatsTest, FiguresFollowTheirDefinitions) {
   EXPECT_EQ(stats.max_tokens_on_a_rank, 4);
   // Every sequence runs at the CP it needs: inflation 1.
   EXPECT_DOUBLE_EQ(stats.cp_inflation, 1.0);
-  EXPECT_THAT(
-      stats.cp_size_histogram,
-      ::testing::ElementsAre(::testing::Pair(1, 2), ::testing::Pair(2, 1)));
+  EXPECT_THAT(stats.cp_size_histogram,
+              ::testing::ElementsAre(::testing::Pair(1, 2), ::testing::Pair(2, 1)));
   EXPECT_EQ(SmallPlan().flops, (FlopsInputs{14, 16 + 4 + 64, 13, 9 + 4 + 64}));
 }
 
 TEST(PlanStatsTest, CpInflationCountsNeedlessSplits) {
   // The 8-token sequence at CP 2 with a cap of 8 needs CP 1: inflation
   // (3·1 + 2·1 + 8·2) / 13.
-  const PlanStats stats =
-      ComputePlanStats(SmallPlan(), CostModel::Megatron(), 8);
+  const PlanStats stats = ComputePlanStats(SmallPlan(), CostModel::Megatron(), 8);
   EXPECT_DOUBLE_EQ(stats.cp_inflation, (3.0 + 2.0 + 16.0) / 13.0);
   EXPECT_EQ(NeededCpSize(9, 8, 1), 2);
   EXPECT_EQ(NeededCpSize(3, 8, 4), 4);
@@ -54,7 +52,7 @@ TEST(PlanStatsTest, CpInflationCountsNeedlessSplits) {
 TEST(PlanStatsTest, CpIsNeverFreeUnderTheFullModel) {
   // A 400-token chat message split 16 ways costs the group more in total
   // than running it on one rank; under Megatron's s²/c it looks free.
-  const CostModel full = CostModel::FromModel(4096, 14336, 1024);
+  const CostModel full = CostModel::Llama8b();
   EXPECT_GT(16 * full.Cost(400, 16), full.Cost(400, 1));
   const CostModel megatron = CostModel::Megatron();
   EXPECT_LT(16 * megatron.Cost(400, 16), 1.0001 * megatron.Cost(400, 1));
@@ -65,15 +63,13 @@ TEST(PlanStatsTest, CpIsNeverFreeUnderTheFullModel) {
 TEST(PlanStatsTest, ValidatePlanCatchesMissingAndDuplicateSamples) {
   GlobalPlan plan = SmallPlan();
   EXPECT_TRUE(ValidatePlan(plan, 3).ok());
-  EXPECT_THAT(ValidatePlan(plan, 4).message(),
-              ::testing::HasSubstr("sample 3 placed 0 times"));
+  EXPECT_THAT(ValidatePlan(plan, 4).message(), ::testing::HasSubstr("sample 3 placed 0 times"));
   plan.microbatches[0].groups[1].sequences[0].sample = 0;
-  EXPECT_THAT(ValidatePlan(plan, 3).message(),
-              ::testing::HasSubstr("sample 0 placed 2 times"));
+  EXPECT_THAT(ValidatePlan(plan, 3).message(), ::testing::HasSubstr("sample 0 placed 2 times"));
   plan = SmallPlan();
   plan.microbatches[1].groups[0].first_rank = 1;
   EXPECT_FALSE(ValidatePlan(plan, 3).ok());
 }
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

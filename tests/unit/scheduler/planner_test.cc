@@ -9,7 +9,7 @@
 #include "packfeed/scheduler/padding.h"
 #include "packfeed/scheduler/plan_stats.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 using ::testing::HasSubstr;
@@ -24,10 +24,8 @@ int64_t Uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
 bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 // Every promise PlanGlobalBatch makes, checked on one plan.
-void ExpectPlanKeepsItsPromises(const GlobalPlan& plan,
-                                const std::vector<int64_t>& lengths,
-                                const PlannerOptions& options,
-                                const std::string& where) {
+void ExpectPlanKeepsItsPromises(const GlobalPlan& plan, const std::vector<int64_t>& lengths,
+                                const PlannerOptions& options, const std::string& where) {
   SCOPED_TRACE(where);
   const int n = options.dp * options.cp;
   ASSERT_EQ(plan.dp_cp_size, n);
@@ -37,14 +35,12 @@ void ExpectPlanKeepsItsPromises(const GlobalPlan& plan,
   if (options.vpp_group_size > 0) {
     EXPECT_EQ(plan.num_microbatches() % options.vpp_group_size, 0);
   }
-  const CpRange range = options.kind == SchedulerKind::kDynamicCp
-                            ? *ResolveCpRange(options)
-                            : CpRange{options.cp, options.cp};
+  const CpRange range = options.kind == SchedulerKind::kDynamicCp ? *ResolveCpRange(options)
+                                                                  : CpRange{options.cp, options.cp};
   FlopsInputs flops;
   for (const PlannedMicrobatch& microbatch : plan.microbatches) {
     for (const CpGroup& group : microbatch.groups) {
-      ASSERT_FALSE(group.sequences.empty())
-          << "idle ranks at " << group.first_rank;
+      ASSERT_FALSE(group.sequences.empty()) << "idle ranks at " << group.first_rank;
       if (options.kind == SchedulerKind::kDynamicCp) {
         EXPECT_TRUE(IsPowerOfTwo(group.size)) << group.size;
         EXPECT_GE(group.size, range.min);
@@ -56,9 +52,8 @@ void ExpectPlanKeepsItsPromises(const GlobalPlan& plan,
       int64_t tokens = 0;
       for (const PlannedSequence& s : group.sequences) {
         EXPECT_EQ(s.length, lengths[s.sample]);
-        EXPECT_EQ(s.padded_length,
-                  PadTo(s.length, PaddingDivisor(group.size, options.tp,
-                                                 options.sequence_parallel)));
+        EXPECT_EQ(s.padded_length, PadTo(s.length, PaddingDivisor(group.size, options.tp,
+                                                                  options.sequence_parallel)));
         tokens += s.padded_length / group.size;
         flops.padded_sum += s.padded_length;
         flops.padded_squared_sum += s.padded_length * s.padded_length;
@@ -86,54 +81,46 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind) {
   o.cp = static_cast<int>(Uniform(rng, 1, 4));  // 3: DP×CP not a power of 2
   o.tp = static_cast<int>(Uniform(rng, 1, 4));
   o.sequence_parallel = Uniform(rng, 0, 1) == 1;
-  o.vpp_group_size =
-      Uniform(rng, 0, 2) == 0 ? static_cast<int>(Uniform(rng, 2, 4)) : 0;
+  o.vpp_group_size = Uniform(rng, 0, 2) == 0 ? static_cast<int>(Uniform(rng, 2, 4)) : 0;
   o.max_tokens_per_rank = Uniform(rng, 64, 4096);
   const int n = o.dp * o.cp;
   int largest = 1;  // the largest group a sequence may use
   if (kind == SchedulerKind::kDynamicCp) {
     int top = 1;
     while (top * 2 <= n) top *= 2;
-    o.max_cp =
-        Uniform(rng, 0, 1) == 0 ? top : static_cast<int>(std::max(1, top / 2));
+    o.max_cp = Uniform(rng, 0, 1) == 0 ? top : static_cast<int>(std::max(1, top / 2));
     o.min_cp = Uniform(rng, 0, 3) == 0 && n % 2 == 0 ? 2 : 1;
     if (o.min_cp > o.max_cp) o.min_cp = o.max_cp;
     largest = o.max_cp;
   } else {
     largest = o.cp;
   }
-  o.cost_model = Uniform(rng, 0, 1) == 0
-                     ? CostModel::Megatron()
-                     : CostModel::FromModel(1024, 4096, 256);
+  o.cost_model =
+      Uniform(rng, 0, 1) == 0 ? CostModel::Megatron() : CostModel::FromModel(1024, 4096, 256);
   o.cp_upgrade_budget = Uniform(rng, 0, 1) == 0 ? 0.05 : 1.0;
   // Enough sequences to give every rank of several microbatches one; a mix
   // of tiny ones, typical ones and ones that need the largest group.
   const int64_t count = Uniform(rng, n * 2, n * 12 + 8);
   const int64_t divisor = PaddingDivisor(largest, o.tp, o.sequence_parallel);
-  const int64_t longest =
-      (largest * o.max_tokens_per_rank) / divisor * divisor - divisor + 1;
+  const int64_t longest = (largest * o.max_tokens_per_rank) / divisor * divisor - divisor + 1;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t kind_of_length = Uniform(rng, 0, 9);
     int64_t length;
     if (kind_of_length == 0) {
       length = Uniform(rng, 1, 8);
     } else if (kind_of_length == 9) {
-      length = Uniform(rng, std::max<int64_t>(1, longest / 2),
-                       std::max<int64_t>(1, longest));
+      length = Uniform(rng, std::max<int64_t>(1, longest / 2), std::max<int64_t>(1, longest));
     } else {
-      length = Uniform(
-          rng, 1,
-          std::max<int64_t>(1, std::min(o.max_tokens_per_rank, longest)));
+      length = Uniform(rng, 1, std::max<int64_t>(1, std::min(o.max_tokens_per_rank, longest)));
     }
     c.lengths.push_back(length);
   }
-  c.description = std::string(SchedulerKindName(kind)) + " DP" +
-                  std::to_string(o.dp) + " CP" + std::to_string(o.cp) + " TP" +
-                  std::to_string(o.tp) + (o.sequence_parallel ? " SP" : "") +
-                  " VPP" + std::to_string(o.vpp_group_size) + " cap " +
-                  std::to_string(o.max_tokens_per_rank) + " cp [" +
-                  std::to_string(o.min_cp) + "," + std::to_string(o.max_cp) +
-                  "] n " + std::to_string(count);
+  c.description = std::string(SchedulerKindName(kind)) + " DP" + std::to_string(o.dp) + " CP" +
+                  std::to_string(o.cp) + " TP" + std::to_string(o.tp) +
+                  (o.sequence_parallel ? " SP" : "") + " VPP" + std::to_string(o.vpp_group_size) +
+                  " cap " + std::to_string(o.max_tokens_per_rank) + " cp [" +
+                  std::to_string(o.min_cp) + "," + std::to_string(o.max_cp) + "] n " +
+                  std::to_string(count);
   return c;
 }
 
@@ -149,8 +136,7 @@ void RunRandomCases(SchedulerKind kind, int cases) {
       // than the batch can fill, or (dynamic CP, DP×CP not a power of two,
       // a few sequences per rank) the last microbatch is left only
       // sequences too wide for its free block.
-      EXPECT_THAT(std::string(plan.status().message()),
-                  HasSubstr("cannot give every one of the"))
+      EXPECT_THAT(std::string(plan.status().message()), HasSubstr("cannot give every one of the"))
           << c.description << ": " << plan.status();
       continue;
     }
@@ -184,8 +170,7 @@ PlannerOptions Options(SchedulerKind kind, int dp, int cp, int64_t cap) {
 
 TEST(PlannerTest, OversizedSequenceIsNamed) {
   const std::vector<int64_t> lengths = {10, 20, 4097, 30};
-  for (SchedulerKind kind :
-       {SchedulerKind::kBalanced, SchedulerKind::kDynamicCp}) {
+  for (SchedulerKind kind : {SchedulerKind::kBalanced, SchedulerKind::kDynamicCp}) {
     PlannerOptions options = Options(kind, 2, 2, 1024);
     const absl::StatusOr<GlobalPlan> plan = PlanGlobalBatch(lengths, options);
     ASSERT_FALSE(plan.ok());
@@ -256,8 +241,7 @@ TEST(PlannerTest, BadOptionsAreRefused) {
               HasSubstr("sample 1 has length 0"));
   EXPECT_FALSE(SchedulerKindFromName("greedy").ok());
   for (SchedulerKind kind :
-       {SchedulerKind::kBalanced, SchedulerKind::kDynamicCp,
-        SchedulerKind::kMegatronDpBalanced}) {
+       {SchedulerKind::kBalanced, SchedulerKind::kDynamicCp, SchedulerKind::kMegatronDpBalanced}) {
     EXPECT_EQ(*SchedulerKindFromName(SchedulerKindName(kind)), kind);
   }
 }
@@ -276,15 +260,12 @@ TEST(PlannerTest, BalancesWorkBetterThanMegatronsDpBalanced) {
   const GlobalPlan ours = *PlanGlobalBatch(lengths, options);
   options.kind = SchedulerKind::kMegatronDpBalanced;
   const GlobalPlan megatron = *PlanGlobalBatch(lengths, options);
-  const PlanStats ours_stats =
-      ComputePlanStats(ours, CostModel::Megatron(), 8192);
-  const PlanStats megatron_stats =
-      ComputePlanStats(megatron, CostModel::Megatron(), 8192);
+  const PlanStats ours_stats = ComputePlanStats(ours, CostModel::Megatron(), 8192);
+  const PlanStats megatron_stats = ComputePlanStats(megatron, CostModel::Megatron(), 8192);
   EXPECT_LT(ours_stats.step_over_ideal, 1.10);
   EXPECT_GT(megatron_stats.step_over_ideal, 1.30);
-  EXPECT_LE(ours_stats.num_microbatches,
-            ours_stats.microbatches_lower_bound + 1);
+  EXPECT_LE(ours_stats.num_microbatches, ours_stats.microbatches_lower_bound + 1);
 }
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

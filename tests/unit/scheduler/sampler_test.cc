@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/permutation.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 using ::testing::ElementsAre;
@@ -42,13 +42,13 @@ TEST(PermutationTest, SeedsGiveDifferentOrders) {
 TEST(PermutationTest, ValuesAreFixedAcrossBuildsAndMachines) {
   // Pinned: a change here reshuffles every job's data order.
   const Permutation permutation(1000, 1234);
-  EXPECT_THAT(std::vector<uint64_t>({permutation(0), permutation(1),
-                                     permutation(2), permutation(999)}),
-              ElementsAre(40, 580, 571, 737));
+  EXPECT_THAT(
+      std::vector<uint64_t>({permutation(0), permutation(1), permutation(2), permutation(999)}),
+      ElementsAre(40, 580, 571, 737));
 }
 
-Sampler Make(std::vector<SamplerDataset> datasets, int64_t global_batch,
-             bool shuffle = true, uint64_t seed = 7) {
+Sampler Make(std::vector<SamplerDataset> datasets, int64_t global_batch, bool shuffle = true,
+             uint64_t seed = 7) {
   absl::StatusOr<Sampler> sampler =
       Sampler::Create({std::move(datasets), global_batch, seed, shuffle});
   EXPECT_TRUE(sampler.ok()) << sampler.status();
@@ -116,10 +116,9 @@ TEST(SamplerTest, BlendGivesEveryBatchTheWeightsMix) {
   EXPECT_EQ(first_epoch.size(), 700u);
   // Shuffled: the datasets are interleaved, not concatenated.
   const std::vector<SampleRef> batch = sampler.GlobalBatch(0);
-  EXPECT_FALSE(std::is_sorted(batch.begin(), batch.end(),
-                              [](const SampleRef& a, const SampleRef& b) {
-                                return a.dataset < b.dataset;
-                              }));
+  EXPECT_FALSE(
+      std::is_sorted(batch.begin(), batch.end(),
+                     [](const SampleRef& a, const SampleRef& b) { return a.dataset < b.dataset; }));
 }
 
 TEST(SamplerTest, BadOptionsAreRefused) {
@@ -128,16 +127,12 @@ TEST(SamplerTest, BadOptionsAreRefused) {
   };
   EXPECT_THAT(error({{}, 8, 0, true}), HasSubstr("no datasets"));
   EXPECT_THAT(error({{{10, 1.0}}, 0, 0, true}), HasSubstr("global batch"));
-  EXPECT_THAT(error({{{0, 1.0}}, 8, 0, true}),
-              HasSubstr("dataset 0 has no samples"));
-  EXPECT_THAT(error({{{10, 1.0}, {10, 0.0}}, 8, 0, true}),
-              HasSubstr("dataset 1 has weight 0"));
-  EXPECT_THAT(error({{{10, -1.0}}, 8, 0, true}),
-              HasSubstr("weights must be positive"));
-  EXPECT_THAT(
-      error({{{10, 1.0}, {10, 0.001}}, 8, 0, true}),
-      HasSubstr("dataset 1 (weight 0.001 of 1.001) would get no sample"));
+  EXPECT_THAT(error({{{0, 1.0}}, 8, 0, true}), HasSubstr("dataset 0 has no samples"));
+  EXPECT_THAT(error({{{10, 1.0}, {10, 0.0}}, 8, 0, true}), HasSubstr("dataset 1 has weight 0"));
+  EXPECT_THAT(error({{{10, -1.0}}, 8, 0, true}), HasSubstr("weights must be positive"));
+  EXPECT_THAT(error({{{10, 1.0}, {10, 0.001}}, 8, 0, true}),
+              HasSubstr("dataset 1 (weight 0.001 of 1.001) would get no sample"));
 }
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/padding.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 namespace {
 
 using ::testing::ElementsAre;
@@ -23,10 +23,8 @@ std::vector<int64_t> Indices(std::vector<int64_t> cu, int c, int k) {
 TEST(ThdPartitionTest, WorkedExampleCp2) {
   EXPECT_EQ(PadTo(5, PaddingDivisor(2, 1, false)), 8);
   EXPECT_EQ(PadTo(11, PaddingDivisor(2, 1, false)), 12);
-  EXPECT_THAT(Indices({0, 8, 20}, 2, 0),
-              ElementsAre(0, 1, 6, 7, 8, 9, 10, 17, 18, 19));
-  EXPECT_THAT(Indices({0, 8, 20}, 2, 1),
-              ElementsAre(2, 3, 4, 5, 11, 12, 13, 14, 15, 16));
+  EXPECT_THAT(Indices({0, 8, 20}, 2, 0), ElementsAre(0, 1, 6, 7, 8, 9, 10, 17, 18, 19));
+  EXPECT_THAT(Indices({0, 8, 20}, 2, 1), ElementsAre(2, 3, 4, 5, 11, 12, 13, 14, 15, 16));
 }
 
 // Worked example 2: CP 4, cu = [0, 8, 24].
@@ -72,16 +70,30 @@ TEST(ThdPartitionTest, SequenceParallelMultipliesTheDivisor) {
   EXPECT_EQ(PadTo(16, 8), 16);
 }
 
+TEST(ThdPartitionTest, ChunksAreKThenMirror) {
+  auto ranges = ZigzagChunks(24, 3, 1);
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  EXPECT_EQ((*ranges)[0].begin, 4);
+  EXPECT_EQ((*ranges)[0].end, 8);
+  EXPECT_EQ((*ranges)[1].begin, 16);
+  EXPECT_EQ((*ranges)[1].end, 20);
+  auto whole = ZigzagChunks(7, 1, 0);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ((*whole)[0].end, 7);
+  EXPECT_EQ((*whole)[1].end - (*whole)[1].begin, 0);
+  EXPECT_FALSE(ZigzagChunks(10, 2, 0).ok());
+  EXPECT_FALSE(ZigzagChunks(8, 2, -1).ok());
+}
+
 TEST(ThdPartitionTest, RejectsBadInputs) {
   EXPECT_FALSE(ZigzagIndices(std::vector<int64_t>{0, 6}, 2, 0).ok());
   EXPECT_FALSE(ZigzagIndices(std::vector<int64_t>{1, 8}, 2, 0).ok());
   EXPECT_FALSE(ZigzagIndices(std::vector<int64_t>{0, 8, 4}, 2, 0).ok());
   EXPECT_FALSE(ZigzagIndices(std::vector<int64_t>{0, 8}, 2, 2).ok());
   EXPECT_FALSE(ZigzagIndices(std::vector<int64_t>{}, 1, 0).ok());
-  EXPECT_THAT(
-      ZigzagIndices(std::vector<int64_t>{0, 6}, 2, 0).status().message(),
-      ::testing::HasSubstr("cu_seqlens_padded[1] = 6"));
+  EXPECT_THAT(ZigzagIndices(std::vector<int64_t>{0, 6}, 2, 0).status().message(),
+              ::testing::HasSubstr("cu_seqlens_padded[1] = 6"));
 }
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::scheduler

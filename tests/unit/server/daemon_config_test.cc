@@ -3,9 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "packfeed/server/fingerprint.h"
+#include "server/internal/fingerprint.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 using ::testing::HasSubstr;
@@ -106,4 +106,4 @@ TEST(FingerprintTest, NamesTheDifferingParts) {
 }
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::server

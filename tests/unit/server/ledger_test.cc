@@ -2,7 +2,7 @@
 // consumed, duplicated, skipped and rewound, and that a replayed journal
 // gives back the same ledger, whatever state the file was left in.
 
-#include "packfeed/server/ledger.h"
+#include "server/internal/ledger.h"
 
 #include <unistd.h>
 
@@ -12,13 +12,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 using ::testing::HasSubstr;
 
 std::vector<EpochShare> Shares(std::initializer_list<int64_t> documents) {
-  std::vector<SampleRef> samples;
+  std::vector<scheduler::SampleRef> samples;
   for (int64_t d : documents) samples.push_back({0, d, 0});
   return SharesOf(samples);
 }
@@ -78,8 +78,8 @@ TEST_F(LedgerTest, ConsumptionAdvancesThePositionAcrossSteps) {
   EXPECT_EQ(rank.samples(), 4u);
   EXPECT_EQ(rank.duplicates() + rank.gaps() + rank.rewinds(), 0u);
   ASSERT_EQ(rank.epochs_size(), 1);
-  EXPECT_EQ(rank.epochs(0).digest(), SampleDigest(0, 1) + SampleDigest(0, 2) +
-                                         SampleDigest(0, 3) + SampleDigest(0, 4));
+  EXPECT_EQ(rank.epochs(0).digest(),
+            SampleDigest(0, 1) + SampleDigest(0, 2) + SampleDigest(0, 3) + SampleDigest(0, 4));
 }
 
 TEST_F(LedgerTest, ADuplicateAndAGapAreCountedNotHidden) {
@@ -178,12 +178,12 @@ TEST_F(LedgerTest, CorruptJournalsAreRefusedNamingTheLine) {
   EXPECT_TRUE(absl::IsDataLoss(ledger.status())) << ledger.status();
   EXPECT_THAT(ledger.status().message(), HasSubstr("not a packfeed ledger"));
 
-  for (const char* bad : {"C 0 0 5 2 c\n",                      // microbatch beyond its step
-                          "C 0 0 0 2 x\n",                      // unknown kind
-                          "C 0 0 0 2 c 0:0:1:xyz\n",            // bad digest
-                          "A -1 0 0\n",                         // negative rank
-                          "J 0 0 0\n",                          // missing count
-                          "Q 0 0 0\n"}) {                       // unknown record
+  for (const char* bad : {"C 0 0 5 2 c\n",            // microbatch beyond its step
+                          "C 0 0 0 2 x\n",            // unknown kind
+                          "C 0 0 0 2 c 0:0:1:xyz\n",  // bad digest
+                          "A -1 0 0\n",               // negative rank
+                          "J 0 0 0\n",                // missing count
+                          "Q 0 0 0\n"}) {             // unknown record
     std::ofstream(path_, std::ios::trunc) << "packfeed-ledger 1\n" << bad;
     ledger = Ledger::Open(path_);
     EXPECT_TRUE(absl::IsDataLoss(ledger.status())) << bad << ": " << ledger.status();
@@ -192,12 +192,12 @@ TEST_F(LedgerTest, CorruptJournalsAreRefusedNamingTheLine) {
 
 TEST_F(LedgerTest, AnUnwritableJournalIsAClearError) {
   if (geteuid() == 0) GTEST_SKIP() << "root writes anywhere";
-  std::filesystem::permissions(dir_, std::filesystem::perms::owner_read |
-                                         std::filesystem::perms::owner_exec);
+  std::filesystem::permissions(
+      dir_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
   absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(path_);
   EXPECT_TRUE(absl::IsPermissionDenied(ledger.status())) << ledger.status();
   std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
 }
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::server

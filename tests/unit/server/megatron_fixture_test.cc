@@ -9,11 +9,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "packfeed/server/indexed_dataset.h"
-#include "packfeed/server/indexed_dataset_writer.h"
+#include "packfeed/dataset/indexed_dataset.h"
+#include "packfeed/dataset/indexed_dataset_writer.h"
 #include "test_paths.h"
 
-namespace packfeed {
+namespace packfeed::server {
 namespace {
 
 using nlohmann::json;
@@ -34,14 +34,14 @@ class MegatronFixtureTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(MegatronFixtureTest, HeaderAndSizes) {
-  absl::StatusOr<IndexedDataset> dataset = IndexedDataset::Open(prefix_);
+  absl::StatusOr<dataset::IndexedDataset> dataset = dataset::IndexedDataset::Open(prefix_);
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   const json& header = expected_["header"];
   EXPECT_EQ(static_cast<int>(dataset->dtype()), header["dtype_code"]);
   EXPECT_EQ(dataset->num_sequences(), header["sequence_count"]);
   EXPECT_EQ(dataset->num_documents() + 1, header["document_count_field"]);
-  EXPECT_EQ(DTypeSize(dataset->dtype()), expected_["itemsize"]);
-  EXPECT_EQ(std::string(DTypeName(dataset->dtype())),
+  EXPECT_EQ(dataset::DTypeSize(dataset->dtype()), expected_["itemsize"]);
+  EXPECT_EQ(std::string(dataset::DTypeName(dataset->dtype())),
             expected_["numpy_dtype"].get<std::string>());
   EXPECT_FALSE(dataset->index().multimodal());
   EXPECT_EQ(dataset->idx_bytes(), expected_["idx_bytes"]);
@@ -57,7 +57,7 @@ TEST_P(MegatronFixtureTest, HeaderAndSizes) {
 }
 
 TEST_P(MegatronFixtureTest, EveryLengthAndDocumentIndex) {
-  absl::StatusOr<IndexedDataset> dataset = IndexedDataset::Open(prefix_);
+  absl::StatusOr<dataset::IndexedDataset> dataset = dataset::IndexedDataset::Open(prefix_);
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   const auto lengths = expected_["sequence_lengths"].get<std::vector<int>>();
   ASSERT_EQ(lengths.size(), dataset->num_sequences());
@@ -72,12 +72,10 @@ TEST_P(MegatronFixtureTest, EveryLengthAndDocumentIndex) {
 }
 
 TEST_P(MegatronFixtureTest, TokenSumAndProbes) {
-  absl::StatusOr<IndexedDataset> dataset = IndexedDataset::Open(prefix_);
+  absl::StatusOr<dataset::IndexedDataset> dataset = dataset::IndexedDataset::Open(prefix_);
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   std::vector<int64_t> all(dataset->total_tokens());
-  ASSERT_TRUE(
-      dataset->ReadSequences(0, dataset->num_sequences(), absl::MakeSpan(all))
-          .ok());
+  ASSERT_TRUE(dataset->ReadSequences(0, dataset->num_sequences(), absl::MakeSpan(all)).ok());
   EXPECT_EQ(std::accumulate(all.begin(), all.end(), int64_t{0}),
             expected_["token_sum_all"].get<int64_t>());
   EXPECT_EQ(dataset->bytes_read(), expected_["bin_bytes"].get<uint64_t>());
@@ -98,10 +96,10 @@ TEST_P(MegatronFixtureTest, TokenSumAndProbes) {
     EXPECT_EQ(std::vector<int64_t>(tokens.begin(), tokens.begin() + 5), first5);
     EXPECT_EQ(std::vector<int64_t>(tokens.end() - 5, tokens.end()), last5);
     // The mapped path returns the same tokens.
-    IndexedDatasetOptions mapped_options;
+    dataset::IndexedDatasetOptions mapped_options;
     mapped_options.map_data = true;
-    absl::StatusOr<IndexedDataset> mapped =
-        IndexedDataset::Open(prefix_, mapped_options);
+    absl::StatusOr<dataset::IndexedDataset> mapped =
+        dataset::IndexedDataset::Open(prefix_, mapped_options);
     ASSERT_TRUE(mapped.ok());
     std::vector<int64_t> via_map(tokens.size());
     ASSERT_TRUE(mapped->ReadMapped(i, absl::MakeSpan(via_map)).ok());
@@ -125,12 +123,12 @@ TEST_P(MegatronFixtureTest, TokenSumAndProbes) {
 }
 
 TEST_P(MegatronFixtureTest, WriterIsByteIdenticalToMegatron) {
-  absl::StatusOr<IndexedDataset> dataset = IndexedDataset::Open(prefix_);
+  absl::StatusOr<dataset::IndexedDataset> dataset = dataset::IndexedDataset::Open(prefix_);
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   testing::ScopedTempDir dir;
   const std::string ours = dir.Prefix("ours");
-  absl::StatusOr<IndexedDatasetWriter> writer =
-      IndexedDatasetWriter::Create(ours, dataset->dtype());
+  absl::StatusOr<dataset::IndexedDatasetWriter> writer =
+      dataset::IndexedDatasetWriter::Create(ours, dataset->dtype());
   ASSERT_TRUE(writer.ok()) << writer.status();
   for (uint64_t d = 0; d < dataset->num_documents(); ++d) {
     const int64_t first = dataset->index().document_index(d);
@@ -141,23 +139,19 @@ TEST_P(MegatronFixtureTest, WriterIsByteIdenticalToMegatron) {
       const int32_t length = dataset->sequence_length(s);
       const size_t at = tokens.size();
       tokens.resize(at + length);
-      ASSERT_TRUE(
-          dataset->Read(s, absl::MakeSpan(tokens).subspan(at, length)).ok());
+      ASSERT_TRUE(dataset->Read(s, absl::MakeSpan(tokens).subspan(at, length)).ok());
       lengths.push_back(length);
     }
     ASSERT_TRUE(writer->AddDocument(tokens, lengths).ok());
   }
   ASSERT_TRUE(writer->Finish().ok());
-  EXPECT_TRUE(testing::ReadFileBytes(ours + ".idx") ==
-              testing::ReadFileBytes(prefix_ + ".idx"))
+  EXPECT_TRUE(testing::ReadFileBytes(ours + ".idx") == testing::ReadFileBytes(prefix_ + ".idx"))
       << ".idx differs from Megatron's";
-  EXPECT_TRUE(testing::ReadFileBytes(ours + ".bin") ==
-              testing::ReadFileBytes(prefix_ + ".bin"))
+  EXPECT_TRUE(testing::ReadFileBytes(ours + ".bin") == testing::ReadFileBytes(prefix_ + ".bin"))
       << ".bin differs from Megatron's";
 }
 
-INSTANTIATE_TEST_SUITE_P(BothFiles, MegatronFixtureTest,
-                         ::testing::Values("int32", "uint16"));
+INSTANTIATE_TEST_SUITE_P(BothFiles, MegatronFixtureTest, ::testing::Values("int32", "uint16"));
 
 }  // namespace
-}  // namespace packfeed
+}  // namespace packfeed::server

@@ -28,7 +28,8 @@ absl::Status DecodeStatus(const std::string& bytes) { return DecodeMessage(bytes
 
 TEST(WireTest, RoundTripsEveryMessage) {
   for (const Message& message :
-       {Message(SampleReady()), Message(Credit{7, 12}), Message(Goodbye{7, ""}), Message(Goodbye{7, "step 3 cannot be served"})}) {
+       {Message(SampleReady()), Message(Credit{7, 12}), Message(Goodbye{7, ""}),
+        Message(Goodbye{7, "step 3 cannot be served"})}) {
     absl::StatusOr<Message> decoded = DecodeMessage(EncodeMessage(message));
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     EXPECT_TRUE(*decoded == message);
@@ -52,8 +53,7 @@ TEST(WireTest, RefusesAnotherVersionByName) {
 TEST(WireTest, RefusesEveryTruncationAndTrailingBytes) {
   const std::string bytes = EncodeMessage(SampleReady());
   for (size_t length = 0; length < bytes.size(); ++length) {
-    EXPECT_EQ(DecodeStatus(bytes.substr(0, length)).code(),
-              absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(DecodeStatus(bytes.substr(0, length)).code(), absl::StatusCode::kInvalidArgument)
         << "prefix of " << length << " bytes";
   }
   EXPECT_EQ(DecodeStatus(bytes + "x").code(), absl::StatusCode::kInvalidArgument);
@@ -175,11 +175,11 @@ TEST(WireTest, WorkerAddressesRoundTripAndRefuseCorruption) {
 }
 
 TEST(WireTest, LaysOutAlignedFieldsOrSaysHowMuchIsMissing) {
-  absl::StatusOr<std::vector<FieldDescriptor>> layout = LayoutFields(
-      {{"tokens", ElementType::kInt64, {1, 3}},
-       {"loss_mask", ElementType::kFloat32, {1, 3}},
-       {"max_seqlen", ElementType::kInt32, {}}},
-      1024);
+  absl::StatusOr<std::vector<FieldDescriptor>> layout =
+      LayoutFields({{"tokens", ElementType::kInt64, {1, 3}},
+                    {"loss_mask", ElementType::kFloat32, {1, 3}},
+                    {"max_seqlen", ElementType::kInt32, {}}},
+                   1024);
   ASSERT_TRUE(layout.ok()) << layout.status();
   EXPECT_EQ((*layout)[0].offset, 0u);
   EXPECT_EQ((*layout)[0].bytes, 24u);

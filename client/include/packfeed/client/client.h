@@ -26,15 +26,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "packfeed/common/defaults.h"
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/wire.h"
 
 namespace packfeed::client {
 
 struct ClientOptions {
-  // The daemon's gRPC socket. Default: /run/packfeed/packfeedd.sock.
-  std::string socket_path = "/run/packfeed/packfeedd.sock";
-  std::string job;        // required
+  // The daemon's gRPC socket.
+  std::string socket_path = kDefaultSocketPath;
+  std::string job;  // required
   int global_rank = 0;
   // The job fingerprint this trainer expects; empty = accept the daemon's
   // (State() records it, so a resume checks it).
@@ -48,7 +49,7 @@ struct ClientOptions {
   // in topology and scheduler (another DP size), not in data; start at a step
   // boundary. docs/RELIABILITY.md.
   bool elastic = false;
-  uint32_t slots = 4;      // ring slots: microbatches the daemon may run ahead
+  uint32_t slots = 4;  // ring slots: microbatches the daemon may run ahead
   // Bytes per slot; 0 = exactly what the job's largest microbatch needs
   // (asked from the daemon at attach).
   uint64_t slot_bytes = 0;

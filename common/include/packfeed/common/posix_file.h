@@ -18,8 +18,7 @@ namespace packfeed {
 // Maps an errno value to a status whose message is "<call> <path>: <strerror>".
 // ENOENT becomes NotFound, EACCES/EPERM PermissionDenied, and so on;
 // anything unexpected is Internal.
-absl::Status ErrnoToStatus(int error_number, absl::string_view call,
-                           absl::string_view path);
+absl::Status ErrnoToStatus(int error_number, absl::string_view call, absl::string_view path);
 
 // Owns one file descriptor. Move-only. Thread-compatible.
 class ScopedFd {
@@ -48,8 +47,7 @@ absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path);
 
 // Reads exactly `out.size()` bytes at `offset`, retrying short reads and
 // EINTR. A read that hits end of file is DataLoss naming the offsets.
-absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset,
-                        absl::Span<char> out);
+absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset, absl::Span<char> out);
 
 // Writes all of `data`, retrying short writes and EINTR.
 absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data);

@@ -23,8 +23,7 @@
 
 // `lhs = value of expr` when `expr` (a StatusOr) is OK; otherwise returns its
 // status. `lhs` may declare a variable: PF_ASSIGN_OR_RETURN(auto x, F());
-#define PF_ASSIGN_OR_RETURN(lhs, expr)                                     \
-  PF_INTERNAL_ASSIGN_OR_RETURN(PF_INTERNAL_CONCAT(pf_statusor_, __LINE__), \
-                               lhs, expr)
+#define PF_ASSIGN_OR_RETURN(lhs, expr) \
+  PF_INTERNAL_ASSIGN_OR_RETURN(PF_INTERNAL_CONCAT(pf_statusor_, __LINE__), lhs, expr)
 
 #endif  // PACKFEED_COMMON_STATUS_MACROS_H_

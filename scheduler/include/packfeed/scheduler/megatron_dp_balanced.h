@@ -11,7 +11,7 @@
 #include "absl/types/span.h"
 #include "packfeed/scheduler/plan.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 struct MegatronDpBalancedOptions {
   int dp = 1;
@@ -37,10 +37,10 @@ struct MegatronDpBalancedOptions {
 // Megatron's "Not enough samples to move"; and — where Megatron would emit
 // an empty pack that crashes it later (a first sequence longer than a pack)
 // — an error saying so.
-absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(
-    absl::Span<const int64_t> lengths, absl::Span<const int64_t> padded_lengths,
-    const MegatronDpBalancedOptions& options);
+absl::StatusOr<GlobalPlan> PlanMegatronDpBalanced(absl::Span<const int64_t> lengths,
+                                                  absl::Span<const int64_t> padded_lengths,
+                                                  const MegatronDpBalancedOptions& options);
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_MEGATRON_DP_BALANCED_H_

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 // REQUIRES: cp_size >= 1, tp >= 1.
 inline int64_t PaddingDivisor(int cp_size, int tp, bool sequence_parallel) {
@@ -20,6 +20,6 @@ inline int64_t PadTo(int64_t length, int64_t divisor) {
   return (length + divisor - 1) / divisor * divisor;
 }
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_PADDING_H_

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 class Permutation {
  public:
@@ -33,6 +33,6 @@ class Permutation {
 // SplitMix64's finaliser: a fixed, well-mixed 64-bit function.
 uint64_t Mix64(uint64_t x);
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_PERMUTATION_H_

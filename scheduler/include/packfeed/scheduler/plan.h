@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 // One sequence of the global batch as placed in a plan.
 struct PlannedSequence {
@@ -20,8 +20,7 @@ struct PlannedSequence {
   int64_t length = 0;         // real tokens
   int64_t padded_length = 0;  // a multiple of the group's padding divisor
 
-  friend bool operator==(const PlannedSequence&,
-                         const PlannedSequence&) = default;
+  friend bool operator==(const PlannedSequence&, const PlannedSequence&) = default;
 };
 
 // Ranks [first_rank, first_rank + size) of the dp-cp group (r = cp + CP·dp)
@@ -38,8 +37,7 @@ struct PlannedMicrobatch {
   // Disjoint, ordered by first_rank, covering every dp-cp rank.
   std::vector<CpGroup> groups;
 
-  friend bool operator==(const PlannedMicrobatch&,
-                         const PlannedMicrobatch&) = default;
+  friend bool operator==(const PlannedMicrobatch&, const PlannedMicrobatch&) = default;
 };
 
 // What Megatron's FLOPs formula consumes (padded) and what it claims to
@@ -76,6 +74,6 @@ const CpGroup& GroupOfRank(const PlannedMicrobatch& microbatch, int rank);
 // first violation.
 absl::Status ValidatePlan(const GlobalPlan& plan, int64_t num_samples);
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_PLAN_H_

@@ -17,7 +17,7 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/plan.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 struct PlanStats {
   double step_over_ideal = 1.0;
@@ -26,7 +26,7 @@ struct PlanStats {
   int microbatches_lower_bound = 0;
   double padding_pct = 0.0;
   double cp_inflation = 1.0;
-  int64_t max_tokens_on_a_rank = 0;  // per microbatch, after the CP split
+  int64_t max_tokens_on_a_rank = 0;          // per microbatch, after the CP split
   std::map<int, int64_t> cp_size_histogram;  // c → sequences run at c
 };
 
@@ -35,9 +35,8 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
                            int64_t max_tokens_per_rank, int min_cp = 1);
 
 // The smallest power of two c ≥ min_cp with ⌈padded/c⌉ ≤ max_tokens_per_rank.
-int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank,
-                 int min_cp);
+int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank, int min_cp);
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_PLAN_STATS_H_

@@ -15,7 +15,7 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/plan.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 enum class SchedulerKind {
   kBalanced,            // static CP: every sequence runs on its DP rank's CP
@@ -58,10 +58,16 @@ struct PlannerOptions {
   // megatron_dp_balanced only: Megatron's thd_max_packed_sequences (0 = no
   // cap).
   int max_sequences_per_pack = 0;
+  // megatron_dp_balanced only: the batch holds rows of Megatron's SFT
+  // dataset, whose padding Megatron counts as real tokens.
+  bool megatron_padding_is_real = false;
 };
 
 // Plans one global batch. `lengths[i]` is the real length of sample i (i is
-// the sample's position in the batch). Every sample is placed exactly once,
+// the sample's position in the batch, and PlannedSequence::sample names it).
+// megatron_dp_balanced numbers the batch as Megatron does, DP-rank-major
+// (DP rank d reads positions k·DP + d), pads every sequence to Megatron's
+// divisor and reproduces its plan exactly. Every sample is placed exactly once,
 // never split across microbatches; every rank of every microbatch holds at
 // least one sequence; per-rank tokens (Σ padded / c over its group) stay
 // within max_tokens_per_rank; the number of microbatches is the same on
@@ -79,6 +85,6 @@ struct CpRange {
 };
 absl::StatusOr<CpRange> ResolveCpRange(const PlannerOptions& options);
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_PLANNER_H_

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
 
 struct SamplerDataset {
   int64_t num_samples = 0;  // >= 1
@@ -67,6 +67,6 @@ class Sampler {
   std::vector<int64_t> per_batch_;
 };
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_SAMPLER_H_

@@ -4,24 +4,39 @@
 // Zigzag (load-balanced) context-parallel split of a THD buffer, as
 // TransformerEngine's thd_get_partitioned_indices defines it: each sequence
 // of padded length L is cut into 2·c chunks of L/(2c) tokens, and CP rank k
-// takes chunk k then chunk 2c−1−k, sequence after sequence.
+// takes chunk k then chunk 2c−1−k, sequence after sequence. The one
+// definition of the split: the daemon's packer and every check use it.
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace packfeed {
+namespace packfeed::scheduler {
+
+// Positions [begin, end) within one sequence.
+struct TokenRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// The two ranges of a sequence of `padded_length` that CP rank `cp_rank` of
+// a group of `cp_size` holds, in order: chunk k, then chunk 2c−1−k. With
+// cp_size 1 the first range is the whole sequence and the second is empty.
+// InvalidArgument when cp_rank is outside [0, cp_size) or padded_length is
+// not a multiple of 2·cp_size (cp_size > 1).
+absl::StatusOr<std::array<TokenRange, 2>> ZigzagChunks(int64_t padded_length, int cp_size,
+                                                       int cp_rank);
 
 // Indices into the pre-split buffer that CP rank `cp_rank` of a group of
 // `cp_size` holds, in order; cu_seqlens_padded[-1] / cp_size of them.
 // InvalidArgument when cu_seqlens_padded does not start at 0, decreases, or
-// has an entry that is not a multiple of 2·cp_size (cp_size > 1), or when
-// cp_rank is outside [0, cp_size).
-absl::StatusOr<std::vector<int64_t>> ZigzagIndices(
-    absl::Span<const int64_t> cu_seqlens_padded, int cp_size, int cp_rank);
+// has a sequence ZigzagChunks refuses.
+absl::StatusOr<std::vector<int64_t>> ZigzagIndices(absl::Span<const int64_t> cu_seqlens_padded,
+                                                   int cp_size, int cp_rank);
 
-}  // namespace packfeed
+}  // namespace packfeed::scheduler
 
 #endif  // PACKFEED_SCHEDULER_THD_PARTITION_H_

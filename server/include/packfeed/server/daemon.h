@@ -14,11 +14,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "grpcpp/server.h"
-#include "packfeed/server/job.h"
-#include "packfeed/server/job_runner.h"
 #include "packfeed/v1/config.pb.h"
+#include "server/internal/job.h"
+#include "server/internal/job_runner.h"
 
-namespace packfeed {
+namespace packfeed::server {
 
 struct DaemonOptions {
   // Passed to every job's sender: UCX transports ("" = UCX's choice).
@@ -67,9 +67,6 @@ class Daemon {
 // The gRPC metadata key that carries admin_tcp_token on the TCP listener.
 inline constexpr const char* kAdminTokenMetadata = "x-packfeed-admin-token";
 
-// The version packfeedd reports.
-inline constexpr const char* kPackfeedVersion = "0.1.0";
-
-}  // namespace packfeed
+}  // namespace packfeed::server
 
 #endif  // PACKFEED_SERVER_DAEMON_H_

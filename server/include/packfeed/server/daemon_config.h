@@ -9,11 +9,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "packfeed/common/defaults.h"
 #include "packfeed/v1/config.pb.h"
 
-namespace packfeed {
-
-inline constexpr absl::string_view kDefaultSocketPath = "/run/packfeed/packfeedd.sock";
+namespace packfeed::server {
 
 // Parses `text`; `source` names it in errors (a path). InvalidArgument with
 // the line and column of a syntax error, or the path of an invalid field.
@@ -28,6 +27,6 @@ absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path);
 // prefixes field paths. Dataset files are not opened here.
 absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where);
 
-}  // namespace packfeed
+}  // namespace packfeed::server
 
 #endif  // PACKFEED_SERVER_DAEMON_CONFIG_H_

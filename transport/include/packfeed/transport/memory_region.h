@@ -20,13 +20,11 @@ class MemoryRegion {
   // shared-memory segment whose remote key lets a peer's put be a single
   // one-sided copy (a malloc'd region is emulated over active messages at half
   // the speed, notes/UCX.md §6.2).
-  static absl::StatusOr<MemoryRegion> Allocate(ucp_context_h context,
-                                               size_t length);
+  static absl::StatusOr<MemoryRegion> Allocate(ucp_context_h context, size_t length);
   // Registers memory the caller owns (host, or CUDA device memory when
   // `memory_type` says so). Fails when UCX reports another memory type than
   // the one asked for, e.g. CUDA memory on a UCX built without CUDA.
-  static absl::StatusOr<MemoryRegion> Register(ucp_context_h context,
-                                               void* address, size_t length,
+  static absl::StatusOr<MemoryRegion> Register(ucp_context_h context, void* address, size_t length,
                                                ucs_memory_type_t memory_type);
 
   MemoryRegion(MemoryRegion&& other) noexcept;
@@ -44,9 +42,12 @@ class MemoryRegion {
   absl::StatusOr<std::string> PackRemoteKey() const;
 
  private:
-  MemoryRegion(ucp_context_h context, ucp_mem_h memory, void* address,
-               size_t length, ucs_memory_type_t type)
-      : context_(context), memory_(memory), address_(address), length_(length),
+  MemoryRegion(ucp_context_h context, ucp_mem_h memory, void* address, size_t length,
+               ucs_memory_type_t type)
+      : context_(context),
+        memory_(memory),
+        address_(address),
+        length_(length),
         memory_type_(type) {}
   void Unmap();
 

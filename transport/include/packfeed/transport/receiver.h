@@ -51,7 +51,7 @@ enum class RingPlacement {
 
 struct ReceiverOptions {
   UcxOptions ucx;
-  uint32_t slots = 4;                  // K: slots the sender may fill ahead
+  uint32_t slots = 4;  // K: slots the sender may fill ahead
   // B: the largest slot payload, rounded up to a multiple of kFieldAlignment
   // so that every slot, and every field in it, starts aligned.
   uint64_t slot_bytes = 64ull << 20;
@@ -83,7 +83,7 @@ struct ReceivedSlot {
 };
 
 struct ReceiverStats {
-  uint64_t received = 0;        // slot-ready notifications accepted
+  uint64_t received = 0;  // slot-ready notifications accepted
   uint64_t released = 0;
   uint64_t stale_messages = 0;  // messages of another connection, dropped
 };
@@ -134,13 +134,12 @@ class Receiver {
   void CloseEndpoint();
   // `payload`: the slot's bytes, when they came with the notification.
   void OnMessage(absl::string_view bytes, std::optional<absl::string_view> payload);
-  absl::Status CopyPayload(const SlotReady& ready, absl::string_view payload,
-                           uint8_t* slot) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status CopyPayload(const SlotReady& ready, absl::string_view payload, uint8_t* slot) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FailConnection(absl::Status cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   static void OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status);
   static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
-                                      void* data, size_t length,
-                                      const ucp_am_recv_param_t* param);
+                                      void* data, size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t OnSlotDataMessage(void* arg, const void* header, size_t header_length,
                                         void* data, size_t length,
                                         const ucp_am_recv_param_t* param);
@@ -154,9 +153,9 @@ class Receiver {
   std::optional<CudaHostRegistration> host_registration_;
   MemoryKind memory_kind_ = MemoryKind::kHost;
   std::string ring_descriptor_;
-  std::optional<UcpEndpoint> endpoint_;  // progress thread only
-  uint64_t credit_sent_ = 0;             // progress thread only
-  std::string credit_message_;           // progress thread only; alive while
+  std::optional<UcpEndpoint> endpoint_;        // progress thread only
+  uint64_t credit_sent_ = 0;                   // progress thread only
+  std::string credit_message_;                 // progress thread only; alive while
   ucs_status_ptr_t credit_request_ = nullptr;  // this send is in flight
 
   mutable absl::Mutex mutex_;
@@ -166,8 +165,8 @@ class Receiver {
   uint64_t epoch_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mutex_);
   std::deque<ReceivedSlot> ready_ ABSL_GUARDED_BY(mutex_);
-  uint64_t received_ ABSL_GUARDED_BY(mutex_) = 0;   // notifications accepted
-  uint64_t handed_out_ ABSL_GUARDED_BY(mutex_) = 0; // returned by Next
+  uint64_t received_ ABSL_GUARDED_BY(mutex_) = 0;    // notifications accepted
+  uint64_t handed_out_ ABSL_GUARDED_BY(mutex_) = 0;  // returned by Next
   uint64_t released_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t stale_ ABSL_GUARDED_BY(mutex_) = 0;
 

@@ -136,15 +136,14 @@ class Sender {
   absl::StatusOr<Connection*> Usable(uint64_t epoch) const;
   absl::Status Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
                       const SlotContent& content, absl::Time deadline);
-  absl::Status Wait(Connection& connection, ucs_status_ptr_t request,
-                    absl::string_view call, absl::Time deadline);
+  absl::Status Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,
+                    absl::Time deadline);
   absl::Status Fail(Connection& connection, absl::Status cause);
   void CloseFailedConnections();
   void OnMessage(absl::string_view bytes);
   static void OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status);
   static ucs_status_t OnActiveMessage(void* arg, const void* header, size_t header_length,
-                                      void* data, size_t length,
-                                      const ucp_am_recv_param_t* param);
+                                      void* data, size_t length, const ucp_am_recv_param_t* param);
 
   SenderOptions options_;
   UcpContext context_;

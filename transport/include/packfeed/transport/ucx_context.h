@@ -10,9 +10,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -51,8 +51,7 @@ class UcpContext {
   static std::string LibraryVersion();
 
  private:
-  UcpContext(ucp_context_h context, bool cuda)
-      : context_(context), supports_cuda_memory_(cuda) {}
+  UcpContext(ucp_context_h context, bool cuda) : context_(context), supports_cuda_memory_(cuda) {}
   std::unique_ptr<ucp_context, UcpContextDeleter> context_;
   bool supports_cuda_memory_ = false;
 };
@@ -83,8 +82,8 @@ class UcpWorker {
   absl::Status Wait(ucs_status_ptr_t request, absl::string_view call);
   // The same, but once `deadline` passes calls `on_deadline` (which must make
   // the request complete, e.g. by force-closing its endpoint) and goes on.
-  absl::Status Wait(ucs_status_ptr_t request, absl::string_view call,
-                    absl::Time deadline, absl::FunctionRef<void()> on_deadline);
+  absl::Status Wait(ucs_status_ptr_t request, absl::string_view call, absl::Time deadline,
+                    absl::FunctionRef<void()> on_deadline);
 
  private:
   UcpWorker(ucp_worker_h worker, std::string address, int event_fd)

@@ -22,10 +22,8 @@ namespace packfeed::transport {
 // on the worker's thread.
 class UcpEndpoint {
  public:
-  static absl::StatusOr<UcpEndpoint> Connect(UcpWorker& worker,
-                                             absl::string_view peer_address,
-                                             ucp_err_handler_cb_t on_error,
-                                             void* arg);
+  static absl::StatusOr<UcpEndpoint> Connect(UcpWorker& worker, absl::string_view peer_address,
+                                             ucp_err_handler_cb_t on_error, void* arg);
   UcpEndpoint(UcpEndpoint&& other) noexcept;
   UcpEndpoint& operator=(UcpEndpoint&& other) noexcept;
   UcpEndpoint(const UcpEndpoint&) = delete;
@@ -57,8 +55,7 @@ class UcpEndpoint {
   std::string TransportSummary() const;
 
  private:
-  UcpEndpoint(UcpWorker* worker, ucp_ep_h endpoint)
-      : worker_(worker), endpoint_(endpoint) {}
+  UcpEndpoint(UcpWorker* worker, ucp_ep_h endpoint) : worker_(worker), endpoint_(endpoint) {}
   UcpWorker* worker_ = nullptr;
   ucp_ep_h endpoint_ = nullptr;
 };
@@ -67,8 +64,7 @@ class UcpEndpoint {
 // before its endpoint is closed.
 class RemoteKey {
  public:
-  static absl::StatusOr<RemoteKey> Unpack(const UcpEndpoint& endpoint,
-                                          absl::string_view packed);
+  static absl::StatusOr<RemoteKey> Unpack(const UcpEndpoint& endpoint, absl::string_view packed);
   RemoteKey() = default;
   RemoteKey(RemoteKey&& other) noexcept;
   RemoteKey& operator=(RemoteKey&& other) noexcept;

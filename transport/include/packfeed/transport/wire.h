@@ -48,8 +48,19 @@ enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
 
 // Element types of a field, in DLPack's vocabulary.
 enum class ElementType : uint8_t {
-  kUInt8 = 1, kInt8, kUInt16, kInt16, kUInt32, kInt32, kUInt64, kInt64,
-  kFloat16, kBFloat16, kFloat32, kFloat64, kBool,
+  kUInt8 = 1,
+  kInt8,
+  kUInt16,
+  kInt16,
+  kUInt32,
+  kInt32,
+  kUInt64,
+  kInt64,
+  kFloat16,
+  kBFloat16,
+  kFloat32,
+  kFloat64,
+  kBool,
 };
 // Bytes per element; 0 for a value that is not an ElementType.
 size_t ElementSize(ElementType type);
@@ -108,8 +119,8 @@ absl::StatusOr<Message> DecodeMessage(absl::string_view bytes);
 // Checks a decoded SlotReady against the receiver's ring and the sequence
 // number it expects: slot in range and equal to seq mod slots, fields inside
 // the slot and not overlapping. DataLoss naming the first violation.
-absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots,
-                               uint64_t slot_bytes, uint64_t expected_seq);
+absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots, uint64_t slot_bytes,
+                               uint64_t expected_seq);
 
 // A receiver's ring, as its sender needs it: geometry, where it lives and the
 // packed UCX key to put into it.
@@ -146,8 +157,8 @@ struct FieldSpec {
   ElementType type = ElementType::kUInt8;
   std::vector<int64_t> shape;
 };
-absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(
-    const std::vector<FieldSpec>& fields, uint64_t slot_bytes);
+absl::StatusOr<std::vector<FieldDescriptor>> LayoutFields(const std::vector<FieldSpec>& fields,
+                                                          uint64_t slot_bytes);
 
 }  // namespace packfeed::transport
 

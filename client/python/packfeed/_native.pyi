@@ -1,0 +1,29 @@
+"""Type stub of packfeed._native, the pybind11 module over libpackfeed_client
+(client/python/packfeed_module.cc). Use packfeed.Client, not this module."""
+from typing import Any, Dict, List, Optional, Tuple
+
+__version__: str
+DEFAULT_SOCKET: str
+
+class Client:
+    """One attached rank. Blocking calls release the GIL."""
+
+    def next_step(self, timeout: Optional[float] = ...) -> Dict[str, int]:
+        """step, num_microbatches, first_microbatch, padded_sum,
+        padded_squared_sum, real_sum, real_squared_sum."""
+    def next(self, timeout: Optional[float] = ...) -> Dict[str, Any]:
+        """step, microbatch, fields: [(name, dtype name, DLPack capsule)]."""
+    def detach(self) -> None: ...
+    def release(self) -> None: ...
+    def state(self) -> Dict[str, Any]:
+        """job, fingerprint, next_step, next_microbatch."""
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def memory_kind(self) -> str:
+        """"cuda" or "host"."""
+
+def attach(socket_path: str, job: str, global_rank: int, fingerprint: str, auth_token: str,
+           start_step: int, start_microbatch: int, elastic: bool, slots: int, slot_bytes: int,
+           placement: str, cuda_device: int, ucx_transports: str, attach_timeout: float,
+           reconnect_timeout: float) -> Client: ...

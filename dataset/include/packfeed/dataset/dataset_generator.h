@@ -1,0 +1,55 @@
+#ifndef PACKFEED_DATASET_DATASET_GENERATOR_H_
+#define PACKFEED_DATASET_DATASET_GENERATOR_H_
+
+// Synthetic datasets for demos, tests and benchmarks. Deterministic: the
+// same options give the same bytes on every machine (our own mapping of
+// mt19937_64 bits, never std::*_distribution, whose output is unspecified).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "packfeed/dataset/dtype.h"
+
+namespace packfeed::dataset {
+
+// Sequence-length rule of Megatron's mock SFT generator: lognormal with
+// median exp(μ), μ = ln(mean) − σ²/2 (so the unclipped mean is `mean`),
+// rounded down and clipped to [min, max]. Same distribution, not the same
+// draws as numpy's (replay a length file for those).
+struct LengthDistribution {
+  int64_t min = 1024;
+  int64_t max = 8192;
+  double mean = 4096;
+  double sigma = 1.1;
+};
+
+// InvalidArgument when min < 1, max < min, mean <= 0 or sigma < 0.
+absl::Status ValidateLengthDistribution(const LengthDistribution& dist);
+
+absl::StatusOr<std::vector<int64_t>> GenerateLengths(const LengthDistribution& dist, uint64_t count,
+                                                     uint64_t seed);
+
+// Parses one positive length per line (blank lines and '#' comments
+// skipped); InvalidArgument naming the line otherwise.
+absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text, absl::string_view source);
+
+// Reads and parses a length file (ParseLengths); NotFound when unreadable.
+absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path);
+
+struct GeneratedDatasetOptions {
+  int64_t vocab_size = 32000;  // Tokens are uniform in [0, vocab_size).
+  DType dtype = DType::kUint16;
+  uint64_t seed = 0;
+};
+
+// Writes PREFIX.idx/.bin: one document of one sequence per length.
+absl::Status WriteGeneratedDataset(absl::string_view prefix, const std::vector<int64_t>& lengths,
+                                   const GeneratedDatasetOptions& options);
+
+}  // namespace packfeed::dataset
+
+#endif  // PACKFEED_DATASET_DATASET_GENERATOR_H_

@@ -1,0 +1,85 @@
+#ifndef PACKFEED_DATASET_INDEX_FORMAT_H_
+#define PACKFEED_DATASET_INDEX_FORMAT_H_
+
+// Megatron's `.idx` format (little-endian, no alignment padding):
+//   magic "MMIDIDX\0\0" (9) | uint64 version = 1 | uint8 dtype code |
+//   uint64 S | uint64 D+1 | int32 lengths[S] | int64 byte offsets[S] |
+//   int64 document_index[D+1] | (multimodal only) int8 modes[S]
+// ParseIndex validates every field of that layout without I/O, so the same
+// code serves the reader and the fuzzer.
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "packfeed/dataset/dtype.h"
+
+namespace packfeed::dataset {
+
+inline constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+inline constexpr uint64_t kIndexVersion = 1;
+inline constexpr uint64_t kIndexHeaderBytes = 34;
+
+// A validated view of an index held elsewhere (a memory map). The arrays sit
+// at unaligned offsets (34 is not a multiple of 4), so elements are loaded
+// with memcpy, never through typed pointers. Cheap to copy; valid while the
+// bytes it views are.
+class IndexView {
+ public:
+  DType dtype() const { return dtype_; }
+  uint64_t num_sequences() const { return num_sequences_; }
+  // Documents, not the length of the document index (which is one more).
+  uint64_t num_documents() const { return num_documents_; }
+  bool multimodal() const { return multimodal_; }
+
+  // REQUIRES: i < num_sequences().
+  int32_t length(uint64_t i) const { return Load<int32_t>(lengths_, i); }
+  int64_t pointer(uint64_t i) const { return Load<int64_t>(pointers_, i); }
+  int8_t mode(uint64_t i) const { return multimodal_ ? Load<int8_t>(modes_, i) : 0; }
+  // REQUIRES: d <= num_documents().
+  int64_t document_index(uint64_t d) const { return Load<int64_t>(documents_, d); }
+
+  uint64_t total_tokens() const { return total_tokens_; }
+  // Bytes of .bin that the sequences cover: [0, data_bytes()).
+  uint64_t data_bytes() const { return data_bytes_; }
+
+ private:
+  friend absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t>, absl::string_view);
+  template <typename T>
+  static T Load(const uint8_t* base, uint64_t i) {
+    T value;
+    std::memcpy(&value, base + i * sizeof(T), sizeof(T));
+    return value;
+  }
+
+  DType dtype_ = DType::kUint8;
+  uint64_t num_sequences_ = 0;
+  uint64_t num_documents_ = 0;
+  bool multimodal_ = false;
+  const uint8_t* lengths_ = nullptr;
+  const uint8_t* pointers_ = nullptr;
+  const uint8_t* documents_ = nullptr;
+  const uint8_t* modes_ = nullptr;
+  uint64_t total_tokens_ = 0;
+  uint64_t data_bytes_ = 0;
+};
+
+// Validates `bytes` as a whole .idx file: magic, version, dtype code, exact
+// size (overflow-safe), lengths >= 0, pointers contiguous from 0 in units of
+// the dtype, document index 0 ... S non-decreasing. A multimodal index is
+// recognised by its size (S more bytes). Errors: DataLoss for a corrupt file,
+// InvalidArgument for an unsupported version; messages name `file_name`, the
+// check and the offending values.
+absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name);
+
+// Size in bytes of an index with these counts; DataLoss naming the counts
+// when it would not fit in an int64 (a corrupt header).
+absl::StatusOr<uint64_t> ExpectedIndexBytes(uint64_t num_sequences, uint64_t document_index_entries,
+                                            bool multimodal);
+
+}  // namespace packfeed::dataset
+
+#endif  // PACKFEED_DATASET_INDEX_FORMAT_H_

@@ -1,0 +1,105 @@
+#ifndef PACKFEED_DATASET_INDEXED_DATASET_H_
+#define PACKFEED_DATASET_INDEXED_DATASET_H_
+
+// Reader for Megatron's indexed dataset (PREFIX.idx + PREFIX.bin).
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "packfeed/common/posix_file.h"
+#include "packfeed/dataset/dtype.h"
+#include "packfeed/dataset/index_format.h"
+
+namespace packfeed::dataset {
+
+struct IndexedDatasetOptions {
+  // Also memory-map PREFIX.bin so ReadMapped() works. Default: false (reads
+  // use pread, which turns a file truncated after Open into DataLoss instead
+  // of SIGBUS).
+  bool map_data = false;
+};
+
+// An opened, fully validated dataset. The index is memory-mapped; token data
+// is read with pread (or through the optional map) into caller buffers.
+// Thread-safe: all const methods may be called concurrently.
+class IndexedDataset {
+ public:
+  // Opens `prefix`.idx and `prefix`.bin and validates them (see ParseIndex;
+  // in addition the .bin must cover the last sequence). NotFound when a file
+  // is missing; DataLoss when one is corrupt; InvalidArgument for a prefix
+  // that names the .idx/.bin itself.
+  static absl::StatusOr<IndexedDataset> Open(absl::string_view prefix,
+                                             const IndexedDatasetOptions& options = {});
+
+  IndexedDataset(IndexedDataset&&) noexcept;
+  IndexedDataset& operator=(IndexedDataset&&) noexcept;
+  ~IndexedDataset();
+
+  const std::string& prefix() const { return prefix_; }
+  const IndexView& index() const { return index_; }
+  DType dtype() const { return index_.dtype(); }
+  uint64_t num_sequences() const { return index_.num_sequences(); }
+  uint64_t num_documents() const { return index_.num_documents(); }
+  uint64_t total_tokens() const { return index_.total_tokens(); }
+  int32_t sequence_length(uint64_t i) const { return index_.length(i); }
+  uint64_t idx_bytes() const { return idx_.bytes().size(); }
+  uint64_t bin_bytes() const { return bin_bytes_; }
+
+  // Reads tokens [first_token, first_token + out.size()) of sequence
+  // `sequence`, widened to int64. For float dtypes every value must be an
+  // integer (DataLoss otherwise). OutOfRange for a sequence or token range
+  // outside the data; nothing past the sequence is ever returned.
+  absl::Status Read(uint64_t sequence, absl::Span<int64_t> out, uint64_t first_token = 0) const;
+
+  // Reads `count` consecutive sequences starting at `first` with one pread
+  // (they are contiguous in .bin); `out` must hold exactly their tokens.
+  absl::Status ReadSequences(uint64_t first, uint64_t count, absl::Span<int64_t> out) const;
+
+  // Raw bytes of sequence `sequence` in the on-disk dtype. `out` must be
+  // exactly length · dtype size bytes.
+  absl::Status ReadRaw(uint64_t sequence, absl::Span<char> out) const;
+
+  // Like Read, through the memory map. FailedPrecondition unless opened with
+  // map_data.
+  absl::Status ReadMapped(uint64_t sequence, absl::Span<int64_t> out,
+                          uint64_t first_token = 0) const;
+
+  // Bytes of token data fetched from .bin since Open (pread and map reads).
+  uint64_t bytes_read() const { return bytes_read_->load(); }
+
+ private:
+  IndexedDataset(std::string prefix, std::string bin_path, MappedFile idx, IndexView index,
+                 ScopedFd bin_fd, uint64_t bin_bytes, std::optional<MappedFile> bin_map);
+  // Reads out.size() tokens at byte `offset` and widens them; `what` names
+  // the sequence(s) in errors.
+  absl::Status PreadAndWiden(uint64_t offset, absl::Span<int64_t> out,
+                             absl::string_view what) const;
+  absl::StatusOr<uint64_t> CheckedByteRange(uint64_t sequence, uint64_t first_token,
+                                            uint64_t count) const;
+
+  std::string prefix_;
+  std::string bin_path_;
+  MappedFile idx_;
+  IndexView index_;
+  ScopedFd bin_fd_;
+  uint64_t bin_bytes_ = 0;
+  std::optional<MappedFile> bin_map_;
+  // Boxed so the dataset stays movable.
+  std::unique_ptr<std::atomic<uint64_t>> bytes_read_;
+};
+
+// Widens `count` elements of `dtype` stored at `raw` (any alignment) into
+// `out`; the two must not overlap. For float dtypes, DataLoss naming the
+// value when one is not an integer.
+absl::Status WidenToInt64(DType dtype, const void* raw, size_t count, int64_t* out);
+
+}  // namespace packfeed::dataset
+
+#endif  // PACKFEED_DATASET_INDEXED_DATASET_H_

@@ -1,0 +1,138 @@
+#include "packfeed/dataset/index_format.h"
+
+#include <limits>
+
+#include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace packfeed::dataset {
+namespace {
+
+template <typename T>
+T LoadAt(absl::Span<const uint8_t> bytes, uint64_t offset) {
+  T value;
+  std::memcpy(&value, bytes.data() + offset, sizeof(T));
+  return value;
+}
+
+absl::Status Corrupt(absl::string_view file, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(file, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ExpectedIndexBytes(uint64_t num_sequences, uint64_t document_index_entries,
+                                            bool multimodal) {
+  // 128-bit arithmetic: S and D come from the file and may be anything.
+  absl::uint128 size = kIndexHeaderBytes;
+  size += absl::uint128(num_sequences) * (4 + 8 + (multimodal ? 1 : 0));
+  size += absl::uint128(document_index_entries) * 8;
+  if (size > absl::uint128(std::numeric_limits<int64_t>::max())) {
+    return absl::DataLossError(absl::StrCat("index size overflows: ", num_sequences,
+                                            " sequences and ", document_index_entries,
+                                            " document index entries"));
+  }
+  return absl::Uint128Low64(size);
+}
+
+absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name) {
+  const absl::string_view f = file_name;
+  if (bytes.size() < kIndexHeaderBytes) {
+    return Corrupt(f, absl::StrCat("truncated header: ", bytes.size(), " bytes, a header needs ",
+                                   kIndexHeaderBytes));
+  }
+  if (std::memcmp(bytes.data(), kIndexMagic, sizeof(kIndexMagic)) != 0) {
+    return Corrupt(f,
+                   "bad magic: not a Megatron indexed dataset index "
+                   "(expected \"MMIDIDX\\0\\0\")");
+  }
+  const uint64_t version = LoadAt<uint64_t>(bytes, 9);
+  if (version != kIndexVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(f, ": unsupported index version ", version,
+                                                   " (this reader supports version ", kIndexVersion,
+                                                   ")"));
+  }
+  const uint8_t dtype_code = LoadAt<uint8_t>(bytes, 17);
+  absl::StatusOr<DType> dtype = DTypeFromCode(dtype_code);
+  if (!dtype.ok()) return Corrupt(f, dtype.status().message());
+
+  const uint64_t num_sequences = LoadAt<uint64_t>(bytes, 18);
+  const uint64_t doc_entries = LoadAt<uint64_t>(bytes, 26);
+  if (doc_entries == 0) {
+    return Corrupt(f,
+                   "document index has 0 entries (it must hold at least "
+                   "the leading 0)");
+  }
+  absl::StatusOr<uint64_t> plain_size = ExpectedIndexBytes(num_sequences, doc_entries, false);
+  absl::StatusOr<uint64_t> multimodal_size = ExpectedIndexBytes(num_sequences, doc_entries, true);
+  // The multimodal size is the larger, so it alone can overflow.
+  if (!multimodal_size.ok()) {
+    return Corrupt(f, multimodal_size.status().message());
+  }
+  bool multimodal;
+  if (bytes.size() == *plain_size) {
+    multimodal = false;
+  } else if (bytes.size() == *multimodal_size) {
+    multimodal = true;
+  } else {
+    return Corrupt(f, absl::StrCat(bytes.size() < *plain_size ? "truncated" : "oversized",
+                                   ": file has ", bytes.size(), " bytes but ", num_sequences,
+                                   " sequences and ", doc_entries, " document index entries need ",
+                                   *plain_size, " (or ", *multimodal_size, " with modes)"));
+  }
+
+  IndexView view;
+  view.dtype_ = *dtype;
+  view.num_sequences_ = num_sequences;
+  view.num_documents_ = doc_entries - 1;
+  view.multimodal_ = multimodal;
+  view.lengths_ = bytes.data() + kIndexHeaderBytes;
+  view.pointers_ = view.lengths_ + 4 * num_sequences;
+  view.documents_ = view.pointers_ + 8 * num_sequences;
+  view.modes_ = multimodal ? view.documents_ + 8 * doc_entries : nullptr;
+
+  // Lengths and pointers: sequence i occupies [ptr_i, ptr_i + len_i·size)
+  // and the next one starts right there. The running end cannot overflow:
+  // S·(2^31−1)·8 < 2^63 because S < 2^63/12 (the size check above).
+  const uint64_t item = DTypeSize(*dtype);
+  absl::uint128 end = 0;
+  uint64_t tokens = 0;
+  for (uint64_t i = 0; i < num_sequences; ++i) {
+    const int32_t length = view.length(i);
+    if (length < 0) {
+      return Corrupt(f, absl::StrCat("sequence ", i, " has negative length ", length));
+    }
+    const int64_t pointer = view.pointer(i);
+    if (pointer < 0 || absl::uint128(pointer) != end) {
+      return Corrupt(f, absl::StrCat("sequence ", i, " starts at byte ", pointer,
+                                     " but the lengths and dtype ", DTypeName(*dtype),
+                                     " put it at byte ", absl::Uint128Low64(end)));
+    }
+    end += absl::uint128(length) * item;
+    tokens += static_cast<uint64_t>(length);
+  }
+  view.total_tokens_ = tokens;
+  view.data_bytes_ = absl::Uint128Low64(end);
+
+  const int64_t first = view.document_index(0);
+  if (first != 0) {
+    return Corrupt(f, absl::StrCat("document index starts at ", first, ", expected 0"));
+  }
+  for (uint64_t d = 1; d < doc_entries; ++d) {
+    const int64_t previous = view.document_index(d - 1);
+    const int64_t current = view.document_index(d);
+    if (current < previous) {
+      return Corrupt(f, absl::StrCat("document index decreases at entry ", d, ": ", previous,
+                                     " then ", current));
+    }
+  }
+  const int64_t last = view.document_index(doc_entries - 1);
+  if (last < 0 || static_cast<uint64_t>(last) != num_sequences) {
+    return Corrupt(f, absl::StrCat("document index ends at ", last,
+                                   ", expected the sequence count ", num_sequences));
+  }
+  return view;
+}
+
+}  // namespace packfeed::dataset

@@ -1,0 +1,124 @@
+#include "server/ctl/plan_replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "packfeed/scheduler/padding.h"
+#include "packfeed/scheduler/plan_stats.h"
+
+namespace packfeed::server::ctl {
+namespace {
+
+// The smallest CP size a sequence may run with under `options`, and its
+// padded length there.
+std::pair<int, int64_t> SmallestFit(int64_t length, const scheduler::PlannerOptions& options,
+                                    const scheduler::CpRange& range) {
+  const auto padded = [&](int c) {
+    return scheduler::PadTo(length,
+                            scheduler::PaddingDivisor(c, options.tp, options.sequence_parallel));
+  };
+  if (options.kind != scheduler::SchedulerKind::kDynamicCp) {
+    return {options.cp, padded(options.cp)};
+  }
+  int c = range.min;
+  while (c < range.max && padded(c) / c > options.max_tokens_per_rank) c *= 2;
+  return {c, padded(c)};
+}
+
+double Bound(absl::Span<const int64_t> batch, const scheduler::PlannerOptions& options,
+             const scheduler::CpRange& range) {
+  // Under s²/c a sequence costs s² in all, however it is split.
+  double total = 0;
+  double heaviest = 0;
+  for (int64_t length : batch) {
+    const auto [c, padded] = SmallestFit(length, options, range);
+    const double s = static_cast<double>(padded);
+    total += s * s;
+    heaviest = std::max(heaviest, s * s / c);
+  }
+  const double ideal = total / (options.dp * options.cp);
+  return std::max(ideal, heaviest) / ideal;
+}
+
+}  // namespace
+
+absl::StatusOr<ReplaySummary> ReplayTrace(absl::Span<const int64_t> lengths,
+                                          const ReplayOptions& options) {
+  if (options.global_batch < 1 || options.steps < 0) {
+    return absl::InvalidArgumentError("global batch must be >= 1 and steps >= 0");
+  }
+  const int64_t available = static_cast<int64_t>(lengths.size()) / options.global_batch;
+  if (available == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("the trace holds ", lengths.size(),
+                                                   " lengths, fewer than one global batch of ",
+                                                   options.global_batch));
+  }
+  const int64_t steps = options.steps > 0 ? options.steps : available;
+  if (steps > available) {
+    return absl::InvalidArgumentError(absl::StrCat("the trace holds ", available,
+                                                   " global batches of ", options.global_batch,
+                                                   "; asked for ", steps));
+  }
+  scheduler::CpRange range{options.planner.cp, options.planner.cp};
+  if (options.planner.kind == scheduler::SchedulerKind::kDynamicCp) {
+    absl::StatusOr<scheduler::CpRange> resolved = scheduler::ResolveCpRange(options.planner);
+    if (!resolved.ok()) return resolved.status();
+    range = *resolved;
+  }
+  const int64_t cap = options.planner.max_tokens_per_rank;
+  const scheduler::CostModel s2 = scheduler::CostModel::Megatron();
+
+  ReplaySummary summary;
+  summary.steps = steps;
+  std::vector<double> millis;
+  int64_t real = 0;
+  int64_t padded = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    const absl::Span<const int64_t> batch =
+        lengths.subspan(static_cast<size_t>(step * options.global_batch),
+                        static_cast<size_t>(options.global_batch));
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<scheduler::GlobalPlan> plan = scheduler::PlanGlobalBatch(batch, options.planner);
+    millis.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+    if (!plan.ok()) {
+      return absl::Status(plan.status().code(),
+                          absl::StrCat("step ", step, ": ", plan.status().message()));
+    }
+    const scheduler::PlanStats stats = scheduler::ComputePlanStats(*plan, s2, cap, range.min);
+    summary.step_over_ideal += stats.step_over_ideal;
+    summary.step_over_ideal_full_model +=
+        scheduler::ComputePlanStats(*plan, options.full_model, cap, range.min).step_over_ideal;
+    summary.step_over_ideal_bound += Bound(batch, options.planner, range);
+    summary.rank_sum_max_over_mean += stats.rank_sum_max_over_mean;
+    summary.microbatches_mean += stats.num_microbatches;
+    summary.microbatches_lower_bound_mean += stats.microbatches_lower_bound;
+    summary.cp_inflation += stats.cp_inflation;
+    summary.max_tokens_on_a_rank =
+        std::max(summary.max_tokens_on_a_rank, stats.max_tokens_on_a_rank);
+    for (auto [c, count] : stats.cp_size_histogram) {
+      summary.cp_size_histogram[c] += count;
+    }
+    real += plan->flops.real_sum;
+    padded += plan->flops.padded_sum;
+    if (options.keep_plans) summary.plans.push_back(*std::move(plan));
+  }
+  const double n = static_cast<double>(steps);
+  for (double* mean :
+       {&summary.step_over_ideal, &summary.step_over_ideal_full_model,
+        &summary.step_over_ideal_bound, &summary.rank_sum_max_over_mean, &summary.microbatches_mean,
+        &summary.microbatches_lower_bound_mean, &summary.cp_inflation}) {
+    *mean /= n;
+  }
+  summary.padding_pct = 100.0 * static_cast<double>(padded - real) / static_cast<double>(real);
+  std::sort(millis.begin(), millis.end());
+  summary.schedule_ms_median = millis[millis.size() / 2];
+  summary.schedule_ms_max = millis.back();
+  return summary;
+}
+
+}  // namespace packfeed::server::ctl

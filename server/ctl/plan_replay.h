@@ -1,0 +1,59 @@
+#ifndef PACKFEED_SERVER_CTL_PLAN_REPLAY_H_
+#define PACKFEED_SERVER_CTL_PLAN_REPLAY_H_
+
+// Offline planning: replays consecutive global batches of a length trace
+// through a planner and summarises the plans with the figures of
+// ../shared/bench/README.md — capacity planning before a run, and what
+// bench/ prints beside Megatron-LM's own schedulers.
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "packfeed/scheduler/cost_model.h"
+#include "packfeed/scheduler/plan.h"
+#include "packfeed/scheduler/planner.h"
+
+namespace packfeed::server::ctl {
+
+struct ReplayOptions {
+  scheduler::PlannerOptions planner;
+  int64_t global_batch = 256;
+  // Global batches to replay from the start of the trace; 0 = every whole
+  // one it holds.
+  int64_t steps = 0;
+  // The second model every plan is judged by, beside s²/c.
+  scheduler::CostModel full_model = scheduler::CostModel::Llama8b();
+  bool keep_plans = false;
+};
+
+// Means over steps, except where noted.
+struct ReplaySummary {
+  int64_t steps = 0;
+  double step_over_ideal = 0;             // under s²/c
+  double step_over_ideal_full_model = 0;  // under full_model
+  // What no plan can beat under s²/c: max(ideal, the heaviest sequence's
+  // per-rank cost at its smallest CP size) / ideal.
+  double step_over_ideal_bound = 0;
+  double rank_sum_max_over_mean = 0;
+  double microbatches_mean = 0;
+  double microbatches_lower_bound_mean = 0;
+  double padding_pct = 0;  // over all steps' tokens
+  double schedule_ms_median = 0;
+  double schedule_ms_max = 0;
+  double cp_inflation = 0;
+  int64_t max_tokens_on_a_rank = 0;          // over all steps
+  std::map<int, int64_t> cp_size_histogram;  // summed over steps
+  std::vector<scheduler::GlobalPlan> plans;  // when keep_plans
+};
+
+// Errors: InvalidArgument for options or a trace too short for the steps,
+// and any planner error, prefixed with the step.
+absl::StatusOr<ReplaySummary> ReplayTrace(absl::Span<const int64_t> lengths,
+                                          const ReplayOptions& options);
+
+}  // namespace packfeed::server::ctl
+
+#endif  // PACKFEED_SERVER_CTL_PLAN_REPLAY_H_

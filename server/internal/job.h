@@ -1,0 +1,82 @@
+#ifndef PACKFEED_SERVER_INTERNAL_JOB_H_
+#define PACKFEED_SERVER_INTERNAL_JOB_H_
+
+// One training job as the daemon serves it: its configuration, layout,
+// open datasets, sampler, planner options, sample rules and fingerprint.
+// The stages of a step (plan.h, read.h, pack.h, push.h) take it as input.
+// Immutable after Create; every const method is thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "packfeed/dataset/indexed_dataset.h"
+#include "packfeed/dataset/sample_rules.h"
+#include "packfeed/scheduler/planner.h"
+#include "packfeed/scheduler/sampler.h"
+#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::server {
+
+// A rank's place in the job: global rank = tp + TP·(cp + CP·(dp + DP·pp)).
+struct RankCoords {
+  int tp = 0;
+  int cp = 0;
+  int dp = 0;
+  int pp = 0;
+  int dp_cp_rank = 0;  // cp + CP·dp
+};
+
+struct JobLayout {
+  int tp = 1, pp = 1, cp = 1, dp = 1;
+  bool sequence_parallel = false;
+
+  int world_size() const { return tp * pp * cp * dp; }
+  int dp_cp_size() const { return cp * dp; }
+  RankCoords Coords(int global_rank) const;
+  int GlobalRank(int tp_rank, int dp_cp_rank, int pp_rank) const {
+    return tp_rank + tp * (dp_cp_rank + dp_cp_size() * pp_rank);
+  }
+};
+
+class Job {
+ public:
+  // Opens and validates the datasets (NotFound / DataLoss naming the file)
+  // and computes the fingerprint. REQUIRES: `config` passed
+  // ValidateJobConfig (defaults filled).
+  static absl::StatusOr<std::unique_ptr<Job>> Create(const v1::JobConfig& config);
+
+  const std::string& name() const { return config_.name(); }
+  const v1::JobConfig& config() const { return config_; }
+  const JobLayout& layout() const { return layout_; }
+  const std::string& fingerprint() const { return fingerprint_; }
+  const scheduler::PlannerOptions& planner_options() const { return planner_; }
+  const dataset::SampleRules& rules() const { return rules_; }
+  const scheduler::Sampler& sampler() const { return *sampler_; }
+  const dataset::IndexedDataset& dataset(int i) const { return datasets_[static_cast<size_t>(i)]; }
+  int num_datasets() const { return static_cast<int>(datasets_.size()); }
+  // Global ranks this node hosts, ascending.
+  const std::vector<int>& local_ranks() const { return local_ranks_; }
+  bool IsLocal(int global_rank) const;
+  // The largest slot any rank of this job can need, in bytes.
+  uint64_t required_slot_bytes() const { return required_slot_bytes_; }
+
+ private:
+  Job() = default;
+
+  v1::JobConfig config_;
+  JobLayout layout_;
+  scheduler::PlannerOptions planner_;
+  dataset::SampleRules rules_;
+  std::vector<dataset::IndexedDataset> datasets_;
+  std::unique_ptr<scheduler::Sampler> sampler_;
+  std::string fingerprint_;
+  std::vector<int> local_ranks_;
+  uint64_t required_slot_bytes_ = 0;
+};
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_INTERNAL_JOB_H_

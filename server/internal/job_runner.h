@@ -1,0 +1,136 @@
+#ifndef PACKFEED_SERVER_INTERNAL_JOB_RUNNER_H_
+#define PACKFEED_SERVER_INTERNAL_JOB_RUNNER_H_
+
+// Serves one job's local ranks: a thread that owns the job's UCX Sender,
+// plans and reads steps ahead (each step read once for every local rank),
+// packs each rank's microbatches and pushes them as the rank's credits allow.
+//
+// Memory: a rank is never served more than `prefetch_steps` steps ahead of
+// the slowest attached rank, so the step cache holds at most
+// prefetch_steps + 1 steps' samples, whatever the dataset size.
+//
+// Thread-safe: every public method may be called from any thread (gRPC
+// reactors); the work runs on the runner's thread and `done` is called there.
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "packfeed/transport/sender.h"
+#include "packfeed/v1/service.pb.h"
+#include "server/internal/job.h"
+#include "server/internal/ledger.h"
+#include "server/internal/plan.h"
+#include "server/internal/read.h"
+
+namespace packfeed::server {
+
+struct JobRunnerOptions {
+  transport::SenderOptions sender;
+  int prefetch_steps = 2;  // steps ahead of the slowest attached rank
+  // Read-ahead stops once the cached steps' samples hold this many bytes;
+  // 0 = bounded by prefetch_steps only.
+  uint64_t memory_budget_bytes = 0;
+  // The consumption ledger's journal; empty = in memory only. A journal
+  // that cannot be read back is set aside (".corrupt") with one error line
+  // and a new one begun: serving never waits on bookkeeping.
+  std::string ledger_path;
+};
+
+struct AttachArgs {
+  int global_rank = 0;
+  std::string worker_address;
+  std::string ring_descriptor;
+  int64_t start_step = 0;
+  int start_microbatch = 0;  // of start_step, already consumed
+  uint32_t ring_slots = 0;   // how many microbatches it may hold unreleased
+};
+
+class JobRunner {
+ public:
+  // REQUIRES: `job` outlives the runner.
+  static absl::StatusOr<std::unique_ptr<JobRunner>> Start(const Job& job,
+                                                          const JobRunnerOptions& options);
+  ~JobRunner();  // Says goodbye to every rank after what was pushed; joins.
+
+  const Job& job() const { return job_; }
+  // The sender's UCX worker address, for AttachReply.
+  const std::string& sender_address() const { return sender_address_; }
+
+  // Connects a rank's ring. AlreadyExists when the rank is attached and
+  // alive; FailedPrecondition for a ring the transport refuses.
+  void Attach(AttachArgs args, std::function<void(absl::StatusOr<uint64_t> epoch)> done);
+  // NotFound when `epoch` is not the rank's connection, unless the rank
+  // says what it consumed and no process of it is attached: then the ledger
+  // takes that in, and OK. `consumed_to`: the rank's own position.
+  struct DetachPosition {
+    LedgerPosition at;
+    uint32_t ring_slots = 0;
+  };
+  void Detach(int global_rank, uint64_t epoch, std::optional<DetachPosition> consumed_to,
+              std::function<void(absl::Status)> done);
+  void Stats(std::function<void(v1::JobStats)> done);
+  void GetLedger(std::function<void(v1::JobLedger)> done);
+  int attached_ranks() const;
+  // When the runner's loop last went round (at least every 100 ms while it
+  // is healthy): what the systemd watchdog is fed from.
+  absl::Time last_loop() const { return absl::FromUnixNanos(last_loop_ns_.load()); }
+
+ private:
+  struct RankState;
+  JobRunner(const Job& job, JobRunnerOptions options);
+  void Post(std::function<void()> task);
+  void Loop();
+  absl::Status AttachOnThread(const AttachArgs& args, uint64_t& epoch);
+  // Moves the microbatches the rank released since the last call into the
+  // ledger.
+  void AccountReleases(RankState& rank);
+  // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
+  absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
+  void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);
+  bool ServeRank(RankState& rank);  // true when it pushed something
+  static bool IsTransient(const absl::Status& status);
+  // Ends the rank's connection, telling it `cause`.
+  void EndRank(RankState& rank, const absl::Status& cause);
+  bool PrefetchOne();  // true when it read a step ahead
+  const StepData* StepAt(int64_t step);
+  int64_t SlowestStep() const;
+  uint64_t CachedBytes() const;
+  void UpdateAttached();
+  void Evict();
+
+  const Job& job_;
+  const JobRunnerOptions options_;
+  std::unique_ptr<transport::Sender> sender_;  // runner thread only, after Start
+  std::string sender_address_;
+
+  // Runner thread only.
+  std::map<int, RankState> ranks_;
+  std::unique_ptr<Ledger> ledger_;
+  std::map<int64_t, StepData> steps_;
+  int64_t steps_planned_ = 0;
+  uint64_t bytes_read_ = 0;
+  uint64_t unique_bytes_ = 0;
+  int64_t failed_step_ = -1;  // the step whose plan or read failed last, logged once
+  absl::Status failure_;      // and why
+
+  mutable absl::Mutex mutex_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  int attached_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::atomic<int64_t> last_loop_ns_{absl::GetCurrentTimeNanos()};
+  std::thread thread_;
+};
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_INTERNAL_JOB_RUNNER_H_

@@ -1,0 +1,36 @@
+#ifndef PACKFEED_SERVER_INTERNAL_PLAN_H_
+#define PACKFEED_SERVER_INTERNAL_PLAN_H_
+
+// Stage 1 of a step (docs/ARCHITECTURE.md): the sampler's global batch and
+// the scheduler's plan of it. Pure: a function of the job's configuration
+// and the step, equal on every node.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "packfeed/scheduler/plan.h"
+#include "packfeed/scheduler/sampler.h"
+#include "server/internal/job.h"
+
+namespace packfeed::server {
+
+// The plan of one step, and which stored sample each planned one is.
+struct StepPlan {
+  int64_t step = 0;
+  scheduler::GlobalPlan plan;
+  std::vector<scheduler::SampleRef> samples;  // by PlannedSequence::sample
+};
+
+// Samples and plan of `step` (>= 0). Errors are the planner's, naming the
+// job and step.
+absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step);
+
+// The samples dp-cp rank `dp_cp_rank` processes in `microbatch` of `plan`
+// (its CP group's sequences), in order.
+std::vector<scheduler::SampleRef> MicrobatchSamples(const StepPlan& plan, int microbatch,
+                                                    int dp_cp_rank);
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_INTERNAL_PLAN_H_
