@@ -1,11 +1,12 @@
 """Python-side next() against the C++ client's Next(), in the same run: one
-packfeedd on a generated dataset, one rank attached through packfeed.Client;
-rounds alternate between timing Next() inside C++ and timing Python's
-next(iterator) (which also builds the torch tensors of Megatron's dict).
+packfeedd on a generated dataset serves one rank; rounds alternate between
+a C++ process timing Next() (bench/next_latency.cc) and packfeed.Client
+timing Python's next(iterator) (which also builds the torch tensors of
+Megatron's dict), each attaching at the step the last one stopped at.
 Before each microbatch the rank pauses, so the daemon is ahead and what is
 timed is the client's own cost.
 
-usage: python_next_bench.py BIN_DIR [--rounds 6] [--steps 10] [--json]
+usage: python_next_bench.py BIN_DIR BENCH_DIR [--rounds 6] [--steps 10] [--json]
 (PYTHONPATH: the built packfeed package and tests/integration)"""
 import argparse
 import json
@@ -16,7 +17,6 @@ import tempfile
 import time
 
 import packfeed
-import _next_timer
 from daemon_harness import Daemon
 
 PAUSE_US = 300
@@ -42,6 +42,7 @@ def time_python(client, steps):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bin_dir")
+    parser.add_argument("bench_dir")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json", action="store_true")
@@ -64,12 +65,25 @@ jobs {{
 """
     python_ns, cpp_ns = [], []
     with Daemon(args.bin_dir, config, name="bench", workdir=workdir) as daemon:
-        client = packfeed.Client("bench", rank=0, socket_path=daemon.socket)
-        time_python(client, 1)  # warm-up
+        step = 0
+
+        def python_round(steps):
+            nonlocal step
+            with packfeed.Client("bench", rank=0, socket_path=daemon.socket,
+                                 start_step=step) as client:
+                latencies = time_python(client, steps)
+            step += steps
+            return latencies
+
+        python_round(1)  # warm-up
         for _ in range(args.rounds):
-            cpp_ns += _next_timer.time_next_in_cpp(client._native, args.steps, PAUSE_US)
-            python_ns += time_python(client, args.steps)
-        client.close()
+            out = subprocess.run(
+                [f"{args.bench_dir}/next_latency", "--socket", daemon.socket, "--job", "bench",
+                 "--start-step", str(step), "--steps", str(args.steps),
+                 "--pause-us", str(PAUSE_US)], check=True, capture_output=True, text=True)
+            cpp_ns += json.loads(out.stdout)
+            step += args.steps
+            python_ns += python_round(args.steps)
     figures = {
         "microbatches_each": len(python_ns),
         "cpp_p50_us": percentile(cpp_ns, 0.5) / 1e3, "cpp_p99_us": percentile(cpp_ns, 0.99) / 1e3,

@@ -61,7 +61,8 @@ absl::StatusOr<GlobalPlan> PlanMegatron(absl::Span<const int64_t> lengths,
   const int64_t divisor = PaddingDivisor(options.cp, options.tp, options.sequence_parallel);
   std::vector<int64_t> real(lengths.size()), padded(lengths.size()), position(lengths.size());
   for (int64_t p = 0; p < size; ++p) {
-    const int64_t gid = (p % options.dp) * per_dp + p / options.dp;
+    const int64_t gid =
+        options.lengths_in_megatron_order ? p : (p % options.dp) * per_dp + p / options.dp;
     padded[gid] = PadTo(lengths[p], divisor);
     real[gid] = options.megatron_padding_is_real ? padded[gid] : lengths[p];
     position[gid] = p;

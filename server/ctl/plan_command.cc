@@ -169,6 +169,9 @@ absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
   options.planner.min_cp = args.min_cp;
   options.planner.max_cp = args.max_cp;
   options.planner.cp_upgrade_budget = args.cp_upgrade_budget;
+  // A trace or a dataset replayed in stored order is Megatron's global
+  // batches, gid by gid; batches drawn with --seed are sampler positions.
+  options.planner.lengths_in_megatron_order = args.seed < 0;
   options.global_batch = args.global_batch;
   options.steps = args.steps;
   return options;

@@ -61,20 +61,24 @@ struct PlannerOptions {
   // megatron_dp_balanced only: the batch holds rows of Megatron's SFT
   // dataset, whose padding Megatron counts as real tokens.
   bool megatron_padding_is_real = false;
+  // megatron_dp_balanced only: `lengths` are already in Megatron's global
+  // order (index = gid), as the bench traces replay Megatron's global
+  // batches. False (the daemon): they are the sampler's batch positions,
+  // which Megatron's DP ranks read DP-rank-major.
+  bool lengths_in_megatron_order = false;
 };
 
 // Plans one global batch. `lengths[i]` is the real length of sample i (i is
 // the sample's position in the batch, and PlannedSequence::sample names it).
 // megatron_dp_balanced numbers the batch as Megatron does, DP-rank-major
-// (DP rank d reads positions k·DP + d), pads every sequence to Megatron's
-// divisor and reproduces its plan exactly. Every sample is placed exactly once,
-// never split across microbatches; every rank of every microbatch holds at
-// least one sequence; per-rank tokens (Σ padded / c over its group) stay
-// within max_tokens_per_rank; the number of microbatches is the same on
-// every DP rank and a multiple of the VPP group size.
-// Errors (InvalidArgument): bad options; a sequence that does not fit at the
-// largest allowed CP size (naming the sample and its length); a batch too
-// small to give every rank a sequence; Megatron's own dp_balanced failures.
+// (DP rank d reads positions k·DP + d; see lengths_in_megatron_order), pads
+// every sequence to Megatron's divisor and reproduces its plan exactly. Every sample is placed
+// exactly once, never split across microbatches; every rank of every microbatch holds at least one
+// sequence; per-rank tokens (Σ padded / c over its group) stay within max_tokens_per_rank; the
+// number of microbatches is the same on every DP rank and a multiple of the VPP group size. Errors
+// (InvalidArgument): bad options; a sequence that does not fit at the largest allowed CP size
+// (naming the sample and its length); a batch too small to give every rank a sequence; Megatron's
+// own dp_balanced failures.
 absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
                                            const PlannerOptions& options);
 
