@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "packfeed/server/daemon.h"
+#include "server/internal/daemon.h"
 
 namespace packfeed::server {
 

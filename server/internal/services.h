@@ -7,9 +7,9 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
-#include "packfeed/server/daemon.h"
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/internal/attach_check.h"
+#include "server/internal/daemon.h"
 
 namespace packfeed::server {
 

@@ -1,4 +1,4 @@
-#include "packfeed/server/daemon.h"
+#include "server/internal/daemon.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

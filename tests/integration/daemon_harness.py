@@ -9,6 +9,18 @@ import tempfile
 import time
 
 
+def wait_until(condition, what, timeout=20.0, poll=0.05):
+    """Polls `condition` until it is true; returns the seconds it took, or
+    raises naming `what` after `timeout` seconds. Tests wait for a state,
+    never for a fixed time."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"not within {timeout} s: {what}")
+        time.sleep(poll)
+    return time.monotonic() - start
+
+
 class Daemon:
     """A packfeedd on a config written to a scratch directory. Use as a
     context manager: the daemon is stopped with SIGTERM and must exit 0."""
@@ -62,6 +74,11 @@ class Daemon:
         if result.returncode != 0:
             raise RuntimeError(f"packfeedctl {args}: {result.stderr}")
         return json.loads(result.stdout)
+
+    def rank_stats(self, job, rank):
+        """The stats of global rank `rank` of `job`."""
+        job_stats = next(j for j in self.ctl_json("stats")["jobs"] if j["name"] == job)
+        return next(r for r in job_stats["ranks"] if int(r.get("global_rank", 0)) == rank)
 
     def start_dump(self, job, rank, steps, *extra):
         """Starts `packfeedctl dump` as rank `rank`; returns the process."""

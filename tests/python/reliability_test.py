@@ -12,6 +12,7 @@ import time
 import unittest
 
 import packfeed
+from daemon_harness import wait_until
 from pf_test_support import BIN_DIR, Daemon, main
 from reliability_support import (MASK, Workers, check_ledger, daemon_text, job_text, ledger,
                                  ledger_epochs, make_dataset, plan, sample_digest)
@@ -240,7 +241,9 @@ class ReliabilityTest(unittest.TestCase):
             stalled = Workers(daemon, "slow", [0, 1], 40, workdir, "slow")
             stalled.start(0, "--pause-after", "1", "--pause", "600")
             stalled.start(1)
-            time.sleep(2)
+            # Rank 0 has taken its one microbatch and stalls; the daemon reads
+            # ahead for rank 1 up to the memory budget.
+            wait_until(lambda: stalled.out[0].exists() and stalled.records(0), "rank 0 stalled")
             rss_before = rss_kib(daemon.process.pid)
             steady_workers = Workers(daemon, "steady", [0, 1], 40, workdir, "steady")
             started = time.monotonic()

@@ -1,5 +1,5 @@
-#ifndef PACKFEED_SERVER_DAEMON_H_
-#define PACKFEED_SERVER_DAEMON_H_
+#ifndef PACKFEED_SERVER_INTERNAL_DAEMON_H_
+#define PACKFEED_SERVER_INTERNAL_DAEMON_H_
 
 // packfeedd: the jobs of a configuration, a JobRunner each, and the gRPC
 // Control and Admin services (callback API) on a Unix socket.
@@ -69,4 +69,4 @@ inline constexpr const char* kAdminTokenMetadata = "x-packfeed-admin-token";
 
 }  // namespace packfeed::server
 
-#endif  // PACKFEED_SERVER_DAEMON_H_
+#endif  // PACKFEED_SERVER_INTERNAL_DAEMON_H_
