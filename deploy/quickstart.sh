@@ -75,7 +75,7 @@ cat "$work"/rank*.log
 echo
 echo "== a Python training loop (client/python/examples/train_loop.py) on job 'single'"
 PYTHONPATH=build/python /usr/bin/python3 client/python/examples/train_loop.py \
-  --socket "$socket" --job single --rank 0 --steps 5 --vocab 513
+  --socket "$socket" --job single --rank 0 --steps 8 --vocab 513 --lr 1e-2
 
 echo
 echo "== packfeedctl stats"

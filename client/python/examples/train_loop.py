@@ -19,7 +19,7 @@ Without Megatron installed this script runs the same loop on a tiny torch
 model whose attention is confined to each packed sequence (the THD rule
 cu_seqlens_padded describes), on one rank with PP=1 and CP=1.
 
-usage: train_loop.py [--socket S] [--job J] [--rank R] [--steps N]
+usage: train_loop.py [--socket S] [--job J] [--rank R] [--steps N] [--vocab V] [--lr LR]
 (defaults from PACKFEED_SOCKET, PACKFEED_JOB, RANK; see packfeed.Client)"""
 import argparse
 
@@ -67,11 +67,12 @@ def main():
     parser.add_argument("--rank", type=int)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=32001)
+    parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args()
 
     torch.manual_seed(0)
     model = PackedAttentionLM(args.vocab)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     with packfeed.Client(args.job, rank=args.rank, socket_path=args.socket) as client:
         for _ in range(args.steps):
             data_iterator, num_microbatches, seqlen_sum, _ = client.next_step()
