@@ -22,9 +22,11 @@
 // position a gap: both are bugs, logged and counted.
 //
 // With a journal path, every change is appended to that file as one text
-// line before it takes effect in memory, and Open replays it, so the ledger
-// survives a restart of the daemon (a SIGKILL loses no line already
-// written: the kernel holds it). Single-threaded: the job runner's thread.
+// line, sealed with a checksum, before it takes effect in memory, and Open
+// replays it, so the ledger survives a restart of the daemon (a SIGKILL
+// loses no line already written: the kernel holds it). A torn or corrupt
+// last line is cut off with one warning; a corrupt line before it is
+// DataLoss naming the line. Single-threaded: the job runner's thread.
 
 #include <cstdint>
 #include <map>
@@ -108,7 +110,9 @@ class Ledger {
   };
 
   explicit Ledger(std::string journal_path) : journal_path_(std::move(journal_path)) {}
-  absl::Status Replay(const std::string& text);
+  // Replays the journal's text; returns the bytes of its whole, intact
+  // lines (a torn or corrupt last line is left out).
+  absl::StatusOr<size_t> Replay(const std::string& text);
   absl::Status ReplayLine(const std::string& line);
   absl::Status Append(const std::string& line);
   absl::Status Record(int rank, LedgerPosition at, int num_microbatches,

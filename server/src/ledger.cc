@@ -11,11 +11,37 @@
 #include "absl/strings/str_split.h"
 #include "packfeed/common/status_macros.h"
 #include "spdlog/spdlog.h"
+#include "xxhash.h"
 
 namespace packfeed::server {
 namespace {
 
-constexpr absl::string_view kHeader = "packfeed-ledger 1";
+// Version 2 seals every record with a checksum; version 1 journals (before
+// checksums) are still read, and records appended to them are sealed.
+constexpr absl::string_view kHeader = "packfeed-ledger 2";
+constexpr absl::string_view kHeaderV1 = "packfeed-ledger 1";
+
+uint32_t RecordChecksum(absl::string_view record) {
+  return static_cast<uint32_t>(XXH3_64bits(record.data(), record.size()));
+}
+
+// A journal line: the record, then " ~" and its checksum in 8 hex digits.
+std::string Sealed(absl::string_view record) {
+  return absl::StrCat(record, " ~", absl::StrFormat("%08x", RecordChecksum(record)));
+}
+
+// The record of a sealed line; nullopt when the seal is missing or wrong.
+std::optional<absl::string_view> Unsealed(absl::string_view line) {
+  const size_t mark = line.rfind(" ~");
+  uint32_t checksum = 0;
+  if (mark == absl::string_view::npos || line.size() - mark != 10 ||
+      !absl::SimpleHexAtoi(line.substr(mark + 2), &checksum)) {
+    return std::nullopt;
+  }
+  const absl::string_view record = line.substr(0, mark);
+  if (checksum != RecordChecksum(record)) return std::nullopt;
+  return record;
+}
 
 std::string FormatShares(const std::vector<EpochShare>& shares) {
   std::string out;
@@ -65,9 +91,9 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_
   if (existing.ok()) {
     const auto bytes = existing->bytes();
     const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    PF_RETURN_IF_ERROR(ledger->Replay(text));
-    // Cut a torn last line off, so that the next record starts a line.
-    const size_t whole = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+    PF_ASSIGN_OR_RETURN(const size_t whole, ledger->Replay(text));
+    // Cut a torn or corrupt last line off, so that the next record starts a
+    // line of its own.
     if (whole < text.size() && truncate(journal_path.c_str(), static_cast<off_t>(whole)) != 0) {
       return ErrnoToStatus(errno, "truncate", journal_path);
     }
@@ -78,11 +104,14 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_
   const int fd = open(journal_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
   if (fd < 0) return ErrnoToStatus(errno, "open", journal_path);
   ledger->journal_ = ScopedFd(fd);
-  if (!existing.ok()) PF_RETURN_IF_ERROR(ledger->Append(std::string(kHeader)));
+  if (!existing.ok()) {
+    PF_RETURN_IF_ERROR(
+        WriteFully(ledger->journal_.get(), journal_path, absl::StrCat(kHeader, "\n")));
+  }
   return ledger;
 }
 
-absl::Status Ledger::Replay(const std::string& text) {
+absl::StatusOr<size_t> Ledger::Replay(const std::string& text) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   // The text ends with '\n' when its last line is whole: StrSplit then
   // yields an empty last piece. Anything else is a line torn by a crash.
@@ -91,19 +120,34 @@ absl::Status Ledger::Replay(const std::string& text) {
                  journal_path_, lines.back().size());
   }
   lines.pop_back();
-  if (lines.empty()) return absl::OkStatus();  // only a torn header: start afresh
-  if (lines[0] != kHeader) {
+  if (lines.empty()) return 0;  // only a torn header: start afresh
+  const bool v1 = lines[0] == kHeaderV1;
+  if (lines[0] != kHeader && !v1) {
     return absl::DataLossError(absl::StrCat("ledger ", journal_path_, ": not a packfeed ledger (",
                                             "first line '", lines[0].substr(0, 40), "')"));
   }
+  size_t whole = lines[0].size() + 1;
   for (size_t i = 1; i < lines.size(); ++i) {
-    absl::Status status = ReplayLine(std::string(lines[i]));
-    if (!status.ok()) {
+    std::optional<absl::string_view> record = Unsealed(lines[i]);
+    if (!record.has_value() && v1 && lines[i].find(" ~") == absl::string_view::npos) {
+      record = lines[i];  // written before records were sealed
+    }
+    if (!record.has_value()) {
+      const std::string where = absl::StrCat("ledger ", journal_path_, " line ", i + 1);
+      if (i + 1 < lines.size()) {
+        return absl::DataLossError(absl::StrCat(where, ": checksum mismatch"));
+      }
+      // The last line only: a write the crash left half on disk.
+      spdlog::warn("{}: dropping a corrupt last line (checksum mismatch)", where);
+      return whole;
+    }
+    absl::Status status = ReplayLine(std::string(*record));
+    if (!status.ok())
       return absl::DataLossError(
           absl::StrCat("ledger ", journal_path_, " line ", i + 1, ": ", status.message()));
-    }
+    whole += lines[i].size() + 1;
   }
-  return absl::OkStatus();
+  return whole;
 }
 
 absl::Status Ledger::ReplayLine(const std::string& line) {
@@ -139,7 +183,7 @@ absl::Status Ledger::ReplayLine(const std::string& line) {
 
 absl::Status Ledger::Append(const std::string& line) {
   if (!journal_.valid()) return absl::OkStatus();
-  return WriteFully(journal_.get(), journal_path_, line + "\n");
+  return WriteFully(journal_.get(), journal_path_, Sealed(line) + "\n");
 }
 
 absl::StatusOr<Ledger::AttachResult> Ledger::Attach(int rank, LedgerPosition at) {

@@ -5,6 +5,7 @@ daemon's consumption ledger against the plan (each sample reached each rank
 that needs it exactly once)."""
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import tempfile
@@ -192,8 +193,11 @@ class ReliabilityTest(unittest.TestCase):
             workers.start_all()
             workers.wait_all()
             journal = ledger(daemon, "job") and daemon.ctl_json("ledger")["jobs"][0]["journal"]
-        with open(journal, "a") as f:
-            f.write("C 0 zero 0 1 c\n")  # a line no daemon wrote
+        # A line no daemon wrote, before the last (a bad last line is taken
+        # for a torn write and cut off).
+        lines = pathlib.Path(journal).read_text().splitlines(keepends=True)
+        lines.insert(1, "C 0 zero 0 1 c\n")
+        pathlib.Path(journal).write_text("".join(lines))
         with self.daemon_for("ledger", workdir=workdir) as daemon:
             errors = [line for line in daemon.log.read_text().splitlines() if "[error]" in line]
             self.assertEqual(len(errors), 1, errors)

@@ -163,12 +163,63 @@ TEST_F(LedgerTest, ATornLastLineIsDropped) {
   EXPECT_EQ(RankOf((*again)->Snapshot("j"), 0).microbatches(), 2u);
 }
 
-TEST_F(LedgerTest, CorruptJournalsAreRefusedNamingTheLine) {
+// The journal's lines, and the file rewritten from them.
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+void WriteLines(const std::string& path, const std::vector<std::string>& lines) {
+  std::ofstream out(path, std::ios::trunc);
+  for (const std::string& line : lines) out << line << "\n";
+}
+
+TEST_F(LedgerTest, EveryRecordIsSealedWithAChecksum) {
   {
     auto ledger = *Ledger::Open(path_);
     ASSERT_TRUE(ledger->Attach(0, {0, 0}).ok());
+    ASSERT_TRUE(ledger->Consume(0, {0, 0}, 3, Shares({1})).ok());
+    ASSERT_TRUE(ledger->Consume(0, {0, 1}, 3, Shares({2})).ok());
   }
-  std::ofstream(path_, std::ios::app) << "C 0 zero 0 2 c 0:0:1:0000000000000001\n";
+  std::vector<std::string> lines = ReadLines(path_);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], "packfeed-ledger 2");
+  for (size_t i = 1; i < lines.size(); ++i)
+    EXPECT_THAT(lines[i], ::testing::MatchesRegex(".* ~[0-9a-f]{8}"));
+
+  // A flipped digit in a line before the last: DataLoss naming the line.
+  std::vector<std::string> flipped = lines;
+  flipped[2][2] = flipped[2][2] == '0' ? '1' : '0';
+  WriteLines(path_, flipped);
+  absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(path_);
+  EXPECT_TRUE(absl::IsDataLoss(ledger.status())) << ledger.status();
+  EXPECT_THAT(ledger.status().message(), HasSubstr("line 3: checksum mismatch"));
+
+  // In the last line: a write the crash left half on disk, cut off.
+  flipped = lines;
+  flipped[3][2] = flipped[3][2] == '0' ? '1' : '0';
+  WriteLines(path_, flipped);
+  ledger = Ledger::Open(path_);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  EXPECT_EQ(RankOf((*ledger)->Snapshot("j"), 0).microbatches(), 1u);
+  EXPECT_EQ(ReadLines(path_).size(), 3u);
+  ASSERT_TRUE((*ledger)->Consume(0, {0, 1}, 3, Shares({2})).ok());
+  EXPECT_EQ(ReadLines(path_), lines);  // the same record, sealed again
+}
+
+TEST_F(LedgerTest, AVersion1JournalIsStillRead) {
+  WriteLines(path_, {"packfeed-ledger 1", "A 0 0 0", "C 0 0 0 2 c 0:0:1:0000000000000001"});
+  absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(path_);
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  EXPECT_EQ(RankOf((*ledger)->Snapshot("j"), 0).microbatches(), 1u);
+  ASSERT_TRUE((*ledger)->Consume(0, {0, 1}, 2, Shares({2})).ok());
+  EXPECT_THAT(ReadLines(path_).back(), ::testing::MatchesRegex(".* ~[0-9a-f]{8}"));
+  EXPECT_EQ(RankOf((*Ledger::Open(path_))->Snapshot("j"), 0).microbatches(), 2u);
+}
+
+TEST_F(LedgerTest, CorruptJournalsAreRefusedNamingTheLine) {
+  WriteLines(path_, {"packfeed-ledger 1", "A 0 0 0", "C 0 zero 0 2 c 0:0:1:0000000000000001"});
   absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(path_);
   EXPECT_TRUE(absl::IsDataLoss(ledger.status())) << ledger.status();
   EXPECT_THAT(ledger.status().message(), HasSubstr("line 3"));
