@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libxxhash-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev libmicrohttpd-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-dev python3-venv python3-torch pybind11-dev libdlpack-dev
 )
@@ -18,7 +18,8 @@ packages=(
 # upgrade systemd itself to satisfy it: pinned (unpinned if that fails below).
 systemd_version=$(dpkg-query -W -f='${Version}' libsystemd0 2>/dev/null || true)
 packages+=("libsystemd-dev${systemd_version:+=$systemd_version}")
-packages+=(systemd)  # systemd-analyze, for the unit file's test
+packages+=(systemd)     # systemd-analyze, for the unit file's test
+packages+=(prometheus)  # a real Prometheus server scrapes packfeedd in the tests
 
 missing=()
 for p in "${packages[@]}"; do

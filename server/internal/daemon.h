@@ -13,10 +13,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "packfeed/v1/config.pb.h"
 #include "server/internal/job.h"
 #include "server/internal/job_runner.h"
+#include "server/internal/metrics.h"
 
 namespace packfeed::server {
 
@@ -48,6 +50,11 @@ class Daemon {
   // nullptr when no job has that name.
   JobRunner* runner(const std::string& job) const;
   const std::vector<std::unique_ptr<JobRunner>>& runners() const { return runners_; }
+  // Every job's stats, asked of each runner as Admin.GetStats does; waits
+  // up to `timeout` for them (DeadlineExceeded past it).
+  absl::StatusOr<std::vector<v1::JobStats>> CollectStats(absl::Duration timeout) const;
+  // The port metrics are served on; 0 without metrics_address.
+  int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
 
  private:
   Daemon() = default;
@@ -61,6 +68,7 @@ class Daemon {
   std::vector<std::unique_ptr<grpc::Service>> services_;
   std::unique_ptr<grpc::Server> server_;      // Control + Admin, Unix socket
   std::unique_ptr<grpc::Server> tcp_server_;  // Admin only, admin_tcp_address
+  std::unique_ptr<MetricsServer> metrics_;    // metrics_address
   std::atomic<bool> started_{false};
 };
 

@@ -120,8 +120,11 @@ class JobRunner {
   int64_t steps_planned_ = 0;
   uint64_t bytes_read_ = 0;
   uint64_t unique_bytes_ = 0;
-  int64_t failed_step_ = -1;  // the step whose plan or read failed last, logged once
-  absl::Status failure_;      // and why
+  double plan_seconds_ = 0;
+  double read_seconds_ = 0;
+  double step_over_ideal_sum_ = 0;  // over the steps planned
+  int64_t failed_step_ = -1;        // the step whose plan or read failed last, logged once
+  absl::Status failure_;            // and why
 
   mutable absl::Mutex mutex_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);

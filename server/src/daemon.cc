@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/server_builder.h"
@@ -161,18 +162,55 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
           absl::StrCat("cannot listen on admin_tcp_address ", config.admin_tcp_address()));
     }
   }
+  if (!config.metrics_address().empty()) {
+    Daemon* self = daemon.get();
+    PF_ASSIGN_OR_RETURN(daemon->metrics_, MetricsServer::Start(config.metrics_address(), [self] {
+                          return self->CollectStats(absl::Seconds(5));
+                        }));
+  }
   // Only the owner and its group may attach or administer.
   chmod(socket.c_str(), 0660);
   PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_));
   daemon->started_ = true;
-  spdlog::info("serving {} job(s) on unix:{}{}", daemon->jobs_.size(), socket,
-               config.admin_tcp_address().empty()
-                   ? ""
-                   : absl::StrCat(" (admin also on ", config.admin_tcp_address(), ")"));
+  spdlog::info(
+      "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), socket,
+      config.admin_tcp_address().empty()
+          ? ""
+          : absl::StrCat(" (admin also on ", config.admin_tcp_address(), ")"),
+      daemon->metrics_ == nullptr ? "" : absl::StrCat(", metrics on ", config.metrics_address()));
   return daemon;
 }
 
+absl::StatusOr<std::vector<v1::JobStats>> Daemon::CollectStats(absl::Duration timeout) const {
+  // Each runner answers on its own thread.
+  struct Collected {
+    absl::Mutex mutex;
+    std::vector<v1::JobStats> jobs ABSL_GUARDED_BY(mutex);
+    bool all_in ABSL_GUARDED_BY(mutex) = false;
+  };
+  auto collected = std::make_shared<Collected>();
+  const size_t expected = runners_.size();
+  for (const auto& runner : runners_) {
+    runner->Stats([collected, expected](v1::JobStats stats) {
+      absl::MutexLock lock(&collected->mutex);
+      collected->jobs.push_back(std::move(stats));
+      collected->all_in = collected->jobs.size() == expected;
+    });
+  }
+  absl::MutexLock lock(&collected->mutex);
+  if (expected > 0 &&
+      !collected->mutex.AwaitWithTimeout(absl::Condition(&collected->all_in), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("a job's runner did not answer within ", absl::FormatDuration(timeout)));
+  }
+  std::vector<v1::JobStats> jobs = collected->jobs;
+  std::sort(jobs.begin(), jobs.end(),
+            [](const v1::JobStats& a, const v1::JobStats& b) { return a.name() < b.name(); });
+  return jobs;
+}
+
 Daemon::~Daemon() {
+  metrics_.reset();  // no scrape asks the runners once they stop
   Shutdown();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (tcp_server_ != nullptr) tcp_server_->Shutdown(deadline);

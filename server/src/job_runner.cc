@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/scheduler/plan_stats.h"
 #include "server/internal/pack.h"
 #include "server/internal/push.h"
 #include "spdlog/spdlog.h"
@@ -258,6 +259,11 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
     v1::JobStats stats;
     stats.set_name(job_.name());
     stats.set_steps_planned(steps_planned_);
+    stats.set_plan_seconds(plan_seconds_);
+    stats.set_read_seconds(read_seconds_);
+    if (steps_planned_ > 0) {
+      stats.set_mean_step_over_ideal(step_over_ideal_sum_ / static_cast<double>(steps_planned_));
+    }
     stats.set_bytes_read(bytes_read_);
     stats.set_unique_bytes_needed(unique_bytes_);
     stats.set_io_amplification(unique_bytes_ == 0 ? 0.0
@@ -328,9 +334,13 @@ void JobRunner::Evict() {
 const StepData* JobRunner::StepAt(int64_t step) {
   auto cached = steps_.find(step);
   if (cached != steps_.end()) return &cached->second;
+  const absl::Time start = absl::Now();
   absl::StatusOr<StepPlan> plan = PlanStep(job_, step);
+  const absl::Time planned = absl::Now();
   absl::StatusOr<StepData> data =
       plan.ok() ? ReadStep(job_, *std::move(plan), job_.local_ranks()) : plan.status();
+  plan_seconds_ += absl::ToDoubleSeconds(planned - start);
+  read_seconds_ += absl::ToDoubleSeconds(absl::Now() - planned);
   if (!data.ok()) {
     if (failed_step_ != step) {
       spdlog::error("job {} step {}: {}", job_.name(), step, data.status().ToString());
@@ -340,6 +350,10 @@ const StepData* JobRunner::StepAt(int64_t step) {
     return nullptr;
   }
   ++steps_planned_;
+  step_over_ideal_sum_ +=
+      scheduler::ComputePlanStats(data->plan.plan, scheduler::CostModel::Megatron(),
+                                  job_.planner_options().max_tokens_per_rank)
+          .step_over_ideal;
   bytes_read_ += data->bytes_read;
   unique_bytes_ += data->unique_bytes;
   return &steps_.emplace(step, *std::move(data)).first->second;

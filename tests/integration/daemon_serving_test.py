@@ -170,6 +170,20 @@ def test_attach_errors(checks, bin_dir, prefix):
         drain = daemon.ctl_run("drain")
         checks.check("drain without the token is refused",
                      drain.returncode != 0 and "auth token" in drain.stderr, drain.stderr)
+        # With the token: every attached rank is told goodbye, the daemon exits 0.
+        rank = daemon.start_dump("job", 1, 100000, "--token", "s3cret")
+        wait_until(lambda: daemon.rank_stats("job", 1).get("attached"), "rank 1 attached")
+        drain = daemon.ctl_run("drain", "--token", "s3cret")
+        checks.check("drain with the token is accepted", drain.returncode == 0, drain.stderr)
+        try:
+            code = daemon.process.wait(timeout=20)
+            checks.check("a drained daemon exits 0", code == 0, f"exit {code}")
+        except subprocess.TimeoutExpired:
+            checks.check("a drained daemon exits", False, "still running 20 s after drain")
+        _, stderr = rank.communicate(timeout=20)
+        checks.check("the attached rank was told the daemon went away",
+                     rank.returncode != 0 and stderr.strip() != "", stderr)
+        print(f"  drain: the attached rank ended with: {stderr.strip().splitlines()[-1]}")
 
 
 def test_client_killed(checks, bin_dir, prefix, dataset):
