@@ -9,7 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libxxhash-dev libmicrohttpd-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev libmicrohttpd-dev openssl
   clang libclang-rt-14-dev clang-format
   python3 python3-dev python3-venv python3-torch pybind11-dev libdlpack-dev
 )

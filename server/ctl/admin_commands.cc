@@ -14,12 +14,20 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/server/daemon_config.h"
 #include "packfeed/v1/service.grpc.pb.h"
+#include "server/internal/admin_tls.h"
 
 namespace packfeed::server::ctl {
 namespace {
 
 struct AdminArgs {
   std::string socket = std::string(kDefaultSocketPath);
+  // The daemon's admin_tcp_address instead of its socket, with its
+  // admin_tcp_token and, under admin_tls, the CA (and client certificate).
+  std::string address;
+  std::string admin_token;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
   std::string job;
   std::string token;
   int64_t step = 0;
@@ -32,19 +40,20 @@ struct AdminArgs {
   bool check = false;
 };
 
-std::unique_ptr<v1::Admin::Stub> Connect(const AdminArgs& args) {
-  return v1::Admin::NewStub(
-      grpc::CreateChannel("unix:" + args.socket, grpc::InsecureChannelCredentials()));
-}
-
 absl::Status Call(const AdminArgs& args, absl::string_view what,
-                  const std::function<grpc::Status(grpc::ClientContext&)>& call) {
+                  const std::function<grpc::Status(v1::Admin::Stub&, grpc::ClientContext&)>& call) {
+  const std::string target = args.address.empty() ? "unix:" + args.socket : args.address;
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                      AdminChannelCredentials(args.tls_ca, args.tls_cert, args.tls_key));
+  std::unique_ptr<v1::Admin::Stub> stub =
+      v1::Admin::NewStub(grpc::CreateChannel(target, credentials));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  const grpc::Status status = call(context);
+  if (!args.admin_token.empty()) context.AddMetadata(kAdminTokenMetadata, args.admin_token);
+  const grpc::Status status = call(*stub, context);
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, " (", args.socket, "): ", status.error_message()));
+                      absl::StrCat(what, " (", target, "): ", status.error_message()));
 }
 
 // Prints `reply` as JSON (--json) or as indented "key: value" lines.
@@ -63,8 +72,8 @@ void Print(const google::protobuf::Message& reply, bool json) {
 
 absl::Status Jobs(const AdminArgs& args) {
   v1::ListJobsReply reply;
-  PF_RETURN_IF_ERROR(Call(args, "jobs", [&](grpc::ClientContext& c) {
-    return Connect(args)->ListJobs(&c, {}, &reply);
+  PF_RETURN_IF_ERROR(Call(args, "jobs", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.ListJobs(&c, {}, &reply);
   }));
   if (args.json) {
     Print(reply, true);
@@ -82,8 +91,8 @@ absl::Status Stats(const AdminArgs& args) {
   v1::GetStatsRequest request;
   request.set_job(args.job);
   v1::GetStatsReply reply;
-  PF_RETURN_IF_ERROR(Call(args, "stats", [&](grpc::ClientContext& c) {
-    return Connect(args)->GetStats(&c, request, &reply);
+  PF_RETURN_IF_ERROR(Call(args, "stats", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.GetStats(&c, request, &reply);
   }));
   if (args.json) {
     Print(reply, true);
@@ -120,8 +129,8 @@ absl::Status Ledger(const AdminArgs& args) {
   v1::GetLedgerRequest request;
   request.set_job(args.job);
   v1::GetLedgerReply reply;
-  PF_RETURN_IF_ERROR(Call(args, "ledger", [&](grpc::ClientContext& c) {
-    return Connect(args)->GetLedger(&c, request, &reply);
+  PF_RETURN_IF_ERROR(Call(args, "ledger", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.GetLedger(&c, request, &reply);
   }));
   uint64_t faults = 0;
   for (const v1::JobLedger& job : reply.jobs()) {
@@ -167,8 +176,8 @@ absl::Status PlanStep(const AdminArgs& args) {
   request.set_job(args.job);
   request.set_step(args.step);
   v1::GetPlanReply reply;
-  PF_RETURN_IF_ERROR(Call(args, "plan-step", [&](grpc::ClientContext& c) {
-    return Connect(args)->GetPlan(&c, request, &reply);
+  PF_RETURN_IF_ERROR(Call(args, "plan-step", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.GetPlan(&c, request, &reply);
   }));
   if (args.json) {
     Print(reply, true);
@@ -189,8 +198,8 @@ absl::Status PlanStep(const AdminArgs& args) {
 
 absl::Status Health(const AdminArgs& args) {
   v1::HealthReply reply;
-  PF_RETURN_IF_ERROR(Call(args, "health", [&](grpc::ClientContext& c) {
-    return Connect(args)->Health(&c, {}, &reply);
+  PF_RETURN_IF_ERROR(Call(args, "health", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.Health(&c, {}, &reply);
   }));
   if (args.json) {
     Print(reply, true);
@@ -206,8 +215,9 @@ absl::Status Drain(const AdminArgs& args) {
   v1::DrainRequest request;
   request.set_auth_token(args.token);
   v1::DrainReply reply;
-  return Call(args, "drain",
-              [&](grpc::ClientContext& c) { return Connect(args)->Drain(&c, request, &reply); });
+  return Call(args, "drain", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.Drain(&c, request, &reply);
+  });
 }
 
 // The values of a field as JSON: a scalar for a 0-d field, else a flat list.
@@ -285,6 +295,17 @@ CLI::App* AddCommand(CLI::App& app, const char* name, const char* help,
                      const std::shared_ptr<AdminArgs>& args) {
   CLI::App* command = app.add_subcommand(name, help);
   command->add_option("--socket", args->socket, "packfeedd's socket")->capture_default_str();
+  if (std::string(name) != "dump") {  // ranks attach over the socket only
+    command->add_option("--address", args->address,
+                        "Ask the daemon's admin_tcp_address (host:port) instead");
+    command->add_option("--admin-token", args->admin_token, "With --address: admin_tcp_token");
+    command->add_option("--tls-ca", args->tls_ca,
+                        "With --address under admin_tls: the CA that signed the daemon's "
+                        "certificate (PEM)");
+    command->add_option("--tls-cert", args->tls_cert,
+                        "With mutual TLS: this client's certificate (PEM)");
+    command->add_option("--tls-key", args->tls_key, "With mutual TLS: its key (PEM)");
+  }
   command->add_flag("--json", args->json, "Print JSON");
   return command;
 }

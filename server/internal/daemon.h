@@ -72,9 +72,6 @@ class Daemon {
   std::atomic<bool> started_{false};
 };
 
-// The gRPC metadata key that carries admin_tcp_token on the TCP listener.
-inline constexpr const char* kAdminTokenMetadata = "x-packfeed-admin-token";
-
 }  // namespace packfeed::server
 
 #endif  // PACKFEED_SERVER_INTERNAL_DAEMON_H_

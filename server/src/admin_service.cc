@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "packfeed/common/version.h"
 #include "packfeed/scheduler/plan_stats.h"
+#include "server/internal/admin_tls.h"
 #include "server/internal/plan.h"
 #include "server/internal/services.h"
 #include "spdlog/spdlog.h"

@@ -14,6 +14,7 @@
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/v1/service.grpc.pb.h"
+#include "server/internal/admin_tls.h"
 #include "server/internal/fingerprint.h"
 #include "server/internal/services.h"
 #include "spdlog/spdlog.h"
@@ -47,8 +48,11 @@ absl::Status PrepareSocketDirectory(const std::string& socket) {
 absl::Status CheckPeers(const v1::DaemonConfig& config,
                         const std::vector<std::unique_ptr<Job>>& jobs) {
   const absl::Time deadline = absl::Now() + absl::Seconds(config.peer_timeout_seconds());
+  const v1::AdminTls& tls = config.admin_tls();
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                      AdminChannelCredentials(tls.ca_file(), tls.cert_file(), tls.key_file()));
   for (const std::string& peer : config.peers()) {
-    auto admin = v1::Admin::NewStub(grpc::CreateChannel(peer, grpc::InsecureChannelCredentials()));
+    auto admin = v1::Admin::NewStub(grpc::CreateChannel(peer, credentials));
     v1::ListJobsReply reply;
     grpc::Status status;
     do {
@@ -154,7 +158,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     daemon->services_.push_back(MakeAdminService(*daemon, config.admin_tcp_token()));
     grpc::ServerBuilder tcp;
     int port = 0;
-    tcp.AddListeningPort(config.admin_tcp_address(), grpc::InsecureServerCredentials(), &port);
+    PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        AdminServerCredentials(config));
+    tcp.AddListeningPort(config.admin_tcp_address(), credentials, &port);
     tcp.RegisterService(daemon->services_.back().get());
     daemon->tcp_server_ = tcp.BuildAndStart();
     if (daemon->tcp_server_ == nullptr || port == 0) {

@@ -158,6 +158,21 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
                      ": admin_tcp_token: required with admin_tcp_address (a TCP listener is "
                      "open to the network)"));
   }
+  if (config.has_admin_tls()) {
+    const v1::AdminTls& tls = config.admin_tls();
+    if (config.admin_tcp_address().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": admin_tls: secures admin_tcp_address, which is not set"));
+    }
+    for (auto [field, value] : {std::pair{"cert_file", &tls.cert_file()},
+                                {"key_file", &tls.key_file()},
+                                {"ca_file", &tls.ca_file()}}) {
+      if (value->empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": admin_tls.", field, ": required with admin_tls"));
+      }
+    }
+  }
   if (!config.peers().empty() && config.admin_tcp_address().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": peers: peers check each other, so admin_tcp_address must be set too"));

@@ -36,10 +36,17 @@ class Daemon:
         self.process = None
 
     def __enter__(self):
+        return self.start()
+
+    def start(self, wait=True):
+        """Starts packfeedd; with `wait`, returns once it answers health
+        (a daemon with peers answers only once they agree)."""
         self._log_file = self.log.open("w")
         self.process = subprocess.Popen(
             [str(self.bin_dir / "packfeedd"), "--config", str(self.config)],
             stdout=self._log_file, stderr=subprocess.STDOUT)
+        if not wait:
+            return self
         deadline = time.time() + 20
         while time.time() < deadline:
             if self.process.poll() is not None:

@@ -88,6 +88,17 @@ TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddressWithAToken) {
                   .ok());
 }
 
+TEST(DaemonConfigTest, AdminTlsNeedsTheTcpListenerAndAllThreeFiles) {
+  EXPECT_THAT(Message(absl::StrCat(
+                  "admin_tls { cert_file: \"c\" key_file: \"k\" ca_file: \"a\" }\n", kJob)),
+              HasSubstr("admin_tls: secures admin_tcp_address, which is not set"));
+  EXPECT_THAT(Message(absl::StrCat("admin_tcp_address: \"10.0.0.1:7070\"\n"
+                                   "admin_tcp_token: \"s\"\n"
+                                   "admin_tls { cert_file: \"c\" ca_file: \"a\" }\n",
+                                   kJob)),
+              HasSubstr("admin_tls.key_file: required with admin_tls"));
+}
+
 TEST(FingerprintTest, NamesTheDifferingParts) {
   FingerprintInputs a{"d", "tp2", "b", "s", "r"};
   FingerprintInputs b = a;

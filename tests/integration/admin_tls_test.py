@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""TLS and mutual TLS on the TCP admin listener (admin_tls), with
+certificates made here by openssl: packfeedctl with the CA (and, under
+mutual TLS, a client certificate) is answered; plaintext, another CA, or no
+client certificate under mutual TLS is refused. Two daemons checking each
+other as peers over mutual TLS both start.
+
+usage: admin_tls_test.py BIN_DIR SOURCE_ROOT"""
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+
+from ctl_checks import Checks
+from daemon_harness import Daemon, wait_until
+
+TOKEN = "admin-s3cret"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(work, name):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    d = work / name
+    d.mkdir()
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "2", "-subj", f"/CN={name} test CA", cwd=d)
+    for who, extension in [("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                           ("client", "extendedKeyUsage=clientAuth")]:
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out",
+                f"{who}.csr", "-subj", f"/CN=packfeed {who}", cwd=d)
+        (d / f"{who}.ext").write_text(extension + "\n")
+        openssl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{who}.pem", "-days", "2", "-extfile", f"{who}.ext",
+                cwd=d)
+    return d
+
+
+def config(prefix, port, pki, mutual, local_ranks, peers=()):
+    peer_lines = "".join(f'peers: "{p}"\n' for p in peers)
+    ranks = " ".join(f"local_ranks: {r}" for r in local_ranks)
+    return f"""admin_tcp_address: "127.0.0.1:{port}"
+admin_tcp_token: "{TOKEN}"
+{peer_lines}peer_timeout_seconds: 30
+admin_tls {{ cert_file: "{pki}/server.pem" key_file: "{pki}/server.key"
+            ca_file: "{pki}/ca.pem" mutual: {str(mutual).lower()} }}
+jobs {{
+  name: "job"
+  datasets {{ prefix: "{prefix}" }}
+  topology {{ dp: 2 }}
+  global_batch: 8
+  seq_length: 512
+  eod_id: 1000
+  append_eod: true
+  {ranks}
+  scheduler {{ kind: "balanced" max_tokens_per_rank: 1024 }}
+}}
+"""
+
+
+def main():
+    bin_dir = pathlib.Path(sys.argv[1])
+    checks = Checks(str(bin_dir / "packfeedctl"))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        pki, other = make_pki(work, "cluster"), make_pki(work, "other")
+        checks.run("make-dataset", "--out", str(work / "data"), "--count", "50",
+                   "--min", "16", "--max", "300", "--mean", "100", "--vocab", "1000")
+
+        def health(daemon, port, *tls):
+            return daemon.ctl_run("health", "--address", f"127.0.0.1:{port}",
+                                  "--admin-token", TOKEN, *tls)
+
+        for mutual in (False, True):
+            port = free_port()
+            text = config(work / "data", port, pki, mutual, [0, 1])
+            kind = "mutual TLS" if mutual else "TLS"
+            with Daemon(bin_dir, text, name=f"tls{int(mutual)}", workdir=work) as daemon:
+                client_cert = ["--tls-cert", f"{pki}/client.pem", "--tls-key", f"{pki}/client.key"]
+                ok = health(daemon, port, "--tls-ca", f"{pki}/ca.pem", *client_cert)
+                checks.check(f"{kind}: the CA and a client certificate are answered",
+                             ok.returncode == 0, ok.stderr)
+                print(f"{kind}: {ok.stdout.strip()}")
+                refused = {
+                    "plaintext": health(daemon, port),
+                    "another CA": health(daemon, port, "--tls-ca", f"{other}/ca.pem"),
+                }
+                without_cert = health(daemon, port, "--tls-ca", f"{pki}/ca.pem")
+                if mutual:
+                    refused["no client certificate"] = without_cert
+                    refused["a client certificate of another CA"] = health(
+                        daemon, port, "--tls-ca", f"{pki}/ca.pem", "--tls-cert",
+                        f"{other}/client.pem", "--tls-key", f"{other}/client.key")
+                else:
+                    checks.check("TLS: the CA alone is answered", without_cert.returncode == 0,
+                                 without_cert.stderr)
+                for name, result in refused.items():
+                    checks.check(f"{kind}: {name} is refused", result.returncode != 0,
+                                 result.stdout)
+                    print(f"  {name}: {result.stderr.strip().splitlines()[-1][:150]}")
+
+        # Two daemons with disjoint ranks check each other over mutual TLS.
+        port_a, port_b = free_port(), free_port()
+        a = Daemon(bin_dir, config(work / "data", port_a, pki, True, [0], [f"127.0.0.1:{port_b}"]),
+                   name="peer_a", workdir=work)
+        b = Daemon(bin_dir, config(work / "data", port_b, pki, True, [1], [f"127.0.0.1:{port_a}"]),
+                   name="peer_b", workdir=work)
+        a.start(wait=False)  # it waits for b to answer its check
+        with b:
+            took = wait_until(lambda: a.ctl_run("health").returncode == 0,
+                              "the first daemon passed its peer check", timeout=30)
+            checks.check("peers over mutual TLS both serve", b.ctl_run("health").returncode == 0)
+            print(f"peers over mutual TLS: both daemons serve ({took:.1f} s after the second)")
+        a.stop()
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
