@@ -10,6 +10,7 @@ packages=(
   libucx-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev libmicrohttpd-dev openssl
+  fuse3 libfuse3-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-dev python3-venv python3-torch pybind11-dev libdlpack-dev
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fails when a C++ file of the tree differs from what clang-format makes of
 # it under .clang-format (Google style, 100 columns), naming each file.
-# Fix with: git ls-files '*.h' '*.cc' | xargs clang-format -i
+# Fix with: git ls-files '*.h' '*.cc' '*.c' | xargs clang-format -i
 # usage: format_check.sh SOURCE_ROOT | --self-test
 set -euo pipefail
 if [[ "${1:-}" == "--self-test" ]]; then
@@ -17,7 +17,7 @@ if [[ "${1:-}" == "--self-test" ]]; then
   exit 0
 fi
 cd "$1"
-mapfile -t files < <(git ls-files '*.h' '*.cc' '*.h.in')
+mapfile -t files < <(git ls-files '*.h' '*.cc' '*.c' '*.h.in')
 bad=()
 for f in "${files[@]}"; do
   clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || bad+=("$f")

@@ -134,9 +134,9 @@ absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
   return absl::OkStatus();
 }
 
-absl::Status Client::Reattach(const absl::Status& cause) {
-  if (cause.code() != absl::StatusCode::kUnavailable ||
-      options_.reconnect_timeout <= absl::ZeroDuration()) {
+absl::Status Client::Reattach(const absl::Status& cause, absl::Time give_up) {
+  const absl::Duration left = give_up - absl::Now();
+  if (cause.code() != absl::StatusCode::kUnavailable || left <= absl::ZeroDuration()) {
     return cause;
   }
   // NextStep fails between steps (resume at the next one); Next fails inside
@@ -148,11 +148,10 @@ absl::Status Client::Reattach(const absl::Status& cause) {
   held_.reset();
   epoch_ = 0;  // that daemon is gone: nothing to detach from
   absl::Status attached = RetryWithBackoff(
-      options_.reconnect_timeout, [&] { return AttachAt(step, skip); },
-      [](const absl::Status&) { return true; });
+      left, [&] { return AttachAt(step, skip); }, [](const absl::Status&) { return true; });
   if (!attached.ok()) {
     return absl::UnavailableError(absl::StrCat(cause.message(), "; re-attaching for ",
-                                               absl::FormatDuration(options_.reconnect_timeout),
+                                               absl::FormatDuration(left),
                                                " failed: ", attached.message()));
   }
   // The plan is deterministic: the daemon serves from microbatch `skip` of
@@ -194,9 +193,15 @@ absl::Status Client::Detach() {
 absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {
   PF_RETURN_IF_ERROR(Release());
   absl::StatusOr<transport::ReceivedSlot> slot = receiver_->Next(timeout);
-  if (slot.ok() || slot.status().code() != absl::StatusCode::kUnavailable) return slot;
-  PF_RETURN_IF_ERROR(Reattach(slot.status()));
-  return receiver_->Next(timeout);
+  // A restarted daemon may die again before its first slot arrives (the
+  // soak test kills daemons every second or so): re-attach again, as long as
+  // reconnect_timeout allows from the first failure. 0: at once Unavailable.
+  const absl::Time give_up = absl::Now() + options_.reconnect_timeout;
+  while (!slot.ok() && absl::IsUnavailable(slot.status()) && absl::Now() < give_up) {
+    PF_RETURN_IF_ERROR(Reattach(slot.status(), give_up));
+    slot = receiver_->Next(timeout);
+  }
+  return slot;
 }
 
 absl::Status Client::Release() {

@@ -143,9 +143,9 @@ class Client {
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
   absl::Status AttachAt(int64_t start_step, int start_microbatch);
-  // Re-attaches after `cause` (Unavailable) as reconnect_timeout allows;
-  // returns `cause` when it does not apply.
-  absl::Status Reattach(const absl::Status& cause);
+  // Re-attaches after `cause` (Unavailable), trying until `give_up`;
+  // returns `cause` when it does not apply (another code, or no time left).
+  absl::Status Reattach(const absl::Status& cause, absl::Time give_up);
 
   ClientOptions options_;
   std::unique_ptr<Control> control_;

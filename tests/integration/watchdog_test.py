@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""systemd's watchdog sees a hung runner: packfeedd serves a dataset from
+slowfs (tests/slowfs, a real FUSE filesystem); when its reads hang, as an
+NFS or Lustre read can, the runner stops going round its loop and packfeedd
+withholds WATCHDOG=1 within WatchdogSec; when the reads come back, the pings
+resume and the rank is served. Without systemd: the test binds its own
+NOTIFY_SOCKET, as daemon_readiness_test does.
+
+usage: watchdog_test.py BIN_DIR SOURCE_ROOT SLOWFS (exit 77: no /dev/fuse)"""
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from ctl_checks import Checks
+from daemon_harness import wait_until
+
+WATCHDOG_USEC = 500_000
+
+
+def pings_during(notify, seconds):
+    """WATCHDOG=1 messages received over the next `seconds`."""
+    count, end = 0, time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        notify.settimeout(left)
+        try:
+            count += "WATCHDOG=1" in notify.recv(4096).decode()
+        except socket.timeout:
+            break
+    return count
+
+
+def main():
+    bin_dir, slowfs = pathlib.Path(sys.argv[1]), sys.argv[3]
+    if not os.path.exists("/dev/fuse"):
+        print("skipped: /dev/fuse is missing (no FUSE in this machine)")
+        sys.exit(77)
+    checks = Checks(str(bin_dir / "packfeedctl"))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        (work / "src").mkdir()
+        (work / "mnt").mkdir()
+        checks.run("make-dataset", "--out", str(work / "src" / "data"), "--count", "100",
+                   "--min", "16", "--max", "300", "--mean", "100", "--vocab", "1000")
+        mount = subprocess.Popen([slowfs, str(work / "src"), str(work / "mnt"), "-f",
+                                  "--direct-io-suffix=.bin"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        control = work / "mnt" / ".slowfs"
+        daemon = None
+        try:
+            wait_until(control.exists, "slowfs mounted")
+            config = work / "daemon.textproto"
+            config.write_text(f"""socket_path: "{work / 'daemon.sock'}"
+jobs {{
+  name: "job"
+  datasets {{ prefix: "{work / 'mnt' / 'data'}" }}
+  topology {{ dp: 1 }}
+  global_batch: 4
+  seq_length: 512
+  eod_id: 1000
+  append_eod: true
+  scheduler {{ kind: "balanced" max_tokens_per_rank: 1024 }}
+}}
+""")
+            notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            notify.bind(str(work / "notify"))
+            env = dict(os.environ, NOTIFY_SOCKET=str(work / "notify"),
+                       WATCHDOG_USEC=str(WATCHDOG_USEC))
+            daemon = subprocess.Popen([str(bin_dir / "packfeedd"), "--config", str(config)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+            before = pings_during(notify, 1.5)
+            checks.check("healthy: WATCHDOG=1 pings flow", before >= 2, before)
+
+            control.write_text("hang=1\n")  # every read from now on blocks
+            rank = subprocess.Popen(
+                [str(bin_dir / "packfeedctl"), "dump", "--socket", str(work / "daemon.sock"),
+                 "--job", "job", "--rank", "0", "--steps", "2", "--json"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            # The runner blocks in its first read; pings stop once it has not
+            # gone round its loop for WatchdogSec (0.5 s): let twice that pass.
+            pings_during(notify, 2 * WATCHDOG_USEC / 1e6)
+            hung = pings_during(notify, 2.0)
+            checks.check("a hung runner: no WATCHDOG=1 for 2 s", hung == 0, hung)
+            print(f"watchdog: {before} pings in 1.5 s while healthy, {hung} in 2 s while the "
+                  "runner's read hung")
+
+            control.write_text("hang=0\n")
+            after = pings_during(notify, 1.5)
+            checks.check("reads back: the pings resume", after >= 2, after)
+            _, stderr = rank.communicate(timeout=60)
+            checks.check("and the rank is served", rank.returncode == 0, stderr)
+            print(f"watchdog: {after} pings in 1.5 s once reads came back; the rank was served")
+            daemon.send_signal(signal.SIGTERM)
+            output = daemon.communicate(timeout=30)[0]
+            checks.check("SIGTERM exits 0", daemon.returncode == 0, output)
+        finally:
+            if daemon is not None and daemon.poll() is None:
+                daemon.kill()
+            if control.exists():
+                control.write_text("hang=0\n")
+            subprocess.run(["fusermount3", "-u", str(work / "mnt")], capture_output=True)
+            mount.wait(timeout=30)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
