@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
 
 namespace packfeed {
 
@@ -133,6 +134,14 @@ void MappedFile::Unmap() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  PF_ASSIGN_OR_RETURN(ScopedFd fd, OpenForRead(path));
+  PF_ASSIGN_OR_RETURN(const uint64_t size, FileSize(fd.get(), path));
+  std::string text(size, '\0');
+  PF_RETURN_IF_ERROR(PreadFully(fd.get(), path, 0, absl::MakeSpan(text)));
+  return text;
 }
 
 }  // namespace packfeed

@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <random>
-#include <sstream>
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/dataset/indexed_dataset_writer.h"
 
@@ -88,11 +87,8 @@ absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
 }
 
 absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseLengths(text.str(), path);
+  PF_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(path));
+  return ParseLengths(text, path);
 }
 
 absl::Status WriteGeneratedDataset(absl::string_view prefix, const std::vector<int64_t>& lengths,

@@ -1,22 +1,19 @@
 #include "server/internal/admin_tls.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 
 namespace packfeed::server {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view what) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || text.str().empty()) {
-    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot be read"));
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat(what, " cannot be read: ", text.status().message()));
   }
-  return text.str();
+  return text;
 }
 
 }  // namespace

@@ -1,14 +1,13 @@
 #include "packfeed/server/daemon_config.h"
 
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
@@ -194,13 +193,12 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
 }
 
 absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot read the configuration file"));
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat("cannot read the configuration file: ",
+                                                           text.status().message()));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseDaemonConfig(text.str(), path);
+  return ParseDaemonConfig(*text, path);
 }
 
 }  // namespace packfeed::server

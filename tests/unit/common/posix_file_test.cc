@@ -39,6 +39,19 @@ TEST(PosixFileTest, PreadPastEndIsDataLoss) {
   EXPECT_THAT(past.message(), HasSubstr("end of file at byte 6"));
 }
 
+TEST(PosixFileTest, ReadsWholeFilesAndNamesWhatIsMissing) {
+  testing::ScopedTempDir dir;
+  testing::WriteFileBytes(dir.path() / "f", "line one\nline two\n");
+  absl::StatusOr<std::string> text = ReadWholeFile((dir.path() / "f").string());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "line one\nline two\n");
+  testing::WriteFileBytes(dir.path() / "empty", "");
+  EXPECT_EQ(*ReadWholeFile((dir.path() / "empty").string()), "");
+  absl::StatusOr<std::string> missing = ReadWholeFile((dir.path() / "nope").string());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("nope"));
+}
+
 TEST(PosixFileTest, MapsEmptyAndNonEmptyFiles) {
   testing::ScopedTempDir dir;
   testing::WriteFileBytes(dir.path() / "empty", "");

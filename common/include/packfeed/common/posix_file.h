@@ -49,6 +49,10 @@ absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path);
 // EINTR. A read that hits end of file is DataLoss naming the offsets.
 absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset, absl::Span<char> out);
 
+// The whole content of the file at `path`. Errors name the call and the
+// path (NotFound, PermissionDenied, … from errno).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
 // Writes all of `data`, retrying short writes and EINTR.
 absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data);
 
