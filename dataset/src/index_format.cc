@@ -36,7 +36,8 @@ absl::StatusOr<uint64_t> ExpectedIndexBytes(uint64_t num_sequences, uint64_t doc
   return absl::Uint128Low64(size);
 }
 
-absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name) {
+absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name,
+                                     IndexValidation validation) {
   const absl::string_view f = file_name;
   if (bytes.size() < kIndexHeaderBytes) {
     return Corrupt(f, absl::StrCat("truncated header: ", bytes.size(), " bytes, a header needs ",
@@ -92,10 +93,31 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
   view.documents_ = view.pointers_ + 8 * num_sequences;
   view.modes_ = multimodal ? view.documents_ + 8 * doc_entries : nullptr;
 
+  const uint64_t item = DTypeSize(*dtype);
+  if (validation == IndexValidation::kOnUse) {
+    const int64_t first = view.document_index(0);
+    const int64_t last = view.document_index(doc_entries - 1);
+    if (first != 0 || last < 0 || static_cast<uint64_t>(last) != num_sequences) {
+      return Corrupt(f, absl::StrCat("document index runs from ", first, " to ", last,
+                                     ", expected 0 to the sequence count ", num_sequences));
+    }
+    if (num_sequences > 0) {
+      const int32_t length = view.length(num_sequences - 1);
+      const int64_t pointer = view.pointer(num_sequences - 1);
+      if (length < 0 || pointer < 0) {
+        return Corrupt(f, absl::StrCat("the last sequence has length ", length, " at byte ",
+                                       pointer));
+      }
+      // pointer < 2^63 and length·item < 2^34: no overflow.
+      view.data_bytes_ = static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * item;
+    }
+    view.total_tokens_ = view.data_bytes_ / item;
+    return view;
+  }
+
   // Lengths and pointers: sequence i occupies [ptr_i, ptr_i + len_i·size)
   // and the next one starts right there. The running end cannot overflow:
   // S·(2^31−1)·8 < 2^63 because S < 2^63/12 (the size check above).
-  const uint64_t item = DTypeSize(*dtype);
   absl::uint128 end = 0;
   uint64_t tokens = 0;
   for (uint64_t i = 0; i < num_sequences; ++i) {
@@ -133,6 +155,51 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
                                    ", expected the sequence count ", num_sequences));
   }
   return view;
+}
+
+absl::Status CheckDocument(const IndexView& index, uint64_t document, absl::string_view file_name) {
+  const absl::string_view f = file_name;
+  if (document >= index.num_documents()) {
+    return absl::OutOfRangeError(absl::StrCat(f, ": document ", document,
+                                              " out of range (the index has ",
+                                              index.num_documents(), ")"));
+  }
+  const int64_t first = index.document_index(document);
+  const int64_t end = index.document_index(document + 1);
+  if (first < 0 || end < first || static_cast<uint64_t>(end) > index.num_sequences()) {
+    return Corrupt(f, absl::StrCat("document ", document, " spans sequences [", first, ", ", end,
+                                   ") of ", index.num_sequences()));
+  }
+  const uint64_t item = DTypeSize(index.dtype());
+  // Where sequence `first` must start: where its predecessor ends.
+  uint64_t expected = 0;
+  if (first > 0) {
+    const int32_t length = index.length(static_cast<uint64_t>(first - 1));
+    const int64_t pointer = index.pointer(static_cast<uint64_t>(first - 1));
+    if (length < 0 || pointer < 0) {
+      return Corrupt(f, absl::StrCat("sequence ", first - 1, " has length ", length, " at byte ",
+                                     pointer));
+    }
+    expected = static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * item;
+  }
+  for (uint64_t i = static_cast<uint64_t>(first); i < static_cast<uint64_t>(end); ++i) {
+    const int32_t length = index.length(i);
+    if (length < 0) {
+      return Corrupt(f, absl::StrCat("sequence ", i, " has negative length ", length));
+    }
+    const int64_t pointer = index.pointer(i);
+    if (pointer < 0 || static_cast<uint64_t>(pointer) != expected) {
+      return Corrupt(f, absl::StrCat("sequence ", i, " starts at byte ", pointer,
+                                     " but the lengths and dtype ", DTypeName(index.dtype()),
+                                     " put it at byte ", expected));
+    }
+    expected += static_cast<uint64_t>(length) * item;
+    if (expected > index.data_bytes()) {
+      return Corrupt(f, absl::StrCat("sequence ", i, " ends at byte ", expected,
+                                     ", past the data's end at byte ", index.data_bytes()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace packfeed::dataset

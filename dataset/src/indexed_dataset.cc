@@ -1,5 +1,7 @@
 #include "packfeed/dataset/indexed_dataset.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -84,8 +86,11 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(absl::string_view prefix,
   const std::string bin_path = absl::StrCat(prefix, ".bin");
   PF_ASSIGN_OR_RETURN(MappedFile idx, MappedFile::Open(absl::StrCat(prefix, ".idx")));
   // The view points into the map, which stays put when `idx` is moved.
-  PF_ASSIGN_OR_RETURN(IndexView index, ParseIndex(idx.bytes(), idx.path()));
+  PF_ASSIGN_OR_RETURN(IndexView index, ParseIndex(idx.bytes(), idx.path(), options.validation));
   PF_ASSIGN_OR_RETURN(ScopedFd bin_fd, OpenForRead(bin_path));
+  // Reads are exact (whole documents, coalesced by the caller): the kernel's
+  // read-ahead would only fetch bytes nobody asked for.
+  ::posix_fadvise(bin_fd.get(), 0, 0, POSIX_FADV_RANDOM);
   PF_ASSIGN_OR_RETURN(uint64_t bin_bytes, FileSize(bin_fd.get(), bin_path));
   if (bin_bytes < index.data_bytes()) {
     return absl::DataLossError(absl::StrCat(bin_path, ": truncated data: file has ", bin_bytes,
@@ -97,12 +102,12 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(absl::string_view prefix,
     PF_ASSIGN_OR_RETURN(bin_map, MappedFile::Open(bin_path));
   }
   return IndexedDataset(std::string(prefix), bin_path, std::move(idx), index, std::move(bin_fd),
-                        bin_bytes, std::move(bin_map));
+                        bin_bytes, std::move(bin_map), options.validation);
 }
 
 IndexedDataset::IndexedDataset(std::string prefix, std::string bin_path, MappedFile idx,
                                IndexView index, ScopedFd bin_fd, uint64_t bin_bytes,
-                               std::optional<MappedFile> bin_map)
+                               std::optional<MappedFile> bin_map, IndexValidation validation)
     : prefix_(std::move(prefix)),
       bin_path_(std::move(bin_path)),
       idx_(std::move(idx)),
@@ -110,6 +115,7 @@ IndexedDataset::IndexedDataset(std::string prefix, std::string bin_path, MappedF
       bin_fd_(std::move(bin_fd)),
       bin_bytes_(bin_bytes),
       bin_map_(std::move(bin_map)),
+      validation_(validation),
       bytes_read_(std::make_unique<std::atomic<uint64_t>>(0)) {}
 
 IndexedDataset::IndexedDataset(IndexedDataset&&) noexcept = default;
@@ -174,6 +180,23 @@ absl::Status IndexedDataset::ReadSequences(uint64_t first, uint64_t count,
                                                    " tokens but the buffer holds ", out.size()));
   }
   return PreadAndWiden(begin, out, absl::StrCat("sequences from ", first));
+}
+
+absl::Status IndexedDataset::CheckDocument(uint64_t document) const {
+  if (validation_ == IndexValidation::kFull && document < num_documents()) {
+    return absl::OkStatus();
+  }
+  return dataset::CheckDocument(index_, document, idx_.path());
+}
+
+absl::Status IndexedDataset::ReadBytes(uint64_t offset, absl::Span<char> out) const {
+  if (offset > index_.data_bytes() || out.size() > index_.data_bytes() - offset) {
+    return absl::OutOfRangeError(absl::StrCat(bin_path_, ": bytes [", offset, ", ", offset, "+",
+                                              out.size(), ") outside the data's ",
+                                              index_.data_bytes(), " bytes"));
+  }
+  bytes_read_->fetch_add(out.size(), std::memory_order_relaxed);
+  return PreadFully(bin_fd_.get(), bin_path_, offset, out);
 }
 
 absl::Status IndexedDataset::ReadRaw(uint64_t sequence, absl::Span<char> out) const {

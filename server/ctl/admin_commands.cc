@@ -122,6 +122,35 @@ absl::Status Stats(const AdminArgs& args) {
                   static_cast<unsigned long long>(rank.bytes_sent()), rank.slots_in_flight());
     }
   }
+  const v1::StorageStats& storage = reply.storage();
+  std::printf(
+      "storage: read %llu B for %llu B distinct (I/O amplification %.2f); %llu B in flight, "
+      "%llu B held (peak %llu, budget %llu), %u read threads\n",
+      static_cast<unsigned long long>(storage.bytes_read()),
+      static_cast<unsigned long long>(storage.distinct_bytes()), storage.io_amplification(),
+      static_cast<unsigned long long>(storage.bytes_in_flight()),
+      static_cast<unsigned long long>(storage.bytes_held()),
+      static_cast<unsigned long long>(storage.peak_bytes_held()),
+      static_cast<unsigned long long>(storage.memory_budget_bytes()), storage.read_threads());
+  for (const v1::StorageFileStats& file : storage.files()) {
+    std::printf(
+        "  %s (%u jobs): %llu reads, %llu B for %llu B distinct (%.2f), latency p50 %.2f ms "
+        "p99 %.2f ms max %.2f ms\n",
+        file.path().c_str(), file.jobs(), static_cast<unsigned long long>(file.reads()),
+        static_cast<unsigned long long>(file.bytes_read()),
+        static_cast<unsigned long long>(file.distinct_bytes()), file.io_amplification(),
+        file.read_latency_p50_ms(), file.read_latency_p99_ms(), file.read_latency_max_ms());
+  }
+  if (storage.reread_events() > 0) {
+    std::printf("  %llu re-reads; the latest:\n",
+                static_cast<unsigned long long>(storage.reread_events()));
+    for (const v1::ReRead& reread : storage.rereads()) {
+      std::printf("    job %s rank %u step %lld: %llu B of document %lld of %s\n",
+                  reread.job().c_str(), reread.rank(), static_cast<long long>(reread.step()),
+                  static_cast<unsigned long long>(reread.bytes()),
+                  static_cast<long long>(reread.document()), reread.path().c_str());
+    }
+  }
   return absl::OkStatus();
 }
 

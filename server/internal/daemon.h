@@ -18,6 +18,7 @@
 #include "packfeed/v1/config.pb.h"
 #include "server/internal/job.h"
 #include "server/internal/job_runner.h"
+#include "server/internal/storage.h"
 #include "server/internal/metrics.h"
 
 namespace packfeed::server {
@@ -43,13 +44,15 @@ class Daemon {
   // False while start-up still checks the peer daemons (the socket already
   // answers, so that peers can check this one): no attach until then.
   bool started() const { return started_.load(); }
-  // True when every job's runner went round its loop within `within`.
+  // True when every job's runner went round its loop within `within` and no
+  // dataset read has been outstanding for longer.
   bool Healthy(absl::Duration within) const;
 
   const v1::DaemonConfig& config() const { return config_; }
   // nullptr when no job has that name.
   JobRunner* runner(const std::string& job) const;
   const std::vector<std::unique_ptr<JobRunner>>& runners() const { return runners_; }
+  const Storage& storage() const { return *storage_; }
   // Every job's stats, asked of each runner as Admin.GetStats does; waits
   // up to `timeout` for them (DeadlineExceeded past it).
   absl::StatusOr<std::vector<v1::JobStats>> CollectStats(absl::Duration timeout) const;
@@ -60,6 +63,7 @@ class Daemon {
   Daemon() = default;
 
   v1::DaemonConfig config_;
+  std::unique_ptr<Storage> storage_;  // outlives the jobs and runners that use it
   std::vector<std::unique_ptr<Job>> jobs_;
   std::vector<std::unique_ptr<JobRunner>> runners_;
   std::map<std::string, JobRunner*> by_name_;

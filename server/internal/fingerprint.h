@@ -11,10 +11,12 @@
 //
 // each part 8 hex digits. The hosted ranks and the socket are not part of it.
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace packfeed::server {
 
@@ -34,6 +36,13 @@ std::string MakeFingerprint(const FingerprintInputs& inputs);
 // sampler): an elastic resume may change the topology and the scheduler.
 absl::Status CompareFingerprints(absl::string_view expected, absl::string_view actual,
                                  bool data_only = false);
+
+// The digest of a `.idx` in the fingerprint: all of it up to 4 MiB; past
+// that, its size and 64 blocks of 64 KiB spread evenly from its first byte
+// to its last. Reading a whole index over network storage at start-up is
+// what kOnUse validation avoids, so the digest samples: a rewrite that keeps
+// the size and changes only bytes between the blocks keeps the fingerprint.
+uint64_t IndexDigest(absl::Span<const uint8_t> idx);
 
 // XXH3-64 of `bytes`, the digest every part uses.
 uint64_t StableHash(absl::string_view bytes);

@@ -7,6 +7,7 @@
 // Immutable after Create; every const method is thread-safe.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,12 +42,22 @@ struct JobLayout {
   }
 };
 
+// Opens a dataset by prefix; the daemon's shares one open dataset among
+// every job on the same files (Storage::Open).
+using DatasetOpener = std::function<absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>>(
+    const std::string& prefix)>;
+
+// Opens `prefix` on its own, fully validated.
+absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
+    const std::string& prefix);
+
 class Job {
  public:
-  // Opens and validates the datasets (NotFound / DataLoss naming the file)
+  // Opens the datasets through `open` (NotFound / DataLoss naming the file)
   // and computes the fingerprint. REQUIRES: `config` passed
   // ValidateJobConfig (defaults filled).
-  static absl::StatusOr<std::unique_ptr<Job>> Create(const v1::JobConfig& config);
+  static absl::StatusOr<std::unique_ptr<Job>> Create(const v1::JobConfig& config,
+                                                     const DatasetOpener& open = OpenDatasetAlone);
 
   const std::string& name() const { return config_.name(); }
   const v1::JobConfig& config() const { return config_; }
@@ -55,7 +66,9 @@ class Job {
   const scheduler::PlannerOptions& planner_options() const { return planner_; }
   const dataset::SampleRules& rules() const { return rules_; }
   const scheduler::Sampler& sampler() const { return *sampler_; }
-  const dataset::IndexedDataset& dataset(int i) const { return datasets_[static_cast<size_t>(i)]; }
+  const dataset::IndexedDataset& dataset(int i) const {
+    return *datasets_[static_cast<size_t>(i)];
+  }
   int num_datasets() const { return static_cast<int>(datasets_.size()); }
   // Global ranks this node hosts, ascending.
   const std::vector<int>& local_ranks() const { return local_ranks_; }
@@ -70,7 +83,7 @@ class Job {
   JobLayout layout_;
   scheduler::PlannerOptions planner_;
   dataset::SampleRules rules_;
-  std::vector<dataset::IndexedDataset> datasets_;
+  std::vector<std::shared_ptr<const dataset::IndexedDataset>> datasets_;
   std::unique_ptr<scheduler::Sampler> sampler_;
   std::string fingerprint_;
   std::vector<int> local_ranks_;

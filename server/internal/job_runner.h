@@ -2,12 +2,15 @@
 #define PACKFEED_SERVER_INTERNAL_JOB_RUNNER_H_
 
 // Serves one job's local ranks: a thread that owns the job's UCX Sender,
-// plans and reads steps ahead (each step read once for every local rank),
-// packs each rank's microbatches and pushes them as the rank's credits allow.
+// plans steps ahead and fetches their samples through the node's Storage
+// (each step's samples once for every local rank; the reads run on the
+// storage's threads, never on this one), packs each rank's microbatches and
+// pushes them as the rank's credits allow.
 //
 // Memory: a rank is never served more than `prefetch_steps` steps ahead of
-// the slowest attached rank, so the step cache holds at most
-// prefetch_steps + 1 steps' samples, whatever the dataset size.
+// the slowest attached rank, so the runner holds at most prefetch_steps + 1
+// steps' samples, whatever the dataset size; the storage's budget bounds
+// what all jobs read ahead.
 //
 // Thread-safe: every public method may be called from any thread (gRPC
 // reactors); the work runs on the runner's thread and `done` is called there.
@@ -31,15 +34,13 @@
 #include "server/internal/ledger.h"
 #include "server/internal/plan.h"
 #include "server/internal/read.h"
+#include "server/internal/storage.h"
 
 namespace packfeed::server {
 
 struct JobRunnerOptions {
   transport::SenderOptions sender;
   int prefetch_steps = 2;  // steps ahead of the slowest attached rank
-  // Read-ahead stops once the cached steps' samples hold this many bytes;
-  // 0 = bounded by prefetch_steps only.
-  uint64_t memory_budget_bytes = 0;
   // The consumption ledger's journal; empty = in memory only. A journal
   // that cannot be read back is set aside (".corrupt") with one error line
   // and a new one begun: serving never waits on bookkeeping.
@@ -57,8 +58,9 @@ struct AttachArgs {
 
 class JobRunner {
  public:
-  // REQUIRES: `job` outlives the runner.
-  static absl::StatusOr<std::unique_ptr<JobRunner>> Start(const Job& job,
+  // REQUIRES: `job` and `storage` outlive the runner; the job's datasets
+  // were opened by `storage`.
+  static absl::StatusOr<std::unique_ptr<JobRunner>> Start(const Job& job, Storage& storage,
                                                           const JobRunnerOptions& options);
   ~JobRunner();  // Says goodbye to every rank after what was pushed; joins.
 
@@ -87,7 +89,8 @@ class JobRunner {
 
  private:
   struct RankState;
-  JobRunner(const Job& job, JobRunnerOptions options);
+  struct StepSlot;
+  JobRunner(const Job& job, Storage& storage, JobRunnerOptions options);
   void Post(std::function<void()> task);
   void Loop();
   absl::Status AttachOnThread(const AttachArgs& args, uint64_t& epoch);
@@ -101,14 +104,21 @@ class JobRunner {
   static bool IsTransient(const absl::Status& status);
   // Ends the rank's connection, telling it `cause`.
   void EndRank(RankState& rank, const absl::Status& cause);
-  bool PrefetchOne();  // true when it read a step ahead
-  const StepData* StepAt(int64_t step);
+  // Fetches the steps from the slowest rank's to prefetch_steps past it.
+  void FetchAhead();
+  // The step's samples once held; nullptr while they are being fetched
+  // (the fetch begins here, for `rank`) or when the step cannot be planned
+  // (failed_step_ and failure_ say so).
+  const StepData* StepAt(int64_t step, int rank, bool urgent);
+  void OnStepRead(int64_t step, uint64_t generation, std::shared_ptr<const StepData> data);
   int64_t SlowestStep() const;
+  int SlowestRank() const;
   uint64_t CachedBytes() const;
   void UpdateAttached();
   void Evict();
 
   const Job& job_;
+  Storage& storage_;
   const JobRunnerOptions options_;
   std::unique_ptr<transport::Sender> sender_;  // runner thread only, after Start
   std::string sender_address_;
@@ -116,10 +126,14 @@ class JobRunner {
   // Runner thread only.
   std::map<int, RankState> ranks_;
   std::unique_ptr<Ledger> ledger_;
-  std::map<int64_t, StepData> steps_;
+  std::map<int64_t, StepSlot> steps_;
+  // Where the first rank to attach began, and when: steps from there stay
+  // held for the local ranks not yet attached, for kAttachGrace at most.
+  static constexpr absl::Duration kAttachGrace = absl::Seconds(60);
+  std::optional<int64_t> first_start_;
+  absl::Time first_attach_;
+  uint64_t fetches_ = 0;  // generations of StepSlot
   int64_t steps_planned_ = 0;
-  uint64_t bytes_read_ = 0;
-  uint64_t unique_bytes_ = 0;
   double plan_seconds_ = 0;
   double read_seconds_ = 0;
   double step_over_ideal_sum_ = 0;  // over the steps planned

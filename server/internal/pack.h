@@ -51,8 +51,9 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
                                                 int cp_rank, const dataset::SampleRules& rules);
 
 // The microbatch `global_rank` receives for `microbatch` of `data`, with the
-// dynamic-CP fields when the job plans dynamic CP. Internal when `data`
-// lacks a sample the rank needs.
+// dynamic-CP fields when the job plans dynamic CP. The read error of a
+// sample the rank needs that could not be read; Internal when `data` lacks
+// one.
 absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& data, int microbatch,
                                              int global_rank);
 

@@ -22,7 +22,8 @@ struct StepPlan {
   std::vector<scheduler::SampleRef> samples;  // by PlannedSequence::sample
 };
 
-// Samples and plan of `step` (>= 0). Errors are the planner's, naming the
+// Samples and plan of `step` (>= 0). Errors are the planner's or a corrupt
+// index entry's (DataLoss naming the file), naming the
 // job and step.
 absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step);
 

@@ -1,32 +1,42 @@
 #ifndef PACKFEED_SERVER_INTERNAL_READ_H_
 #define PACKFEED_SERVER_INTERNAL_READ_H_
 
-// Stage 2 of a step: reads, once each, the stored samples the given ranks
-// need for a planned step, and turns each into its token run (sample rules:
-// EOD, truncation). Counts what it read against what was needed.
+// Stage 2 of a step: which stored samples the node's ranks need for a
+// planned step (each once, whatever number of ranks share it), fetched
+// through the node's Storage, and their token runs once fetched (sample
+// rules: EOD, truncation).
 
 #include <cstdint>
 #include <map>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "server/internal/job.h"
 #include "server/internal/plan.h"
+#include "server/internal/storage.h"
 
 namespace packfeed::server {
+
+// What the given ranks need of a planned step.
+struct StepNeeds {
+  std::vector<int64_t> samples;  // the planned sample of each need
+  std::vector<SampleNeed> needs;
+};
+StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks);
 
 // The token runs of the samples some ranks need for one step.
 struct StepData {
   StepPlan plan;
   std::map<int64_t, std::vector<int64_t>> runs;  // by planned sample
-  uint64_t bytes_read = 0;                       // fetched from .bin for this step
-  uint64_t unique_bytes = 0;                     // the distinct samples' bytes needed
+  // Samples that could not be read (I/O error, a file truncated under the
+  // daemon, a float token that is no integer), with why.
+  std::map<int64_t, absl::Status> failed;
 };
 
-// Errors are the dataset's (DataLoss, I/O), naming the file.
-absl::StatusOr<StepData> ReadStep(const Job& job, StepPlan plan,
-                                  absl::Span<const int> global_ranks);
+// `fetched`: one per need of NeedsOfStep, whose `samples` is given.
+StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
+                      absl::Span<const FetchedSample> fetched);
 
 }  // namespace packfeed::server
 

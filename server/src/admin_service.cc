@@ -88,6 +88,7 @@ class AdminService final : public v1::Admin::CallbackService {
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
+    *reply->mutable_storage() = daemon_.storage().Stats();
     return AskEveryRunner<v1::JobStats>(context, daemon_, request->job(), reply, &JobRunner::Stats);
   }
 

@@ -105,8 +105,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       errno != EEXIST) {
     return ErrnoToStatus(errno, "state_dir: mkdir", config.state_dir());
   }
+  StorageOptions storage_options;
+  if (config.read_threads() > 0) {
+    storage_options.read_threads = static_cast<int>(config.read_threads());
+  }
+  storage_options.memory_budget_bytes = config.memory_budget_bytes();
+  daemon->storage_ = std::make_unique<Storage>(storage_options);
+  Storage& storage = *daemon->storage_;
+  const DatasetOpener open = [&storage](const std::string& prefix) { return storage.Open(prefix); };
   for (const v1::JobConfig& job_config : config.jobs()) {
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config);
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config, open);
     if (!job.ok()) {
       return absl::Status(job.status().code(),
                           absl::StrCat("job ", job_config.name(), ": ", job.status().message()));
@@ -114,14 +122,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     JobRunnerOptions runner_options;
     runner_options.sender.ucx.transports = options.ucx_transports;
     runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
-    runner_options.memory_budget_bytes = config.memory_budget_bytes();
     if (!config.state_dir().empty()) {
       // One ledger per job and fingerprint: another configuration begins
       // its own.
       runner_options.ledger_path = absl::StrCat(config.state_dir(), "/", job_config.name(), "-",
                                                 (*job)->fingerprint(), ".ledger");
     }
-    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner, JobRunner::Start(**job, runner_options));
+    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner, JobRunner::Start(**job, storage, runner_options));
     daemon->by_name_[job_config.name()] = runner.get();
     daemon->runners_.push_back(std::move(runner));
     spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),
@@ -234,7 +241,8 @@ bool Daemon::Healthy(absl::Duration within) const {
   for (const auto& runner : runners_) {
     if (now - runner->last_loop() > within) return false;
   }
-  return true;
+  const absl::Time oldest_read = storage_->OldestReadStart();
+  return oldest_read == absl::InfiniteFuture() || now - oldest_read <= within;
 }
 
 JobRunner* Daemon::runner(const std::string& job) const {

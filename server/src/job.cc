@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/server/job_config.h"
 #include "server/internal/fingerprint.h"
@@ -32,7 +31,14 @@ RankCoords JobLayout::Coords(int global_rank) const {
   return c;
 }
 
-absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config) {
+absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
+    const std::string& prefix) {
+  PF_ASSIGN_OR_RETURN(dataset::IndexedDataset dataset, dataset::IndexedDataset::Open(prefix));
+  return std::make_shared<const dataset::IndexedDataset>(std::move(dataset));
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
+                                                 const DatasetOpener& open) {
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
   const v1::Topology& t = config.topology();
@@ -47,19 +53,15 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config) {
   std::string datasets_part;
   std::vector<int64_t> num_documents;
   for (const v1::DatasetSpec& spec : config.datasets()) {
-    PF_ASSIGN_OR_RETURN(dataset::IndexedDataset dataset,
-                        dataset::IndexedDataset::Open(spec.prefix()));
-    if (dataset.num_documents() == 0) {
+    PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset,
+                        open(spec.prefix()));
+    if (dataset->num_documents() == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat(spec.prefix(), ": the dataset holds no document"));
     }
-    PF_ASSIGN_OR_RETURN(MappedFile idx, MappedFile::Open(spec.prefix() + ".idx"));
-    const absl::Span<const uint8_t> idx_bytes = idx.bytes();
-    absl::StrAppend(&datasets_part,
-                    StableHash(absl::string_view(reinterpret_cast<const char*>(idx_bytes.data()),
-                                                 idx_bytes.size())),
-                    ";", dataset.bin_bytes(), ";", spec.kind(), ";", spec.weight(), "|");
-    num_documents.push_back(static_cast<int64_t>(dataset.num_documents()));
+    absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";",
+                    dataset->bin_bytes(), ";", spec.kind(), ";", spec.weight(), "|");
+    num_documents.push_back(static_cast<int64_t>(dataset->num_documents()));
     job->datasets_.push_back(std::move(dataset));
   }
   PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,

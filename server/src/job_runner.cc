@@ -38,6 +38,15 @@ struct JobRunner::RankState {
   bool live() const { return !failed && !detached; }
 };
 
+// A step being fetched or held: its samples stay in the storage while the
+// slot lives.
+struct JobRunner::StepSlot {
+  uint64_t generation = 0;
+  absl::Time fetched;
+  std::unique_ptr<FetchPin> pin;
+  std::shared_ptr<const StepData> data;  // once every sample is held
+};
+
 void JobRunner::UpdateAttached() {
   int live = 0;
   for (const auto& [_, rank] : ranks_) live += rank.live() ? 1 : 0;
@@ -45,9 +54,9 @@ void JobRunner::UpdateAttached() {
   attached_ = live;
 }
 
-absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job,
+absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job, Storage& storage,
                                                             const JobRunnerOptions& options) {
-  std::unique_ptr<JobRunner> runner(new JobRunner(job, options));
+  std::unique_ptr<JobRunner> runner(new JobRunner(job, storage, options));
   absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(options.ledger_path);
   if (absl::IsDataLoss(ledger.status())) {
     const std::string aside = options.ledger_path + ".corrupt";
@@ -67,23 +76,28 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job,
   return runner;
 }
 
-JobRunner::JobRunner(const Job& job, JobRunnerOptions options)
-    : job_(job), options_(std::move(options)) {}
+JobRunner::JobRunner(const Job& job, Storage& storage, JobRunnerOptions options)
+    : job_(job), storage_(storage), options_(std::move(options)) {}
 
 JobRunner::~JobRunner() {
   {
+    // Woken under the lock: the loop cannot see stop_, leave and drop the
+    // sender before Wake returns.
     absl::MutexLock lock(&mutex_);
     stop_ = true;
+    sender_->Wake();
   }
-  sender_->Wake();
   thread_.join();
+  // Before the mutex goes: a fetch completing now Posts to this runner
+  // (FetchPin's destructor waits for that).
+  steps_.clear();
 }
 
 void JobRunner::Post(std::function<void()> task) {
-  {
-    absl::MutexLock lock(&mutex_);
-    tasks_.push_back(std::move(task));
-  }
+  // Also called from the storage's threads.
+  absl::MutexLock lock(&mutex_);
+  if (stop_) return;
+  tasks_.push_back(std::move(task));
   sender_->Wake();
 }
 
@@ -151,6 +165,10 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& epoch) 
   state.next_microbatch = at.microbatch;
   state.ring_slots = args.ring_slots;
   ranks_.emplace(args.global_rank, std::move(state));
+  if (!first_start_.has_value()) {
+    first_start_ = at.step;
+    first_attach_ = absl::Now();
+  }
   UpdateAttached();
   spdlog::info("job {} rank {}: attached at step {} microbatch {} (connection {:#x})", job_.name(),
                args.global_rank, at.step, at.microbatch, epoch);
@@ -264,11 +282,13 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
     if (steps_planned_ > 0) {
       stats.set_mean_step_over_ideal(step_over_ideal_sum_ / static_cast<double>(steps_planned_));
     }
-    stats.set_bytes_read(bytes_read_);
-    stats.set_unique_bytes_needed(unique_bytes_);
-    stats.set_io_amplification(unique_bytes_ == 0 ? 0.0
-                                                  : static_cast<double>(bytes_read_) /
-                                                        static_cast<double>(unique_bytes_));
+    const Storage::JobIo io = storage_.JobFigures(job_.name());
+    stats.set_bytes_read(io.bytes_read);
+    stats.set_unique_bytes_needed(io.distinct_bytes);
+    if (io.distinct_bytes > 0) {
+      stats.set_io_amplification(static_cast<double>(io.bytes_read) /
+                                 static_cast<double>(io.distinct_bytes));
+    }
     int64_t served = INT64_MAX;
     // Slowest and fastest by what the ranks consumed (the ledger's position),
     // not by what was pushed to them: a stalled rank's ring is full too.
@@ -312,8 +332,9 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
 
 uint64_t JobRunner::CachedBytes() const {
   uint64_t bytes = 0;
-  for (const auto& [_, data] : steps_) {
-    for (const auto& [_, run] : data.runs) bytes += run.size() * sizeof(int64_t);
+  for (const auto& [_, slot] : steps_) {
+    if (slot.data == nullptr) continue;
+    for (const auto& [_, run] : slot.data->runs) bytes += run.size() * sizeof(int64_t);
   }
   return bytes;
 }
@@ -326,51 +347,85 @@ int64_t JobRunner::SlowestStep() const {
   return slowest;
 }
 
-void JobRunner::Evict() {
-  const int64_t slowest = SlowestStep();
-  while (!steps_.empty() && steps_.begin()->first < slowest) steps_.erase(steps_.begin());
+int JobRunner::SlowestRank() const {
+  std::optional<std::pair<int64_t, int>> slowest;
+  for (const auto& [id, rank] : ranks_) {
+    if (rank.live() && (!slowest.has_value() || rank.next_step < slowest->first)) {
+      slowest = {rank.next_step, id};
+    }
+  }
+  return slowest.has_value() ? slowest->second : -1;
 }
 
-const StepData* JobRunner::StepAt(int64_t step) {
-  auto cached = steps_.find(step);
-  if (cached != steps_.end()) return &cached->second;
+void JobRunner::Evict() {
+  int64_t keep_from = SlowestStep();
+  // Ranks attach over a few seconds; the first ones are pushed steps ahead
+  // before the last arrive. Keep what those will need (from where the first
+  // rank began) for a while, so that a staggered start reads nothing twice.
+  const bool awaited = ranks_.size() < job_.local_ranks().size() && first_start_.has_value() &&
+                       absl::Now() - first_attach_ < kAttachGrace;
+  if (awaited) keep_from = std::min(keep_from, *first_start_);
+  while (!steps_.empty() && steps_.begin()->first < keep_from) steps_.erase(steps_.begin());
+}
+
+const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
+  auto slot = steps_.find(step);
+  if (slot != steps_.end()) return slot->second.data.get();
   const absl::Time start = absl::Now();
   absl::StatusOr<StepPlan> plan = PlanStep(job_, step);
-  const absl::Time planned = absl::Now();
-  absl::StatusOr<StepData> data =
-      plan.ok() ? ReadStep(job_, *std::move(plan), job_.local_ranks()) : plan.status();
-  plan_seconds_ += absl::ToDoubleSeconds(planned - start);
-  read_seconds_ += absl::ToDoubleSeconds(absl::Now() - planned);
-  if (!data.ok()) {
+  plan_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  if (!plan.ok()) {
     if (failed_step_ != step) {
-      spdlog::error("job {} step {}: {}", job_.name(), step, data.status().ToString());
+      spdlog::error("job {} step {}: {}", job_.name(), step, plan.status().ToString());
       failed_step_ = step;
     }
-    failure_ = data.status();
+    failure_ = plan.status();
     return nullptr;
   }
-  ++steps_planned_;
-  step_over_ideal_sum_ +=
-      scheduler::ComputePlanStats(data->plan.plan, scheduler::CostModel::Megatron(),
-                                  job_.planner_options().max_tokens_per_rank)
-          .step_over_ideal;
-  bytes_read_ += data->bytes_read;
-  unique_bytes_ += data->unique_bytes;
-  return &steps_.emplace(step, *std::move(data)).first->second;
+  StepNeeds needs = NeedsOfStep(job_, *plan, job_.local_ranks());
+  StepSlot& fresh = steps_[step];
+  fresh.generation = ++fetches_;
+  fresh.fetched = absl::Now();
+  // Assembled on the storage's thread, handed to this one.
+  auto planned = std::make_shared<StepPlan>(*std::move(plan));
+  fresh.pin = storage_.Fetch(
+      {job_.name(), rank, step}, std::move(needs.needs), urgent,
+      [this, step, generation = fresh.generation, planned, samples = std::move(needs.samples)](
+          std::vector<FetchedSample> fetched) {
+        std::shared_ptr<const StepData> data =
+            std::make_shared<StepData>(AssembleStep(job_, *planned, samples, fetched));
+        Post([this, step, generation, data] { OnStepRead(step, generation, data); });
+      });
+  return nullptr;
 }
 
-bool JobRunner::PrefetchOne() {
+void JobRunner::OnStepRead(int64_t step, uint64_t generation,
+                           std::shared_ptr<const StepData> data) {
+  auto slot = steps_.find(step);
+  if (slot == steps_.end() || slot->second.generation != generation) return;  // evicted since
+  slot->second.data = std::move(data);
+  const StepData& ready = *slot->second.data;
+  read_seconds_ += absl::ToDoubleSeconds(absl::Now() - slot->second.fetched);
+  ++steps_planned_;
+  step_over_ideal_sum_ +=
+      scheduler::ComputePlanStats(ready.plan.plan, scheduler::CostModel::Megatron(),
+                                  job_.planner_options().max_tokens_per_rank)
+          .step_over_ideal;
+  if (!ready.failed.empty()) {
+    spdlog::error("job {} step {}: {} sample(s) could not be read, the ranks that need them "
+                  "are ended; first: {}",
+                  job_.name(), step, ready.failed.size(),
+                  ready.failed.begin()->second.ToString());
+  }
+}
+
+void JobRunner::FetchAhead() {
   const int64_t slowest = SlowestStep();
-  if (slowest == INT64_MAX) return false;
-  // Reading ahead stops at the memory budget; a step a rank needs now is
-  // still read (StepAt from ServeRank).
-  if (options_.memory_budget_bytes > 0 && CachedBytes() >= options_.memory_budget_bytes) {
-    return false;
-  }
+  if (slowest == INT64_MAX) return;
+  const int rank = SlowestRank();
   for (int64_t step = slowest; step <= slowest + options_.prefetch_steps; ++step) {
-    if (steps_.count(step) == 0) return StepAt(step) != nullptr;
+    if (steps_.count(step) == 0 && failed_step_ != step) StepAt(step, rank, step == slowest);
   }
-  return false;
 }
 
 bool JobRunner::ServeRank(RankState& rank) {
@@ -387,19 +442,22 @@ bool JobRunner::ServeRank(RankState& rank) {
     }
     if (*credits == 0) break;
     if (rank.next_step > SlowestStep() + options_.prefetch_steps) break;
-    const StepData* data = StepAt(rank.next_step);
+    const StepData* data = StepAt(rank.next_step, rank.global_rank, /*urgent=*/true);
     if (data == nullptr) {
-      if (!IsTransient(failure_)) EndRank(rank, failure_);
+      if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
       break;
     }
     const scheduler::GlobalPlan& plan = data->plan.plan;
     absl::StatusOr<PackedMicrobatch> packed =
         PackForRank(job_, *data, rank.next_microbatch, rank.global_rank);
-    absl::Status status = packed.status();
-    if (status.ok()) {
-      status = PushMicrobatch(*sender_, rank.epoch, data->plan, rank.next_microbatch, *packed,
-                              rank.coords.pp, job_.layout().pp);
+    if (!packed.ok()) {
+      // A sample it needs could not be read: this rank cannot go on; the
+      // ranks that need other samples can.
+      EndRank(rank, packed.status());
+      break;
     }
+    absl::Status status = PushMicrobatch(*sender_, rank.epoch, data->plan, rank.next_microbatch,
+                                         *packed, rank.coords.pp, job_.layout().pp);
     if (status.ok()) {
       absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.epoch);
       if (after.ok()) rank.bytes_sent = after->bytes;
@@ -457,8 +515,8 @@ void JobRunner::Loop() {
     bool pushed = false;
     for (auto& [_, rank] : ranks_) pushed |= ServeRank(rank);
     Evict();
-    // Idle: read the next step ahead, so a rank never waits for a read.
-    if (!pushed) pushed = PrefetchOne();
+    // The storage reads ahead for every rank, so none waits for a read.
+    FetchAhead();
     sender_->ProgressOrWait(pushed ? absl::ZeroDuration() : absl::Milliseconds(100));
   }
   // Goodbyes go out from the thread that owns the sender.

@@ -133,6 +133,8 @@ absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& dat
       data.plan.plan.microbatches[static_cast<size_t>(microbatch)], coords.dp_cp_rank);
   std::vector<const std::vector<int64_t>*> runs;
   for (const scheduler::PlannedSequence& sequence : group.sequences) {
+    auto failed = data.failed.find(sequence.sample);
+    if (failed != data.failed.end()) return failed->second;
     auto run = data.runs.find(sequence.sample);
     if (run == data.runs.end()) {
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,

@@ -11,8 +11,14 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
   std::vector<int64_t> lengths;
   lengths.reserve(out.samples.size());
   for (const scheduler::SampleRef& sample : out.samples) {
-    lengths.push_back(
-        dataset::PlannedLength(job.dataset(sample.dataset).index(), sample.index, job.rules()));
+    const dataset::IndexedDataset& data = job.dataset(sample.dataset);
+    // The daemon validates index entries when a step first uses them.
+    absl::Status checked = data.CheckDocument(static_cast<uint64_t>(sample.index));
+    if (!checked.ok()) {
+      return absl::Status(checked.code(), absl::StrCat("job ", job.name(), " step ", step, ": ",
+                                                       checked.message()));
+    }
+    lengths.push_back(dataset::PlannedLength(data.index(), sample.index, job.rules()));
   }
   absl::StatusOr<scheduler::GlobalPlan> plan =
       scheduler::PlanGlobalBatch(lengths, job.planner_options());

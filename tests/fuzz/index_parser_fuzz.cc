@@ -1,26 +1,52 @@
 // libFuzzer target for the .idx parser: any byte string must either be
 // rejected with a status or yield a view whose every element can be read
-// without touching memory outside the input (ASan checks that).
+// without touching memory outside the input (ASan checks that). The two
+// validation modes must agree: an index passes kFull exactly when it passes
+// kOnUse and every one of its documents passes CheckDocument, with the same
+// totals.
 
 #include <cstddef>
 #include <cstdint>
 
 #include "packfeed/dataset/index_format.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  absl::StatusOr<packfeed::dataset::IndexView> view =
-      packfeed::dataset::ParseIndex(absl::MakeConstSpan(data, size), "fuzz.idx");
-  if (!view.ok()) return 0;
-  int64_t checksum = 0;
-  for (uint64_t i = 0; i < view->num_sequences(); ++i) {
-    checksum += view->length(i) + view->pointer(i) + view->mode(i);
+namespace {
+
+using packfeed::dataset::CheckDocument;
+using packfeed::dataset::IndexValidation;
+using packfeed::dataset::IndexView;
+using packfeed::dataset::ParseIndex;
+
+bool AllDocumentsPass(const IndexView& view) {
+  for (uint64_t d = 0; d < view.num_documents(); ++d) {
+    if (!CheckDocument(view, d, "fuzz.idx").ok()) return false;
   }
-  for (uint64_t d = 0; d <= view->num_documents(); ++d) {
-    checksum += view->document_index(d);
+  return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const absl::Span<const uint8_t> bytes = absl::MakeConstSpan(data, size);
+  absl::StatusOr<IndexView> full = ParseIndex(bytes, "fuzz.idx", IndexValidation::kFull);
+  absl::StatusOr<IndexView> on_use = ParseIndex(bytes, "fuzz.idx", IndexValidation::kOnUse);
+  const bool lazily_valid = on_use.ok() && AllDocumentsPass(*on_use);
+  if (full.ok() != lazily_valid) __builtin_trap();
+  if (!full.ok()) return 0;
+  if (full->data_bytes() != on_use->data_bytes() ||
+      full->total_tokens() != on_use->total_tokens()) {
+    __builtin_trap();
+  }
+  int64_t checksum = 0;
+  for (uint64_t i = 0; i < full->num_sequences(); ++i) {
+    checksum += full->length(i) + full->pointer(i) + full->mode(i);
+  }
+  for (uint64_t d = 0; d <= full->num_documents(); ++d) {
+    checksum += full->document_index(d);
   }
   // A valid view's totals agree with its arrays.
-  if (view->num_sequences() > 0 &&
-      static_cast<uint64_t>(view->pointer(view->num_sequences() - 1)) > view->data_bytes()) {
+  if (full->num_sequences() > 0 &&
+      static_cast<uint64_t>(full->pointer(full->num_sequences() - 1)) > full->data_bytes()) {
     __builtin_trap();
   }
   // Keep the reads from being optimised away.

@@ -36,7 +36,8 @@ def check_case(checks, bin_dir, fixtures, case):
     config = golden["config"]
     with Daemon(bin_dir, job_config(case, fixtures / case, config), name=case) as daemon:
         dumps = daemon.dump_ranks(case, range(config["world_size"]), steps=1)
-        stats = daemon.ctl_json("stats", "--job", case)["jobs"][0]
+        reply = daemon.ctl_json("stats", "--job", case)
+        stats, storage = reply["jobs"][0], reply["storage"]
         code = daemon.stop()
     checks.check(f"{case} daemon exits 0 on SIGTERM", code == 0, f"exit {code}")
     for expected in golden["ranks"]:
@@ -54,8 +55,12 @@ def check_case(checks, bin_dir, fixtures, case):
                 checks.check(f"{case} rank {rank} microbatch {m} {field}",
                              got.get(field) == want[field],
                              f"got {str(got.get(field))[:120]} want {str(want[field])[:120]}")
-    checks.check(f"{case} I/O amplification 1.00", stats["io_amplification"] == 1.0,
-                 stats["io_amplification"])
+    # The fixtures are smaller than the steps read ahead: later epochs of a
+    # sample are served from what is held, so the node reads less than the
+    # ranks need (< 1), and never a byte twice.
+    checks.check(f"{case} I/O amplification <= 1.00",
+                 0 < stats["io_amplification"] <= 1.0, stats["io_amplification"])
+    checks.check(f"{case} no re-read", int(storage.get("reread_events", 0)) == 0, storage)
     print(f"{case}: {config['world_size']} ranks × {golden['ranks'][0]['M']} microbatches compared")
 
 

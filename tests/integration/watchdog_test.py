@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """systemd's watchdog sees a hung runner: packfeedd serves a dataset from
 slowfs (tests/slowfs, a real FUSE filesystem); when its reads hang, as an
-NFS or Lustre read can, the runner stops going round its loop and packfeedd
-withholds WATCHDOG=1 within WatchdogSec; when the reads come back, the pings
+NFS or Lustre read can, a read stays outstanding and packfeedd withholds
+WATCHDOG=1 within WatchdogSec; when the reads come back, the pings
 resume and the rank is served. Without systemd: the test binds its own
 NOTIFY_SOCKET, as daemon_readiness_test does.
 
@@ -81,13 +81,13 @@ jobs {{
                 [str(bin_dir / "packfeedctl"), "dump", "--socket", str(work / "daemon.sock"),
                  "--job", "job", "--rank", "0", "--steps", "2", "--json"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            # The runner blocks in its first read; pings stop once it has not
-            # gone round its loop for WatchdogSec (0.5 s): let twice that pass.
+            # The first read blocks; pings stop once it has been outstanding
+            # for WatchdogSec (0.5 s): let twice that pass.
             pings_during(notify, 2 * WATCHDOG_USEC / 1e6)
             hung = pings_during(notify, 2.0)
-            checks.check("a hung runner: no WATCHDOG=1 for 2 s", hung == 0, hung)
-            print(f"watchdog: {before} pings in 1.5 s while healthy, {hung} in 2 s while the "
-                  "runner's read hung")
+            checks.check("a hung read: no WATCHDOG=1 for 2 s", hung == 0, hung)
+            print(f"watchdog: {before} pings in 1.5 s while healthy, {hung} in 2 s while a "
+                  "read hung")
 
             control.write_text("hang=0\n")
             after = pings_during(notify, 1.5)

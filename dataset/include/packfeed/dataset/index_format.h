@@ -5,8 +5,11 @@
 //   magic "MMIDIDX\0\0" (9) | uint64 version = 1 | uint8 dtype code |
 //   uint64 S | uint64 D+1 | int32 lengths[S] | int64 byte offsets[S] |
 //   int64 document_index[D+1] | (multimodal only) int8 modes[S]
-// ParseIndex validates every field of that layout without I/O, so the same
-// code serves the reader and the fuzzer.
+// ParseIndex validates that layout without I/O, so the same code serves the
+// reader and the fuzzer: every field (IndexValidation::kFull), or the header,
+// sizes and ends only, leaving each document to CheckDocument when it is
+// first used (kOnUse: opening an index of 10^8 sequences on network storage
+// then touches a few pages instead of reading 1.2 GB).
 
 #include <cstdint>
 #include <cstring>
@@ -22,6 +25,8 @@ namespace packfeed::dataset {
 inline constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 inline constexpr uint64_t kIndexVersion = 1;
 inline constexpr uint64_t kIndexHeaderBytes = 34;
+
+enum class IndexValidation { kFull, kOnUse };
 
 // A validated view of an index held elsewhere (a memory map). The arrays sit
 // at unaligned offsets (34 is not a multiple of 4), so elements are loaded
@@ -47,7 +52,8 @@ class IndexView {
   uint64_t data_bytes() const { return data_bytes_; }
 
  private:
-  friend absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t>, absl::string_view);
+  friend absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t>, absl::string_view,
+                                              IndexValidation);
   template <typename T>
   static T Load(const uint8_t* base, uint64_t i) {
     T value;
@@ -73,7 +79,19 @@ class IndexView {
 // recognised by its size (S more bytes). Errors: DataLoss for a corrupt file,
 // InvalidArgument for an unsupported version; messages name `file_name`, the
 // check and the offending values.
-absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name);
+// kOnUse checks the header, the exact size, the document index's first and
+// last entries and the last sequence's end; total_tokens() is then
+// data_bytes() / dtype size, which equals the sum of the lengths exactly
+// when every document passes CheckDocument.
+absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name,
+                                     IndexValidation validation = IndexValidation::kFull);
+
+// The checks kFull makes, for the entries document `document` uses: its two
+// document index entries are ordered within [0, S]; each of its sequences
+// has a non-negative length and starts where the previous sequence ends,
+// inside data_bytes(). A view that passed kFull passes for every document.
+// OutOfRange for document >= num_documents(); DataLoss naming `file_name`.
+absl::Status CheckDocument(const IndexView& index, uint64_t document, absl::string_view file_name);
 
 // Size in bytes of an index with these counts; DataLoss naming the counts
 // when it would not fit in an int64 (a corrupt header).

@@ -24,9 +24,13 @@ struct IndexedDatasetOptions {
   // use pread, which turns a file truncated after Open into DataLoss instead
   // of SIGBUS).
   bool map_data = false;
+  // kOnUse: Open checks the index's header, size and ends only, and each
+  // document is checked by CheckDocument before its entries are trusted
+  // (what a daemon opening 10^8 sequences on network storage wants).
+  IndexValidation validation = IndexValidation::kFull;
 };
 
-// An opened, fully validated dataset. The index is memory-mapped; token data
+// An opened dataset, validated as its options ask. The index is memory-mapped; token data
 // is read with pread (or through the optional map) into caller buffers.
 // Thread-safe: all const methods may be called concurrently.
 class IndexedDataset {
@@ -50,6 +54,8 @@ class IndexedDataset {
   uint64_t total_tokens() const { return index_.total_tokens(); }
   int32_t sequence_length(uint64_t i) const { return index_.length(i); }
   uint64_t idx_bytes() const { return idx_.bytes().size(); }
+  // The memory-mapped .idx (pages are read as they are touched).
+  absl::Span<const uint8_t> index_bytes() const { return idx_.bytes(); }
   uint64_t bin_bytes() const { return bin_bytes_; }
 
   // Reads tokens [first_token, first_token + out.size()) of sequence
@@ -61,6 +67,15 @@ class IndexedDataset {
   // Reads `count` consecutive sequences starting at `first` with one pread
   // (they are contiguous in .bin); `out` must hold exactly their tokens.
   absl::Status ReadSequences(uint64_t first, uint64_t count, absl::Span<int64_t> out) const;
+
+  // Validates document `document`'s index entries (see dataset::CheckDocument);
+  // with kFull validation they passed at Open already.
+  absl::Status CheckDocument(uint64_t document) const;
+
+  // Raw bytes [offset, offset + out.size()) of .bin with one pread (more if
+  // the kernel returns less). OutOfRange past the index's data; DataLoss
+  // when the file ends early (truncated after Open).
+  absl::Status ReadBytes(uint64_t offset, absl::Span<char> out) const;
 
   // Raw bytes of sequence `sequence` in the on-disk dtype. `out` must be
   // exactly length · dtype size bytes.
@@ -76,7 +91,8 @@ class IndexedDataset {
 
  private:
   IndexedDataset(std::string prefix, std::string bin_path, MappedFile idx, IndexView index,
-                 ScopedFd bin_fd, uint64_t bin_bytes, std::optional<MappedFile> bin_map);
+                 ScopedFd bin_fd, uint64_t bin_bytes, std::optional<MappedFile> bin_map,
+                 IndexValidation validation);
   // Reads out.size() tokens at byte `offset` and widens them; `what` names
   // the sequence(s) in errors.
   absl::Status PreadAndWiden(uint64_t offset, absl::Span<int64_t> out,
@@ -91,6 +107,7 @@ class IndexedDataset {
   ScopedFd bin_fd_;
   uint64_t bin_bytes_ = 0;
   std::optional<MappedFile> bin_map_;
+  IndexValidation validation_;
   // Boxed so the dataset stays movable.
   std::unique_ptr<std::atomic<uint64_t>> bytes_read_;
 };
