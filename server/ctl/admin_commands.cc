@@ -145,10 +145,10 @@ absl::Status Stats(const AdminArgs& args) {
     std::printf("  %llu re-reads; the latest:\n",
                 static_cast<unsigned long long>(storage.reread_events()));
     for (const v1::ReRead& reread : storage.rereads()) {
-      std::printf("    job %s rank %u step %lld: %llu B of document %lld of %s\n",
+      std::printf("    job %s rank %u step %lld: %llu B (%llu samples) of %s\n",
                   reread.job().c_str(), reread.rank(), static_cast<long long>(reread.step()),
                   static_cast<unsigned long long>(reread.bytes()),
-                  static_cast<long long>(reread.document()), reread.path().c_str());
+                  static_cast<unsigned long long>(reread.samples()), reread.path().c_str());
     }
   }
   return absl::OkStatus();

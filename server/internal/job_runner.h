@@ -110,6 +110,8 @@ class JobRunner {
   // (the fetch begins here, for `rank`) or when the step cannot be planned
   // (failed_step_ and failure_ say so).
   const StepData* StepAt(int64_t step, int rank, bool urgent);
+  void StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const StepPlan> plan, int rank,
+                  bool urgent);
   void OnStepRead(int64_t step, uint64_t generation, std::shared_ptr<const StepData> data);
   int64_t SlowestStep() const;
   int SlowestRank() const;

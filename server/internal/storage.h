@@ -10,7 +10,10 @@
 //
 // Held samples are shared: a second job (or a second step) that needs a
 // document while it is held reads nothing. A sample stays held while a fetch
-// that needs it lives (FetchPin), and goes when the last one is released.
+// that needs it lives (FetchPin). When the last one is released it is kept,
+// oldest dropped first, while the budget has room (a job lagging another on
+// the same files by a few steps then reads nothing either); with no budget
+// it goes at once.
 //
 // Accounting, independent on purpose:
 //  - bytes_read: the bytes of every pread, counted per file where it is
@@ -18,7 +21,8 @@
 //  - distinct_bytes: the bytes of each (file, document, epoch) the node's
 //    fetches needed, counted the first time it is needed;
 // so a second read of anything shows as amplification > 1, and each such
-// re-read is recorded with the job, rank and step it was fetched for.
+// re-read is recorded with the job, rank and step it was fetched for (one
+// warning line, and one record, per fetch and file).
 //
 // Memory: a fetch costs its samples' bytes plus their int64 tokens (what a
 // job assembles from them). Fetches wait for admission while the admitted
@@ -35,6 +39,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -148,10 +153,16 @@ class Storage {
   void Release(uint64_t id);
   void Admit(Request& request, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void AdmitWaiting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // A done entry nobody needs any more: kept or dropped.
+  void Unpinned(std::map<Key, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Drops kept entries, oldest first, until the budget holds.
+  void TrimKept() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Counts `need` as distinct, or, when it must be read again, as a re-read
   // (returning its bytes).
   uint64_t Account(const FetchCause& cause, const SampleNeed& need, bool must_read)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void RecordReRead(const FetchCause& cause, const std::string& path, uint64_t samples,
+                    uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void QueueReads(const Request& request, std::vector<Key> missing)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void QueueCompletion(uint64_t id, bool urgent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -168,6 +179,8 @@ class Storage {
       ABSL_GUARDED_BY(mutex_);  // by the .bin's (device, inode)
   std::map<const dataset::IndexedDataset*, File> files_ ABSL_GUARDED_BY(mutex_);
   std::map<Key, Entry> held_ ABSL_GUARDED_BY(mutex_);
+  std::list<Key> kept_ ABSL_GUARDED_BY(mutex_);  // unpinned, oldest first
+  uint64_t kept_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   std::map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mutex_);
   std::deque<uint64_t> waiting_ ABSL_GUARDED_BY(mutex_);  // not yet admitted, in order
   // Work for the readers: urgent first.

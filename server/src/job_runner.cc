@@ -45,6 +45,9 @@ struct JobRunner::StepSlot {
   absl::Time fetched;
   std::unique_ptr<FetchPin> pin;
   std::shared_ptr<const StepData> data;  // once every sample is held
+  // Samples failed and the step was fetched again for the rank that needed
+  // it first: what failed now is served as failed.
+  bool retried = false;
 };
 
 void JobRunner::UpdateAttached() {
@@ -370,7 +373,19 @@ void JobRunner::Evict() {
 
 const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
   auto slot = steps_.find(step);
-  if (slot != steps_.end()) return slot->second.data.get();
+  if (slot != steps_.end()) {
+    StepSlot& held = slot->second;
+    // A failure read ahead may be stale (an NFS server back since, a
+    // transient EIO): a rank is told only once a fetch made for it fails.
+    if (held.data != nullptr && !held.data->failed.empty() && !held.retried) {
+      auto plan = std::make_shared<StepPlan>(held.data->plan);
+      held.data = nullptr;
+      held.retried = true;
+      StartFetch(step, held, std::move(plan), rank, urgent);
+      return nullptr;
+    }
+    return held.data.get();
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<StepPlan> plan = PlanStep(job_, step);
   plan_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
@@ -382,21 +397,25 @@ const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
     failure_ = plan.status();
     return nullptr;
   }
-  StepNeeds needs = NeedsOfStep(job_, *plan, job_.local_ranks());
-  StepSlot& fresh = steps_[step];
-  fresh.generation = ++fetches_;
-  fresh.fetched = absl::Now();
-  // Assembled on the storage's thread, handed to this one.
-  auto planned = std::make_shared<StepPlan>(*std::move(plan));
-  fresh.pin = storage_.Fetch(
-      {job_.name(), rank, step}, std::move(needs.needs), urgent,
-      [this, step, generation = fresh.generation, planned, samples = std::move(needs.samples)](
-          std::vector<FetchedSample> fetched) {
-        std::shared_ptr<const StepData> data =
-            std::make_shared<StepData>(AssembleStep(job_, *planned, samples, fetched));
-        Post([this, step, generation, data] { OnStepRead(step, generation, data); });
-      });
+  StartFetch(step, steps_[step], std::make_shared<StepPlan>(*std::move(plan)), rank, urgent);
   return nullptr;
+}
+
+void JobRunner::StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const StepPlan> plan,
+                           int rank, bool urgent) {
+  StepNeeds needs = NeedsOfStep(job_, *plan, job_.local_ranks());
+  slot.generation = ++fetches_;
+  slot.fetched = absl::Now();
+  slot.pin.reset();  // the previous fetch's, when fetching again
+  // Assembled on the storage's thread, handed to this one.
+  slot.pin =
+      storage_.Fetch({job_.name(), rank, step}, std::move(needs.needs), urgent,
+                     [this, step, generation = slot.generation, plan,
+                      samples = std::move(needs.samples)](std::vector<FetchedSample> fetched) {
+                       std::shared_ptr<const StepData> data =
+                           std::make_shared<StepData>(AssembleStep(job_, *plan, samples, fetched));
+                       Post([this, step, generation, data] { OnStepRead(step, generation, data); });
+                     });
 }
 
 void JobRunner::OnStepRead(int64_t step, uint64_t generation,
@@ -412,10 +431,10 @@ void JobRunner::OnStepRead(int64_t step, uint64_t generation,
                                   job_.planner_options().max_tokens_per_rank)
           .step_over_ideal;
   if (!ready.failed.empty()) {
-    spdlog::error("job {} step {}: {} sample(s) could not be read, the ranks that need them "
-                  "are ended; first: {}",
-                  job_.name(), step, ready.failed.size(),
-                  ready.failed.begin()->second.ToString());
+    spdlog::error(
+        "job {} step {}: {} sample(s) could not be read, the ranks that need them "
+        "are ended; first: {}",
+        job_.name(), step, ready.failed.size(), ready.failed.begin()->second.ToString());
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <list>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -43,6 +45,8 @@ struct Storage::Entry {
   SampleNeed first_need;
   int pins = 0;                   // needs of admitted requests
   std::vector<uint64_t> waiting;  // requests waiting for it, one per need
+  // Set while nobody needs it and it is kept for whoever comes next.
+  std::optional<std::list<Key>::iterator> kept;
 };
 
 struct Storage::Request {
@@ -112,8 +116,8 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> Storage::Open(
     open_options.validation = dataset::IndexValidation::kOnUse;
     PF_ASSIGN_OR_RETURN(dataset::IndexedDataset data,
                         dataset::IndexedDataset::Open(prefix, open_options));
-    opened = opened_.emplace(id, std::make_shared<const dataset::IndexedDataset>(std::move(data)))
-                 .first;
+    opened =
+        opened_.emplace(id, std::make_shared<const dataset::IndexedDataset>(std::move(data))).first;
     files_[opened->second.get()].path = bin_path;
   } else {
     spdlog::info("{}: already open (as {}), shared", bin_path, files_[opened->second.get()].path);
@@ -153,9 +157,15 @@ void Storage::Admit(Request& request, uint64_t id) {
     const Key key{need.dataset, need.document, need.bytes};
     auto [it, inserted] = held_.try_emplace(key);
     Entry& entry = it->second;
+    if (entry.kept.has_value()) {
+      kept_bytes_ -= entry.sample.size;
+      kept_.erase(*entry.kept);
+      entry.kept.reset();
+    }
     if (inserted) {
       entry.first_need = need;
-    } else {
+    } else if (entry.done || need.epoch != entry.first_need.epoch) {
+      // (Not done and the same epoch: the read accounts for it when issued.)
       Account(request.cause, need, /*must_read=*/false);
     }
     ++entry.pins;
@@ -167,6 +177,27 @@ void Storage::Admit(Request& request, uint64_t id) {
   }
   QueueReads(request, std::move(missing));
   if (request.outstanding == 0) QueueCompletion(id, request.urgent);
+  TrimKept();
+}
+
+void Storage::Unpinned(std::map<Key, Entry>::iterator it) {
+  Entry& entry = it->second;
+  if (options_.memory_budget_bytes == 0 || !entry.sample.status.ok()) {
+    held_.erase(it);
+    return;
+  }
+  entry.kept = kept_.insert(kept_.end(), it->first);
+  kept_bytes_ += entry.sample.size;
+  TrimKept();
+}
+
+void Storage::TrimKept() {
+  while (!kept_.empty() && cost_held_ + kept_bytes_ > options_.memory_budget_bytes) {
+    auto oldest = held_.find(kept_.front());
+    kept_bytes_ -= oldest->second.sample.size;
+    kept_.pop_front();
+    held_.erase(oldest);
+  }
 }
 
 uint64_t Storage::Account(const FetchCause& cause, const SampleNeed& need, bool must_read) {
@@ -186,17 +217,35 @@ uint64_t Storage::Account(const FetchCause& cause, const SampleNeed& need, bool 
   }
   if (!must_read || need.bytes == 0) return 0;
   file.reread_bytes += need.bytes;
+  return need.bytes;
+}
+
+void Storage::RecordReRead(const FetchCause& cause, const std::string& path, uint64_t samples,
+                           uint64_t bytes) {
+  spdlog::warn(
+      "job {} rank {} step {}: reads again {} bytes ({} samples) of {} the node read "
+      "before",
+      cause.job, cause.rank, cause.step, bytes, samples, path);
+  // One record per fetch and file, however many requests it took.
+  if (!rereads_.empty()) {
+    v1::ReRead& last = rereads_.back();
+    if (last.job() == cause.job && last.rank() == static_cast<uint32_t>(std::max(0, cause.rank)) &&
+        last.step() == cause.step && last.path() == path) {
+      last.set_samples(last.samples() + samples);
+      last.set_bytes(last.bytes() + bytes);
+      return;
+    }
+  }
   ++reread_events_;
   v1::ReRead record;
   record.set_job(cause.job);
   record.set_rank(static_cast<uint32_t>(std::max(0, cause.rank)));
   record.set_step(cause.step);
-  record.set_path(file.path);
-  record.set_document(need.document);
-  record.set_bytes(need.bytes);
+  record.set_path(path);
+  record.set_samples(samples);
+  record.set_bytes(bytes);
   rereads_.push_back(std::move(record));
   if (rereads_.size() > kReReadsKept) rereads_.pop_front();
-  return need.bytes;
 }
 
 void Storage::QueueReads(const Request& request, std::vector<Key> missing) {
@@ -264,15 +313,14 @@ void Storage::DoRead(Read& read) {
       return;
     }
     uint64_t reread_bytes = 0;
+    uint64_t reread_samples = 0;
     for (const auto& [key, _] : read.members) {
-      Entry& entry = held_.at(key);
-      reread_bytes += Account(read.cause, entry.first_need, /*must_read=*/true);
-    }
-    if (reread_bytes > 0) {
-      spdlog::warn("job {} rank {} step {}: reads again {} bytes the node read before",
-                   read.cause.job, read.cause.rank, read.cause.step, reread_bytes);
+      const uint64_t again = Account(read.cause, held_.at(key).first_need, /*must_read=*/true);
+      reread_bytes += again;
+      reread_samples += again > 0 ? 1 : 0;
     }
     file = &files_[read.dataset];
+    if (reread_bytes > 0) RecordReRead(read.cause, file->path, reread_samples, reread_bytes);
     file->bytes_read += read.length;
     ++file->reads;
     jobs_[read.cause.job].bytes_read += read.length;
@@ -310,7 +358,7 @@ void Storage::DoRead(Read& read) {
       if (--request.outstanding == 0) QueueCompletion(waiter, request.urgent);
     }
     entry.waiting.clear();
-    if (entry.pins == 0) held_.erase(it);
+    if (entry.pins == 0) Unpinned(it);
   }
 }
 
@@ -355,7 +403,7 @@ void Storage::Release(uint64_t id) {
     auto mine = std::find(waiting.begin(), waiting.end(), id);
     if (mine != waiting.end()) waiting.erase(mine);
     // Queued or being read: the read drops it when it returns.
-    if (entry->second.pins == 0 && entry->second.done) held_.erase(entry);
+    if (entry->second.pins == 0 && entry->second.done) Unpinned(entry);
   }
   cost_held_ -= request.cost;
   requests_.erase(it);
@@ -414,6 +462,7 @@ v1::StorageStats Storage::Stats() const {
   }
   stats.set_bytes_in_flight(bytes_in_flight_);
   stats.set_bytes_held(cost_held_);
+  stats.set_bytes_kept(kept_bytes_);
   stats.set_peak_bytes_held(peak_cost_held_);
   stats.set_memory_budget_bytes(options_.memory_budget_bytes);
   stats.set_read_threads(static_cast<uint32_t>(threads_.size()));

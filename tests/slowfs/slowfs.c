@@ -16,6 +16,7 @@
 // Writing one of these lines changes behaviour at once:
 //   latency_ms=N   bandwidth_mib=N   hang=1 (reads block until hang=0)
 //   hang=0         reset (zero the counters)
+//   fail=/PATH     (reads of that file fail with EIO; "fail=" to stop)
 // Multithreaded, so the control file answers while reads hang.
 
 #define FUSE_USE_VERSION 31
@@ -49,6 +50,7 @@ static struct {
   double latency_ms;
   double bandwidth_mib;  // 0: unlimited
   int hang;
+  char failing[512];  // reads of this path return EIO; "" for none
   pthread_mutex_t mutex;
   pthread_cond_t unhung;
   struct counted_file files[MAX_FILES];
@@ -147,6 +149,8 @@ static struct counted_file* counter_of(const char* path) {
   if (fs.num_files == MAX_FILES) return NULL;
   struct counted_file* file = &fs.files[fs.num_files++];
   snprintf(file->path, sizeof(file->path), "%s", path);
+  file->bytes = 0;  // the slot may hold counts from before a reset
+  file->reads = 0;
   return file;
 }
 
@@ -164,8 +168,10 @@ static int slowfs_read(const char* path, char* buf, size_t size, off_t offset,
   while (fs.hang) pthread_cond_wait(&fs.unhung, &fs.mutex);
   const double latency = fs.latency_ms / 1e3;
   const double bandwidth = fs.bandwidth_mib * 1024 * 1024;
+  const int failing = strcmp(path, fs.failing) == 0;
   pthread_mutex_unlock(&fs.mutex);
   sleep_seconds(latency);
+  if (failing) return -EIO;
   const ssize_t n = pread((int)fi->fh, buf, size, offset);
   if (n < 0) return -errno;
   if (bandwidth > 0) sleep_seconds((double)n / bandwidth);
@@ -196,6 +202,9 @@ static int slowfs_write(const char* path, const char* buf, size_t size, off_t of
   } else if (sscanf(line, "hang=%lf", &value) == 1) {
     fs.hang = value != 0;
     if (!fs.hang) pthread_cond_broadcast(&fs.unhung);
+  } else if (strncmp(line, "fail=", 5) == 0) {
+    snprintf(fs.failing, sizeof(fs.failing), "%s", line + 5);
+    fs.failing[strcspn(fs.failing, "\n")] = '\0';
   } else if (strncmp(line, "reset", 5) == 0) {
     fs.num_files = 0;
   } else {
