@@ -306,8 +306,8 @@ void Storage::DoRead(Read& read) {
   File* file = nullptr;
   {
     absl::MutexLock lock(&mutex_);
-    const bool wanted = std::any_of(read.members.begin(), read.members.end(),
-                                    [&](const auto& m) { return held_.at(m.first).pins > 0; });
+    bool wanted = false;
+    for (const auto& [key, _] : read.members) wanted |= held_.at(key).pins > 0;
     if (!wanted) {  // every fetch that needed it was withdrawn
       for (const auto& [key, _] : read.members) held_.erase(key);
       return;

@@ -70,5 +70,64 @@ TEST(IndexFormatTest, ExpectedSizeOverflowIsDataLoss) {
   EXPECT_EQ(*ExpectedIndexBytes(2, 3, true), 34u + 26 + 24);
 }
 
+absl::StatusOr<IndexView> ParseOnUse(const std::string& bytes) {
+  return ParseIndex(
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), "x.idx",
+      IndexValidation::kOnUse);
+}
+
+TEST(IndexFormatTest, OnUseAgreesWithFullOnAValidIndex) {
+  const std::string bytes =
+      RawIndex::Contiguous(DType::kInt32, {3, 0, 5, 2}, {0, 2, 2, 4}).Serialize();
+  absl::StatusOr<IndexView> full = Parse(bytes);
+  absl::StatusOr<IndexView> lazy = ParseOnUse(bytes);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  EXPECT_EQ(lazy->data_bytes(), full->data_bytes());
+  EXPECT_EQ(lazy->total_tokens(), full->total_tokens());
+  for (uint64_t d = 0; d < lazy->num_documents(); ++d) {
+    EXPECT_TRUE(CheckDocument(*lazy, d, "x.idx").ok()) << d;
+  }
+  EXPECT_TRUE(absl::IsOutOfRange(CheckDocument(*lazy, 3, "x.idx")));
+}
+
+TEST(IndexFormatTest, OnUseFindsAMiddleCorruptionWhenItsDocumentIsUsed) {
+  // Sequence 2's pointer is off: kFull refuses the file; kOnUse opens it and
+  // refuses document 1 (sequences 2..3) only, naming the sequence.
+  RawIndex raw = RawIndex::Contiguous(DType::kUint16, {4, 4, 4, 4, 4}, {0, 2, 4, 5});
+  raw.pointers[2] += 2;
+  const std::string bytes = raw.Serialize();
+  EXPECT_TRUE(absl::IsDataLoss(Parse(bytes).status()));
+  absl::StatusOr<IndexView> lazy = ParseOnUse(bytes);
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  EXPECT_TRUE(CheckDocument(*lazy, 0, "x.idx").ok());
+  const absl::Status bad = CheckDocument(*lazy, 1, "x.idx");
+  EXPECT_TRUE(absl::IsDataLoss(bad));
+  EXPECT_THAT(bad.message(), HasSubstr("sequence 2 starts at byte 18"));
+  // Document 2 starts at sequence 4, whose predecessor is sequence 3: it is
+  // consistent with its neighbour, so it is served.
+  EXPECT_TRUE(CheckDocument(*lazy, 2, "x.idx").ok());
+}
+
+TEST(IndexFormatTest, OnUseRefusesBadDocumentEntriesAndNegativeLengths) {
+  RawIndex decreasing = RawIndex::Contiguous(DType::kUint8, {1, 1, 1}, {0, 2, 1, 3});
+  const std::string decreasing_bytes = decreasing.Serialize();
+  absl::StatusOr<IndexView> view = ParseOnUse(decreasing_bytes);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_THAT(CheckDocument(*view, 1, "x.idx").message(), HasSubstr("spans sequences [2, 1)"));
+
+  RawIndex negative = RawIndex::Contiguous(DType::kUint8, {1, 1, 1}, {0, 1, 2, 3});
+  negative.lengths[1] = -1;
+  const std::string negative_bytes = negative.Serialize();
+  view = ParseOnUse(negative_bytes);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_THAT(CheckDocument(*view, 1, "x.idx").message(), HasSubstr("negative length -1"));
+
+  // The ends are checked at open.
+  RawIndex wrong_end = RawIndex::Contiguous(DType::kUint8, {1, 1}, {0, 1, 1});
+  const std::string wrong_end_bytes = wrong_end.Serialize();
+  EXPECT_THAT(ParseOnUse(wrong_end_bytes).status().message(), HasSubstr("runs from 0 to 1"));
+}
+
 }  // namespace
 }  // namespace packfeed::dataset

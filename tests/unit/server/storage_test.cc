@@ -1,0 +1,180 @@
+// The node's Storage on real files: one open dataset per file, coalesced
+// reads, shared held samples, re-reads counted and named, the memory budget,
+// withdrawn fetches.
+
+#include "server/internal/storage.h"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "packfeed/dataset/dataset_generator.h"
+#include "test_paths.h"
+
+namespace packfeed::server {
+namespace {
+
+class StorageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = (std::filesystem::path(dir_.path()) / "data").string();
+    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, {10, 20, 30, 40, 50}, {}).ok());
+  }
+
+  // Needs for documents [first, first + count) of `data`, epoch 0.
+  static std::vector<SampleNeed> Needs(const dataset::IndexedDataset& data, int64_t first,
+                                       int64_t count, int64_t epoch = 0) {
+    std::vector<SampleNeed> needs;
+    for (int64_t d = first; d < first + count; ++d) {
+      const uint64_t tokens = static_cast<uint64_t>(data.sequence_length(d));
+      needs.push_back({&data, d, epoch, tokens * dataset::DTypeSize(data.dtype())});
+    }
+    return needs;
+  }
+
+  // Fetches and waits for the samples; the pin is left in `pin`.
+  static std::vector<FetchedSample> FetchAndWait(Storage& storage, FetchCause cause,
+                                                 std::vector<SampleNeed> needs,
+                                                 std::unique_ptr<FetchPin>& pin) {
+    absl::Notification done;
+    std::vector<FetchedSample> out;
+    pin = storage.Fetch(std::move(cause), std::move(needs), /*urgent=*/true,
+                        [&](std::vector<FetchedSample> samples) {
+                          out = std::move(samples);
+                          done.Notify();
+                        });
+    done.WaitForNotification();
+    return out;
+  }
+
+  static const v1::StorageFileStats& File(const v1::StorageStats& stats) { return stats.files(0); }
+
+  testing::ScopedTempDir dir_;
+  std::string prefix_;
+};
+
+TEST_F(StorageTest, OpensEachFileOnceHoweverNamed) {
+  Storage storage({});
+  auto first = storage.Open(prefix_);
+  auto second = storage.Open(std::filesystem::path(dir_.path()).string() + "/./data");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->get(), second->get());
+  EXPECT_EQ(File(storage.Stats()).jobs(), 2u);
+  EXPECT_TRUE(absl::IsNotFound(storage.Open(prefix_ + "-missing").status()));
+}
+
+TEST_F(StorageTest, ReadsAdjacentSamplesWithOneRequestAndReturnsTheirBytes) {
+  Storage storage({});
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  std::unique_ptr<FetchPin> pin;
+  // Out of order and not all adjacent: documents 3, 0, 1, 2 are one run.
+  std::vector<SampleNeed> needs = Needs(**data, 0, 4);
+  std::swap(needs[0], needs[3]);
+  std::vector<FetchedSample> samples = FetchAndWait(storage, {"j", 0, 0}, needs, pin);
+  ASSERT_EQ(samples.size(), 4u);
+  for (size_t i = 0; i < needs.size(); ++i) {
+    ASSERT_TRUE(samples[i].status.ok()) << samples[i].status;
+    std::vector<char> want(needs[i].bytes);
+    ASSERT_TRUE((*data)->ReadRaw(needs[i].document, absl::MakeSpan(want)).ok());
+    EXPECT_EQ(std::vector<char>(samples[i].bytes().begin(), samples[i].bytes().end()), want) << i;
+  }
+  const v1::StorageStats stats = storage.Stats();
+  EXPECT_EQ(File(stats).reads(), 1u);
+  EXPECT_EQ(File(stats).bytes_read(), (10u + 20 + 30 + 40) * 2);
+  EXPECT_EQ(File(stats).distinct_bytes(), File(stats).bytes_read());
+  EXPECT_EQ(stats.io_amplification(), 1.0);
+}
+
+TEST_F(StorageTest, HeldSamplesAreSharedAndAReReadIsCountedAndNamed) {
+  Storage storage({});
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  std::unique_ptr<FetchPin> first, second;
+  FetchAndWait(storage, {"actor", 0, 0}, Needs(**data, 0, 2), first);
+  // Another job, same documents and epoch, while they are held: no read.
+  FetchAndWait(storage, {"reference", 3, 0}, Needs(**data, 0, 2), second);
+  EXPECT_EQ(File(storage.Stats()).reads(), 1u);
+  EXPECT_EQ(storage.JobFigures("reference").bytes_read, 0u);
+  first.reset();
+  second.reset();
+  // Nothing is held (no budget to keep within): read again, and named.
+  std::unique_ptr<FetchPin> again;
+  FetchAndWait(storage, {"actor", 5, 7}, Needs(**data, 0, 2), again);
+  const v1::StorageStats stats = storage.Stats();
+  EXPECT_EQ(File(stats).reads(), 2u);
+  EXPECT_EQ(File(stats).reread_bytes(), 60u);
+  EXPECT_EQ(stats.io_amplification(), 2.0);
+  ASSERT_EQ(stats.rereads_size(), 1);
+  EXPECT_EQ(stats.rereads(0).job(), "actor");
+  EXPECT_EQ(stats.rereads(0).rank(), 5u);
+  EXPECT_EQ(stats.rereads(0).step(), 7);
+  EXPECT_EQ(stats.rereads(0).samples(), 2u);
+  // A later epoch of the same documents is distinct, not a re-read.
+  std::unique_ptr<FetchPin> next_epoch;
+  again.reset();
+  FetchAndWait(storage, {"actor", 5, 8}, Needs(**data, 0, 2, /*epoch=*/1), next_epoch);
+  EXPECT_EQ(storage.Stats().reread_events(), 1u);
+  EXPECT_EQ(File(storage.Stats()).distinct_bytes(), 120u);
+}
+
+TEST_F(StorageTest, ReadAheadWaitsForTheBudgetButAnUrgentFetchDoesNot) {
+  StorageOptions options;
+  options.memory_budget_bytes = 200;  // less than two documents and their tokens
+  Storage storage(options);
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  std::unique_ptr<FetchPin> held;
+  FetchAndWait(storage, {"j", 0, 0}, Needs(**data, 4, 1), held);  // 100 B + 400 B of tokens
+  absl::Notification ahead_done;
+  std::unique_ptr<FetchPin> ahead =
+      storage.Fetch({"j", 0, 1}, Needs(**data, 3, 1), /*urgent=*/false,
+                    [&](std::vector<FetchedSample>) { ahead_done.Notify(); });
+  EXPECT_FALSE(ahead_done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  std::unique_ptr<FetchPin> urgent;
+  FetchAndWait(storage, {"k", 0, 0}, Needs(**data, 2, 1), urgent);
+  EXPECT_FALSE(ahead_done.HasBeenNotified());
+  held.reset();
+  urgent.reset();
+  EXPECT_TRUE(ahead_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_GE(storage.Stats().peak_bytes_held(), 500u);
+}
+
+TEST_F(StorageTest, AWithdrawnFetchNeverCallsBack) {
+  StorageOptions options;
+  options.memory_budget_bytes = 1;
+  Storage storage(options);
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  std::unique_ptr<FetchPin> held;
+  FetchAndWait(storage, {"j", 0, 0}, Needs(**data, 0, 1), held);
+  bool called = false;
+  std::unique_ptr<FetchPin> waiting = storage.Fetch(
+      {"j", 0, 1}, Needs(**data, 1, 1), false, [&](std::vector<FetchedSample>) { called = true; });
+  waiting.reset();  // withdrawn before admission
+  held.reset();
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(called);
+  EXPECT_EQ(storage.Stats().bytes_held(), 0u);
+}
+
+TEST_F(StorageTest, AFileTruncatedAfterOpenFailsItsSamplesOnly) {
+  Storage storage({});
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  std::filesystem::resize_file(prefix_ + ".bin", 100);  // documents 0..2 end at byte 120
+  std::unique_ptr<FetchPin> pin;
+  std::vector<SampleNeed> needs = Needs(**data, 0, 1);
+  needs.push_back(Needs(**data, 4, 1)[0]);  // not adjacent: its own read
+  std::vector<FetchedSample> samples = FetchAndWait(storage, {"j", 0, 0}, needs, pin);
+  EXPECT_TRUE(samples[0].status.ok()) << samples[0].status;
+  EXPECT_TRUE(absl::IsDataLoss(samples[1].status)) << samples[1].status;
+  EXPECT_THAT(samples[1].status.message(), ::testing::HasSubstr("end of file"));
+}
+
+}  // namespace
+}  // namespace packfeed::server
