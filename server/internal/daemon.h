@@ -18,8 +18,8 @@
 #include "packfeed/v1/config.pb.h"
 #include "server/internal/job.h"
 #include "server/internal/job_runner.h"
-#include "server/internal/storage.h"
 #include "server/internal/metrics.h"
+#include "server/internal/storage.h"
 
 namespace packfeed::server {
 
@@ -55,7 +55,7 @@ class Daemon {
   const Storage& storage() const { return *storage_; }
   // Every job's stats, asked of each runner as Admin.GetStats does; waits
   // up to `timeout` for them (DeadlineExceeded past it).
-  absl::StatusOr<std::vector<v1::JobStats>> CollectStats(absl::Duration timeout) const;
+  absl::StatusOr<v1::GetStatsReply> CollectStats(absl::Duration timeout) const;
   // The port metrics are served on; 0 without metrics_address.
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
 

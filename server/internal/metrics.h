@@ -2,7 +2,7 @@
 #define PACKFEED_SERVER_INTERNAL_METRICS_H_
 
 // The daemon's figures for Prometheus: the text exposition format (0.0.4) of
-// every job's and local rank's stats, served on GET /metrics when the
+// every job's, local rank's and dataset file's stats, served on GET /metrics when the
 // configuration names a metrics_address. Off by default.
 
 #include <functional>
@@ -18,17 +18,17 @@ struct MHD_Daemon;
 
 namespace packfeed::server {
 
-// Every figure of `jobs` as Prometheus metrics, labelled packfeed_job (and
-// rank): "job" is the label Prometheus itself gives each scrape target.
-// Pure; jobs and ranks in the order given.
-std::string RenderMetrics(absl::Span<const v1::JobStats> jobs);
+// Every figure of `stats` as Prometheus metrics, labelled packfeed_job (and
+// rank), or path for a dataset file: "job" is the label Prometheus itself
+// gives each scrape target. Pure; jobs, ranks and files in the order given.
+std::string RenderMetrics(const v1::GetStatsReply& stats);
 
 // An HTTP listener (libmicrohttpd, its own thread) that answers GET /metrics
 // with RenderMetrics(collect()) and anything else with 404. `collect` runs
 // on the listener's thread for each scrape. Thread-safe.
 class MetricsServer {
  public:
-  using Collect = std::function<absl::StatusOr<std::vector<v1::JobStats>>()>;
+  using Collect = std::function<absl::StatusOr<v1::GetStatsReply>()>;
   // `address` is "host:port" (IPv4 host or name); port 0 picks a free one.
   // Unavailable naming the address when it cannot be listened on.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,

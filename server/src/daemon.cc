@@ -128,7 +128,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       runner_options.ledger_path = absl::StrCat(config.state_dir(), "/", job_config.name(), "-",
                                                 (*job)->fingerprint(), ".ledger");
     }
-    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner, JobRunner::Start(**job, storage, runner_options));
+    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
+                        JobRunner::Start(**job, storage, runner_options));
     daemon->by_name_[job_config.name()] = runner.get();
     daemon->runners_.push_back(std::move(runner));
     spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),
@@ -194,7 +195,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   return daemon;
 }
 
-absl::StatusOr<std::vector<v1::JobStats>> Daemon::CollectStats(absl::Duration timeout) const {
+absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) const {
   // Each runner answers on its own thread.
   struct Collected {
     absl::Mutex mutex;
@@ -219,7 +220,10 @@ absl::StatusOr<std::vector<v1::JobStats>> Daemon::CollectStats(absl::Duration ti
   std::vector<v1::JobStats> jobs = collected->jobs;
   std::sort(jobs.begin(), jobs.end(),
             [](const v1::JobStats& a, const v1::JobStats& b) { return a.name() < b.name(); });
-  return jobs;
+  v1::GetStatsReply reply;
+  for (v1::JobStats& job : jobs) *reply.add_jobs() = std::move(job);
+  *reply.mutable_storage() = storage_->Stats();
+  return reply;
 }
 
 Daemon::~Daemon() {

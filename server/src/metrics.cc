@@ -23,7 +23,11 @@ class Family {
     absl::StrAppend(out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
   }
   void Sample(absl::string_view labels, double value) {
-    absl::StrAppend(out_, name_, "{", labels, "} ", value, "\n");
+    if (labels.empty()) {
+      absl::StrAppend(out_, name_, " ", value, "\n");
+    } else {
+      absl::StrAppend(out_, name_, "{", labels, "} ", value, "\n");
+    }
   }
 
  private:
@@ -43,10 +47,62 @@ std::string RankLabels(const v1::JobStats& job, const v1::RankStats& rank) {
   return absl::StrCat(JobLabel(job), ",rank=\"", rank.global_rank(), "\"");
 }
 
+void RenderStorage(const v1::StorageStats& storage, std::string* out) {
+  struct FileFigure {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*value)(const v1::StorageFileStats&);
+  };
+  const FileFigure file_figures[] = {
+      {"packfeed_file_read_bytes_total", "counter", "Bytes requested from the OS (every pread).",
+       [](const v1::StorageFileStats& f) { return static_cast<double>(f.bytes_read()); }},
+      {"packfeed_file_reads_total", "counter", "Read requests issued.",
+       [](const v1::StorageFileStats& f) { return static_cast<double>(f.reads()); }},
+      {"packfeed_file_distinct_bytes_total", "counter",
+       "Bytes of the distinct (document, epoch)s the node's ranks needed.",
+       [](const v1::StorageFileStats& f) { return static_cast<double>(f.distinct_bytes()); }},
+      {"packfeed_file_reread_bytes_total", "counter", "Bytes read again.",
+       [](const v1::StorageFileStats& f) { return static_cast<double>(f.reread_bytes()); }},
+      {"packfeed_file_io_amplification", "gauge", "Bytes read over distinct bytes (1 is ideal).",
+       [](const v1::StorageFileStats& f) { return f.io_amplification(); }},
+  };
+  for (const FileFigure& figure : file_figures) {
+    Family family(out, figure.name, figure.type, figure.help);
+    for (const v1::StorageFileStats& file : storage.files()) {
+      family.Sample("path=" + Quoted(file.path()), figure.value(file));
+    }
+  }
+  {
+    Family family(out, "packfeed_file_read_latency_seconds", "gauge",
+                  "Read latency quantiles over the latest 4096 reads.");
+    for (const v1::StorageFileStats& file : storage.files()) {
+      const std::string path = "path=" + Quoted(file.path());
+      family.Sample(path + ",quantile=\"0.5\"", file.read_latency_p50_ms() / 1e3);
+      family.Sample(path + ",quantile=\"0.99\"", file.read_latency_p99_ms() / 1e3);
+      family.Sample(path + ",quantile=\"1\"", file.read_latency_max_ms() / 1e3);
+    }
+  }
+  const std::pair<const char*, double> node[] = {
+      {"packfeed_storage_bytes_in_flight", static_cast<double>(storage.bytes_in_flight())},
+      {"packfeed_storage_bytes_held", static_cast<double>(storage.bytes_held())},
+      {"packfeed_storage_bytes_kept", static_cast<double>(storage.bytes_kept())},
+      {"packfeed_storage_memory_budget_bytes", static_cast<double>(storage.memory_budget_bytes())},
+  };
+  for (const auto& [name, value] : node) {
+    Family family(out, name, "gauge", "The node's storage (docs/DAEMON.md).");
+    family.Sample("", value);
+  }
+  Family rereads(out, "packfeed_storage_reread_events_total", "counter",
+                 "Fetches that read something the node had read before.");
+  rereads.Sample("", static_cast<double>(storage.reread_events()));
+}
+
 }  // namespace
 
-std::string RenderMetrics(absl::Span<const v1::JobStats> jobs) {
+std::string RenderMetrics(const v1::GetStatsReply& stats) {
   std::string out;
+  const auto& jobs = stats.jobs();
   struct JobFigure {
     const char* name;
     const char* type;
@@ -58,10 +114,11 @@ std::string RenderMetrics(absl::Span<const v1::JobStats> jobs) {
        [](const v1::JobStats& j) { return static_cast<double>(j.steps_planned()); }},
       {"packfeed_job_steps_served", "gauge", "Steps every local rank has been sent.",
        [](const v1::JobStats& j) { return static_cast<double>(j.steps_served()); }},
-      {"packfeed_job_read_bytes_total", "counter", "Bytes read from the dataset files.",
+      {"packfeed_job_read_bytes_total", "counter",
+       "Bytes this job's fetches read from the dataset files.",
        [](const v1::JobStats& j) { return static_cast<double>(j.bytes_read()); }},
       {"packfeed_job_needed_bytes_total", "counter",
-       "Bytes of the distinct samples the local ranks needed.",
+       "Bytes of the distinct samples the local ranks needed first.",
        [](const v1::JobStats& j) { return static_cast<double>(j.unique_bytes_needed()); }},
       {"packfeed_job_io_amplification", "gauge", "Bytes read over bytes needed (1 is ideal).",
        [](const v1::JobStats& j) { return j.io_amplification(); }},
@@ -69,7 +126,8 @@ std::string RenderMetrics(absl::Span<const v1::JobStats> jobs) {
        [](const v1::JobStats& j) { return static_cast<double>(j.cached_bytes()); }},
       {"packfeed_job_plan_seconds_total", "counter", "Time spent planning steps.",
        [](const v1::JobStats& j) { return j.plan_seconds(); }},
-      {"packfeed_job_read_seconds_total", "counter", "Time spent reading steps' samples.",
+      {"packfeed_job_read_seconds_total", "counter",
+       "Time from each step's fetch to its samples held.",
        [](const v1::JobStats& j) { return j.read_seconds(); }},
       {"packfeed_job_step_over_ideal", "gauge",
        "Mean modelled step time over perfect balance of the steps planned (s^2/c).",
@@ -117,6 +175,7 @@ std::string RenderMetrics(absl::Span<const v1::JobStats> jobs) {
       }
     }
   }
+  RenderStorage(stats.storage(), &out);
   return out;
 }
 
@@ -132,12 +191,12 @@ struct MetricsRequest {
       code = MHD_HTTP_NOT_FOUND;
       body = "packfeedd serves GET /metrics only\n";
     } else {
-      absl::StatusOr<std::vector<v1::JobStats>> jobs = server->collect_();
-      if (jobs.ok()) {
-        body = RenderMetrics(*jobs);
+      absl::StatusOr<v1::GetStatsReply> stats = server->collect_();
+      if (stats.ok()) {
+        body = RenderMetrics(*stats);
       } else {
         code = MHD_HTTP_SERVICE_UNAVAILABLE;
-        body = jobs.status().ToString() + "\n";
+        body = stats.status().ToString() + "\n";
       }
     }
     MHD_Response* response =
