@@ -105,8 +105,8 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
       const int32_t length = view.length(num_sequences - 1);
       const int64_t pointer = view.pointer(num_sequences - 1);
       if (length < 0 || pointer < 0) {
-        return Corrupt(f, absl::StrCat("the last sequence has length ", length, " at byte ",
-                                       pointer));
+        return Corrupt(f,
+                       absl::StrCat("the last sequence has length ", length, " at byte ", pointer));
       }
       // pointer < 2^63 and length·item < 2^34: no overflow.
       view.data_bytes_ = static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * item;
@@ -160,9 +160,8 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
 absl::Status CheckDocument(const IndexView& index, uint64_t document, absl::string_view file_name) {
   const absl::string_view f = file_name;
   if (document >= index.num_documents()) {
-    return absl::OutOfRangeError(absl::StrCat(f, ": document ", document,
-                                              " out of range (the index has ",
-                                              index.num_documents(), ")"));
+    return absl::OutOfRangeError(absl::StrCat(
+        f, ": document ", document, " out of range (the index has ", index.num_documents(), ")"));
   }
   const int64_t first = index.document_index(document);
   const int64_t end = index.document_index(document + 1);
@@ -177,8 +176,8 @@ absl::Status CheckDocument(const IndexView& index, uint64_t document, absl::stri
     const int32_t length = index.length(static_cast<uint64_t>(first - 1));
     const int64_t pointer = index.pointer(static_cast<uint64_t>(first - 1));
     if (length < 0 || pointer < 0) {
-      return Corrupt(f, absl::StrCat("sequence ", first - 1, " has length ", length, " at byte ",
-                                     pointer));
+      return Corrupt(
+          f, absl::StrCat("sequence ", first - 1, " has length ", length, " at byte ", pointer));
     }
     expected = static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * item;
   }

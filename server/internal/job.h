@@ -66,9 +66,7 @@ class Job {
   const scheduler::PlannerOptions& planner_options() const { return planner_; }
   const dataset::SampleRules& rules() const { return rules_; }
   const scheduler::Sampler& sampler() const { return *sampler_; }
-  const dataset::IndexedDataset& dataset(int i) const {
-    return *datasets_[static_cast<size_t>(i)];
-  }
+  const dataset::IndexedDataset& dataset(int i) const { return *datasets_[static_cast<size_t>(i)]; }
   int num_datasets() const { return static_cast<int>(datasets_.size()); }
   // Global ranks this node hosts, ascending.
   const std::vector<int>& local_ranks() const { return local_ranks_; }

@@ -36,6 +36,7 @@
 //
 // Thread-safe.
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -175,8 +176,10 @@ class Storage {
 
   const StorageOptions options_;
   mutable absl::Mutex mutex_;
-  std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<const dataset::IndexedDataset>> opened_
-      ABSL_GUARDED_BY(mutex_);  // by the .bin's (device, inode)
+  // The .bin's and the .idx's device and inode.
+  using FileIdentity = std::array<uint64_t, 4>;
+  std::map<FileIdentity, std::shared_ptr<const dataset::IndexedDataset>> opened_
+      ABSL_GUARDED_BY(mutex_);
   std::map<const dataset::IndexedDataset*, File> files_ ABSL_GUARDED_BY(mutex_);
   std::map<Key, Entry> held_ ABSL_GUARDED_BY(mutex_);
   std::list<Key> kept_ ABSL_GUARDED_BY(mutex_);  // unpinned, oldest first

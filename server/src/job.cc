@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
       return absl::FailedPreconditionError(
           absl::StrCat(spec.prefix(), ": the dataset holds no document"));
     }
-    absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";",
-                    dataset->bin_bytes(), ";", spec.kind(), ";", spec.weight(), "|");
+    absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";", dataset->bin_bytes(),
+                    ";", spec.kind(), ";", spec.weight(), "|");
     num_documents.push_back(static_cast<int64_t>(dataset->num_documents()));
     job->datasets_.push_back(std::move(dataset));
   }

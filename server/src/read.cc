@@ -46,14 +46,13 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
                                      tokens.data());
     }
     if (!status.ok()) {
-      data.failed.emplace(samples[i],
-                          absl::Status(status.code(), absl::StrCat(stored.prefix(), " document ",
-                                                                   ref.index, ": ",
-                                                                   status.message())));
+      data.failed.emplace(
+          samples[i], absl::Status(status.code(), absl::StrCat(stored.prefix(), " document ",
+                                                               ref.index, ": ", status.message())));
       continue;
     }
-    const dataset::SampleShape shape = dataset::ShapeOfSample(
-        dataset::DocumentTokens(stored.index(), ref.index), job.rules());
+    const dataset::SampleShape shape =
+        dataset::ShapeOfSample(dataset::DocumentTokens(stored.index(), ref.index), job.rules());
     data.runs.emplace(samples[i], dataset::MakeTokenRun(tokens, shape, job.rules()));
   }
   data.plan = std::move(plan);

@@ -106,9 +106,8 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> Storage::Open(
   if (::stat(idx_path.c_str(), &idx) != 0) return ErrnoToStatus(errno, "stat", idx_path);
   if (::stat(bin_path.c_str(), &bin) != 0) return ErrnoToStatus(errno, "stat", bin_path);
   // The .bin identifies the bytes read; the .idx how they are cut.
-  const std::pair<uint64_t, uint64_t> id{
-      static_cast<uint64_t>(bin.st_dev) ^ (static_cast<uint64_t>(idx.st_dev) << 32),
-      static_cast<uint64_t>(bin.st_ino) ^ (static_cast<uint64_t>(idx.st_ino) << 32)};
+  const FileIdentity id{static_cast<uint64_t>(bin.st_dev), static_cast<uint64_t>(bin.st_ino),
+                        static_cast<uint64_t>(idx.st_dev), static_cast<uint64_t>(idx.st_ino)};
   absl::MutexLock lock(&mutex_);
   auto opened = opened_.find(id);
   if (opened == opened_.end()) {
