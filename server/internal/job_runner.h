@@ -118,6 +118,9 @@ class JobRunner {
   uint64_t CachedBytes() const;
   void UpdateAttached();
   void Evict();
+  // The ledger's group commit (ledger.h): at most once per interval.
+  void SyncLedger();
+  static constexpr absl::Duration kLedgerSyncInterval = absl::Seconds(1);
 
   const Job& job_;
   Storage& storage_;
@@ -128,6 +131,7 @@ class JobRunner {
   // Runner thread only.
   std::map<int, RankState> ranks_;
   std::unique_ptr<Ledger> ledger_;
+  absl::Time last_sync_;
   std::map<int64_t, StepSlot> steps_;
   // Where the first rank to attach began, and when: steps from there stay
   // held for the local ranks not yet attached, for kAttachGrace at most.

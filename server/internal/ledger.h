@@ -27,6 +27,19 @@
 // loses no line already written: the kernel holds it). A torn or corrupt
 // last line is cut off with one warning; a corrupt line before it is
 // DataLoss naming the line. Single-threaded: the job runner's thread.
+//
+// Bounded: a rank's microbatches more than `keep_steps` steps behind its
+// position are folded into per-epoch totals (what Snapshot reports stays
+// the same), and the journal is rewritten with the folded totals once it
+// holds `compact_after_lines` lines more than they need. A rewind to before
+// the folded part (a checkpoint older than keep_steps) restarts the rank's
+// record there, with a warning.
+//
+// Durability (group commit): lines reach the kernel as they are written
+// and the disk at Sync, which the runner calls at most once per
+// sync_interval. A crash of the daemon loses nothing; a crash of the machine
+// loses at most the last interval's lines, which the ranks' own positions
+// at re-attach restore (Claim).
 
 #include <cstdint>
 #include <map>
@@ -62,12 +75,18 @@ struct EpochShare {
 };
 std::vector<EpochShare> SharesOf(const std::vector<scheduler::SampleRef>& samples);
 
+struct LedgerOptions {
+  int64_t keep_steps = 1000;
+  uint64_t compact_after_lines = uint64_t{1} << 16;
+};
+
 class Ledger {
  public:
   // An empty `journal_path` keeps the ledger in memory only. DataLoss
   // naming the line when the journal is corrupt (a torn last line, from a
   // crash while writing it, is dropped with a warning, not an error).
-  static absl::StatusOr<std::unique_ptr<Ledger>> Open(const std::string& journal_path);
+  static absl::StatusOr<std::unique_ptr<Ledger>> Open(const std::string& journal_path,
+                                                      const LedgerOptions& options = {});
 
   enum class AttachKind { kFirst, kContinue, kRewind, kAhead };
   struct AttachResult {
@@ -97,6 +116,12 @@ class Ledger {
   v1::JobLedger Snapshot(const std::string& job) const;
   const std::string& journal_path() const { return journal_path_; }
 
+  // fdatasync of the journal when lines were written since the last Sync.
+  absl::Status Sync();
+  // Microbatch entries held in memory (not folded), and the journal's lines.
+  uint64_t entries() const;
+  uint64_t journal_lines() const { return journal_lines_; }
+
  private:
   struct Entry {
     int num_microbatches = 0;
@@ -107,9 +132,14 @@ class Ledger {
     LedgerPosition next;
     std::map<LedgerPosition, Entry> consumed;
     uint64_t duplicates = 0, gaps = 0, rewinds = 0, claimed = 0;
+    // Microbatches before `folded_to`, summed per (dataset, epoch).
+    LedgerPosition folded_to;
+    uint64_t folded_microbatches = 0;
+    std::map<std::pair<int, int64_t>, EpochShare> folded;
   };
 
-  explicit Ledger(std::string journal_path) : journal_path_(std::move(journal_path)) {}
+  Ledger(std::string journal_path, const LedgerOptions& options)
+      : journal_path_(std::move(journal_path)), options_(options) {}
   // Replays the journal's text; returns the bytes of its whole, intact
   // lines (a torn or corrupt last line is left out).
   absl::StatusOr<size_t> Replay(const std::string& text);
@@ -120,9 +150,15 @@ class Ledger {
   AttachResult ApplyAttach(int rank, LedgerPosition at);
   void ApplyJump(int rank, LedgerPosition at, uint64_t skipped);
   void ApplyConsume(int rank, LedgerPosition at, Entry entry, bool claimed);
+  void Fold(RankRecord& record);
+  // Rewrites the journal as the folded totals and the entries kept.
+  absl::Status Compact();
 
   std::string journal_path_;
-  ScopedFd journal_;  // invalid: memory only
+  const LedgerOptions options_;
+  ScopedFd journal_;            // invalid: memory only
+  uint64_t journal_lines_ = 0;  // records in the journal (not the header)
+  bool unsynced_ = false;
   std::map<int, RankRecord> ranks_;
 };
 

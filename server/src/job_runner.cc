@@ -533,13 +533,21 @@ void JobRunner::Loop() {
     for (auto& task : tasks) task();
     bool pushed = false;
     for (auto& [_, rank] : ranks_) pushed |= ServeRank(rank);
+    if (absl::Now() - last_sync_ >= kLedgerSyncInterval) SyncLedger();
     Evict();
     // The storage reads ahead for every rank, so none waits for a read.
     FetchAhead();
     sender_->ProgressOrWait(pushed ? absl::ZeroDuration() : absl::Milliseconds(100));
   }
+  SyncLedger();
   // Goodbyes go out from the thread that owns the sender.
   sender_.reset();
+}
+
+void JobRunner::SyncLedger() {
+  last_sync_ = absl::Now();
+  absl::Status synced = ledger_->Sync();
+  if (!synced.ok()) spdlog::error("job {}: ledger: {}", job_.name(), synced.ToString());
 }
 
 }  // namespace packfeed::server

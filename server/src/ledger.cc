@@ -84,8 +84,9 @@ std::vector<EpochShare> SharesOf(const std::vector<scheduler::SampleRef>& sample
   return shares;
 }
 
-absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_path) {
-  std::unique_ptr<Ledger> ledger(new Ledger(journal_path));
+absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_path,
+                                                     const LedgerOptions& options) {
+  std::unique_ptr<Ledger> ledger(new Ledger(journal_path, options));
   if (journal_path.empty()) return ledger;
   absl::StatusOr<MappedFile> existing = MappedFile::Open(journal_path);
   if (existing.ok()) {
@@ -146,6 +147,7 @@ absl::StatusOr<size_t> Ledger::Replay(const std::string& text) {
       return absl::DataLossError(
           absl::StrCat("ledger ", journal_path_, " line ", i + 1, ": ", status.message()));
     whole += lines[i].size() + 1;
+    ++journal_lines_;
   }
   return whole;
 }
@@ -167,6 +169,41 @@ absl::Status Ledger::ReplayLine(const std::string& line) {
     return absl::OkStatus();
   }
   Entry entry;
+  // A compacted rank: S rank first next_step next_mb folded_step folded_mb
+  // folded_microbatches duplicates gaps rewinds claimed shares...
+  if (position_ok && words[0] == "S" && words.size() >= 12) {
+    RankRecord record;
+    record.first_step = at.step;
+    const bool ok = absl::SimpleAtoi(words[3], &record.next.step) &&
+                    absl::SimpleAtoi(words[4], &record.next.microbatch) &&
+                    absl::SimpleAtoi(words[5], &record.folded_to.step) &&
+                    absl::SimpleAtoi(words[6], &record.folded_to.microbatch) &&
+                    absl::SimpleAtoi(words[7], &record.folded_microbatches) &&
+                    absl::SimpleAtoi(words[8], &record.duplicates) &&
+                    absl::SimpleAtoi(words[9], &record.gaps) &&
+                    absl::SimpleAtoi(words[10], &record.rewinds) &&
+                    absl::SimpleAtoi(words[11], &record.claimed);
+    if (!ok) return absl::InvalidArgumentError("bad compacted rank record");
+    for (size_t i = 12; i < words.size(); ++i) {
+      EpochShare share;
+      if (!ParseShare(words[i], share)) return absl::InvalidArgumentError("bad sample digest");
+      record.folded[{share.dataset, share.epoch}] = share;
+    }
+    ranks_[rank] = std::move(record);
+    return absl::OkStatus();
+  }
+  // An entry kept by a compaction: E rank step microbatch count shares...
+  if (position_ok && words[0] == "E" && words.size() >= 5 &&
+      absl::SimpleAtoi(words[4], &entry.num_microbatches) &&
+      at.microbatch < entry.num_microbatches && ranks_.count(rank) != 0) {
+    for (size_t i = 5; i < words.size(); ++i) {
+      EpochShare share;
+      if (!ParseShare(words[i], share)) return absl::InvalidArgumentError("bad sample digest");
+      entry.shares.push_back(share);
+    }
+    ranks_[rank].consumed[at] = std::move(entry);
+    return absl::OkStatus();
+  }
   if (position_ok && words[0] == "C" && words.size() >= 6 &&
       absl::SimpleAtoi(words[4], &entry.num_microbatches) &&
       at.microbatch < entry.num_microbatches && (words[5] == "c" || words[5] == "l")) {
@@ -183,7 +220,73 @@ absl::Status Ledger::ReplayLine(const std::string& line) {
 
 absl::Status Ledger::Append(const std::string& line) {
   if (!journal_.valid()) return absl::OkStatus();
-  return WriteFully(journal_.get(), journal_path_, Sealed(line) + "\n");
+  // Compacted first: `line` takes effect in memory after it is written, so
+  // the new journal must not lose it.
+  if (journal_lines_ >= entries() + ranks_.size() + options_.compact_after_lines) {
+    PF_RETURN_IF_ERROR(Compact());
+  }
+  PF_RETURN_IF_ERROR(WriteFully(journal_.get(), journal_path_, Sealed(line) + "\n"));
+  ++journal_lines_;
+  unsynced_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Ledger::Sync() {
+  if (!journal_.valid() || !unsynced_) return absl::OkStatus();
+  if (::fdatasync(journal_.get()) != 0) return ErrnoToStatus(errno, "fdatasync", journal_path_);
+  unsynced_ = false;
+  return absl::OkStatus();
+}
+
+uint64_t Ledger::entries() const {
+  uint64_t count = 0;
+  for (const auto& [_, record] : ranks_) count += record.consumed.size();
+  return count;
+}
+
+absl::Status Ledger::Compact() {
+  std::string text = absl::StrCat(kHeader, "\n");
+  uint64_t lines = 0;
+  for (const auto& [rank, record] : ranks_) {
+    std::vector<EpochShare> folded;
+    for (const auto& [_, share] : record.folded) folded.push_back(share);
+    absl::StrAppend(
+        &text,
+        Sealed(absl::StrCat("S ", rank, " ", record.first_step, " ", record.next.step, " ",
+                            record.next.microbatch, " ", record.folded_to.step, " ",
+                            record.folded_to.microbatch, " ", record.folded_microbatches, " ",
+                            record.duplicates, " ", record.gaps, " ", record.rewinds, " ",
+                            record.claimed, FormatShares(folded))),
+        "\n");
+    ++lines;
+    for (const auto& [at, entry] : record.consumed) {
+      absl::StrAppend(&text,
+                      Sealed(absl::StrCat("E ", rank, " ", at.step, " ", at.microbatch, " ",
+                                          entry.num_microbatches, FormatShares(entry.shares))),
+                      "\n");
+      ++lines;
+    }
+  }
+  // Written aside, made durable, then renamed over: a crash leaves the old
+  // journal or the new one, whole.
+  const std::string aside = journal_path_ + ".compacting";
+  {
+    const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) return ErrnoToStatus(errno, "open", aside);
+    ScopedFd file(fd);
+    PF_RETURN_IF_ERROR(WriteFully(file.get(), aside, text));
+    if (::fdatasync(file.get()) != 0) return ErrnoToStatus(errno, "fdatasync", aside);
+  }
+  if (::rename(aside.c_str(), journal_path_.c_str()) != 0) {
+    return ErrnoToStatus(errno, "rename", aside);
+  }
+  const int fd = ::open(journal_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open", journal_path_);
+  journal_ = ScopedFd(fd);
+  spdlog::info("ledger {}: compacted {} lines into {}", journal_path_, journal_lines_, lines);
+  journal_lines_ = lines;
+  unsynced_ = false;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Ledger::AttachResult> Ledger::Attach(int rank, LedgerPosition at) {
@@ -234,6 +337,16 @@ Ledger::AttachResult Ledger::ApplyAttach(int rank, LedgerPosition at) {
   }
   if (at == before) return {AttachKind::kContinue, before};
   if (at < before) {
+    if (record.folded_microbatches > 0 && at < record.folded_to) {
+      spdlog::warn(
+          "ledger: rank {} rewinds to step {}, before its folded record (steps before {}): its "
+          "record restarts at step {}",
+          rank, at.step, record.folded_to.step, at.step);
+      const uint64_t rewinds = record.rewinds;
+      record = RankRecord();
+      record.first_step = at.step;
+      record.rewinds = rewinds;
+    }
     record.consumed.erase(record.consumed.lower_bound(at), record.consumed.end());
     record.next = at;
     ++record.rewinds;
@@ -274,6 +387,24 @@ void Ledger::ApplyConsume(int rank, LedgerPosition at, Entry entry, bool claimed
   record.consumed[at] = std::move(entry);
   record.next = at.microbatch + 1 == count ? LedgerPosition{at.step + 1, 0}
                                            : LedgerPosition{at.step, at.microbatch + 1};
+  Fold(record);
+}
+
+void Ledger::Fold(RankRecord& record) {
+  const LedgerPosition horizon{record.next.step - options_.keep_steps, 0};
+  while (!record.consumed.empty() && record.consumed.begin()->first < horizon) {
+    auto oldest = record.consumed.begin();
+    for (const EpochShare& share : oldest->second.shares) {
+      EpochShare& sum = record.folded[{share.dataset, share.epoch}];
+      sum.dataset = share.dataset;
+      sum.epoch = share.epoch;
+      sum.samples += share.samples;
+      sum.digest += share.digest;
+    }
+    ++record.folded_microbatches;
+    record.folded_to = horizon;
+    record.consumed.erase(oldest);
+  }
 }
 
 std::optional<LedgerPosition> Ledger::next(int rank) const {
@@ -292,13 +423,14 @@ v1::JobLedger Ledger::Snapshot(const std::string& job) const {
     r->set_first_step(record.first_step);
     r->set_next_step(record.next.step);
     r->set_next_microbatch(static_cast<uint32_t>(record.next.microbatch));
-    r->set_microbatches(record.consumed.size());
+    r->set_microbatches(record.consumed.size() + record.folded_microbatches);
     r->set_duplicates(record.duplicates);
     r->set_gaps(record.gaps);
     r->set_rewinds(record.rewinds);
     r->set_claimed(record.claimed);
-    std::map<std::pair<int, int64_t>, EpochShare> epochs;
+    std::map<std::pair<int, int64_t>, EpochShare> epochs = record.folded;
     uint64_t samples = 0;
+    for (const auto& [_, share] : record.folded) samples += share.samples;
     for (const auto& [_, entry] : record.consumed) {
       for (const EpochShare& share : entry.shares) {
         EpochShare& sum = epochs[{share.dataset, share.epoch}];

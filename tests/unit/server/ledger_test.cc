@@ -250,5 +250,67 @@ TEST_F(LedgerTest, AnUnwritableJournalIsAClearError) {
   std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
 }
 
+// Consumes `steps` steps of `per_step` microbatches for `rank`, from step
+// `first`, each microbatch holding one sample of its own.
+void ConsumeSteps(Ledger& ledger, int rank, int64_t first, int64_t steps, int per_step) {
+  for (int64_t step = first; step < first + steps; ++step) {
+    for (int m = 0; m < per_step; ++m) {
+      ASSERT_TRUE(ledger.Consume(rank, {step, m}, per_step, Shares({step * per_step + m})).ok());
+    }
+  }
+}
+
+TEST_F(LedgerTest, FoldsOldStepsWithoutChangingWhatItReports) {
+  LedgerOptions bounded;
+  bounded.keep_steps = 10;
+  auto folded = Ledger::Open(path_, bounded);
+  auto whole = Ledger::Open("");  // keeps every entry
+  ASSERT_TRUE(folded.ok() && whole.ok());
+  for (Ledger* ledger : {folded->get(), whole->get()}) {
+    ASSERT_TRUE(ledger->Attach(0, {0, 0}).ok());
+    ConsumeSteps(*ledger, 0, 0, 100, 3);
+  }
+  EXPECT_LE((*folded)->entries(), 11u * 3);
+  EXPECT_EQ((*whole)->entries(), 300u);
+  const v1::RankLedger a = RankOf((*folded)->Snapshot("j"), 0);
+  const v1::RankLedger b = RankOf((*whole)->Snapshot("j"), 0);
+  EXPECT_EQ(a.DebugString(), b.DebugString());
+  EXPECT_EQ(a.microbatches(), 300u);
+  // A rewind within the kept steps is exact; one before them restarts.
+  ASSERT_TRUE((*folded)->Attach(0, {95, 0}).ok());
+  EXPECT_EQ(RankOf((*folded)->Snapshot("j"), 0).microbatches(), 285u);
+  ASSERT_TRUE((*folded)->Attach(0, {50, 0}).ok());
+  const v1::RankLedger restarted = RankOf((*folded)->Snapshot("j"), 0);
+  EXPECT_EQ(restarted.first_step(), 50);
+  EXPECT_EQ(restarted.microbatches(), 0u);
+  EXPECT_EQ(restarted.rewinds(), 2u);
+}
+
+TEST_F(LedgerTest, CompactsItsJournalAndReplaysTheSameLedger) {
+  LedgerOptions bounded;
+  bounded.keep_steps = 4;
+  bounded.compact_after_lines = 50;
+  {
+    auto ledger = Ledger::Open(path_, bounded);
+    ASSERT_TRUE(ledger.ok());
+    for (int rank : {0, 1}) ASSERT_TRUE((*ledger)->Attach(rank, {0, 0}).ok());
+    ConsumeSteps(**ledger, 0, 0, 200, 2);
+    ConsumeSteps(**ledger, 1, 0, 150, 2);
+    ASSERT_TRUE((*ledger)->Jump(1, {160, 0}, 20).ok());
+    ConsumeSteps(**ledger, 1, 160, 5, 2);
+    EXPECT_LE((*ledger)->journal_lines(), 2u * 5 * 2 + 2 + 50);
+    ASSERT_TRUE((*ledger)->Sync().ok());
+    const std::string before = (*ledger)->Snapshot("j").DebugString();
+    auto replayed = Ledger::Open(path_, bounded);
+    ASSERT_TRUE(replayed.ok()) << replayed.status();
+    EXPECT_EQ((*replayed)->Snapshot("j").DebugString(), before);
+    EXPECT_EQ(RankOf((*replayed)->Snapshot("j"), 0).microbatches(), 400u);
+    EXPECT_EQ(RankOf((*replayed)->Snapshot("j"), 1).gaps(), 20u);
+  }
+  // The journal stays small: one compaction's lines plus what followed.
+  EXPECT_LT(std::filesystem::file_size(path_), 50u * 200);
+  EXPECT_FALSE(std::filesystem::exists(path_ + ".compacting"));
+}
+
 }  // namespace
 }  // namespace packfeed::server
