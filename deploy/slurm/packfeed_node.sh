@@ -15,11 +15,19 @@ pid_file=$PACKFEED_RUN_DIR/packfeedd-$node.pid
 case $1 in
   daemon)
     node_index=${SLURM_NODEID:?}
-    first=$((node_index * PACKFEED_RANKS_PER_NODE))
-    ranks=$(seq -s, "$first" $((first + PACKFEED_RANKS_PER_NODE - 1)))
+    ranks_var=PACKFEED_NODE_RANKS_$node_index
+    read -ra addresses <<<"${PACKFEED_NODE_ADDRESSES:-}"
     node_config=$PACKFEED_RUN_DIR/packfeedd-$node.textproto
+    umask 077  # the configuration holds the admin token
     { echo "socket_path: \"$socket\""
-      sed "s/^\([[:space:]]*\)jobs[[:space:]]*{/&\n\1  local_ranks: [$ranks]/" "$2"
+      if ((${#addresses[@]} > 1)); then
+        echo "admin_tcp_address: \"${addresses[$node_index]}\""
+        echo "admin_tcp_token: \"$PACKFEED_ADMIN_TOKEN\""
+        for i in "${!addresses[@]}"; do
+          ((i == node_index)) || echo "peers: \"${addresses[$i]}\""
+        done
+      fi
+      sed "s/^\([[:space:]]*\)jobs[[:space:]]*{/&\n\1  local_ranks: [${!ranks_var}]/" "$2"
     } >"$node_config"
     echo $$ >"$pid_file"  # exec keeps the pid: this is packfeedd's
     exec "${bin}packfeedd" --config "$node_config" >>"$PACKFEED_RUN_DIR/packfeedd-$node.log" 2>&1

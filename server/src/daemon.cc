@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -16,6 +17,7 @@
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/internal/admin_tls.h"
 #include "server/internal/fingerprint.h"
+#include "server/internal/rank_partition.h"
 #include "server/internal/services.h"
 #include "spdlog/spdlog.h"
 
@@ -51,6 +53,12 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
   const v1::AdminTls& tls = config.admin_tls();
   PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                       AdminChannelCredentials(tls.ca_file(), tls.cert_file(), tls.key_file()));
+  // Per job, which node hosts which ranks: this one's first.
+  std::map<std::string, std::vector<HostedRanks>> hosted;
+  for (const auto& job : jobs) {
+    hosted[job->name()].push_back(
+        {absl::StrCat("this node (", config.admin_tcp_address(), ")"), job->local_ranks()});
+  }
   for (const std::string& peer : config.peers()) {
     auto admin = v1::Admin::NewStub(grpc::CreateChannel(peer, credentials));
     v1::ListJobsReply reply;
@@ -89,8 +97,18 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
             "peer ", peer, " runs job '", job->name(), "' with fingerprint ", same->fingerprint(),
             ", this node ", job->fingerprint(), ": ", match.message()));
       }
+      hosted[job->name()].push_back(
+          {absl::StrCat("peer ", peer),
+           std::vector<int>(same->local_ranks().begin(), same->local_ranks().end())});
     }
     spdlog::info("peer {}: {} job(s) with the same fingerprints", peer, jobs.size());
+  }
+  if (config.peers().empty()) return absl::OkStatus();
+  for (const auto& job : jobs) {
+    PF_RETURN_IF_ERROR(
+        CheckRankPartition(job->name(), job->layout().world_size(), hosted[job->name()]));
+    spdlog::info("job {}: its {} ranks are hosted once each by {} nodes", job->name(),
+                 job->layout().world_size(), config.peers_size() + 1);
   }
   return absl::OkStatus();
 }

@@ -2,10 +2,13 @@
 # Slurm for real: installs Debian's slurm-wlm and munge when missing, starts
 # munged, slurmctld and two slurmd (nodes n1 and n2 on this host) with a
 # minimal config made here, and runs deploy/slurm/packfeed_srun.sh inside
-# `salloc -N2 -n4` and through the example sbatch file, with print_batches as
-# the training command: every rank gets its data, both daemons serve and stop
-# cleanly, and no packfeedd is left behind; the Slurm and munge daemons this
-# test started are stopped at the end.
+# `salloc -N2 -n4` (block and cyclic task layouts) and through the example
+# sbatch file, with print_batches as the training command: every rank gets
+# its data from the daemon of the node it runs on, the daemons check each
+# other (fingerprints, and that their ranks partition the job) over TCP, both
+# serve and stop cleanly, and no packfeedd is left behind. A deliberately
+# broken layout (a rank on two nodes, one on none) is refused by name. The
+# Slurm and munge daemons this test started are stopped at the end.
 # Skips (exit 77) only where the machine forbids it (neither root nor sudo).
 # usage: slurm_test.sh SOURCE_ROOT BIN_DIR CLIENT_BIN_DIR
 set -euo pipefail
@@ -99,7 +102,7 @@ TRAIN
 chmod +x "$work/train.sh"
 
 fail=0
-check() {  # check NAME OUTPUT_FILE
+check() {  # check NAME OUTPUT_FILE [RANKS_OF_N1 RANKS_OF_N2]
   local name=$1 out=$2 failed_before=$fail
   for rank in 0 1 2 3; do
     local lines
@@ -115,7 +118,19 @@ check() {  # check NAME OUTPUT_FILE
   if pgrep -f "packfeedd --config $run_dir" >/dev/null; then
     echo "FAILED $name: a packfeedd is left behind"; fail=1
   fi
-  [[ $fail -ne $failed_before ]] || echo "$name: 4 ranks served by 2 daemons; both drained on SIGTERM"
+  for node in n1 n2; do
+    grep -q "its 4 ranks are hosted once each by 2 nodes" "$run_dir/packfeedd-$node.log" &&
+      grep -q "1 job(s) with the same fingerprints" "$run_dir/packfeedd-$node.log" ||
+      { echo "FAILED $name: daemon on $node did not check its peer"; fail=1; }
+  done
+  if [[ $# -ge 4 ]]; then
+    grep -q "local_ranks: \[$3\]" "$run_dir/packfeedd-n1.textproto" &&
+      grep -q "local_ranks: \[$4\]" "$run_dir/packfeedd-n2.textproto" ||
+      { echo "FAILED $name: the daemons do not host ranks [$3] and [$4]"; fail=1; }
+  fi
+  [[ $fail -ne $failed_before ]] ||
+    echo "$name: 4 ranks served by 2 daemons (n1: [${3:-0,1}], n2: [${4:-2,3}]), which checked" \
+         "each other over TCP; both drained on SIGTERM"
 }
 
 export PACKFEED_BIN_DIR=$bin_dir
@@ -123,12 +138,36 @@ run_dir=$work/run-salloc
 PACKFEED_RUN_DIR=$run_dir timeout 300 salloc -N2 -n4 --ntasks-per-node=2 \
   "$source_root/deploy/slurm/packfeed_srun.sh" --config "$work/jobs.textproto" -- "$work/train.sh" \
   >"$work/salloc.out" 2>&1 || { cat "$work/salloc.out"; echo "FAILED: salloc run"; fail=1; }
-check salloc "$work/salloc.out"
+check salloc "$work/salloc.out" 0,1 2,3
+
+run_dir=$work/run-cyclic
+PACKFEED_RUN_DIR=$run_dir timeout 300 salloc -N2 -n4 --ntasks-per-node=2 \
+  "$source_root/deploy/slurm/packfeed_srun.sh" --distribution cyclic --admin-port 7453 \
+  --config "$work/jobs.textproto" -- "$work/train.sh" \
+  >"$work/cyclic.out" 2>&1 || { cat "$work/cyclic.out"; echo "FAILED: cyclic run"; fail=1; }
+check "salloc --distribution cyclic" "$work/cyclic.out" 0,2 1,3
+
+# Rank 2 on both nodes, rank 3 on none: the daemons refuse to serve.
+run_dir=$work/run-broken
+if PACKFEED_RUN_DIR=$run_dir PACKFEED_RANK_LAYOUT="0:0,1,2;1:2" timeout 300 \
+   salloc -N2 -n4 --ntasks-per-node=2 "$source_root/deploy/slurm/packfeed_srun.sh" \
+   --admin-port 7463 --config "$work/jobs.textproto" -- "$work/train.sh" \
+   >"$work/broken.out" 2>&1; then
+  echo "FAILED: a broken layout was served"; fail=1
+elif grep -q "rank 2 is hosted 2 times" "$work/broken.out" &&
+     grep -q "rank 3 is hosted by no node" "$work/broken.out"; then
+  echo "broken layout: refused: $(grep -m1 -o "job 'job': the nodes.*" "$work/broken.out")"
+else
+  cat "$work/broken.out"; echo "FAILED: the broken layout's refusal does not name the ranks"; fail=1
+fi
+if pgrep -f "packfeedd --config $run_dir" >/dev/null; then
+  echo "FAILED broken layout: a packfeedd is left behind"; fail=1
+fi
 
 run_dir=$work/run-sbatch
 (cd "$source_root" && PACKFEED_RUN_DIR=$run_dir PACKFEED_JOBS=$work/jobs.textproto \
   PACKFEED_TRAIN_COMMAND=$work/train.sh PACKFEED_TRAIN_ARGS=" " \
   timeout 300 sbatch --wait --nodes=2 --ntasks-per-node=2 --output="$work/sbatch.out" \
   deploy/slurm/packfeed.sbatch >/dev/null) || { cat "$work/sbatch.out"; echo "FAILED: sbatch run"; fail=1; }
-check sbatch "$work/sbatch.out"
+check sbatch "$work/sbatch.out" 0,1 2,3
 exit $fail

@@ -128,11 +128,16 @@ def main():
                      config(work, "b", halves["b"], [f"{HOSTS['a']}:{PORT}"], port=7073,
                             token="wrong"),
                      [f"peer {HOSTS['a']}:{PORT} refused the check", "admin token"])
+        failed_start(checks, bin_dir, names, work, "a peer whose ranks overlap this node's",
+                     config(work, "b", list(range(6, 16)), [f"{HOSTS['a']}:{PORT}"], port=7074),
+                     ["do not partition its 16 ranks", "rank 6 is hosted 2 times",
+                      f"peer {HOSTS['a']}:{PORT}"])
         failed_start(checks, bin_dir, names, work, "a peer that never answers",
                      config(work, "b", halves["b"], [f"{HOSTS['a']}:7999"], port=7072, timeout=2),
                      [f"peer {HOSTS['a']}:7999 did not answer within 2 s"])
-        print(f"two hosts: {len(clients)} ranks served across namespaces; fingerprints checked "
-              "over TCP; a mismatched, a wrong-token and a silent peer refused")
+        print(f"two hosts: {len(clients)} ranks served across namespaces; fingerprints and the "
+              "rank partition checked over TCP; a mismatched, an overlapping, a wrong-token and "
+              "a silent peer refused")
     finally:
         for process in daemons:
             process.terminate()
