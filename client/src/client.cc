@@ -9,6 +9,7 @@
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/v1/service.grpc.pb.h"
+#include "watch_stream.h"
 
 namespace packfeed::client {
 
@@ -16,6 +17,7 @@ struct Client::Control {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Control::Stub> control;
   std::unique_ptr<v1::Admin::Stub> admin;
+  std::unique_ptr<WatchStream> watch;  // while attached
 };
 
 namespace {
@@ -128,6 +130,13 @@ absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
                options_.socket_path));
   PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.epoch()));
   epoch_ = reply.epoch();
+  v1::WatchRequest watch;
+  watch.set_job(options_.job);
+  watch.set_global_rank(static_cast<uint32_t>(options_.global_rank));
+  watch.set_epoch(epoch_);
+  watch.set_auth_token(options_.auth_token);
+  control_->watch.reset();
+  control_->watch = std::make_unique<WatchStream>(*control_->control, std::move(watch));
   fingerprint_ = reply.fingerprint();
   resume_step_ = start_step;
   resume_microbatch_ = start_microbatch;
@@ -147,6 +156,7 @@ absl::Status Client::Reattach(const absl::Status& cause, absl::Time give_up) {
   pending_.reset();
   held_.reset();
   epoch_ = 0;  // that daemon is gone: nothing to detach from
+  control_->watch.reset();
   absl::Status attached = RetryWithBackoff(
       left, [&] { return AttachAt(step, skip); }, [](const absl::Status&) { return true; });
   if (!attached.ok()) {
@@ -177,7 +187,7 @@ absl::Status Client::Detach() {
   // With reconnect_timeout, a daemon that is away (restarting) is waited
   // for: what this rank took from its ring after the daemon died reaches the
   // ledger only this way.
-  return RetryWithBackoff(
+  absl::Status detached = RetryWithBackoff(
       options_.reconnect_timeout,
       [&] {
         v1::DetachReply reply;
@@ -188,6 +198,9 @@ absl::Status Client::Detach() {
                         options_.socket_path);
       },
       [](const absl::Status& status) { return absl::IsUnavailable(status); });
+  // After the detach: the stream's end is then no news to the daemon.
+  control_->watch.reset();
+  return detached;
 }
 
 absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {

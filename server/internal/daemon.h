@@ -19,6 +19,7 @@
 #include "server/internal/job.h"
 #include "server/internal/job_runner.h"
 #include "server/internal/metrics.h"
+#include "server/internal/rank_watches.h"
 #include "server/internal/storage.h"
 
 namespace packfeed::server {
@@ -53,6 +54,7 @@ class Daemon {
   JobRunner* runner(const std::string& job) const;
   const std::vector<std::unique_ptr<JobRunner>>& runners() const { return runners_; }
   const Storage& storage() const { return *storage_; }
+  RankWatches& watches() { return watches_; }
   // Every job's stats, asked of each runner as Admin.GetStats does; waits
   // up to `timeout` for them (DeadlineExceeded past it).
   absl::StatusOr<v1::GetStatsReply> CollectStats(absl::Duration timeout) const;
@@ -64,6 +66,7 @@ class Daemon {
 
   v1::DaemonConfig config_;
   std::unique_ptr<Storage> storage_;  // outlives the jobs and runners that use it
+  RankWatches watches_;
   std::vector<std::unique_ptr<Job>> jobs_;
   std::vector<std::unique_ptr<JobRunner>> runners_;
   std::map<std::string, JobRunner*> by_name_;

@@ -81,6 +81,9 @@ class JobRunner {
   void Detach(int global_rank, uint64_t epoch, std::optional<DetachPosition> consumed_to,
               std::function<void(absl::Status)> done);
   void Stats(std::function<void(v1::JobStats)> done);
+  // The rank's process is gone (its Watch stream broke): ends connection
+  // `epoch` of the rank, when that is still the rank's live one.
+  void RankGone(int global_rank, uint64_t epoch, std::string why);
   void GetLedger(std::function<void(v1::JobLedger)> done);
   int attached_ranks() const;
   // When the runner's loop last went round (at least every 100 ms while it

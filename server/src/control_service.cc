@@ -27,6 +27,13 @@ absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
   return CheckAttachRequest(runner->job(), request);
 }
 
+// A Watch call refused before it starts.
+class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEvent> {
+ public:
+  explicit RefusedWatch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 class ControlService final : public v1::Control::CallbackService {
  public:
   explicit ControlService(Daemon& daemon) : daemon_(daemon) {}
@@ -97,6 +104,27 @@ class ControlService final : public v1::Control::CallbackService {
                      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
     }
     return reactor;
+  }
+
+  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* /*context*/,
+                                                  const v1::WatchRequest* request) override {
+    JobRunner* runner = daemon_.runner(request->job());
+    if (runner == nullptr) {
+      return new RefusedWatch(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'")));
+    }
+    if (absl::Status token = CheckToken(request->auth_token(), runner->job().config().auth_token(),
+                                        absl::StrCat("auth token for job ", request->job()));
+        !token.ok()) {
+      return new RefusedWatch(token);
+    }
+    const int rank = static_cast<int>(request->global_rank());
+    const uint64_t epoch = request->epoch();
+    Daemon* daemon = &daemon_;
+    return daemon_.watches().Start([daemon, runner, rank, epoch] {
+      if (daemon->draining()) return;  // the daemon's own goodbyes follow
+      runner->RankGone(rank, epoch,
+                       "its Watch stream broke (the process died or stopped answering pings)");
+    });
   }
 
  private:

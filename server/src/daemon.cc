@@ -44,6 +44,9 @@ absl::Status PrepareSocketDirectory(const std::string& socket) {
   return absl::OkStatus();
 }
 
+constexpr int kRankPingMs = 1000;
+constexpr int kRankPingTimeoutMs = 2000;
+
 // Each peer daemon serves every job of this one with the same fingerprint.
 // Peers start at about the same time: each listens before it checks, and
 // an unanswered peer is asked again until the timeout.
@@ -172,6 +175,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   daemon->services_.push_back(MakeAdminService(*daemon));
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  // HTTP/2 pings on every connection with a call open (each rank's Watch
+  // stream): a rank's process that stops answering (SIGSTOP, a hung
+  // machine) breaks its stream within kRankPing + kRankPingTimeout.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kRankPingMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kRankPingTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   for (auto& service : daemon->services_) builder.RegisterService(service.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr) {
@@ -247,6 +256,9 @@ absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) c
 Daemon::~Daemon() {
   metrics_.reset();  // no scrape asks the runners once they stop
   Shutdown();
+  // The ranks' Watch streams end here, not by the server's deadline; the
+  // ranks still get their goodbyes below.
+  watches_.FinishAll();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (tcp_server_ != nullptr) tcp_server_->Shutdown(deadline);
   if (server_ != nullptr) server_->Shutdown(deadline);

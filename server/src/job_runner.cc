@@ -266,6 +266,19 @@ void JobRunner::Detach(int global_rank, uint64_t epoch, std::optional<DetachPosi
   });
 }
 
+void JobRunner::RankGone(int global_rank, uint64_t epoch, std::string why) {
+  Post([this, global_rank, epoch, why = std::move(why)] {
+    auto rank = ranks_.find(global_rank);
+    if (rank == ranks_.end() || rank->second.epoch != epoch || !rank->second.live()) return;
+    spdlog::warn("job {} rank {}: {}: its connection {:#x} is ended", job_.name(), global_rank, why,
+                 epoch);
+    AccountReleases(rank->second);
+    sender_->Disconnect(epoch, why).IgnoreError();
+    rank->second.failed = true;
+    UpdateAttached();
+  });
+}
+
 void JobRunner::RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots) {
   const std::optional<LedgerPosition> ledgered = ledger_->next(global_rank);
   if (!ledgered.has_value() || !(*ledgered < to)) return;
