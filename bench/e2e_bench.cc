@@ -26,6 +26,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench_support.h"
 #include "child_process.h"
 #include "packfeed/client/client.h"
 #include "packfeed/dataset/dataset_generator.h"
@@ -51,15 +52,6 @@ struct Figures {
   uint64_t daemon_peak_rss_kib = 0;
 };
 
-uint64_t PeakRssKib(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6));
-  }
-  return 0;
-}
-
 std::string Config(const std::string& dir, const std::string& prefix, int ranks) {
   // TP2 × CP2 × DP(ranks/4), dynamic CP: the quick start's shape.
   return absl::StrCat("socket_path: \"", dir, "/bench.sock\"\n", R"(jobs {
@@ -76,16 +68,8 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks)
 })");
 }
 
-absl::StatusOr<std::unique_ptr<client::Client>> AttachWithRetry(client::ClientOptions options) {
-  absl::Status last;
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    absl::StatusOr<std::unique_ptr<client::Client>> client = client::Client::Attach(options);
-    if (client.ok() || !absl::IsUnavailable(client.status())) return client;
-    last = client.status();
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return last;
-}
+using bench::AttachWithRetry;
+using bench::PeakRssKib;
 
 absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, int64_t docs) {
   const std::string dir =
@@ -121,7 +105,8 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
     threads.emplace_back([&, r] {
       client::ClientOptions mine = options;
       mine.global_rank = r;
-      absl::StatusOr<std::unique_ptr<client::Client>> c = AttachWithRetry(mine);
+      absl::StatusOr<std::unique_ptr<client::Client>> c =
+          AttachWithRetry(mine, absl::Seconds(10), absl::Milliseconds(100));
       attached.count_down();
       if (!c.ok()) {
         std::fprintf(stderr, "rank %d: %s\n", r, c.status().ToString().c_str());
@@ -158,7 +143,8 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
     client::ClientOptions mine = options;
     mine.global_rank = 0;
     mine.start_step = args.steps;
-    absl::StatusOr<std::unique_ptr<client::Client>> c = AttachWithRetry(mine);
+    absl::StatusOr<std::unique_ptr<client::Client>> c =
+        AttachWithRetry(mine, absl::Seconds(10), absl::Milliseconds(100));
     if (!c.ok()) return c.status();
     std::vector<double> latencies;
     for (int s = 0; s < args.steps; ++s) {

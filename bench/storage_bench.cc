@@ -37,6 +37,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench_support.h"
 #include "child_process.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/client/client.h"
@@ -138,15 +139,6 @@ std::string DaemonConfig(const Args& args, const fs::path& dir, const fs::path& 
 })");
 }
 
-uint64_t PeakRssKib(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6));
-  }
-  return 0;
-}
-
 absl::StatusOr<nlohmann::json> DaemonStats(const Args& args, const fs::path& dir) {
   const std::string command =
       absl::StrCat(args.ctl, " stats --json --socket ", (dir / "bench.sock").string());
@@ -180,12 +172,8 @@ absl::Status RunPackfeed(const Args& args, const fs::path& dir, const fs::path& 
     threads.emplace_back([&, r] {
       client::ClientOptions mine = options;
       mine.global_rank = r;
-      absl::StatusOr<std::unique_ptr<client::Client>> c;
-      for (int attempt = 0; attempt < 3000; ++attempt) {
-        c = client::Client::Attach(mine);
-        if (c.ok() || !absl::IsUnavailable(c.status())) break;
-        absl::SleepFor(absl::Milliseconds(10));
-      }
+      absl::StatusOr<std::unique_ptr<client::Client>> c =
+          bench::AttachWithRetry(mine, absl::Seconds(30));
       attached.count_down();
       if (!c.ok()) {
         std::fprintf(stderr, "rank %d: %s\n", r, c.status().ToString().c_str());
@@ -230,7 +218,7 @@ absl::Status RunPackfeed(const Args& args, const fs::path& dir, const fs::path& 
   const nlohmann::json& storage = (*stats)["storage"];
   figures.packfeed_distinct_bytes = std::stoull(storage.value("distinct_bytes", std::string("0")));
   figures.peak_bytes_held = std::stoull(storage.value("peak_bytes_held", std::string("0")));
-  figures.daemon_peak_rss_kib = PeakRssKib(daemon->pid());
+  figures.daemon_peak_rss_kib = bench::PeakRssKib(daemon->pid());
   daemon->Kill(SIGTERM);
   (void)daemon->Wait(absl::Seconds(20));
   return absl::OkStatus();
@@ -340,12 +328,8 @@ absl::StatusOr<StartupFigures> MeasureStartup(const Args& args, const fs::path& 
     client::ClientOptions options;
     options.socket_path = dir / "bench.sock";
     options.job = "bench";
-    absl::StatusOr<std::unique_ptr<client::Client>> c;
-    for (int attempt = 0; attempt < 60000; ++attempt) {
-      c = client::Client::Attach(options);
-      if (c.ok() || !absl::IsUnavailable(c.status())) break;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    absl::StatusOr<std::unique_ptr<client::Client>> c =
+        bench::AttachWithRetry(options, absl::Seconds(600));
     if (!c.ok()) return c.status();
     figures.startup_s = absl::ToDoubleSeconds(absl::Now() - spawned);
     c->reset();

@@ -14,43 +14,17 @@ request, 1 GiB/s, every byte counted by the filesystem itself):
   directly serves.
 
 usage: storage_test.py BIN_DIR SOURCE_ROOT SLOWFS (exit 77: no /dev/fuse)"""
-import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 
 from ctl_checks import Checks
-from daemon_harness import Daemon, wait_until
+from daemon_harness import Daemon
+from slowfs_mount import SlowMount
 
 PAGE = 4096
 STEPS = 6
-
-
-class SlowMount:
-    """slowfs serving `source` at `mount`."""
-
-    def __init__(self, slowfs, source, mount, latency_ms, bandwidth_mib):
-        self.mount = mount
-        mount.mkdir(exist_ok=True)
-        self.process = subprocess.Popen(
-            [slowfs, str(source), str(mount), "-f", f"--latency-ms={latency_ms}",
-             f"--bandwidth-mib={bandwidth_mib}", "--direct-io-suffix=.bin"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.control = mount / ".slowfs"
-        wait_until(self.control.exists, "slowfs mounted")
-
-    def bytes_read(self, name):
-        files = json.loads(self.control.read_text())["files"]
-        return files.get(f"/{name}", {}).get("bytes", 0)
-
-    def tell(self, line):
-        self.control.write_text(line + "\n")
-
-    def close(self):
-        subprocess.run(["fusermount3", "-u", str(self.mount)], capture_output=True)
-        self.process.wait(timeout=30)
 
 
 def job(name, prefix, tp=1, cp=1, dp=1):

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from ctl_checks import Checks
-from daemon_harness import wait_until
+from slowfs_mount import SlowMount
 
 WATCHDOG_USEC = 500_000
 
@@ -43,16 +43,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         (work / "src").mkdir()
-        (work / "mnt").mkdir()
         checks.run("make-dataset", "--out", str(work / "src" / "data"), "--count", "100",
                    "--min", "16", "--max", "300", "--mean", "100", "--vocab", "1000")
-        mount = subprocess.Popen([slowfs, str(work / "src"), str(work / "mnt"), "-f",
-                                  "--direct-io-suffix=.bin"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        control = work / "mnt" / ".slowfs"
+        mount = SlowMount(slowfs, work / "src", work / "mnt")
         daemon = None
         try:
-            wait_until(control.exists, "slowfs mounted")
             config = work / "daemon.textproto"
             config.write_text(f"""socket_path: "{work / 'daemon.sock'}"
 jobs {{
@@ -76,7 +71,7 @@ jobs {{
             before = pings_during(notify, 1.5)
             checks.check("healthy: WATCHDOG=1 pings flow", before >= 2, before)
 
-            control.write_text("hang=1\n")  # every read from now on blocks
+            mount.tell("hang=1")  # every read from now on blocks
             rank = subprocess.Popen(
                 [str(bin_dir / "packfeedctl"), "dump", "--socket", str(work / "daemon.sock"),
                  "--job", "job", "--rank", "0", "--steps", "2", "--json"],
@@ -89,7 +84,7 @@ jobs {{
             print(f"watchdog: {before} pings in 1.5 s while healthy, {hung} in 2 s while a "
                   "read hung")
 
-            control.write_text("hang=0\n")
+            mount.tell("hang=0")
             after = pings_during(notify, 1.5)
             checks.check("reads back: the pings resume", after >= 2, after)
             _, stderr = rank.communicate(timeout=60)
@@ -101,10 +96,8 @@ jobs {{
         finally:
             if daemon is not None and daemon.poll() is None:
                 daemon.kill()
-            if control.exists():
-                control.write_text("hang=0\n")
-            subprocess.run(["fusermount3", "-u", str(work / "mnt")], capture_output=True)
-            mount.wait(timeout=30)
+            mount.tell("hang=0")
+            mount.close()
     checks.finish()
 
 
