@@ -172,14 +172,10 @@ absl::StatusOr<CpRange> ResolveCpRange(const PlannerOptions& options) {
   return range;
 }
 
-absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
-                                           const PlannerOptions& options) {
-  if (absl::Status status = ValidateCommon(lengths, options); !status.ok()) {
-    return status;
-  }
-  if (options.kind == SchedulerKind::kMegatronDpBalanced) {
-    return PlanMegatron(lengths, options);
-  }
+namespace {
+
+// The packer's view of `options` (not megatron_dp_balanced).
+absl::StatusOr<internal::PackerConfig> PackerConfigOf(const PlannerOptions& options) {
   internal::PackerConfig config;
   config.num_ranks = options.dp * options.cp;
   config.max_tokens_per_rank = options.max_tokens_per_rank;
@@ -195,6 +191,30 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   } else {
     config.min_cp = config.max_cp = options.cp;
   }
+  return config;
+}
+
+}  // namespace
+
+absl::Status CheckSequenceFits(int64_t length, const PlannerOptions& options) {
+  if (options.kind == SchedulerKind::kMegatronDpBalanced) return absl::OkStatus();
+  absl::StatusOr<internal::PackerConfig> config = PackerConfigOf(options);
+  if (!config.ok()) return config.status();
+  const int64_t lengths[] = {length};
+  return MakeItems(lengths, *config).status();
+}
+
+absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
+                                           const PlannerOptions& options) {
+  if (absl::Status status = ValidateCommon(lengths, options); !status.ok()) {
+    return status;
+  }
+  if (options.kind == SchedulerKind::kMegatronDpBalanced) {
+    return PlanMegatron(lengths, options);
+  }
+  absl::StatusOr<internal::PackerConfig> packer = PackerConfigOf(options);
+  if (!packer.ok()) return packer.status();
+  internal::PackerConfig& config = *packer;
   absl::StatusOr<std::vector<internal::PackerItem>> items = MakeItems(lengths, config);
   if (!items.ok()) return items.status();
 

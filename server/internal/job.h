@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
 #include "packfeed/v1/config.pb.h"
+#include "server/internal/model_stages.h"
+#include "server/internal/side_fields.h"
 
 namespace packfeed::server {
 
@@ -68,6 +71,13 @@ class Job {
   const scheduler::Sampler& sampler() const { return *sampler_; }
   const dataset::IndexedDataset& dataset(int i) const { return *datasets_[static_cast<size_t>(i)]; }
   int num_datasets() const { return static_cast<int>(datasets_.size()); }
+  const ModelStages& stages() const { return *stages_; }
+  // The configured side fields, in configuration order, and dataset i's
+  // copy of field f.
+  const std::vector<SideFieldInfo>& side_fields() const { return side_fields_; }
+  const dataset::IndexedDataset& side_dataset(int i, int f) const {
+    return *side_datasets_[static_cast<size_t>(i)][static_cast<size_t>(f)];
+  }
   // Global ranks this node hosts, ascending.
   const std::vector<int>& local_ranks() const { return local_ranks_; }
   bool IsLocal(int global_rank) const;
@@ -76,12 +86,18 @@ class Job {
 
  private:
   Job() = default;
+  // FailedPrecondition naming the first document no plan can hold (too long
+  // for max_tokens_per_rank even at the largest CP size).
+  absl::Status CheckEverySampleFits() const;
 
   v1::JobConfig config_;
   JobLayout layout_;
   scheduler::PlannerOptions planner_;
   dataset::SampleRules rules_;
   std::vector<std::shared_ptr<const dataset::IndexedDataset>> datasets_;
+  std::optional<ModelStages> stages_;
+  std::vector<SideFieldInfo> side_fields_;
+  std::vector<std::vector<std::shared_ptr<const dataset::IndexedDataset>>> side_datasets_;
   std::unique_ptr<scheduler::Sampler> sampler_;
   std::string fingerprint_;
   std::vector<int> local_ranks_;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,7 +17,9 @@
 #include "packfeed/scheduler/plan.h"
 #include "packfeed/transport/wire.h"
 #include "server/internal/job.h"
+#include "server/internal/model_stages.h"
 #include "server/internal/read.h"
+#include "server/internal/side_fields.h"
 
 namespace packfeed::server {
 
@@ -25,7 +28,26 @@ struct StageFields {
   bool inputs = true;   // tokens, position_ids (first stage, MTP)
   bool targets = true;  // labels, loss_mask (last stage, MTP)
 };
-StageFields FieldsOfStage(int pp_rank, int pp_size);
+// `mtp_stage`: the stage holding MTP layers, or -1.
+StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage = -1);
+
+// A side field as one pipeline stage receives it: whole, or cut to the
+// layer-axis entries of one of its model chunks.
+struct SideSlice {
+  const SideFieldInfo* field = nullptr;
+  std::string wire_name;            // the field's name; NAME.K for model chunk K under VPP
+  std::vector<IndexRange> entries;  // of the layer axis; empty = all of it
+};
+// The side fields stage `pp_rank` receives, in configuration order (the
+// loss-mask field, which is not served, on every stage that gets targets).
+std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
+                                         const ModelStages& stages, int pp_rank);
+
+// One sequence's stored rows of a side field (row_bytes() per read token).
+struct SideRun {
+  const SideSlice* slice = nullptr;
+  std::vector<absl::Span<const char>> rows;  // per sequence of the group
+};
 
 // One rank's microbatch, every field flat.
 struct PackedMicrobatch {
@@ -40,15 +62,26 @@ struct PackedMicrobatch {
   // Dynamic CP only (as Megatron hands them).
   std::optional<int32_t> local_cp_size;
   std::vector<int32_t> cp_group_ranks;
+  struct Side {
+    std::string name;
+    transport::ElementType type = transport::ElementType::kUInt8;
+    std::vector<int64_t> inner_shape;  // the layer axis cut to the slice
+    std::vector<char> bytes;           // [T_loc, *inner_shape]
+  };
+  std::vector<Side> side;
+  StageFields stage;  // which THD fields the rank's stage receives
 };
 
 // Packs `group`'s sequences for CP rank `cp_rank` of the group: `runs[i]` is
-// the token run of group.sequences[i]. InvalidArgument when a run does not
-// fit its padded length, a padded length does not split evenly into 2·size
-// chunks, or cp_rank is outside the group.
+// the token run of group.sequences[i]; `sides` the group's rows of each side
+// field the rank receives (a loss-mask field replaces loss_mask).
+// InvalidArgument when a run does not fit its padded length, a padded
+// length does not split evenly into 2·size chunks, or cp_rank is outside
+// the group.
 absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
                                                 absl::Span<const std::vector<int64_t>* const> runs,
-                                                int cp_rank, const dataset::SampleRules& rules);
+                                                int cp_rank, const dataset::SampleRules& rules,
+                                                absl::Span<const SideRun> sides = {});
 
 // The microbatch `global_rank` receives for `microbatch` of `data`, with the
 // dynamic-CP fields when the job plans dynamic CP. The read error of a
@@ -57,19 +90,18 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
 absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& data, int microbatch,
                                              int global_rank);
 
-// The wire fields of a packed microbatch for a rank of PP stage `pp_rank`
-// of `pp_size`, in slot order, and their bytes.
+// The wire fields of a packed microbatch, in slot order, and their bytes.
 struct SlotFields {
   std::vector<transport::FieldSpec> specs;
   std::vector<const void*> data;
 };
-SlotFields MicrobatchFields(const PackedMicrobatch& packed, int pp_rank, int pp_size);
+SlotFields MicrobatchFields(const PackedMicrobatch& packed);
 
-// The bytes of the largest slot a microbatch of at most `max_tokens` local
-// tokens and `max_sequences` sequences needs; `group_ranks` > 0 adds the
-// dynamic-CP fields for groups of up to that many ranks.
-absl::StatusOr<uint64_t> MaxSlotBytes(int64_t max_tokens, int64_t max_sequences,
-                                      int64_t group_ranks);
+// The bytes of the largest slot any rank of `job` needs: at most
+// max_tokens_per_rank local tokens, the whole batch's sequences, the
+// dynamic-CP fields for groups of up to DP·CP ranks, and the largest
+// stage's side fields.
+absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job);
 
 }  // namespace packfeed::server
 

@@ -14,12 +14,11 @@
 
 namespace packfeed::server {
 
-// Pushes `packed`, microbatch `microbatch` of `plan`, to connection `epoch`
-// for a rank of PP stage `pp_rank` of `pp_size`. ResourceExhausted when the
-// rank has no free slot; any other error is the connection's.
+// Pushes `packed`, microbatch `microbatch` of `plan`, to connection `epoch`.
+// ResourceExhausted when the rank has no free slot; any other error is the
+// connection's.
 absl::Status PushMicrobatch(transport::Sender& sender, uint64_t epoch, const StepPlan& plan,
-                            int microbatch, const PackedMicrobatch& packed, int pp_rank,
-                            int pp_size);
+                            int microbatch, const PackedMicrobatch& packed);
 
 }  // namespace packfeed::server
 

@@ -18,10 +18,11 @@
 
 namespace packfeed::server {
 
-// What the given ranks need of a planned step.
+// What the given ranks need of a planned step: per planned sample, its
+// tokens and then its rows of each of the job's side fields.
 struct StepNeeds {
-  std::vector<int64_t> samples;  // the planned sample of each need
-  std::vector<SampleNeed> needs;
+  std::vector<int64_t> samples;
+  std::vector<SampleNeed> needs;  // (1 + side fields) per sample, in that order
 };
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks);
 
@@ -29,6 +30,9 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
 struct StepData {
   StepPlan plan;
   std::map<int64_t, std::vector<int64_t>> runs;  // by planned sample
+  // By planned sample, one per side field of the job: the stored rows of
+  // its read tokens.
+  std::map<int64_t, std::vector<FetchedSample>> side;
   // Samples that could not be read (I/O error, a file truncated under the
   // daemon, a float token that is no integer), with why.
   std::map<int64_t, absl::Status> failed;

@@ -11,6 +11,9 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
+#include "packfeed/transport/wire.h"
+#include "server/internal/model_stages.h"
+#include "server/internal/side_fields.h"
 
 namespace packfeed::server {
 namespace {
@@ -42,6 +45,7 @@ void FillDefaults(v1::JobConfig& job) {
                           {&v1::Topology::dp, &v1::Topology::set_dp}}) {
     if ((t.*get)() == 0) (t.*set)(1);
   }
+  if (t.vpp() == 0) t.set_vpp(1);
   if (job.scheduler().kind().empty()) job.mutable_scheduler()->set_kind("balanced");
   if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
   if (!job.scheduler().has_cp_upgrade_budget()) {
@@ -86,6 +90,44 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
   if (world > (1u << 20)) {
     return FieldError(where, "topology", absl::StrCat("world size ", world, " exceeds 2^20 ranks"));
+  }
+  if (t.vpp() < 1 || t.vpp() > 1024) {
+    return FieldError(where, "topology.vpp", absl::StrCat(t.vpp(), " is out of [1, 1024]"));
+  }
+  if (t.vpp() > 1 && t.pp() < 2) return FieldError(where, "topology.vpp", "needs topology.pp > 1");
+  absl::StatusOr<ModelStages> stages = ModelStages::Create(
+      job.model(), static_cast<int>(t.pp()), static_cast<int>(t.vpp()), std::string(where));
+  if (!stages.ok()) return stages.status();
+  std::set<std::string> side_names;
+  int loss_masks = 0;
+  size_t wire_fields = 0;
+  for (int f = 0; f < job.side_fields_size(); ++f) {
+    const std::string at = absl::StrCat(where, ".side_fields[", f, "]");
+    absl::StatusOr<SideFieldInfo> field = ResolveSideField(job.side_fields(f), *stages, at);
+    if (!field.ok()) return field.status();
+    if (!side_names.insert(field->name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".name: '", field->name, "' twice"));
+    }
+    if (field->loss_mask && ++loss_masks > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".role: a second loss mask"));
+    }
+    wire_fields += field->layer_axis ? t.vpp() : 1;
+  }
+  // The THD fields take at most 10 of the wire's slots.
+  if (wire_fields + 10 > transport::kMaxFields) {
+    return FieldError(where, "side_fields",
+                      absl::StrCat(wire_fields,
+                                   " fields to serve (a layer-axis field once per "
+                                   "model chunk); at most ",
+                                   transport::kMaxFields - 10));
+  }
+  for (int i = 0; i < job.datasets_size(); ++i) {
+    for (const auto& [name, prefix] : job.datasets(i).side_field_prefixes()) {
+      if (side_names.count(name) == 0) {
+        return FieldError(where, absl::StrCat("datasets[", i, "].side_field_prefixes"),
+                          absl::StrCat("'", name, "' is not a side field of the job"));
+      }
+    }
   }
   if (job.global_batch() < 1) {
     return FieldError(where, "global_batch", absl::StrCat(job.global_batch(), " must be >= 1"));

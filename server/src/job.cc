@@ -1,8 +1,10 @@
 #include "server/internal/job.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/server/job_config.h"
 #include "server/internal/fingerprint.h"
@@ -15,6 +17,17 @@ std::string Canonical(std::initializer_list<int64_t> values) {
   std::string out;
   for (int64_t v : values) absl::StrAppend(&out, v, ";");
   return out;
+}
+
+std::string ModelCanonical(const v1::ModelLayers& m) {
+  return absl::StrCat(
+      Canonical({m.num_layers(),
+                 m.has_num_layers_in_first_pipeline_stage() ? m.num_layers_in_first_pipeline_stage()
+                                                            : int64_t{-1},
+                 m.has_num_layers_in_last_pipeline_stage() ? m.num_layers_in_last_pipeline_stage()
+                                                           : int64_t{-1},
+                 m.mtp_num_layers(), m.has_mtp_stage() ? m.mtp_stage() : int64_t{-1}}),
+      "dense:", absl::StrJoin(m.dense_layers(), ","));
 }
 
 }  // namespace
@@ -49,6 +62,14 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     PF_RETURN_IF_ERROR(scheduler::ResolveCpRange(job->planner_).status());
   }
   job->rules_ = SampleRulesOf(config);
+  PF_ASSIGN_OR_RETURN(job->stages_, ModelStages::Create(config.model(), job->layout_.pp,
+                                                        static_cast<int>(t.vpp()), config.name()));
+  for (int f = 0; f < config.side_fields_size(); ++f) {
+    PF_ASSIGN_OR_RETURN(SideFieldInfo field,
+                        ResolveSideField(config.side_fields(f), *job->stages_,
+                                         absl::StrCat(config.name(), ".side_fields[", f, "]")));
+    job->side_fields_.push_back(std::move(field));
+  }
 
   std::string datasets_part;
   std::vector<int64_t> num_documents;
@@ -62,6 +83,16 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";", dataset->bin_bytes(),
                     ";", spec.kind(), ";", spec.weight(), "|");
     num_documents.push_back(static_cast<int64_t>(dataset->num_documents()));
+    std::vector<std::shared_ptr<const dataset::IndexedDataset>> sides;
+    for (const SideFieldInfo& field : job->side_fields_) {
+      PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> side,
+                          open(SideFieldPrefix(spec, field.name)));
+      PF_RETURN_IF_ERROR(CheckSideDataset(field, *dataset, *side));
+      absl::StrAppend(&datasets_part, field.name, ":", IndexDigest(side->index_bytes()), ";",
+                      side->bin_bytes(), "|");
+      sides.push_back(std::move(side));
+    }
+    job->side_datasets_.push_back(std::move(sides));
     job->datasets_.push_back(std::move(dataset));
   }
   PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
@@ -73,8 +104,19 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   parts.datasets = datasets_part;
   parts.topology =
       Canonical({t.tp(), t.pp(), t.cp(), t.dp(), t.vpp_group_size(), t.sequence_parallel()});
+  // Parts added after a release only when used, so the fingerprints (and
+  // ledgers) of jobs without them stay as they were.
+  if (t.vpp() > 1 || config.has_model()) {
+    absl::StrAppend(&parts.topology, "vpp", t.vpp(), ";", ModelCanonical(config.model()));
+  }
   parts.batch = Canonical({config.global_batch(), config.seq_length(), config.eod_id(),
                            config.pad_id(), config.append_eod()});
+  for (const v1::SideField& field : config.side_fields()) {
+    absl::StrAppend(&parts.batch, "side:", field.name(), ";", field.dtype(), ";",
+                    absl::StrJoin(field.inner_shape(), ","), ";", field.pad_value(), ";",
+                    field.align(), ";", field.layer_axis(), ";", field.role(), ";", field.stages(),
+                    "|");
+  }
   parts.scheduler = absl::StrCat(
       s.kind(), ";", s.cost_model(), ";", s.cp_upgrade_budget(), ";",
       Canonical({s.max_tokens_per_rank(), s.min_cp(), s.max_cp(), s.max_sequences_per_pack()}));
@@ -87,13 +129,32 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   }
   std::sort(job->local_ranks_.begin(), job->local_ranks_.end());
 
-  // The worst case of every stage: a rank's tokens are capped by the
-  // planner; a microbatch holds at most the whole batch's sequences.
-  const bool dynamic = job->planner_.kind == scheduler::SchedulerKind::kDynamicCp;
-  PF_ASSIGN_OR_RETURN(job->required_slot_bytes_,
-                      MaxSlotBytes(s.max_tokens_per_rank(), config.global_batch(),
-                                   dynamic ? job->layout_.dp_cp_size() : 0));
+  PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
+  PF_ASSIGN_OR_RETURN(job->required_slot_bytes_, MaxSlotBytes(*job));
   return job;
+}
+
+absl::Status Job::CheckEverySampleFits() const {
+  // Truncation bounds every sample by seq_length: when the longest a sample
+  // can be fits, every one does, and no index is scanned.
+  const int64_t longest = dataset::RealLength(
+      dataset::ShapeOfSample(std::numeric_limits<int32_t>::max(), rules_).run_length, rules_);
+  if (scheduler::CheckSequenceFits(longest, planner_).ok()) return absl::OkStatus();
+  for (size_t i = 0; i < datasets_.size(); ++i) {
+    const dataset::IndexView& index = datasets_[i]->index();
+    for (uint64_t d = 0; d < index.num_documents(); ++d) {
+      const int64_t length = dataset::PlannedLength(index, static_cast<int64_t>(d), rules_);
+      absl::Status fits = scheduler::CheckSequenceFits(length, planner_);
+      if (!fits.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(datasets_[i]->prefix(), " document ", d, " (", length,
+                         " tokens as planned) can never be served: ",
+                         fits.message().substr(fits.message().find(" does not fit") + 1),
+                         "; raise scheduler.max_tokens_per_rank or max_cp, or lower seq_length"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool Job::IsLocal(int global_rank) const {

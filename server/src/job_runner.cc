@@ -488,8 +488,8 @@ bool JobRunner::ServeRank(RankState& rank) {
       EndRank(rank, packed.status());
       break;
     }
-    absl::Status status = PushMicrobatch(*sender_, rank.epoch, data->plan, rank.next_microbatch,
-                                         *packed, rank.coords.pp, job_.layout().pp);
+    absl::Status status =
+        PushMicrobatch(*sender_, rank.epoch, data->plan, rank.next_microbatch, *packed);
     if (status.ok()) {
       absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.epoch);
       if (after.ok()) rank.bytes_sent = after->bytes;

@@ -39,14 +39,72 @@ void AppendPositions(const std::vector<int64_t>& run, int64_t real_length, int64
   }
 }
 
+// Bytes of one position of `slice`: its layer-axis entries' values.
+uint64_t SliceRowBytes(const SideSlice& slice) {
+  const SideFieldInfo& field = *slice.field;
+  if (slice.entries.empty()) return field.row_bytes();
+  uint64_t bytes = 0;
+  for (const IndexRange& range : slice.entries) bytes += static_cast<uint64_t>(range.size());
+  return bytes * (field.row_bytes() / static_cast<uint64_t>(field.inner_shape[0]));
+}
+
+std::vector<int64_t> SliceInnerShape(const SideSlice& slice) {
+  std::vector<int64_t> shape = slice.field->inner_shape;
+  if (!slice.entries.empty()) {
+    shape[0] = 0;
+    for (const IndexRange& range : slice.entries) shape[0] += range.size();
+  }
+  return shape;
+}
+
+// Appends positions [begin, end) of one sequence's side rows to `out`:
+// stored row j (j + 1 aligned with labels) of a real position, else the pad.
+void AppendSideRows(const SideSlice& slice, absl::Span<const char> rows, int64_t real_length,
+                    int64_t begin, int64_t end, const std::vector<char>& pad_row,
+                    std::vector<char>& out) {
+  const SideFieldInfo& field = *slice.field;
+  const int64_t stored = static_cast<int64_t>(rows.size() / field.row_bytes());
+  const uint64_t layer_bytes =
+      slice.entries.empty() ? 0 : field.row_bytes() / static_cast<uint64_t>(field.inner_shape[0]);
+  for (int64_t j = begin; j < end; ++j) {
+    const int64_t i = field.labels_aligned ? j + 1 : j;
+    if (j >= real_length || i >= stored) {
+      out.insert(out.end(), pad_row.begin(), pad_row.end());
+      continue;
+    }
+    const char* row = rows.data() + static_cast<uint64_t>(i) * field.row_bytes();
+    if (slice.entries.empty()) {
+      out.insert(out.end(), row, row + field.row_bytes());
+      continue;
+    }
+    for (const IndexRange& range : slice.entries) {
+      out.insert(out.end(), row + static_cast<uint64_t>(range.begin) * layer_bytes,
+                 row + static_cast<uint64_t>(range.end) * layer_bytes);
+    }
+  }
+}
+
+// The loss mask of positions [begin, end): stored value j + 1 of a real
+// position is 0 = not trained.
+void ApplyLossMask(absl::Span<const char> mask, int64_t real_length, int64_t begin, int64_t end,
+                   float* loss_mask) {
+  for (int64_t j = begin; j < end; ++j, ++loss_mask) {
+    const int64_t i = j + 1;
+    if (j >= real_length || i >= static_cast<int64_t>(mask.size()) ||
+        mask[static_cast<size_t>(i)] == 0) {
+      *loss_mask = 0.0f;
+    }
+  }
+}
+
 // The wire fields of a microbatch of `tokens` local tokens and `sequences`
 // sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields.
 // With `packed` the data pointers are its arrays, else null (for sizing).
 SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t sequences,
-                     int64_t group_ranks, StageFields stage) {
+                     int64_t group_ranks, StageFields stage, absl::Span<const SideSlice> sides) {
   SlotFields out;
-  auto add = [&](const char* name, ElementType type, std::vector<int64_t> shape, const void* data) {
-    out.specs.push_back({name, type, std::move(shape)});
+  auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, const void* data) {
+    out.specs.push_back({std::move(name), type, std::move(shape)});
     out.data.push_back(packed != nullptr ? data : nullptr);
   };
   const PackedMicrobatch empty;
@@ -67,27 +125,96 @@ SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t seq
     add("local_cp_size", ElementType::kInt32, {}, p.local_cp_size ? &*p.local_cp_size : nullptr);
     add("cp_group_ranks", ElementType::kInt32, {group_ranks}, p.cp_group_ranks.data());
   }
+  if (packed != nullptr) {
+    for (const PackedMicrobatch::Side& side : p.side) {
+      std::vector<int64_t> shape = {1, tokens};
+      shape.insert(shape.end(), side.inner_shape.begin(), side.inner_shape.end());
+      add(side.name, side.type, std::move(shape), side.bytes.data());
+    }
+  } else {
+    for (const SideSlice& slice : sides) {
+      if (slice.field->loss_mask) continue;
+      std::vector<int64_t> shape = {1, tokens};
+      const std::vector<int64_t> inner = SliceInnerShape(slice);
+      shape.insert(shape.end(), inner.begin(), inner.end());
+      add(slice.wire_name, slice.field->type, std::move(shape), nullptr);
+    }
+  }
   return out;
 }
 
 }  // namespace
 
-StageFields FieldsOfStage(int pp_rank, int pp_size) {
-  return {pp_rank == 0, pp_rank == pp_size - 1};
+StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage) {
+  const bool mtp = pp_rank == mtp_stage;
+  return {pp_rank == 0 || mtp, pp_rank == pp_size - 1 || mtp};
+}
+
+std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
+                                         const ModelStages& stages, int pp_rank) {
+  const StageFields stage = FieldsOfStage(pp_rank, stages.pp(), stages.mtp_stage());
+  std::vector<SideSlice> out;
+  for (const SideFieldInfo& field : fields) {
+    if (field.loss_mask) {
+      if (stage.targets) out.push_back({&field, field.name, {}});
+      continue;
+    }
+    const bool wanted = field.stages == v1::SideField::STAGES_ALL ||
+                        (field.stages == v1::SideField::STAGES_INPUTS && stage.inputs) ||
+                        (field.stages == v1::SideField::STAGES_TARGETS && stage.targets) ||
+                        field.stages == v1::SideField::STAGES_LAYERS;
+    if (!wanted) continue;
+    if (!field.layer_axis) {
+      out.push_back({&field, field.name, {}});
+      continue;
+    }
+    // Cut to each model chunk's layers; a chunk without MoE layers gets
+    // none (and under STAGES_LAYERS neither does a stage without any).
+    for (int chunk = 0; chunk < stages.vpp(); ++chunk) {
+      const std::vector<IndexRange>& entries = stages.MoeEntries(pp_rank, chunk);
+      if (entries.empty() && field.stages == v1::SideField::STAGES_LAYERS) continue;
+      std::string name = stages.vpp() > 1 ? absl::StrCat(field.name, ".", chunk) : field.name;
+      // An empty cut of a field a stage must get: zero layers, not all.
+      out.push_back(
+          {&field, std::move(name), entries.empty() ? std::vector<IndexRange>{{0, 0}} : entries});
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
                                                 absl::Span<const std::vector<int64_t>* const> runs,
-                                                int cp_rank, const dataset::SampleRules& rules) {
+                                                int cp_rank, const dataset::SampleRules& rules,
+                                                absl::Span<const SideRun> sides) {
   if (runs.size() != group.sequences.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(runs.size(), " token runs for ", group.sequences.size(), " sequences"));
+  }
+  for (const SideRun& side : sides) {
+    if (side.rows.size() != runs.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(side.rows.size(), " rows of side field ",
+                                                     side.slice->wire_name, " for ", runs.size(),
+                                                     " sequences"));
+    }
   }
   if (cp_rank < 0 || cp_rank >= group.size) {
     return absl::InvalidArgumentError(
         absl::StrCat("cp rank ", cp_rank, " outside a group of ", group.size));
   }
   PackedMicrobatch out;
+  std::vector<std::vector<char>> pad_rows;  // per side run
+  for (const SideRun& side : sides) {
+    const SideSlice& slice = *side.slice;
+    std::vector<char> pad_row;
+    const uint64_t row_bytes = SliceRowBytes(slice);
+    for (uint64_t b = 0; b < row_bytes; b += slice.field->element_bytes) {
+      pad_row.insert(pad_row.end(), slice.field->pad.begin(), slice.field->pad.end());
+    }
+    pad_rows.push_back(std::move(pad_row));
+    if (!slice.field->loss_mask) {
+      out.side.push_back({slice.wire_name, slice.field->type, SliceInnerShape(slice), {}});
+    }
+  }
   out.cu_seqlens.push_back(0);
   out.cu_seqlens_padded.push_back(0);
   int64_t real_total = 0;
@@ -112,7 +239,18 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
           absl::StrCat("sample ", sequence.sample, ": ", chunks.status().message()));
     }
     for (const scheduler::TokenRange& chunk : *chunks) {
+      const size_t first = out.loss_mask.size();
       AppendPositions(run, real, chunk.begin, chunk.end, rules, out);
+      size_t served = 0;
+      for (size_t f = 0; f < sides.size(); ++f) {
+        const absl::Span<const char> rows = sides[f].rows[i];
+        if (sides[f].slice->field->loss_mask) {
+          ApplyLossMask(rows, real, chunk.begin, chunk.end, out.loss_mask.data() + first);
+        } else {
+          AppendSideRows(*sides[f].slice, rows, real, chunk.begin, chunk.end, pad_rows[f],
+                         out.side[served++].bytes);
+        }
+      }
     }
     real_total += real;
     padded_total += padded;
@@ -131,20 +269,30 @@ absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& dat
   const RankCoords coords = job.layout().Coords(global_rank);
   const scheduler::CpGroup& group = scheduler::GroupOfRank(
       data.plan.plan.microbatches[static_cast<size_t>(microbatch)], coords.dp_cp_rank);
+  const std::vector<SideSlice> slices =
+      SideSlicesOfStage(job.side_fields(), job.stages(), coords.pp);
+  std::vector<SideRun> sides(slices.size());
+  for (size_t f = 0; f < slices.size(); ++f) sides[f].slice = &slices[f];
   std::vector<const std::vector<int64_t>*> runs;
   for (const scheduler::PlannedSequence& sequence : group.sequences) {
     auto failed = data.failed.find(sequence.sample);
     if (failed != data.failed.end()) return failed->second;
     auto run = data.runs.find(sequence.sample);
-    if (run == data.runs.end()) {
+    auto side = data.side.find(sequence.sample);
+    if (run == data.runs.end() || (!slices.empty() && side == data.side.end())) {
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
                                               ": sample ", sequence.sample, " was not read"));
     }
     runs.push_back(&run->second);
+    for (SideRun& side_run : sides) {
+      const size_t field = static_cast<size_t>(side_run.slice->field - job.side_fields().data());
+      side_run.rows.push_back(side->second[field].bytes());
+    }
   }
   PF_ASSIGN_OR_RETURN(
       PackedMicrobatch packed,
-      PackMicrobatch(group, runs, coords.dp_cp_rank - group.first_rank, job.rules()));
+      PackMicrobatch(group, runs, coords.dp_cp_rank - group.first_rank, job.rules(), sides));
+  packed.stage = FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage());
   if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
     packed.local_cp_size = group.size;
     for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
@@ -154,21 +302,31 @@ absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& dat
   return packed;
 }
 
-SlotFields MicrobatchFields(const PackedMicrobatch& packed, int pp_rank, int pp_size) {
+SlotFields MicrobatchFields(const PackedMicrobatch& packed) {
   return FieldsFor(&packed, static_cast<int64_t>(packed.padding_mask.size()),
                    static_cast<int64_t>(packed.cu_seqlens.size()) - 1,
                    packed.local_cp_size ? static_cast<int64_t>(packed.cp_group_ranks.size()) : 0,
-                   FieldsOfStage(pp_rank, pp_size));
+                   packed.stage, {});
 }
 
-absl::StatusOr<uint64_t> MaxSlotBytes(int64_t max_tokens, int64_t max_sequences,
-                                      int64_t group_ranks) {
-  PF_ASSIGN_OR_RETURN(
-      std::vector<transport::FieldDescriptor> layout,
-      transport::LayoutFields(
-          FieldsFor(nullptr, max_tokens, max_sequences, group_ranks, {true, true}).specs,
-          UINT64_MAX));
-  return layout.back().offset + layout.back().bytes;
+absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
+  const int64_t group_ranks = job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp
+                                  ? job.layout().dp_cp_size()
+                                  : 0;
+  uint64_t largest = 0;
+  for (int pp_rank = 0; pp_rank < job.layout().pp; ++pp_rank) {
+    const std::vector<SideSlice> slices =
+        SideSlicesOfStage(job.side_fields(), job.stages(), pp_rank);
+    PF_ASSIGN_OR_RETURN(
+        std::vector<transport::FieldDescriptor> layout,
+        transport::LayoutFields(
+            FieldsFor(nullptr, job.config().scheduler().max_tokens_per_rank(),
+                      job.config().global_batch(), group_ranks, {true, true}, slices)
+                .specs,
+            UINT64_MAX));
+    largest = std::max(largest, layout.back().offset + layout.back().bytes);
+  }
+  return largest;
 }
 
 }  // namespace packfeed::server

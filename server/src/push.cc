@@ -5,9 +5,8 @@
 namespace packfeed::server {
 
 absl::Status PushMicrobatch(transport::Sender& sender, uint64_t epoch, const StepPlan& plan,
-                            int microbatch, const PackedMicrobatch& packed, int pp_rank,
-                            int pp_size) {
-  const SlotFields fields = MicrobatchFields(packed, pp_rank, pp_size);
+                            int microbatch, const PackedMicrobatch& packed) {
+  const SlotFields fields = MicrobatchFields(packed);
   transport::SlotContent content;
   content.step = plan.step;
   content.microbatch = static_cast<uint32_t>(microbatch);

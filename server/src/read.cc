@@ -28,6 +28,11 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
     out.samples.push_back(sample);
     out.needs.push_back({&data, ref.index, ref.epoch,
                          static_cast<uint64_t>(shape.read_tokens) * DTypeSize(data.dtype())});
+    for (size_t f = 0; f < job.side_fields().size(); ++f) {
+      out.needs.push_back(
+          {&job.side_dataset(ref.dataset, static_cast<int>(f)), ref.index, ref.epoch,
+           static_cast<uint64_t>(shape.read_tokens) * job.side_fields()[f].row_bytes()});
+    }
   }
   return out;
 }
@@ -35,11 +40,20 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
 StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
                       absl::Span<const FetchedSample> fetched) {
   StepData data;
+  const size_t per_sample = 1 + job.side_fields().size();
   for (size_t i = 0; i < samples.size(); ++i) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(samples[i])];
     const dataset::IndexedDataset& stored = job.dataset(ref.dataset);
-    const FetchedSample& sample = fetched[i];
+    const FetchedSample& sample = fetched[i * per_sample];
     absl::Status status = sample.status;
+    for (size_t f = 1; f < per_sample && status.ok(); ++f) {
+      if (!fetched[i * per_sample + f].status.ok()) {
+        const absl::Status& side = fetched[i * per_sample + f].status;
+        status = absl::Status(
+            side.code(),
+            absl::StrCat("side field ", job.side_fields()[f - 1].name, ": ", side.message()));
+      }
+    }
     std::vector<int64_t> tokens(sample.size / dataset::DTypeSize(stored.dtype()));
     if (status.ok()) {
       status = dataset::WidenToInt64(stored.dtype(), sample.bytes().data(), tokens.size(),
@@ -54,6 +68,11 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
     const dataset::SampleShape shape =
         dataset::ShapeOfSample(dataset::DocumentTokens(stored.index(), ref.index), job.rules());
     data.runs.emplace(samples[i], dataset::MakeTokenRun(tokens, shape, job.rules()));
+    if (per_sample > 1) {
+      data.side.emplace(samples[i],
+                        std::vector<FetchedSample>(fetched.begin() + i * per_sample + 1,
+                                                   fetched.begin() + (i + 1) * per_sample));
+    }
   }
   data.plan = std::move(plan);
   return data;

@@ -1,5 +1,7 @@
 #include "server/internal/pack.h"
 
+#include <cstring>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -74,6 +76,109 @@ TEST(PackTest, StagesGetTheirFields) {
   EXPECT_TRUE(FieldsOfStage(0, 3).inputs && !FieldsOfStage(0, 3).targets);
   EXPECT_TRUE(!FieldsOfStage(1, 3).inputs && !FieldsOfStage(1, 3).targets);
   EXPECT_TRUE(!FieldsOfStage(2, 3).inputs && FieldsOfStage(2, 3).targets);
+  // An MTP stage gets everything, even in the middle.
+  EXPECT_TRUE(FieldsOfStage(1, 3, 1).inputs && FieldsOfStage(1, 3, 1).targets);
+}
+
+// Side fields: int16 values, 2 layers × 2 per token, stored row r of a
+// document holding 10·(document) + r in every entry of layer l plus 100·l.
+std::vector<int16_t> Rows(int document, int tokens, int layers, int top_k) {
+  std::vector<int16_t> out;
+  for (int r = 0; r < tokens; ++r) {
+    for (int l = 0; l < layers; ++l) {
+      for (int k = 0; k < top_k; ++k)
+        out.push_back(static_cast<int16_t>(10 * document + r + 100 * l));
+    }
+  }
+  return out;
+}
+
+absl::Span<const char> Bytes(const std::vector<int16_t>& v) {
+  return {reinterpret_cast<const char*>(v.data()), v.size() * 2};
+}
+
+std::vector<int16_t> Values(const PackedMicrobatch::Side& side) {
+  std::vector<int16_t> out(side.bytes.size() / 2);
+  std::memcpy(out.data(), side.bytes.data(), side.bytes.size());
+  return out;
+}
+
+SideFieldInfo Int16Field(bool labels, std::vector<int64_t> inner) {
+  SideFieldInfo field;
+  field.name = "f";
+  field.type = transport::ElementType::kInt16;
+  field.element_bytes = 2;
+  field.inner_shape = inner;
+  field.row_elements = 1;
+  for (int64_t e : inner) field.row_elements *= e;
+  const int16_t pad = -1;
+  field.pad.resize(2);
+  std::memcpy(field.pad.data(), &pad, 2);
+  field.labels_aligned = labels;
+  field.layer_axis = !inner.empty();
+  return field;
+}
+
+TEST(PackTest, SideFieldFollowsTokensOrLabelsWithPadsAndZigzag) {
+  std::vector<int64_t> run(9);
+  for (int i = 0; i < 9; ++i) run[i] = 100 + i;        // stored 9 tokens, real 8
+  const std::vector<int16_t> rows = Rows(0, 9, 1, 1);  // value r at row r
+  scheduler::CpGroup group{0, 2, {{0, 6, 8}}};         // real 6 of 8 (truncated run view)
+  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  for (bool labels : {false, true}) {
+    const SideFieldInfo field = Int16Field(labels, {});
+    const SideSlice slice{&field, "f", {}};
+    const std::vector<SideRun> sides = {{&slice, {Bytes(rows)}}};
+    absl::StatusOr<PackedMicrobatch> rank1 = PackMicrobatch(group, runs, 1, Varlen(), sides);
+    ASSERT_TRUE(rank1.ok()) << rank1.status();
+    ASSERT_EQ(rank1->side.size(), 1u);
+    // Rank 1 of 2 holds positions 2, 3, 4, 5 (chunks 1 and 2); all real.
+    EXPECT_THAT(Values(rank1->side[0]), labels ? ElementsAre(3, 4, 5, 6) : ElementsAre(2, 3, 4, 5));
+    absl::StatusOr<PackedMicrobatch> rank0 = PackMicrobatch(group, runs, 0, Varlen(), sides);
+    ASSERT_TRUE(rank0.ok());
+    // Rank 0: positions 0, 1 and 6, 7, which are pad slots.
+    EXPECT_THAT(Values(rank0->side[0]),
+                labels ? ElementsAre(1, 2, -1, -1) : ElementsAre(0, 1, -1, -1));
+  }
+}
+
+TEST(PackTest, LayerAxisIsCutToTheSliceAndLabelsPastTheStoredRowsArePads) {
+  // A document of 3 stored tokens + an appended EOD: real 3.
+  const std::vector<int64_t> run = {5, 6, 7, 99};
+  const std::vector<int16_t> rows = Rows(1, 3, 4, 2);
+  const SideFieldInfo field = Int16Field(true, {4, 2});
+  const SideSlice slice{&field, "f", {{1, 2}, {3, 4}}};  // layers 1 and 3
+  const std::vector<SideRun> sides = {{&slice, {Bytes(rows)}}};
+  scheduler::CpGroup group{0, 1, {{0, 3, 4}}};
+  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_THAT(packed->side[0].inner_shape, ElementsAre(2, 2));
+  // Positions 0, 1 hold rows 1, 2; position 2's label is the appended EOD
+  // (no stored row) and position 3 a pad slot.
+  EXPECT_THAT(Values(packed->side[0]),
+              ElementsAre(111, 111, 311, 311, 112, 112, 312, 312, -1, -1, -1, -1, -1, -1, -1, -1));
+}
+
+TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
+  const std::vector<int64_t> run = {1, 2, 3, 4, 99};  // real 4
+  const std::vector<uint8_t> mask = {0, 0, 1, 1, 1};  // a prompt of 2 tokens
+  SideFieldInfo field;
+  field.name = "mask";
+  field.labels_aligned = true;
+  field.loss_mask = true;
+  field.pad = {0};
+  const SideSlice slice{&field, "mask", {}};
+  const std::vector<SideRun> sides = {
+      {&slice, {{reinterpret_cast<const char*>(mask.data()), mask.size()}}}};
+  scheduler::CpGroup group{0, 1, {{0, 4, 6}}};
+  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  // Position j trains label j + 1: the prompt's second token is a label
+  // of position 0 only.
+  EXPECT_THAT(packed->loss_mask, ElementsAre(0, 1, 1, 1, 0, 0));
+  EXPECT_TRUE(packed->side.empty());  // not served by name
 }
 
 }  // namespace

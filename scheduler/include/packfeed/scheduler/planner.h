@@ -82,6 +82,11 @@ struct PlannerOptions {
 absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
                                            const PlannerOptions& options);
 
+// InvalidArgument (as PlanGlobalBatch's, for "sample 0") when a sequence of
+// real length `length` does not fit max_tokens_per_rank even at the largest
+// CP size `options` allow. Always OK for megatron_dp_balanced.
+absl::Status CheckSequenceFits(int64_t length, const PlannerOptions& options);
+
 // The CP sizes a dynamic_cp plan may use, after defaults: [min, max].
 struct CpRange {
   int min = 1;
