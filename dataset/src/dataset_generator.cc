@@ -36,6 +36,14 @@ int64_t UniformBelow(std::mt19937_64& rng, uint64_t n) {
   return static_cast<int64_t>(absl::Uint128High64(absl::uint128(rng()) * absl::uint128(n)));
 }
 
+// FNV-1a of a side field's name: each field of one dataset draws apart, and
+// the same on every machine (std::hash is not).
+uint64_t StableSeed(absl::string_view name) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (char c : name) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+  return hash;
+}
+
 }  // namespace
 
 absl::Status ValidateLengthDistribution(const LengthDistribution& dist) {
@@ -110,6 +118,73 @@ absl::Status WriteGeneratedDataset(absl::string_view prefix, const std::vector<i
       token = UniformBelow(rng, static_cast<uint64_t>(options.vocab_size));
     }
     PF_RETURN_IF_ERROR(writer.AddSequence(tokens));
+    writer.EndDocument();
+  }
+  return writer.Finish();
+}
+
+absl::StatusOr<GeneratedSideField> ParseGeneratedSideField(absl::string_view spec) {
+  const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  auto error = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("side field '", spec, "': ", why,
+                     " (NAME:experts:LAYERSxTOP_K:EXPERTS, NAME:logprobs or NAME:prompt_mask)"));
+  };
+  if (parts.size() < 2 || parts[0].empty()) return error("no name or kind");
+  GeneratedSideField field;
+  field.name = parts[0];
+  if (parts[1] == "logprobs" && parts.size() == 2) {
+    field.kind = GeneratedSideField::Kind::kLogProbs;
+  } else if (parts[1] == "prompt_mask" && parts.size() == 2) {
+    field.kind = GeneratedSideField::Kind::kPromptMask;
+  } else if (parts[1] == "experts" && parts.size() == 4) {
+    field.kind = GeneratedSideField::Kind::kExperts;
+    const std::vector<std::string> shape = absl::StrSplit(parts[2], 'x');
+    if (shape.size() != 2 || !absl::SimpleAtoi(shape[0], &field.layers) ||
+        !absl::SimpleAtoi(shape[1], &field.top_k) || !absl::SimpleAtoi(parts[3], &field.experts) ||
+        field.layers < 1 || field.top_k < 1 || field.experts < field.top_k ||
+        field.experts > INT16_MAX) {
+      return error("needs LAYERSxTOP_K >= 1 and TOP_K <= EXPERTS <= 32767");
+    }
+  } else {
+    return error("unknown kind or wrong number of parts");
+  }
+  return field;
+}
+
+absl::Status WriteGeneratedSideField(absl::string_view prefix, const std::vector<int64_t>& lengths,
+                                     const GeneratedSideField& field, uint64_t seed) {
+  using Kind = GeneratedSideField::Kind;
+  const DType dtype = field.kind == Kind::kExperts    ? DType::kInt16
+                      : field.kind == Kind::kLogProbs ? DType::kFloat32
+                                                      : DType::kUint8;
+  PF_ASSIGN_OR_RETURN(IndexedDatasetWriter writer, IndexedDatasetWriter::Create(prefix, dtype));
+  std::mt19937_64 rng(seed ^ StableSeed(field.name));
+  std::string values;
+  std::vector<int16_t> picked;
+  for (int64_t length : lengths) {
+    values.clear();
+    for (int64_t t = 0; t < length; ++t) {
+      if (field.kind == Kind::kPromptMask) {
+        values.push_back(t < std::max<int64_t>(1, length * 3 / 10) ? 0 : 1);
+      } else if (field.kind == Kind::kLogProbs) {
+        const float logprob = -8.0f * static_cast<float>(UniformBelow(rng, 1 << 24)) / (1 << 24);
+        values.append(reinterpret_cast<const char*>(&logprob), sizeof(logprob));
+      } else {
+        for (int64_t l = 0; l < field.layers; ++l) {
+          picked.clear();
+          while (static_cast<int64_t>(picked.size()) < field.top_k) {
+            const auto expert =
+                static_cast<int16_t>(UniformBelow(rng, static_cast<uint64_t>(field.experts)));
+            if (std::find(picked.begin(), picked.end(), expert) == picked.end())
+              picked.push_back(expert);
+          }
+          values.append(reinterpret_cast<const char*>(picked.data()),
+                        picked.size() * sizeof(int16_t));
+        }
+      }
+    }
+    PF_RETURN_IF_ERROR(writer.AddEncodedSequence(values));
     writer.EndDocument();
   }
   return writer.Finish();

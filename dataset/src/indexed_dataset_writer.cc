@@ -124,6 +124,26 @@ absl::Status IndexedDatasetWriter::AddSequence(absl::Span<const int64_t> tokens,
   return absl::OkStatus();
 }
 
+absl::Status IndexedDatasetWriter::AddEncodedSequence(absl::string_view values) {
+  if (finished_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix_, ": AddEncodedSequence after Finish"));
+  }
+  const size_t count = values.size() / DTypeSize(dtype_);
+  if (values.size() % DTypeSize(dtype_) != 0 ||
+      count > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix_, ": ", values.size(), " bytes are not a sequence of ", DTypeName(dtype_)));
+  }
+  buffer_.append(values.data(), values.size());
+  lengths_.push_back(static_cast<int32_t>(count));
+  pointers_.push_back(bin_offset_);
+  bin_offset_ += static_cast<int64_t>(values.size());
+  if (multimodal_) modes_.push_back(0);
+  if (buffer_.size() >= kFlushBytes) return FlushBuffer();
+  return absl::OkStatus();
+}
+
 void IndexedDatasetWriter::EndDocument() {
   document_index_.push_back(static_cast<int64_t>(lengths_.size()));
 }

@@ -1,6 +1,8 @@
 #include "admin_commands.h"
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -249,6 +251,30 @@ absl::Status Drain(const AdminArgs& args) {
   });
 }
 
+// binary16 / bfloat16 bits as a float.
+float HalfToFloat(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f;
+  const int mantissa = h & 0x3ff;
+  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -24)
+                          : exponent == 31
+                              ? (mantissa != 0 ? NAN : INFINITY)
+                              : std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+  return (h & 0x8000) != 0 ? -magnitude : magnitude;
+}
+float Bfloat16ToFloat(uint16_t b) {
+  const uint32_t bits = uint32_t{b} << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <typename T>
+T Load(const void* data, size_t i) {
+  T value;
+  std::memcpy(&value, static_cast<const char*>(data) + i * sizeof(T), sizeof(T));
+  return value;
+}
+
 // The values of a field as JSON: a scalar for a 0-d field, else a flat list.
 nlohmann::json FieldValues(const client::FieldView& field) {
   using transport::ElementType;
@@ -256,17 +282,35 @@ nlohmann::json FieldValues(const client::FieldView& field) {
   nlohmann::json values = nlohmann::json::array();
   for (size_t i = 0; i < count; ++i) {
     switch (field.dtype) {
-      case ElementType::kInt64:
-        values.push_back(static_cast<const int64_t*>(field.data)[i]);
+      case ElementType::kInt8:
+        values.push_back(Load<int8_t>(field.data, i));
+        break;
+      case ElementType::kUInt8:
+        values.push_back(Load<uint8_t>(field.data, i));
+        break;
+      case ElementType::kInt16:
+        values.push_back(Load<int16_t>(field.data, i));
+        break;
+      case ElementType::kUInt16:
+        values.push_back(Load<uint16_t>(field.data, i));
         break;
       case ElementType::kInt32:
-        values.push_back(static_cast<const int32_t*>(field.data)[i]);
+        values.push_back(Load<int32_t>(field.data, i));
+        break;
+      case ElementType::kInt64:
+        values.push_back(Load<int64_t>(field.data, i));
+        break;
+      case ElementType::kFloat16:
+        values.push_back(HalfToFloat(Load<uint16_t>(field.data, i)));
+        break;
+      case ElementType::kBFloat16:
+        values.push_back(Bfloat16ToFloat(Load<uint16_t>(field.data, i)));
         break;
       case ElementType::kFloat32:
-        values.push_back(static_cast<const float*>(field.data)[i]);
+        values.push_back(Load<float>(field.data, i));
         break;
       case ElementType::kBool:
-        values.push_back(static_cast<const uint8_t*>(field.data)[i] != 0);
+        values.push_back(Load<uint8_t>(field.data, i) != 0);
         break;
       default:
         values.push_back(nullptr);

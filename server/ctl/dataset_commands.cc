@@ -28,6 +28,7 @@ struct MakeDatasetArgs {
   int64_t vocab = 32000;
   std::string dtype;  // Empty: Megatron's choice for the vocabulary.
   uint64_t seed = 0;
+  std::vector<std::string> side_fields;  // ParseGeneratedSideField specs
 };
 
 struct DatasetInfoArgs {
@@ -36,6 +37,11 @@ struct DatasetInfoArgs {
 };
 
 absl::Status MakeDataset(const MakeDatasetArgs& args) {
+  std::vector<dataset::GeneratedSideField> side_fields;
+  for (const std::string& spec : args.side_fields) {
+    PF_ASSIGN_OR_RETURN(dataset::GeneratedSideField field, dataset::ParseGeneratedSideField(spec));
+    side_fields.push_back(std::move(field));
+  }
   std::vector<int64_t> lengths;
   if (!args.lengths_file.empty()) {
     PF_ASSIGN_OR_RETURN(lengths, dataset::ReadLengthsFile(args.lengths_file));
@@ -55,6 +61,11 @@ absl::Status MakeDataset(const MakeDatasetArgs& args) {
   std::printf("wrote %s.idx/.bin: %zu sequences, %llu tokens, dtype %s\n", args.out.c_str(),
               lengths.size(), static_cast<unsigned long long>(tokens),
               std::string(dataset::DTypeName(options.dtype)).c_str());
+  for (const dataset::GeneratedSideField& field : side_fields) {
+    const std::string prefix = absl::StrCat(args.out, "_", field.name);
+    PF_RETURN_IF_ERROR(dataset::WriteGeneratedSideField(prefix, lengths, field, args.seed));
+    std::printf("wrote %s.idx/.bin: side field %s\n", prefix.c_str(), field.name.c_str());
+  }
   return absl::OkStatus();
 }
 
@@ -196,6 +207,11 @@ void AddDatasetCommands(CLI::App& app, int* exit_code) {
                    "Token dtype (default: uint16 below 65500 tokens, else "
                    "int32)");
   make->add_option("--seed", make_args->seed, "Random seed")->capture_default_str();
+  make->add_option("--side-field", make_args->side_fields,
+                   "Also write a side field as OUT_NAME.idx/.bin (repeatable): "
+                   "NAME:experts:LAYERSxTOP_K:EXPERTS (int16 router-replay indices), "
+                   "NAME:logprobs (float32) or NAME:prompt_mask (uint8, 0 over each "
+                   "document's first 30 %)");
   make->callback([make_args, exit_code] { *exit_code = ExitCode(MakeDataset(*make_args)); });
 
   auto info_args = std::make_shared<DatasetInfoArgs>();

@@ -93,3 +93,85 @@ def rank_fields(plan_microbatch, dp_cp_rank, runs, kind, pad, stage, dynamic, gl
 def coords(rank, tp, cp, dp):
     """(tp, cp, dp, pp) of a global rank: tp + TP·(cp + CP·(dp + DP·pp))."""
     return rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp)
+
+
+# --- side fields (DESIGN.md §3; config.proto SideField, ModelLayers) -------
+
+def values(dataset, d):
+    """Document d's stored values as Python numbers (floats stay floats)."""
+    out = []
+    for s in range(dataset.documents[d], dataset.documents[d + 1]):
+        start = dataset.pointers[s]
+        out.extend(array.array(dataset.typecode,
+                               dataset.bin[start:start + dataset.lengths[s] * dataset.itemsize]))
+    return out
+
+
+def stage_layers(num_layers, pp, vpp=1, first=None, last=None, mtp=0, mtp_stage=None):
+    """{(pp_rank, chunk): [layer, ...]} as Megatron-LM's
+    get_transformer_layer_offset places them: first/last stage counts when
+    given, the rest evenly; chunk-major under VPP; MTP layers (numbered
+    after the decoder's) in the MTP stage's last chunk."""
+    middle_stages = pp - (first is not None) - (last is not None)
+    middle = num_layers - (first or 0) - (last or 0)
+    counts = [middle // middle_stages if middle_stages else 0] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    layers, offset = {}, 0
+    for chunk in range(vpp):
+        for stage in range(pp):
+            n = counts[stage] // vpp
+            layers[(stage, chunk)] = list(range(offset, offset + n))
+            offset += n
+    if mtp:
+        layers[(pp - 1 if mtp_stage is None else mtp_stage, vpp - 1)] += list(
+            range(num_layers, num_layers + mtp))
+    return layers
+
+
+def moe_entries(layers, dense):
+    """The layer-axis entries of `layers`: each non-dense layer's rank among
+    all non-dense layers."""
+    return [layer - sum(1 for d in dense if d < layer) for layer in layers if layer not in dense]
+
+
+def rank_positions(plan_microbatch, dp_cp_rank):
+    """[(sequence, j), ...]: the positions a rank holds, in its order."""
+    group = next(g for g in plan_microbatch["groups"]
+                 if int(g["first_rank"]) <= dp_cp_rank < int(g["first_rank"]) + int(g["size"]))
+    c, k = int(group["size"]), dp_cp_rank - int(group["first_rank"])
+    out = []
+    for s in group["sequences"]:
+        padded = int(s["padded_length"])
+        if c == 1:
+            out += [(s, j) for j in range(padded)]
+        else:
+            chunk = padded // (2 * c)
+            out += [(s, j) for j in range(k * chunk, (k + 1) * chunk)]
+            out += [(s, j) for j in range((2 * c - 1 - k) * chunk, (2 * c - k) * chunk)]
+    return out
+
+
+def side_field(positions, stored, read_tokens, row, labels, pad, layers=None, picked=None):
+    """A side field's flat values at `positions`: stored row j (j + 1 when
+    aligned with labels) of a real position whose row was read, else `pad`.
+    With `layers`, a row is [layers, row / layers] and only the entries
+    `picked` are kept."""
+    per_layer = row // layers if layers else row
+    width = per_layer * len(picked) if layers else row
+    out = []
+    for s, j in positions:
+        i = j + 1 if labels else j
+        if j >= int(s["length"]) or i >= read_tokens(s):
+            out += [pad] * width
+            continue
+        rows = stored[(int(s.get("dataset", 0)), int(s["document"]))]
+        values_row = rows[i * row:(i + 1) * row]
+        if layers:
+            for e in picked:
+                out += values_row[e * per_layer:(e + 1) * per_layer]
+        else:
+            out += values_row
+    return out

@@ -50,6 +50,30 @@ struct GeneratedDatasetOptions {
 absl::Status WriteGeneratedDataset(absl::string_view prefix, const std::vector<int64_t>& lengths,
                                    const GeneratedDatasetOptions& options);
 
+// A synthetic side field (config.proto SideField) for a generated dataset:
+//   experts      int16 [layers, top_k] per token: distinct expert indices
+//                in [0, experts) per token and layer (router replay);
+//   logprobs     float32 per token in (-8, 0] (rollout log-probs);
+//   prompt_mask  uint8 per token: 0 over each document's first 30 % (at
+//                least one token, its prompt), 1 after.
+struct GeneratedSideField {
+  enum class Kind { kExperts, kLogProbs, kPromptMask };
+  std::string name;
+  Kind kind = Kind::kLogProbs;
+  int64_t layers = 1;
+  int64_t top_k = 1;
+  int64_t experts = 1;
+};
+
+// Parses NAME:experts:LAYERSxTOP_K:EXPERTS, NAME:logprobs or
+// NAME:prompt_mask; InvalidArgument naming what is wrong.
+absl::StatusOr<GeneratedSideField> ParseGeneratedSideField(absl::string_view spec);
+
+// Writes PREFIX.idx/.bin holding `field` for the documents of `lengths`
+// (one sequence each, as WriteGeneratedDataset writes them).
+absl::Status WriteGeneratedSideField(absl::string_view prefix, const std::vector<int64_t>& lengths,
+                                     const GeneratedSideField& field, uint64_t seed);
+
 }  // namespace packfeed::dataset
 
 #endif  // PACKFEED_DATASET_DATASET_GENERATOR_H_

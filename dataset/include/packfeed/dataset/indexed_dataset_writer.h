@@ -35,6 +35,10 @@ class IndexedDatasetWriter {
   // than an int32 length allows.
   absl::Status AddSequence(absl::Span<const int64_t> tokens, int8_t mode = 0);
 
+  // Appends one sequence of values already encoded in the dataset's dtype
+  // (little-endian; floats as they are). InvalidArgument when the bytes are
+  // not whole values.
+  absl::Status AddEncodedSequence(absl::string_view values);
   // Closes the current document (Megatron's end_document).
   void EndDocument();
 

@@ -1,0 +1,231 @@
+"""Side fields, SFT loss masks and MTP stages end to end (DESIGN.md §3): a
+real packfeedd serving datasets made by `packfeedctl make-dataset
+--side-field`, every rank dumped by a real client, each compared with
+thd_reference.py's independent reading of the files, the plan and the
+contract:
+  - TP2×PP2×CP2×DP2 (dynamic CP) with [layers, top_k] router-replay
+    indices cut to uneven stages (3 + 4 layers, layer 0 dense) and
+    label-aligned log-probs on the last stage;
+  - an SFT job whose prompt mask replaces loss_mask;
+  - PP3 with the MTP layer on the middle stage.
+Then bad input: each is one clear start-up error.
+
+usage: side_fields_test.py BIN_DIR SOURCE_ROOT"""
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from ctl_checks import Checks
+from daemon_harness import Daemon
+from thd_reference import (Dataset, coords, moe_entries, rank_fields, rank_positions, side_field,
+                           stage_layers, token_run, values)
+
+EOD = 32000
+SEQ_LENGTH = 400
+EXPERTS = """side_fields { name: "routed_experts" dtype: "int16" inner_shape: [6, 2]
+                pad_value: -1 layer_axis: true }"""
+LOGPROBS = """side_fields { name: "logprobs" dtype: "float32" align: ALIGN_LABELS }"""
+PROMPT_MASK = """side_fields { name: "prompt" dtype: "uint8" align: ALIGN_LABELS
+                  role: ROLE_LOSS_MASK }"""
+
+
+def job_text(name, prefix, topology, scheduler, extra, max_tokens=512, seq_length=SEQ_LENGTH):
+    tp, pp, cp, dp = topology
+    return f"""
+jobs {{
+  name: "{name}"
+  datasets {{ prefix: "{prefix}" }}
+  topology {{ tp: {tp} pp: {pp} cp: {cp} dp: {dp} }}
+  global_batch: 32
+  seq_length: {seq_length}
+  eod_id: {EOD}
+  append_eod: true
+  seed: 11
+  scheduler {{ kind: "{scheduler}" max_tokens_per_rank: {max_tokens} }}
+  {extra}
+}}
+"""
+
+
+def read_tokens(dataset):
+    """Tokens read of a planned sequence's document (truncation keeps
+    seq_length − 1 and forces the EOD)."""
+    def count(s):
+        n = len(dataset.document(int(s["document"])))
+        return n if n + 1 <= SEQ_LENGTH + 1 else SEQ_LENGTH - 1
+    return count
+
+
+def expected_rank(plan, rank, topology, dynamic, data, stage_of, sides):
+    """Every microbatch of one step for global rank `rank`."""
+    tp, pp, cp, dp = topology
+    dataset, stored = data
+    r_tp, r_cp, r_dp, r_pp = coords(rank, tp, cp, dp)
+    n = cp * dp
+    runs = {}
+    for microbatch in plan["microbatches"]:
+        for group in microbatch["groups"]:
+            for s in group["sequences"]:
+                doc = int(s["document"])
+                runs[(0, doc)] = token_run(dataset.document(doc), "varlen", SEQ_LENGTH, EOD, True)
+    members = lambda first, c: [r_tp + tp * (r + n * r_pp) for r in range(first, first + c)]
+    out = []
+    for m in plan["microbatches"]:
+        fields = rank_fields(m, r_cp + cp * r_dp, runs, "varlen", EOD, stage_of(r_pp), dynamic,
+                             members)
+        positions = rank_positions(m, r_cp + cp * r_dp)
+        for side in sides:
+            side(fields, positions, r_pp, stored)
+        out.append(fields)
+    return out
+
+
+def compare(checks, label, daemon, job, ranks, topology, dynamic, data, stage_of, sides, steps=2):
+    dumps = daemon.dump_ranks(job, ranks, steps)
+    for step in range(steps):
+        plan = daemon.ctl_json("plan-step", "--job", job, str(step))
+        for rank in ranks:
+            got = dumps[rank]["steps"][step]["microbatches"]
+            want = expected_rank(plan, rank, topology, dynamic, data, stage_of, sides)
+            for m, fields in enumerate(got):
+                ok = m < len(want) and fields == want[m]
+                detail = "" if ok else ", ".join(
+                    sorted(k for k in set(fields) | set(want[m]) if fields.get(k) != want[m].get(k)))
+                checks.check(f"{label} rank {rank} step {step} microbatch {m}", ok,
+                             f"fields differ: {detail}")
+            checks.check(f"{label} rank {rank} step {step}: M", len(got) == len(want))
+    return dumps
+
+
+def experts_side(layers_of_stage, dense, read):
+    def add(fields, positions, pp_rank, stored):
+        picked = moe_entries(layers_of_stage[(pp_rank, 0)], dense)
+        if picked:
+            fields["routed_experts"] = side_field(positions, stored["routed_experts"], read, 12,
+                                                  False, -1, layers=6, picked=picked)
+    return add
+
+
+def logprobs_side(last_stages, read):
+    def add(fields, positions, pp_rank, stored):
+        if pp_rank in last_stages:
+            fields["logprobs"] = side_field(positions, stored["logprobs"], read, 1, True, 0.0)
+    return add
+
+
+def prompt_mask_side(read):
+    def add(fields, positions, pp_rank, stored):
+        mask = side_field(positions, stored["prompt"], read, 1, True, 0)
+        fields["loss_mask"] = [0.0 if not keep else lm for lm, keep in zip(fields["loss_mask"], mask)]
+    return add
+
+
+def test_bad_input(checks, bin_dir, work, prefix, other):
+    base = lambda extra, **kw: job_text("bad", prefix, (1, 2, 1, 2), "balanced", extra, **kw)
+    model = "model { num_layers: 7 num_layers_in_first_pipeline_stage: 3 " \
+            "num_layers_in_last_pipeline_stage: 4 dense_layers: [0] }"
+    cases = {
+        "side field of the wrong length": (
+            base(EXPERTS + model).replace(
+                f'prefix: "{prefix}" }}',
+                f'prefix: "{prefix}" side_field_prefixes {{ key: "routed_experts" '
+                f'value: "{other}_routed_experts" }} }}'),
+            "routed_experts sequence 0 holds"),
+        "wrong dtype": (base(EXPERTS.replace('"int16"', '"int32"') + model),
+                        "side field routed_experts is int32 but the file holds int16"),
+        "inner shape disagrees with the file": (
+            base(EXPERTS.replace("[6, 2]", "[6, 3]") + model), "tokens × 18 per token"),
+        "layer axis disagrees with the model": (
+            base(EXPERTS + model.replace("dense_layers: [0]", "dense_layers: [0, 1]")),
+            "the layer axis holds 6 layers; the model has 5 with experts"),
+        "layer counts that do not add up": (
+            base(EXPERTS + model.replace("last_pipeline_stage: 4", "last_pipeline_stage: 3")),
+            "jobs[0].model.num_layers: 7 layers, but the first and last stages hold 6"),
+        "a loss mask that is not uint8": (
+            base(PROMPT_MASK.replace('"uint8"', '"int16"')), "a loss mask is a uint8 field"),
+        "a sample no plan can hold": (base("", max_tokens=100), "can never be served"),
+    }
+    for name, (text, expected) in cases.items():
+        config = pathlib.Path(work, "bad.textproto")
+        config.write_text(f'socket_path: "{work}/bad.sock"\n' + text)
+        result = subprocess.run([f"{bin_dir}/packfeedd", "--config", str(config)],
+                                capture_output=True, text=True, timeout=30)
+        errors = [line for line in (result.stdout + result.stderr).splitlines() if "[error]" in line]
+        checks.check(f"start-up error ({name}): non-zero exit", result.returncode != 0,
+                     result.returncode)
+        checks.check(f"start-up error ({name}): one error line naming {expected!r}",
+                     len(errors) == 1 and expected in errors[0], errors)
+
+
+def main():
+    bin_dir = sys.argv[1]
+    ctl = f"{bin_dir}/packfeedctl"
+    checks = Checks(ctl)
+    work = tempfile.mkdtemp(prefix="pf-side-")
+    prefix, other = f"{work}/data", f"{work}/other"
+    for out, seed in ((prefix, 3), (other, 4)):
+        checks.run("make-dataset", "--out", out, "--count", "400", "--min", "16", "--max", "512",
+                   "--mean", "160", "--seed", str(seed),
+                   "--side-field", "routed_experts:experts:6x2:8",
+                   "--side-field", "logprobs:logprobs", "--side-field", "prompt:prompt_mask")
+    dataset = Dataset(prefix)
+    stored = {name: {(0, d): values(Dataset(f"{prefix}_{name}"), d)
+                     for d in range(len(dataset.documents) - 1)}
+              for name in ("routed_experts", "logprobs", "prompt")}
+    data = (dataset, stored)
+    read = read_tokens(dataset)
+
+    # 1. Router replay under TP2×PP2×CP2×DP2, uneven stages, a dense layer.
+    model = "model { num_layers: 7 num_layers_in_first_pipeline_stage: 3 " \
+            "num_layers_in_last_pipeline_stage: 4 dense_layers: [0] }"
+    topology = (2, 2, 2, 2)
+    layers = stage_layers(7, 2, first=3, last=4)
+    text = job_text("moe", prefix, topology, "dynamic_cp", EXPERTS + LOGPROBS + model)
+    with Daemon(bin_dir, text, name="moe") as daemon:
+        dumps = compare(checks, "moe", daemon, "moe", range(16), topology, True, data,
+                        lambda p: {"inputs": p == 0, "targets": p == 1},
+                        [experts_side(layers, [0], read), logprobs_side({1}, read)])
+        stats = daemon.ctl_json("stats")
+    first = dumps[0]["steps"][0]["microbatches"][0]
+    last = dumps[15]["steps"][0]["microbatches"][0]
+    checks.check("stage 0 gets 2 layers × top-2 per token",
+                 len(first["routed_experts"]) == 4 * len(first["padding_mask"]))
+    checks.check("stage 1 gets 4 layers × top-2 per token and log-probs",
+                 len(last["routed_experts"]) == 8 * len(last["padding_mask"]) and "logprobs" in last)
+    checks.check("no log-probs on the first stage", "logprobs" not in first)
+    files = {f["path"].rsplit("/", 1)[-1]: f for f in stats.get("storage", {}).get("files", [])}
+    checks.check("side files are read once (I/O amplification 1.00)",
+                 all(float(f["io_amplification"]) == 1.0 for f in files.values())
+                 and "data_routed_experts.bin" in files, files.keys())
+
+    # 2. SFT: the prompt mask replaces loss_mask.
+    topology = (1, 1, 2, 2)
+    text = job_text("sft", prefix, topology, "balanced", PROMPT_MASK)
+    with Daemon(bin_dir, text, name="sft") as daemon:
+        dumps = compare(checks, "sft", daemon, "sft", range(4), topology, False, data,
+                        lambda p: {"inputs": True, "targets": True}, [prompt_mask_side(read)])
+    masked = sum(v == 0 for d in dumps.values() for s in d["steps"] for m in s["microbatches"]
+                 for v, pad in zip(m["loss_mask"], m["padding_mask"]) if not pad)
+    checks.check("sft: prompt positions are masked", masked > 0, masked)
+
+    # 3. MTP on the middle of three stages: it gets inputs and targets.
+    topology = (1, 3, 1, 2)
+    model = "model { num_layers: 6 mtp_num_layers: 1 mtp_stage: 1 dense_layers: [0] }"
+    layers = stage_layers(6, 3, mtp=1, mtp_stage=1)
+    text = job_text("mtp", prefix, topology, "balanced", EXPERTS + model)
+    with Daemon(bin_dir, text, name="mtp") as daemon:
+        dumps = compare(checks, "mtp", daemon, "mtp", range(6), topology, False, data,
+                        lambda p: {"inputs": p in (0, 1), "targets": p in (1, 2)},
+                        [experts_side(layers, [0], read)])
+    middle = dumps[2]["steps"][0]["microbatches"][0]
+    checks.check("mtp: the middle stage gets tokens, labels and 3 layers of experts",
+                 {"tokens", "labels", "loss_mask", "position_ids"} <= set(middle)
+                 and len(middle["routed_experts"]) == 6 * len(middle["padding_mask"]))
+
+    test_bad_input(checks, bin_dir, work, prefix, other)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
