@@ -219,6 +219,7 @@ PYBIND11_MODULE(_native, m) {
              return out;
            })
       .def_property_readonly("fingerprint", &Client::fingerprint)
+      .def_property_readonly("num_chunks", &Client::num_chunks)
       .def_property_readonly("memory_kind", [](const Client& client) {
         return client.memory_kind() == packfeed::transport::MemoryKind::kCuda ? "cuda" : "host";
       });

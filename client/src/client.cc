@@ -60,6 +60,22 @@ const FieldView* Microbatch::Field(absl::string_view name) const {
   return nullptr;
 }
 
+Microbatch Microbatch::Chunk(int chunk) const {
+  Microbatch out = *this;
+  out.fields.clear();
+  const std::string suffix = absl::StrCat("@", chunk);
+  for (const FieldView& field : fields) {
+    const size_t at = field.name.rfind('@');
+    if (at == std::string::npos) {
+      out.fields.push_back(field);
+    } else if (absl::string_view(field.name).substr(at) == suffix) {
+      out.fields.push_back(field);
+      out.fields.back().name.resize(at);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& options) {
   if (options.job.empty()) return absl::InvalidArgumentError("ClientOptions.job is required");
   std::unique_ptr<Client> client(new Client());
@@ -138,6 +154,7 @@ absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
   control_->watch.reset();
   control_->watch = std::make_unique<WatchStream>(*control_->control, std::move(watch));
   fingerprint_ = reply.fingerprint();
+  num_chunks_ = std::max<int>(1, static_cast<int>(reply.vpp()));
   resume_step_ = start_step;
   resume_microbatch_ = start_microbatch;
   return absl::OkStatus();

@@ -344,11 +344,21 @@ absl::Status Dump(const AdminArgs& args) {
     nlohmann::ordered_json microbatches = nlohmann::ordered_json::array();
     for (int m = 0; m < info.num_microbatches; ++m) {
       PF_ASSIGN_OR_RETURN(client::Microbatch microbatch, client->Next(absl::Seconds(60)));
-      nlohmann::ordered_json fields = nlohmann::ordered_json::object();
-      for (const client::FieldView& field : microbatch.fields) {
-        fields[field.name] = FieldValues(field);
+      auto fields_of = [](const client::Microbatch& view) {
+        nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+        for (const client::FieldView& field : view.fields) fields[field.name] = FieldValues(field);
+        return fields;
+      };
+      if (client->num_chunks() == 1) {
+        microbatches.push_back(fields_of(microbatch));
+        continue;
       }
-      microbatches.push_back(std::move(fields));
+      // Under VPP: what each model chunk's iterator gets.
+      nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
+      for (int chunk = 0; chunk < client->num_chunks(); ++chunk) {
+        chunks.push_back(fields_of(microbatch.Chunk(chunk)));
+      }
+      microbatches.push_back({{"chunks", std::move(chunks)}});
     }
     step["microbatches"] = std::move(microbatches);
     steps.push_back(std::move(step));

@@ -23,13 +23,19 @@
 
 namespace packfeed::server {
 
-// Which fields a pipeline stage receives (DESIGN.md §3).
+// Which fields a pipeline stage receives (DESIGN.md §3), and under VPP
+// which of its model chunks each belongs to (-1: every chunk). A field of
+// one chunk travels as NAME@CHUNK; the clients' chunk views strip that.
 struct StageFields {
   bool inputs = true;   // tokens, position_ids (first stage, MTP)
   bool targets = true;  // labels, loss_mask (last stage, MTP)
+  int inputs_chunk = -1;
+  int targets_chunk = -1;
 };
-// `mtp_stage`: the stage holding MTP layers, or -1.
-StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage = -1);
+// `mtp_stage`: the stage holding MTP layers (in its last chunk), or -1.
+StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage = -1, int vpp = 1);
+// NAME, or NAME@CHUNK for a field of one model chunk.
+std::string ChunkFieldName(absl::string_view name, int chunk);
 
 // A side field as one pipeline stage receives it: whole, or cut to the
 // layer-axis entries of one of its model chunks.

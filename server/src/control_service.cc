@@ -75,6 +75,7 @@ class ControlService final : public v1::Control::CallbackService {
           reply->set_cp(coords.cp);
           reply->set_dp(coords.dp);
           reply->set_required_slot_bytes(job.required_slot_bytes());
+          reply->set_vpp(static_cast<uint32_t>(job.stages().vpp()));
           reactor->Finish(grpc::Status::OK);
         });
     return reactor;

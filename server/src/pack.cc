@@ -110,12 +110,16 @@ SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t seq
   const PackedMicrobatch empty;
   const PackedMicrobatch& p = packed != nullptr ? *packed : empty;
   if (stage.inputs) {
-    add("tokens", ElementType::kInt64, {1, tokens}, p.tokens.data());
-    add("position_ids", ElementType::kInt64, {1, tokens}, p.position_ids.data());
+    add(ChunkFieldName("tokens", stage.inputs_chunk), ElementType::kInt64, {1, tokens},
+        p.tokens.data());
+    add(ChunkFieldName("position_ids", stage.inputs_chunk), ElementType::kInt64, {1, tokens},
+        p.position_ids.data());
   }
   if (stage.targets) {
-    add("labels", ElementType::kInt64, {1, tokens}, p.labels.data());
-    add("loss_mask", ElementType::kFloat32, {1, tokens}, p.loss_mask.data());
+    add(ChunkFieldName("labels", stage.targets_chunk), ElementType::kInt64, {1, tokens},
+        p.labels.data());
+    add(ChunkFieldName("loss_mask", stage.targets_chunk), ElementType::kFloat32, {1, tokens},
+        p.loss_mask.data());
   }
   add("padding_mask", ElementType::kBool, {1, tokens}, p.padding_mask.data());
   add("cu_seqlens", ElementType::kInt32, {sequences + 1}, p.cu_seqlens.data());
@@ -145,27 +149,40 @@ SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t seq
 
 }  // namespace
 
-StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage) {
+StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage, int vpp) {
+  const bool first = pp_rank == 0;
   const bool mtp = pp_rank == mtp_stage;
-  return {pp_rank == 0 || mtp, pp_rank == pp_size - 1 || mtp};
+  StageFields out{first || mtp, pp_rank == pp_size - 1 || mtp};
+  if (vpp > 1) {
+    // Megatron: the first stage's first chunk embeds, the last stage's last
+    // chunk computes the loss, the MTP layers sit in the last chunk. An MTP
+    // first stage needs the inputs in two chunks: both get them.
+    out.inputs_chunk = first && mtp ? -1 : first ? 0 : vpp - 1;
+    out.targets_chunk = vpp - 1;
+  }
+  return out;
+}
+
+std::string ChunkFieldName(absl::string_view name, int chunk) {
+  return chunk < 0 ? std::string(name) : absl::StrCat(name, "@", chunk);
 }
 
 std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
                                          const ModelStages& stages, int pp_rank) {
-  const StageFields stage = FieldsOfStage(pp_rank, stages.pp(), stages.mtp_stage());
+  const StageFields stage = FieldsOfStage(pp_rank, stages.pp(), stages.mtp_stage(), stages.vpp());
   std::vector<SideSlice> out;
   for (const SideFieldInfo& field : fields) {
     if (field.loss_mask) {
       if (stage.targets) out.push_back({&field, field.name, {}});
       continue;
     }
-    const bool wanted = field.stages == v1::SideField::STAGES_ALL ||
-                        (field.stages == v1::SideField::STAGES_INPUTS && stage.inputs) ||
-                        (field.stages == v1::SideField::STAGES_TARGETS && stage.targets) ||
-                        field.stages == v1::SideField::STAGES_LAYERS;
-    if (!wanted) continue;
+    const bool inputs = field.stages == v1::SideField::STAGES_INPUTS;
+    const bool targets = field.stages == v1::SideField::STAGES_TARGETS;
+    if ((inputs && !stage.inputs) || (targets && !stage.targets)) continue;
     if (!field.layer_axis) {
-      out.push_back({&field, field.name, {}});
+      // With the fields it goes with, in their chunk.
+      const int chunk = inputs ? stage.inputs_chunk : targets ? stage.targets_chunk : -1;
+      out.push_back({&field, ChunkFieldName(field.name, chunk), {}});
       continue;
     }
     // Cut to each model chunk's layers; a chunk without MoE layers gets
@@ -173,7 +190,7 @@ std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
     for (int chunk = 0; chunk < stages.vpp(); ++chunk) {
       const std::vector<IndexRange>& entries = stages.MoeEntries(pp_rank, chunk);
       if (entries.empty() && field.stages == v1::SideField::STAGES_LAYERS) continue;
-      std::string name = stages.vpp() > 1 ? absl::StrCat(field.name, ".", chunk) : field.name;
+      std::string name = ChunkFieldName(field.name, stages.vpp() > 1 ? chunk : -1);
       // An empty cut of a field a stage must get: zero layers, not all.
       out.push_back(
           {&field, std::move(name), entries.empty() ? std::vector<IndexRange>{{0, 0}} : entries});
@@ -292,7 +309,8 @@ absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& dat
   PF_ASSIGN_OR_RETURN(
       PackedMicrobatch packed,
       PackMicrobatch(group, runs, coords.dp_cp_rank - group.first_rank, job.rules(), sides));
-  packed.stage = FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage());
+  packed.stage =
+      FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
   if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
     packed.local_cp_size = group.size;
     for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {

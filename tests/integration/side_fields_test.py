@@ -7,7 +7,9 @@ contract:
     indices cut to uneven stages (3 + 4 layers, layer 0 dense) and
     label-aligned log-probs on the last stage;
   - an SFT job whose prompt mask replaces loss_mask;
-  - PP3 with the MTP layer on the middle stage.
+  - PP3 with the MTP layer on the middle stage;
+  - an interleaved PP2×VPP2 job, each model chunk's view (the C++ client's
+    Microbatch::Chunk, through packfeedctl dump) compared per chunk.
 Then bad input: each is one clear start-up error.
 
 usage: side_fields_test.py BIN_DIR SOURCE_ROOT"""
@@ -30,13 +32,14 @@ PROMPT_MASK = """side_fields { name: "prompt" dtype: "uint8" align: ALIGN_LABELS
                   role: ROLE_LOSS_MASK }"""
 
 
-def job_text(name, prefix, topology, scheduler, extra, max_tokens=512, seq_length=SEQ_LENGTH):
+def job_text(name, prefix, topology, scheduler, extra, max_tokens=512, seq_length=SEQ_LENGTH,
+             vpp=1):
     tp, pp, cp, dp = topology
     return f"""
 jobs {{
   name: "{name}"
   datasets {{ prefix: "{prefix}" }}
-  topology {{ tp: {tp} pp: {pp} cp: {cp} dp: {dp} }}
+  topology {{ tp: {tp} pp: {pp} cp: {cp} dp: {dp} vpp: {vpp} vpp_group_size: {pp if vpp > 1 else 0} }}
   global_batch: 32
   seq_length: {seq_length}
   eod_id: {EOD}
@@ -57,8 +60,9 @@ def read_tokens(dataset):
     return count
 
 
-def expected_rank(plan, rank, topology, dynamic, data, stage_of, sides):
-    """Every microbatch of one step for global rank `rank`."""
+def expected_rank(plan, rank, topology, dynamic, data, stage_of, sides, chunks=1):
+    """Every microbatch of one step for global rank `rank` (under VPP, a
+    list of each chunk's fields: stage_of and sides then take the chunk)."""
     tp, pp, cp, dp = topology
     dataset, stored = data
     r_tp, r_cp, r_dp, r_pp = coords(rank, tp, cp, dp)
@@ -72,26 +76,38 @@ def expected_rank(plan, rank, topology, dynamic, data, stage_of, sides):
     members = lambda first, c: [r_tp + tp * (r + n * r_pp) for r in range(first, first + c)]
     out = []
     for m in plan["microbatches"]:
-        fields = rank_fields(m, r_cp + cp * r_dp, runs, "varlen", EOD, stage_of(r_pp), dynamic,
-                             members)
-        positions = rank_positions(m, r_cp + cp * r_dp)
-        for side in sides:
-            side(fields, positions, r_pp, stored)
-        out.append(fields)
+        per_chunk = []
+        for chunk in range(chunks):
+            fields = rank_fields(m, r_cp + cp * r_dp, runs, "varlen", EOD, stage_of(r_pp, chunk),
+                                 dynamic, members)
+            positions = rank_positions(m, r_cp + cp * r_dp)
+            for side in sides:
+                side(fields, positions, r_pp, chunk, stored)
+            per_chunk.append(fields)
+        out.append({"chunks": per_chunk} if chunks > 1 else per_chunk[0])
     return out
 
 
-def compare(checks, label, daemon, job, ranks, topology, dynamic, data, stage_of, sides, steps=2):
+def differing(got, want):
+    """The names of the fields that differ (per chunk under VPP)."""
+    if "chunks" in got or "chunks" in want:
+        return [f"chunk {k}: {name}" for k, (g, w) in
+                enumerate(zip(got.get("chunks", []), want.get("chunks", [])))
+                for name in differing(g, w)]
+    return sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+
+
+def compare(checks, label, daemon, job, ranks, topology, dynamic, data, stage_of, sides, steps=2,
+            chunks=1):
     dumps = daemon.dump_ranks(job, ranks, steps)
     for step in range(steps):
         plan = daemon.ctl_json("plan-step", "--job", job, str(step))
         for rank in ranks:
             got = dumps[rank]["steps"][step]["microbatches"]
-            want = expected_rank(plan, rank, topology, dynamic, data, stage_of, sides)
+            want = expected_rank(plan, rank, topology, dynamic, data, stage_of, sides, chunks)
             for m, fields in enumerate(got):
                 ok = m < len(want) and fields == want[m]
-                detail = "" if ok else ", ".join(
-                    sorted(k for k in set(fields) | set(want[m]) if fields.get(k) != want[m].get(k)))
+                detail = "" if ok else ", ".join(differing(fields, want[m]))
                 checks.check(f"{label} rank {rank} step {step} microbatch {m}", ok,
                              f"fields differ: {detail}")
             checks.check(f"{label} rank {rank} step {step}: M", len(got) == len(want))
@@ -99,8 +115,8 @@ def compare(checks, label, daemon, job, ranks, topology, dynamic, data, stage_of
 
 
 def experts_side(layers_of_stage, dense, read):
-    def add(fields, positions, pp_rank, stored):
-        picked = moe_entries(layers_of_stage[(pp_rank, 0)], dense)
+    def add(fields, positions, pp_rank, chunk, stored):
+        picked = moe_entries(layers_of_stage[(pp_rank, chunk)], dense)
         if picked:
             fields["routed_experts"] = side_field(positions, stored["routed_experts"], read, 12,
                                                   False, -1, layers=6, picked=picked)
@@ -108,14 +124,14 @@ def experts_side(layers_of_stage, dense, read):
 
 
 def logprobs_side(last_stages, read):
-    def add(fields, positions, pp_rank, stored):
+    def add(fields, positions, pp_rank, chunk, stored):
         if pp_rank in last_stages:
             fields["logprobs"] = side_field(positions, stored["logprobs"], read, 1, True, 0.0)
     return add
 
 
 def prompt_mask_side(read):
-    def add(fields, positions, pp_rank, stored):
+    def add(fields, positions, pp_rank, chunk, stored):
         mask = side_field(positions, stored["prompt"], read, 1, True, 0)
         fields["loss_mask"] = [0.0 if not keep else lm for lm, keep in zip(fields["loss_mask"], mask)]
     return add
@@ -184,7 +200,7 @@ def main():
     text = job_text("moe", prefix, topology, "dynamic_cp", EXPERTS + LOGPROBS + model)
     with Daemon(bin_dir, text, name="moe") as daemon:
         dumps = compare(checks, "moe", daemon, "moe", range(16), topology, True, data,
-                        lambda p: {"inputs": p == 0, "targets": p == 1},
+                        lambda p, k: {"inputs": p == 0, "targets": p == 1},
                         [experts_side(layers, [0], read), logprobs_side({1}, read)])
         stats = daemon.ctl_json("stats")
     first = dumps[0]["steps"][0]["microbatches"][0]
@@ -204,7 +220,7 @@ def main():
     text = job_text("sft", prefix, topology, "balanced", PROMPT_MASK)
     with Daemon(bin_dir, text, name="sft") as daemon:
         dumps = compare(checks, "sft", daemon, "sft", range(4), topology, False, data,
-                        lambda p: {"inputs": True, "targets": True}, [prompt_mask_side(read)])
+                        lambda p, k: {"inputs": True, "targets": True}, [prompt_mask_side(read)])
     masked = sum(v == 0 for d in dumps.values() for s in d["steps"] for m in s["microbatches"]
                  for v, pad in zip(m["loss_mask"], m["padding_mask"]) if not pad)
     checks.check("sft: prompt positions are masked", masked > 0, masked)
@@ -216,12 +232,32 @@ def main():
     text = job_text("mtp", prefix, topology, "balanced", EXPERTS + model)
     with Daemon(bin_dir, text, name="mtp") as daemon:
         dumps = compare(checks, "mtp", daemon, "mtp", range(6), topology, False, data,
-                        lambda p: {"inputs": p in (0, 1), "targets": p in (1, 2)},
+                        lambda p, k: {"inputs": p in (0, 1), "targets": p in (1, 2)},
                         [experts_side(layers, [0], read)])
     middle = dumps[2]["steps"][0]["microbatches"][0]
     checks.check("mtp: the middle stage gets tokens, labels and 3 layers of experts",
                  {"tokens", "labels", "loss_mask", "position_ids"} <= set(middle)
                  and len(middle["routed_experts"]) == 6 * len(middle["padding_mask"]))
+
+    # 4. Interleaved PP2×VPP2: chunk-major layers (layers 0 and 4 dense);
+    # the first stage's chunk 0 gets the inputs, the last stage's chunk 1
+    # the targets.
+    topology = (1, 2, 1, 2)
+    model = "model { num_layers: 8 dense_layers: [0, 4] }"
+    layers = stage_layers(8, 2, vpp=2)
+    text = job_text("vpp", prefix, topology, "balanced", EXPERTS + LOGPROBS + model, vpp=2)
+    with Daemon(bin_dir, text, name="vpp") as daemon:
+        dumps = compare(checks, "vpp", daemon, "vpp", range(4), topology, False, data,
+                        lambda p, k: {"inputs": (p, k) == (0, 0), "targets": (p, k) == (1, 1)},
+                        [experts_side(layers, [0, 4], read),
+                         lambda fields, positions, p, k, stored: logprobs_side({1}, read)(
+                             fields, positions, p, k, stored) if k == 1 else None],
+                        chunks=2)
+    chunks = dumps[0]["steps"][0]["microbatches"][0]["chunks"]
+    checks.check("vpp: stage 0 chunk 1 holds one MoE layer (4 is dense), chunk 0 one",
+                 len(chunks[1]["routed_experts"]) == 2 * len(chunks[1]["padding_mask"])
+                 and len(chunks[0]["routed_experts"]) == 2 * len(chunks[0]["padding_mask"])
+                 and "tokens" in chunks[0] and "tokens" not in chunks[1])
 
     test_bad_input(checks, bin_dir, work, prefix, other)
     checks.finish()

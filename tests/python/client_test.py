@@ -106,6 +106,47 @@ class ClientTest(unittest.TestCase):
             owned.close()
             again.close()
 
+    def test_side_fields_arrive_shaped_and_vpp_gives_one_iterator_per_chunk(self):
+        prefix = f"{self.workdir}/moe"
+        subprocess.run([f"{BIN_DIR}/packfeedctl", "make-dataset", "--out", prefix, "--count",
+                        "200", "--min", "4", "--max", "120", "--mean", "40", "--vocab", str(EOD),
+                        "--side-field", "routed_experts:experts:4x2:8"],
+                       check=True, capture_output=True)
+        text = job_text().replace(ClientTest.prefix, prefix).replace(
+            "pp: 1", "pp: 2 vpp: 2 vpp_group_size: 2")
+        text = text.replace("seed: 1", """seed: 1
+  model { num_layers: 4 }
+  side_fields { name: "routed_experts" dtype: "int16" inner_shape: [4, 2] pad_value: -1
+                layer_axis: true }""")
+        with self.daemon(text, name="vpp") as daemon:
+            first = packfeed.Client("job", rank=0, socket_path=daemon.socket)  # stage 0
+            last = packfeed.Client("job", rank=2, socket_path=daemon.socket)   # stage 1
+            self.assertEqual(first.num_chunks, 2)
+            for client, stage in ((first, 0), (last, 1)):
+                chunks, count, _, _ = client.next_step(timeout=30)
+                self.assertEqual([len(c) for c in chunks], [count, count])
+                # Megatron's interleaved order: chunk 0 runs ahead by a group.
+                order = [(0, 0), (0, 1), (1, 0), (1, 1)] + [
+                    (k, m) for m in range(2, count) for k in (0, 1)]
+                got = {}
+                for chunk, m in order:
+                    got[(chunk, m)] = next(chunks[chunk])
+                for m in range(count):
+                    a, b = got[(0, m)], got[(1, m)]
+                    self.assertTrue(torch.equal(a["cu_seqlens"], b["cu_seqlens"]))
+                    tokens = a["padding_mask"].shape[1]
+                    for batch in (a, b):  # one layer of each chunk's two, top-2
+                        self.assertEqual(batch["routed_experts"].dtype, torch.int16)
+                        self.assertEqual(tuple(batch["routed_experts"].shape), (1, tokens, 1, 2))
+                    self.assertEqual(a["tokens"] is not None, stage == 0)  # first chunk only
+                    self.assertIsNone(b["tokens"])
+                    self.assertIsNone(a["labels"])
+                    self.assertEqual(b["labels"] is not None, stage == 1)  # last chunk only
+                    self.assertFalse(torch.equal(a["routed_experts"], b["routed_experts"]))
+                self.assertEqual([len(c) for c in chunks], [0, 0])
+            first.close()
+            last.close()
+
     def test_errors_are_typed_and_carry_the_daemons_message(self):
         with self.daemon(job_text(token="s3cret"), name="errors") as daemon:
             def attach(**kwargs):

@@ -20,6 +20,9 @@ class Client:
     @property
     def fingerprint(self) -> str: ...
     @property
+    def num_chunks(self) -> int:
+        """Model chunks per pipeline stage (VPP); 1 without."""
+    @property
     def memory_kind(self) -> str:
         """"cuda" or "host"."""
 

@@ -3,8 +3,9 @@ node's packfeedd, yields each microbatch as the dict Megatron-LM's
 get_batch_on_this_rank_for_sequence_packing returns."""
 from __future__ import annotations
 
+import collections
 import os
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.utils.dlpack
@@ -27,7 +28,7 @@ STATE_VERSION = 1
 Batch = Dict[str, Any]
 # What next_step() returns, as Megatron's wrap_data_iterator does:
 # (microbatches, num_microbatches, seqlen_sum, seqlen_squared_sum).
-Step = Tuple["StepIterator", int, int, int]
+Step = Tuple[Union["StepIterator", List["ChunkIterator"]], int, int, int]
 
 
 def _env_int(*names: str, default: Optional[int]) -> Optional[int]:
@@ -111,7 +112,11 @@ class Client:
         self._last_step = info
         # A step resumed inside (load_state_dict of a mid-step state) yields
         # only the microbatches not yet consumed.
-        iterator = StepIterator(self, info["num_microbatches"] - info["first_microbatch"], timeout)
+        count = info["num_microbatches"] - info["first_microbatch"]
+        iterator: Any = StepIterator(self, count, timeout)
+        if self.num_chunks > 1:
+            step = _ChunkedStep(self, count, timeout)
+            iterator = [ChunkIterator(step, chunk) for chunk in range(self.num_chunks)]
         return iterator, info["num_microbatches"], info["padded_sum"], info["padded_squared_sum"]
 
     @property
@@ -160,6 +165,15 @@ class Client:
         return self._live().fingerprint
 
     @property
+    def num_chunks(self) -> int:
+        """Model chunks per pipeline stage: the job's VPP size, 1 without.
+        With more than one, next_step() returns one iterator per chunk in
+        place of the step's iterator (Megatron's interleaved schedule takes
+        a list of data iterators), each yielding every microbatch of the
+        step with that chunk's fields."""
+        return self._live().num_chunks
+
+    @property
     def ring_memory(self) -> str:
         """"cuda" when the ring (and so every view) is in device memory, else "host"."""
         return self._live().memory_kind
@@ -203,21 +217,49 @@ class Client:
             self._pending_copy.synchronize()
             self._pending_copy = None
 
-    def _next_batch(self, timeout: Optional[float]) -> Batch:
+    def _next_fields(self, timeout: Optional[float]) -> Dict[str, torch.Tensor]:
         self._finish_copy()
         native = self._live().next(timeout)
-        batch = dict.fromkeys(MEGATRON_KEYS)
+        fields = {}
         for name, dtype, capsule in native["fields"]:
             tensor = torch.utils.dlpack.from_dlpack(capsule)
-            batch[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
-        # The ints are read from the slot, before any copy to a device.
-        max_seqlen = int(batch["max_seqlen"])
-        local_cp_size = None if batch["local_cp_size"] is None else int(batch["local_cp_size"])
-        self._place(batch)
-        batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, max_seqlen, local_cp_size)
+            fields[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
+        return fields
+
+    def _next_batch(self, timeout: Optional[float]) -> Batch:
+        batch = dict.fromkeys(MEGATRON_KEYS)
+        batch.update(self._next_fields(timeout))
+        packed = _packed_seq_params_kwargs(batch)  # ints read from the slot, before any copy
+        self._place(batch, self._copy)
+        batch["packed_seq_params"] = packed
+        packed.update(cu_seqlens_q=batch["cu_seqlens"], cu_seqlens_kv=batch["cu_seqlens"],
+                      cu_seqlens_q_padded=batch["cu_seqlens_padded"],
+                      cu_seqlens_kv_padded=batch["cu_seqlens_padded"])
         return batch
 
-    def _place(self, batch: Batch) -> None:
+    def _next_chunks(self, timeout: Optional[float]) -> List[Batch]:
+        """One microbatch as each model chunk's iterator gets it (VPP):
+        fields named NAME@K go to chunk K only, under NAME. Always owned
+        copies (the chunks' iterators consume at their own pace), so the
+        slot is freed at once."""
+        fields = self._next_fields(timeout)
+        packed = _packed_seq_params_kwargs(fields)
+        self._place(fields, copy=True)
+        chunks = []
+        for chunk in range(self.num_chunks):
+            batch = dict.fromkeys(MEGATRON_KEYS)
+            for name, tensor in fields.items():
+                base, _, owner = name.partition("@")
+                if not owner or int(owner) == chunk:
+                    batch[base] = tensor
+            batch["packed_seq_params"] = dict(
+                packed, cu_seqlens_q=batch["cu_seqlens"], cu_seqlens_kv=batch["cu_seqlens"],
+                cu_seqlens_q_padded=batch["cu_seqlens_padded"],
+                cu_seqlens_kv_padded=batch["cu_seqlens_padded"])
+            chunks.append(batch)
+        return chunks
+
+    def _place(self, batch: Dict[str, Any], copy: bool) -> None:
         names = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
         needs_device = (self._device is not None and
                         any(batch[k].device != self._device for k in names))
@@ -232,11 +274,52 @@ class Client:
             event.record(stream)
             torch.cuda.current_stream(self._device).wait_event(event)
             self._pending_copy = event
-        elif self._copy:
+        elif copy:
             for k in names:
                 batch[k] = batch[k].clone()
-        if self._copy:
+        if copy:
             self.release()
+
+
+class _ChunkedStep:
+    """One step's microbatches for every model chunk: each microbatch is
+    taken from the ring when the first chunk asks for it and kept until
+    every chunk has had it (Megatron's interleaved schedule runs chunk 0
+    ahead of the others)."""
+
+    def __init__(self, client: Client, count: int, timeout: Optional[float]) -> None:
+        self._client, self._count, self._timeout = client, count, timeout
+        self._taken = 0
+        self._pending: List[Deque[Batch]] = [collections.deque()
+                                             for _ in range(client.num_chunks)]
+
+    def take(self, chunk: int) -> Batch:
+        if not self._pending[chunk]:
+            if self._taken == self._count:
+                raise StopIteration
+            for k, batch in enumerate(self._client._next_chunks(self._timeout)):
+                self._pending[k].append(batch)
+            self._taken += 1
+        return self._pending[chunk].popleft()
+
+    def left(self, chunk: int) -> int:
+        return self._count - self._taken + len(self._pending[chunk])
+
+
+class ChunkIterator:
+    """The microbatches of one step as model chunk `chunk` sees them."""
+
+    def __init__(self, step: _ChunkedStep, chunk: int) -> None:
+        self._step, self._chunk = step, chunk
+
+    def __iter__(self) -> "ChunkIterator":
+        return self
+
+    def __len__(self) -> int:
+        return self._step.left(self._chunk)
+
+    def __next__(self) -> Batch:
+        return self._step.take(self._chunk)
 
 
 class StepIterator:
@@ -268,17 +351,14 @@ def _resolve_device(device: Optional[str | torch.device]) -> Optional[torch.devi
     return None if device.type == "cpu" else device
 
 
-def _packed_seq_params_kwargs(batch: Batch, max_seqlen: int,
-                              local_cp_size: Optional[int]) -> Dict[str, Any]:
+def _packed_seq_params_kwargs(fields: Dict[str, Any]) -> Dict[str, Any]:
     """The arguments of Megatron's PackedSeqParams for this microbatch
-    (packfeed.megatron.packed_seq_params builds the object itself)."""
+    (packfeed.megatron.packed_seq_params builds the object itself); the
+    cu_seqlens tensors are filled in once placed."""
+    local_cp_size = fields.get("local_cp_size")
     return {
         "qkv_format": "thd",
-        "cu_seqlens_q": batch["cu_seqlens"],
-        "cu_seqlens_kv": batch["cu_seqlens"],
-        "cu_seqlens_q_padded": batch["cu_seqlens_padded"],
-        "cu_seqlens_kv_padded": batch["cu_seqlens_padded"],
-        "max_seqlen_q": max_seqlen,
-        "max_seqlen_kv": max_seqlen,
-        "local_cp_size": local_cp_size,
+        "max_seqlen_q": int(fields["max_seqlen"]),
+        "max_seqlen_kv": int(fields["max_seqlen"]),
+        "local_cp_size": None if local_cp_size is None else int(local_cp_size),
     }

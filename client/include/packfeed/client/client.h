@@ -97,6 +97,13 @@ struct Microbatch {
 
   // nullptr when this rank's stage does not receive the field.
   const FieldView* Field(absl::string_view name) const;
+  // Under virtual pipelines (Client::num_chunks() > 1): what model chunk
+  // `chunk` of this stage receives, as Megatron's interleaved schedule hands
+  // each chunk's data iterator the same microbatch: the fields every chunk
+  // gets, and those of this chunk only (inputs in the first stage's first
+  // chunk, targets in the last stage's last, a layer-axis side field cut to
+  // the chunk's layers) under their plain names. Views of the same slot.
+  Microbatch Chunk(int chunk) const;
 };
 
 // Where a rank stands, for checkpoints: resuming with start_step =
@@ -136,6 +143,8 @@ class Client {
   const std::string& fingerprint() const { return fingerprint_; }
   const ClientOptions& options() const { return options_; }
   transport::MemoryKind memory_kind() const { return receiver_->memory_kind(); }
+  // Model chunks per pipeline stage (the job's VPP size; 1 without).
+  int num_chunks() const { return num_chunks_; }
 
  private:
   struct Control;
@@ -153,6 +162,7 @@ class Client {
   uint64_t epoch_ = 0;
   uint64_t slot_bytes_ = 0;
   std::string fingerprint_;
+  int num_chunks_ = 1;
   std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
   std::optional<uint64_t> held_;                    // seq of the slot Next handed out
   std::optional<StepInfo> step_;
