@@ -7,9 +7,12 @@
 //   - the daemon's peak RSS (VmHWM), which must not grow with the dataset.
 //
 // With --ring device every rank's ring is in CUDA device memory (UCX built
-// with CUDA, a GPU present).
+// with CUDA, a GPU present). With --experts LAYERSxTOP_K every token also
+// carries router-replay expert indices (an int16 [LAYERS, TOP_K] side field,
+// all layers on every rank: PP 1), so bytes/s served is the figure to watch.
 //
-//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device] [--quick] [--json]
+//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device]
+//             [--experts 48x8] [--quick] [--json]
 
 #include <signal.h>
 
@@ -19,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <latch>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,19 +45,29 @@ struct Args {
   bool quick = false;
   bool json = false;
   std::string ring = "host";
+  std::string experts;  // LAYERSxTOP_K, or empty
 };
 
 struct Figures {
   int64_t docs = 0;
   uint64_t dataset_bytes = 0;
   double tokens_per_s = 0;
+  double bytes_per_s = 0;  // every field of every slot received
   double next_p50_us = 0;
   double next_p99_us = 0;
   uint64_t daemon_peak_rss_kib = 0;
 };
 
-std::string Config(const std::string& dir, const std::string& prefix, int ranks) {
+std::string Config(const std::string& dir, const std::string& prefix, int ranks,
+                   const dataset::GeneratedSideField* experts) {
   // TP2 × CP2 × DP(ranks/4), dynamic CP: the quick start's shape.
+  const std::string side =
+      experts == nullptr
+          ? ""
+          : absl::StrCat("  model { num_layers: ", experts->layers, " }\n",
+                         "  side_fields { name: \"routed_experts\" dtype: \"int16\" inner_shape: [",
+                         experts->layers, ", ", experts->top_k,
+                         "] pad_value: -1 layer_axis: true }\n");
   return absl::StrCat("socket_path: \"", dir, "/bench.sock\"\n", R"(jobs {
   name: "bench"
   datasets { prefix: ")",
@@ -65,7 +79,8 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks)
   eod_id: 32000
   append_eod: true
   scheduler { kind: "dynamic_cp" max_tokens_per_rank: 8192 }
-})");
+)",
+                      side, "}\n");
 }
 
 using bench::AttachWithRetry;
@@ -80,11 +95,26 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   absl::StatusOr<std::vector<int64_t>> lengths = dataset::GenerateLengths(dist, docs, 1);
   if (!lengths.ok()) return lengths.status();
   if (absl::Status s = dataset::WriteGeneratedDataset(prefix, *lengths, {}); !s.ok()) return s;
+  std::optional<dataset::GeneratedSideField> experts;
+  if (!args.experts.empty()) {
+    absl::StatusOr<dataset::GeneratedSideField> parsed = dataset::ParseGeneratedSideField(
+        absl::StrCat("routed_experts:experts:", args.experts, ":256"));
+    if (!parsed.ok()) return parsed.status();
+    experts = *parsed;
+    if (absl::Status s =
+            dataset::WriteGeneratedSideField(prefix + "_routed_experts", *lengths, *experts, 1);
+        !s.ok()) {
+      return s;
+    }
+  }
   Figures figures;
   figures.docs = docs;
   figures.dataset_bytes = std::filesystem::file_size(prefix + ".bin");
   const int ranks = std::max(4, args.ranks / 4 * 4);
-  { std::ofstream(dir + "/bench.textproto") << Config(dir, prefix, ranks); }
+  {
+    std::ofstream(dir + "/bench.textproto")
+        << Config(dir, prefix, ranks, experts ? &*experts : nullptr);
+  }
   absl::StatusOr<testing::ChildProcess> daemon = testing::ChildProcess::Spawn(
       {daemon_path, "--config", dir + "/bench.textproto", "--log-level", "warn"});
   if (!daemon.ok()) return daemon.status();
@@ -97,6 +127,7 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
 
   // Throughput: every rank as fast as it can.
   std::atomic<int64_t> tokens{0};
+  std::atomic<uint64_t> bytes{0};
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   // The clock starts when every rank is attached.
@@ -127,6 +158,7 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
             return;
           }
           tokens += mb->Field("padding_mask")->shape[1];
+          for (const client::FieldView& field : mb->fields) bytes += field.bytes;
         }
       }
     });
@@ -137,6 +169,7 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (failures > 0) return absl::InternalError("a rank failed");
   figures.tokens_per_s = static_cast<double>(tokens) / seconds;
+  figures.bytes_per_s = static_cast<double>(bytes) / seconds;
 
   // Next() latency with the daemon ahead: one rank that pauses first.
   {
@@ -183,6 +216,8 @@ int main(int argc, char** argv) {
   app.add_option("--daemon", daemon, "packfeedd binary")->capture_default_str();
   app.add_option("--ring", args.ring, "where each rank's ring lives: host or device (CUDA)")
       ->check(CLI::IsMember({"host", "device"}));
+  app.add_option("--experts", args.experts,
+                 "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
   app.add_flag("--quick", args.quick, "a short run (smoke test)");
   app.add_flag("--json", args.json, "one JSON object per dataset");
   CLI11_PARSE(app, argc, argv);
@@ -199,17 +234,18 @@ int main(int argc, char** argv) {
     }
     if (args.json) {
       std::printf(
-          "{\"docs\":%lld,\"dataset_bytes\":%llu,\"tokens_per_s\":%.0f,"
+          "{\"docs\":%lld,\"dataset_bytes\":%llu,\"tokens_per_s\":%.0f,\"bytes_per_s\":%.0f,"
           "\"next_p50_us\":%.1f,\"next_p99_us\":%.1f,\"daemon_peak_rss_kib\":%llu}\n",
           static_cast<long long>(f->docs), static_cast<unsigned long long>(f->dataset_bytes),
-          f->tokens_per_s, f->next_p50_us, f->next_p99_us,
+          f->tokens_per_s, f->bytes_per_s, f->next_p50_us, f->next_p99_us,
           static_cast<unsigned long long>(f->daemon_peak_rss_kib));
     } else {
       std::printf(
-          "dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served, Next() p50 %6.1f us "
-          "p99 %6.1f us (daemon ahead), daemon peak RSS %6.1f MiB\n",
+          "dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served (%6.2f GiB/s of fields), "
+          "Next() p50 %6.1f us p99 %6.1f us (daemon ahead), daemon peak RSS %6.1f MiB\n",
           static_cast<long long>(f->docs), f->dataset_bytes / 1048576.0, f->tokens_per_s / 1e6,
-          f->next_p50_us, f->next_p99_us, f->daemon_peak_rss_kib / 1024.0);
+          f->bytes_per_s / (1 << 30), f->next_p50_us, f->next_p99_us,
+          f->daemon_peak_rss_kib / 1024.0);
     }
   }
   return 0;

@@ -221,24 +221,26 @@ uint64_t Storage::Account(const FetchCause& cause, const SampleNeed& need, bool 
 
 void Storage::RecordReRead(const FetchCause& cause, const std::string& path, uint64_t samples,
                            uint64_t bytes) {
-  spdlog::warn(
-      "job {} rank {} step {}: reads again {} bytes ({} samples) of {} the node read "
-      "before",
-      cause.job, cause.rank, cause.step, bytes, samples, path);
-  // One record per fetch and file, however many requests it took.
-  if (!rereads_.empty()) {
-    v1::ReRead& last = rereads_.back();
-    if (last.job() == cause.job && last.rank() == static_cast<uint32_t>(std::max(0, cause.rank)) &&
-        last.step() == cause.step && last.path() == path) {
-      last.set_samples(last.samples() + samples);
-      last.set_bytes(last.bytes() + bytes);
+  // One record and one log line per fetch and file, however many requests
+  // it took (the reads of a fetch's files interleave, so look a few back).
+  const uint32_t rank = static_cast<uint32_t>(std::max(0, cause.rank));
+  for (auto it = rereads_.rbegin(); it != rereads_.rend() && it - rereads_.rbegin() < 4; ++it) {
+    if (it->job() == cause.job && it->rank() == rank && it->step() == cause.step &&
+        it->path() == path) {
+      it->set_samples(it->samples() + samples);
+      it->set_bytes(it->bytes() + bytes);
       return;
     }
   }
+  spdlog::warn(
+      "job {} rank {} step {}: reads again {} of {} the node read before (this fetch's further "
+      "re-reads of it are counted in stats)",
+      cause.job, cause.rank, cause.step,
+      samples == 1 ? "1 sample" : absl::StrCat(samples, " samples"), path);
   ++reread_events_;
   v1::ReRead record;
   record.set_job(cause.job);
-  record.set_rank(static_cast<uint32_t>(std::max(0, cause.rank)));
+  record.set_rank(rank);
   record.set_step(cause.step);
   record.set_path(path);
   record.set_samples(samples);
