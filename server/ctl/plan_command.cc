@@ -45,10 +45,16 @@ struct PlanArgs {
   bool json = false;
 };
 
+// A configured job's sample: the sampler's reference and where it lies.
+struct PlacedSample {
+  scheduler::SampleRef ref;
+  dataset::SampleTable::Piece piece;
+};
+
 // With `samples` (a configured job's batch), each sequence also names its
 // stored sample as the daemon's plan-step does.
 nlohmann::json PlanToJson(const scheduler::GlobalPlan& plan,
-                          const std::vector<scheduler::SampleRef>* samples) {
+                          const std::vector<PlacedSample>* samples) {
   nlohmann::json microbatches = nlohmann::json::array();
   for (const scheduler::PlannedMicrobatch& microbatch : plan.microbatches) {
     nlohmann::json ranks = nlohmann::json::array();
@@ -62,10 +68,11 @@ nlohmann::json PlanToJson(const scheduler::GlobalPlan& plan,
                                    {"cp_size", group.size},
                                    {"cp_group", group.first_rank / group.size}};
         if (samples != nullptr) {
-          const scheduler::SampleRef& ref = (*samples)[static_cast<size_t>(s.sample)];
-          sequence["dataset"] = ref.dataset;
-          sequence["document"] = ref.index;
-          sequence["epoch"] = ref.epoch;
+          const PlacedSample& placed = (*samples)[static_cast<size_t>(s.sample)];
+          sequence["dataset"] = placed.ref.dataset;
+          sequence["document"] = placed.piece.document;
+          if (placed.piece.first_token > 0) sequence["first_token"] = placed.piece.first_token;
+          sequence["epoch"] = placed.ref.epoch;
         }
         sequences.push_back(std::move(sequence));
       }
@@ -116,7 +123,7 @@ absl::StatusOr<std::vector<int64_t>> LoadLengths(const PlanArgs& args) {
 struct ConfiguredBatches {
   ReplayOptions options;
   std::vector<int64_t> lengths;
-  std::vector<std::vector<scheduler::SampleRef>> samples;  // by step
+  std::vector<std::vector<PlacedSample>> samples;  // by step
 };
 
 absl::StatusOr<ConfiguredBatches> LoadConfiguredBatches(const PlanArgs& args) {
@@ -137,20 +144,24 @@ absl::StatusOr<ConfiguredBatches> LoadConfiguredBatches(const PlanArgs& args) {
   out.options.steps = std::max<int64_t>(args.steps, 1);
   const dataset::SampleRules rules = SampleRulesOf(*job);
   std::vector<dataset::IndexedDataset> datasets;
-  std::vector<int64_t> num_documents;
+  std::vector<dataset::SampleTable> tables;
+  std::vector<int64_t> num_samples;
   for (const v1::DatasetSpec& spec : job->datasets()) {
     PF_ASSIGN_OR_RETURN(dataset::IndexedDataset opened,
                         dataset::IndexedDataset::Open(spec.prefix()));
-    num_documents.push_back(static_cast<int64_t>(opened.num_documents()));
+    tables.push_back(dataset::SampleTable::Build(opened.index(), rules));
+    num_samples.push_back(tables.back().num_samples());
     datasets.push_back(std::move(opened));
   }
   PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
-                      scheduler::Sampler::Create(SamplerOptionsOf(*job, num_documents)));
+                      scheduler::Sampler::Create(SamplerOptionsOf(*job, num_samples)));
   for (int64_t step = 0; step < out.options.steps; ++step) {
-    out.samples.push_back(sampler.GlobalBatch(step));
-    for (const scheduler::SampleRef& ref : out.samples.back()) {
-      out.lengths.push_back(dataset::PlannedLength(
-          datasets[static_cast<size_t>(ref.dataset)].index(), ref.index, rules));
+    std::vector<PlacedSample>& placed = out.samples.emplace_back();
+    for (const scheduler::SampleRef& ref : sampler.GlobalBatch(step)) {
+      const auto d = static_cast<size_t>(ref.dataset);
+      placed.push_back({ref, tables[d].Locate(ref.index)});
+      out.lengths.push_back(
+          dataset::PlannedLength(datasets[d].index(), placed.back().piece, rules));
     }
   }
   return out;
@@ -180,7 +191,7 @@ absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
 absl::Status Plan(const PlanArgs& args) {
   ReplayOptions options;
   std::vector<int64_t> lengths;
-  std::vector<std::vector<scheduler::SampleRef>> samples;
+  std::vector<std::vector<PlacedSample>> samples;
   std::string source = args.dataset.empty() ? args.lengths_file : args.dataset;
   std::string scheduler_name = args.scheduler;
   std::string cost_model = args.cost_model;

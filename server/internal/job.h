@@ -70,6 +70,14 @@ class Job {
   const dataset::SampleRules& rules() const { return rules_; }
   const scheduler::Sampler& sampler() const { return *sampler_; }
   const dataset::IndexedDataset& dataset(int i) const { return *datasets_[static_cast<size_t>(i)]; }
+  // Where a sample lies in its dataset (its document, and its first token
+  // when a long document was split), and its run.
+  dataset::SampleTable::Piece PieceOf(const scheduler::SampleRef& sample) const {
+    return sample_tables_[static_cast<size_t>(sample.dataset)].Locate(sample.index);
+  }
+  dataset::SampleShape ShapeOf(const scheduler::SampleRef& sample) const;
+  // Documents split into several samples, over every dataset.
+  int64_t split_documents() const;
   int num_datasets() const { return static_cast<int>(datasets_.size()); }
   const ModelStages& stages() const { return *stages_; }
   // The configured side fields, in configuration order, and dataset i's
@@ -95,6 +103,7 @@ class Job {
   scheduler::PlannerOptions planner_;
   dataset::SampleRules rules_;
   std::vector<std::shared_ptr<const dataset::IndexedDataset>> datasets_;
+  std::vector<dataset::SampleTable> sample_tables_;  // per dataset
   std::optional<ModelStages> stages_;
   std::vector<SideFieldInfo> side_fields_;
   std::vector<std::vector<std::shared_ptr<const dataset::IndexedDataset>>> side_datasets_;

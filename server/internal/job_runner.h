@@ -143,6 +143,8 @@ class JobRunner {
   absl::Time first_attach_;
   uint64_t fetches_ = 0;  // generations of StepSlot
   int64_t steps_planned_ = 0;
+  int64_t samples_truncated_ = 0;
+  int64_t tokens_truncated_ = 0;
   double plan_seconds_ = 0;
   double read_seconds_ = 0;
   double step_over_ideal_sum_ = 0;  // over the steps planned

@@ -20,6 +20,10 @@ struct StepPlan {
   int64_t step = 0;
   scheduler::GlobalPlan plan;
   std::vector<scheduler::SampleRef> samples;  // by PlannedSequence::sample
+  // Samples cut to seq_length (LONG_DOCUMENTS_TRUNCATE), and their tokens
+  // not served.
+  int64_t samples_truncated = 0;
+  int64_t tokens_truncated = 0;
 };
 
 // Samples and plan of `step` (>= 0). Errors are the planner's or a corrupt

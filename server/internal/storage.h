@@ -73,8 +73,9 @@ struct StorageOptions {
 struct SampleNeed {
   const dataset::IndexedDataset* dataset = nullptr;  // from Storage::Open
   int64_t document = 0;
-  int64_t epoch = 0;   // of its dataset; needs in different epochs are distinct
-  uint64_t bytes = 0;  // the document's first `bytes` bytes in .bin
+  int64_t epoch = 0;    // of its dataset; needs in different epochs are distinct
+  uint64_t offset = 0;  // into the document's bytes in .bin (a piece of a split one)
+  uint64_t bytes = 0;   // from there
 };
 
 // What a fetch is for, to name its re-reads.
@@ -145,7 +146,8 @@ class Storage {
 
  private:
   friend class FetchPin;
-  using Key = std::tuple<const dataset::IndexedDataset*, int64_t, uint64_t>;  // doc, bytes
+  // dataset, document, offset, bytes
+  using Key = std::tuple<const dataset::IndexedDataset*, int64_t, uint64_t, uint64_t>;
   struct Entry;
   struct Request;
   struct File;

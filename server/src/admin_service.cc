@@ -182,8 +182,10 @@ class AdminService final : public v1::Admin::CallbackService {
         g->set_size(group.size);
         for (const scheduler::PlannedSequence& s : group.sequences) {
           v1::PlannedSequenceInfo* info = g->add_sequences();
+          const dataset::SampleTable::Piece piece = job.PieceOf(step.samples[s.sample]);
           info->set_dataset(step.samples[s.sample].dataset);
-          info->set_document(step.samples[s.sample].index);
+          info->set_document(piece.document);
+          info->set_first_token(piece.first_token);
           info->set_length(s.length);
           info->set_padded_length(s.padded_length);
           info->set_epoch(step.samples[s.sample].epoch);

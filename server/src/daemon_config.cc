@@ -46,6 +46,11 @@ void FillDefaults(v1::JobConfig& job) {
     if ((t.*get)() == 0) (t.*set)(1);
   }
   if (t.vpp() == 0) t.set_vpp(1);
+  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_UNSPECIFIED) {
+    const bool sft = !job.datasets().empty() && job.datasets(0).kind() == v1::DATASET_KIND_SFT;
+    job.set_long_documents(sft ? v1::JobConfig::LONG_DOCUMENTS_TRUNCATE
+                               : v1::JobConfig::LONG_DOCUMENTS_SPLIT);
+  }
   if (job.scheduler().kind().empty()) job.mutable_scheduler()->set_kind("balanced");
   if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
   if (!job.scheduler().has_cp_upgrade_budget()) {
@@ -90,6 +95,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
   if (world > (1u << 20)) {
     return FieldError(where, "topology", absl::StrCat("world size ", world, " exceeds 2^20 ranks"));
+  }
+  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT &&
+      job.datasets(0).kind() == v1::DATASET_KIND_SFT) {
+    return FieldError(where, "long_documents",
+                      "LONG_DOCUMENTS_SPLIT is for varlen datasets (sft rows are truncated)");
   }
   if (t.vpp() < 1 || t.vpp() > 1024) {
     return FieldError(where, "topology.vpp", absl::StrCat(t.vpp(), " is out of [1, 1024]"));

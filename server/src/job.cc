@@ -1,7 +1,6 @@
 #include "server/internal/job.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -82,7 +81,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     }
     absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";", dataset->bin_bytes(),
                     ";", spec.kind(), ";", spec.weight(), "|");
-    num_documents.push_back(static_cast<int64_t>(dataset->num_documents()));
+    job->sample_tables_.push_back(dataset::SampleTable::Build(dataset->index(), job->rules_));
+    num_documents.push_back(job->sample_tables_.back().num_samples());
     std::vector<std::shared_ptr<const dataset::IndexedDataset>> sides;
     for (const SideFieldInfo& field : job->side_fields_) {
       PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> side,
@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     absl::StrAppend(&parts.topology, "vpp", t.vpp(), ";", ModelCanonical(config.model()));
   }
   parts.batch = Canonical({config.global_batch(), config.seq_length(), config.eod_id(),
-                           config.pad_id(), config.append_eod()});
+                           config.pad_id(), config.append_eod(), config.long_documents()});
   for (const v1::SideField& field : config.side_fields()) {
     absl::StrAppend(&parts.batch, "side:", field.name(), ";", field.dtype(), ";",
                     absl::StrJoin(field.inner_shape(), ","), ";", field.pad_value(), ";",
@@ -135,19 +135,18 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
 }
 
 absl::Status Job::CheckEverySampleFits() const {
-  // Truncation bounds every sample by seq_length: when the longest a sample
-  // can be fits, every one does, and no index is scanned.
-  const int64_t longest = dataset::RealLength(
-      dataset::ShapeOfSample(std::numeric_limits<int32_t>::max(), rules_).run_length, rules_);
-  if (scheduler::CheckSequenceFits(longest, planner_).ok()) return absl::OkStatus();
+  // Truncation or splitting bounds every sample by seq_length real tokens:
+  // when that fits, every sample does, and no index is scanned.
+  if (scheduler::CheckSequenceFits(rules_.seq_length, planner_).ok()) return absl::OkStatus();
   for (size_t i = 0; i < datasets_.size(); ++i) {
     const dataset::IndexView& index = datasets_[i]->index();
-    for (uint64_t d = 0; d < index.num_documents(); ++d) {
-      const int64_t length = dataset::PlannedLength(index, static_cast<int64_t>(d), rules_);
+    for (int64_t s = 0; s < sample_tables_[i].num_samples(); ++s) {
+      const dataset::SampleTable::Piece piece = sample_tables_[i].Locate(s);
+      const int64_t length = dataset::PlannedLength(index, piece, rules_);
       absl::Status fits = scheduler::CheckSequenceFits(length, planner_);
       if (!fits.ok()) {
         return absl::FailedPreconditionError(
-            absl::StrCat(datasets_[i]->prefix(), " document ", d, " (", length,
+            absl::StrCat(datasets_[i]->prefix(), " document ", piece.document, " (", length,
                          " tokens as planned) can never be served: ",
                          fits.message().substr(fits.message().find(" does not fit") + 1),
                          "; raise scheduler.max_tokens_per_rank or max_cp, or lower seq_length"));
@@ -155,6 +154,19 @@ absl::Status Job::CheckEverySampleFits() const {
     }
   }
   return absl::OkStatus();
+}
+
+dataset::SampleShape Job::ShapeOf(const scheduler::SampleRef& sample) const {
+  const dataset::SampleTable::Piece piece = PieceOf(sample);
+  return dataset::ShapeOfSample(
+      dataset::DocumentTokens(dataset(sample.dataset).index(), piece.document), rules_,
+      piece.first_token);
+}
+
+int64_t Job::split_documents() const {
+  int64_t out = 0;
+  for (const dataset::SampleTable& table : sample_tables_) out += table.split_documents();
+  return out;
 }
 
 bool Job::IsLocal(int global_rank) const {

@@ -33,6 +33,7 @@ dataset::SampleRules SampleRulesOf(const v1::JobConfig& job) {
   rules.eod_id = job.eod_id();
   rules.pad_id = job.pad_id();
   rules.append_eod = job.append_eod();
+  rules.split_long_documents = job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT;
   return rules;
 }
 

@@ -293,6 +293,9 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
     v1::JobStats stats;
     stats.set_name(job_.name());
     stats.set_steps_planned(steps_planned_);
+    stats.set_documents_split(job_.split_documents());
+    stats.set_samples_truncated(samples_truncated_);
+    stats.set_tokens_truncated(tokens_truncated_);
     stats.set_plan_seconds(plan_seconds_);
     stats.set_read_seconds(read_seconds_);
     if (steps_planned_ > 0) {
@@ -439,6 +442,8 @@ void JobRunner::OnStepRead(int64_t step, uint64_t generation,
   const StepData& ready = *slot->second.data;
   read_seconds_ += absl::ToDoubleSeconds(absl::Now() - slot->second.fetched);
   ++steps_planned_;
+  samples_truncated_ += ready.plan.samples_truncated;
+  tokens_truncated_ += ready.plan.tokens_truncated;
   step_over_ideal_sum_ +=
       scheduler::ComputePlanStats(ready.plan.plan, scheduler::CostModel::Megatron(),
                                   job_.planner_options().max_tokens_per_rank)

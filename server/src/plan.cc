@@ -13,12 +13,23 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
   for (const scheduler::SampleRef& sample : out.samples) {
     const dataset::IndexedDataset& data = job.dataset(sample.dataset);
     // The daemon validates index entries when a step first uses them.
-    absl::Status checked = data.CheckDocument(static_cast<uint64_t>(sample.index));
+    const dataset::SampleTable::Piece piece = job.PieceOf(sample);
+    absl::Status checked = data.CheckDocument(static_cast<uint64_t>(piece.document));
     if (!checked.ok()) {
       return absl::Status(checked.code(), absl::StrCat("job ", job.name(), " step ", step, ": ",
                                                        checked.message()));
     }
-    lengths.push_back(dataset::PlannedLength(data.index(), sample.index, job.rules()));
+    const int64_t stored = dataset::DocumentTokens(data.index(), piece.document);
+    const dataset::SampleShape shape =
+        dataset::ShapeOfSample(stored, job.rules(), piece.first_token);
+    // (A piece of a split document leaves the rest to the next pieces.)
+    const int64_t dropped =
+        job.rules().split_long_documents ? 0 : stored - piece.first_token - shape.read_tokens;
+    if (dropped > 0) {
+      ++out.samples_truncated;
+      out.tokens_truncated += dropped;
+    }
+    lengths.push_back(dataset::RealLength(shape.run_length, job.rules()));
   }
   absl::StatusOr<scheduler::GlobalPlan> plan =
       scheduler::PlanGlobalBatch(lengths, job.planner_options());

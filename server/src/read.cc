@@ -23,15 +23,17 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
   for (int64_t sample : samples) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(sample)];
     const dataset::IndexedDataset& data = job.dataset(ref.dataset);
-    const dataset::SampleShape shape =
-        dataset::ShapeOfSample(dataset::DocumentTokens(data.index(), ref.index), job.rules());
+    const dataset::SampleShape shape = job.ShapeOf(ref);
+    const int64_t document = job.PieceOf(ref).document;
+    const auto first = static_cast<uint64_t>(shape.first_token);
+    const auto read = static_cast<uint64_t>(shape.read_tokens);
+    const uint64_t token_bytes = DTypeSize(data.dtype());
     out.samples.push_back(sample);
-    out.needs.push_back({&data, ref.index, ref.epoch,
-                         static_cast<uint64_t>(shape.read_tokens) * DTypeSize(data.dtype())});
+    out.needs.push_back({&data, document, ref.epoch, first * token_bytes, read * token_bytes});
     for (size_t f = 0; f < job.side_fields().size(); ++f) {
-      out.needs.push_back(
-          {&job.side_dataset(ref.dataset, static_cast<int>(f)), ref.index, ref.epoch,
-           static_cast<uint64_t>(shape.read_tokens) * job.side_fields()[f].row_bytes()});
+      const uint64_t row_bytes = job.side_fields()[f].row_bytes();
+      out.needs.push_back({&job.side_dataset(ref.dataset, static_cast<int>(f)), document, ref.epoch,
+                           first * row_bytes, read * row_bytes});
     }
   }
   return out;
@@ -60,13 +62,13 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
                                      tokens.data());
     }
     if (!status.ok()) {
-      data.failed.emplace(
-          samples[i], absl::Status(status.code(), absl::StrCat(stored.prefix(), " document ",
-                                                               ref.index, ": ", status.message())));
+      data.failed.emplace(samples[i],
+                          absl::Status(status.code(), absl::StrCat(stored.prefix(), " document ",
+                                                                   job.PieceOf(ref).document, ": ",
+                                                                   status.message())));
       continue;
     }
-    const dataset::SampleShape shape =
-        dataset::ShapeOfSample(dataset::DocumentTokens(stored.index(), ref.index), job.rules());
+    const dataset::SampleShape shape = job.ShapeOf(ref);
     data.runs.emplace(samples[i], dataset::MakeTokenRun(tokens, shape, job.rules()));
     if (per_sample > 1) {
       data.side.emplace(samples[i],

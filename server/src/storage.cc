@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <list>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -69,8 +70,13 @@ struct Storage::File {
   uint64_t reread_bytes = 0;
   std::vector<double> latencies_ms;  // a ring of the latest kLatencyWindow
   size_t next_latency = 0;
-  // Per epoch, the documents needed so far; the latest two epochs are kept.
-  std::map<int64_t, std::vector<bool>> needed;
+  // Per epoch, what was needed so far (the latest two epochs are kept): the
+  // documents read from their start, and the later pieces of split ones.
+  struct Needed {
+    std::vector<bool> documents;
+    std::set<std::pair<int64_t, uint64_t>> pieces;  // document, offset
+  };
+  std::map<int64_t, Needed> needed;
 };
 
 struct Storage::Read {
@@ -153,7 +159,7 @@ void Storage::Admit(Request& request, uint64_t id) {
   peak_cost_held_ = std::max(peak_cost_held_, cost_held_);
   std::vector<Key> missing;
   for (const SampleNeed& need : request.needs) {
-    const Key key{need.dataset, need.document, need.bytes};
+    const Key key{need.dataset, need.document, need.offset, need.bytes};
     auto [it, inserted] = held_.try_emplace(key);
     Entry& entry = it->second;
     if (entry.kept.has_value()) {
@@ -205,11 +211,17 @@ uint64_t Storage::Account(const FetchCause& cause, const SampleNeed& need, bool 
   while (file.needed.size() > 2 && file.needed.begin()->first != need.epoch) {
     file.needed.erase(file.needed.begin());
   }
-  std::vector<bool>& seen = file.needed[need.epoch];
-  if (seen.empty()) seen.resize(need.dataset->num_documents());
-  std::vector<bool>::reference bit = seen[static_cast<size_t>(need.document)];
-  if (!bit) {
+  File::Needed& seen = file.needed[need.epoch];
+  bool first_time = false;
+  if (need.offset > 0) {
+    first_time = seen.pieces.emplace(need.document, need.offset).second;
+  } else {
+    if (seen.documents.empty()) seen.documents.resize(need.dataset->num_documents());
+    std::vector<bool>::reference bit = seen.documents[static_cast<size_t>(need.document)];
+    first_time = !bit;
     bit = true;
+  }
+  if (first_time) {
     file.distinct_bytes += need.bytes;
     jobs_[cause.job].distinct_bytes += need.bytes;
     return 0;
@@ -252,7 +264,7 @@ void Storage::RecordReRead(const FetchCause& cause, const std::string& path, uin
 void Storage::QueueReads(const Request& request, std::vector<Key> missing) {
   std::vector<std::pair<uint64_t, Key>> by_offset;  // within a file
   for (const Key& key : missing) {
-    const auto& [data, document, bytes] = key;
+    const auto& [data, document, offset, bytes] = key;
     if (bytes == 0) {
       Entry& entry = held_.at(key);
       entry.done = true;
@@ -261,13 +273,13 @@ void Storage::QueueReads(const Request& request, std::vector<Key> missing) {
       entry.waiting.clear();
       continue;
     }
-    by_offset.emplace_back(DocumentBegin(*data, document), key);
+    by_offset.emplace_back(DocumentBegin(*data, document) + offset, key);
   }
   std::sort(by_offset.begin(), by_offset.end());
   auto& queue = request.urgent ? urgent_work_ : work_;
   std::shared_ptr<Read> read;
   for (const auto& [offset, key] : by_offset) {
-    const auto& [data, document, bytes] = key;
+    const auto& [data, document, within, bytes] = key;
     const bool extends = read != nullptr && read->dataset == data &&
                          read->offset + read->length == offset &&
                          read->length + bytes <= options_.max_request_bytes;
@@ -353,7 +365,7 @@ void Storage::DoRead(Read& read) {
     auto it = held_.find(key);
     Entry& entry = it->second;
     entry.done = true;
-    entry.sample = {buffer, offset, std::get<2>(key), status};
+    entry.sample = {buffer, offset, std::get<3>(key), status};
     for (uint64_t waiter : entry.waiting) {
       Request& request = requests_.at(waiter);
       if (--request.outstanding == 0) QueueCompletion(waiter, request.urgent);
@@ -373,7 +385,7 @@ void Storage::Complete(uint64_t id) {
     if (it == requests_.end() || !it->second.done) return;  // withdrawn, or done already
     request = &it->second;
     for (const SampleNeed& need : request->needs) {
-      samples.push_back(held_.at({need.dataset, need.document, need.bytes}).sample);
+      samples.push_back(held_.at({need.dataset, need.document, need.offset, need.bytes}).sample);
     }
     done = std::move(request->done);
     request->done = nullptr;
@@ -398,7 +410,7 @@ void Storage::Release(uint64_t id) {
     return;
   }
   for (const SampleNeed& need : request.needs) {
-    auto entry = held_.find({need.dataset, need.document, need.bytes});
+    auto entry = held_.find({need.dataset, need.document, need.offset, need.bytes});
     --entry->second.pins;
     std::vector<uint64_t>& waiting = entry->second.waiting;
     auto mine = std::find(waiting.begin(), waiting.end(), id);

@@ -11,7 +11,7 @@ import tempfile
 
 from ctl_checks import Checks
 from daemon_harness import Daemon, wait_until
-from thd_reference import Dataset, coords, rank_fields, token_run
+from thd_reference import Dataset, coords, rank_fields, run_key, token_run
 
 EOD = 32000
 SEQ_LENGTH = 400
@@ -48,8 +48,10 @@ def expected_dumps(daemon, job, dataset, topology, dynamic, steps):
         for microbatch in plan["microbatches"]:
             for group in microbatch["groups"]:
                 for s in group["sequences"]:
-                    doc = int(s["document"])
-                    runs[(0, doc)] = token_run(dataset.document(doc), "varlen", SEQ_LENGTH, EOD, True)
+                    # Documents past SEQ_LENGTH are split (the default).
+                    runs[run_key(s)] = token_run(dataset.document(int(s["document"])), "varlen",
+                                                 SEQ_LENGTH, EOD, True, split=True,
+                                                 first_token=run_key(s)[2])
         for rank in out:
             r_tp, r_cp, r_dp, r_pp = coords(rank, tp, cp, dp)
             stage = {"inputs": r_pp == 0, "targets": r_pp == pp - 1}
@@ -87,6 +89,10 @@ def test_reference(checks, bin_dir, prefix, dataset, scheduler):
     compare(checks, label, dumps, expected)
     checks.check(f"{label}: I/O amplification 1.00", stats["io_amplification"] == 1.0,
                  stats["io_amplification"])
+    # Documents past SEQ_LENGTH are split, not truncated (the default).
+    checks.check(f"{label}: long documents split, none truncated",
+                 int(stats["documents_split"]) > 0 and int(stats["tokens_truncated"]) == 0,
+                 stats)
     print(f"{label}: 16 ranks × 2 steps compared; I/O amplification {stats['io_amplification']}, "
           f"{stats['bytes_read']} bytes read")
     return expected

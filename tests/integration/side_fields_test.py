@@ -20,8 +20,8 @@ import tempfile
 
 from ctl_checks import Checks
 from daemon_harness import Daemon
-from thd_reference import (Dataset, coords, moe_entries, rank_fields, rank_positions, side_field,
-                           stage_layers, token_run, values)
+from thd_reference import (Dataset, coords, moe_entries, rank_fields, rank_positions, read_count,
+                           run_key, side_field, stage_layers, token_run, values)
 
 EOD = 32000
 SEQ_LENGTH = 400
@@ -33,7 +33,7 @@ PROMPT_MASK = """side_fields { name: "prompt" dtype: "uint8" align: ALIGN_LABELS
 
 
 def job_text(name, prefix, topology, scheduler, extra, max_tokens=512, seq_length=SEQ_LENGTH,
-             vpp=1):
+             vpp=1, long_documents="LONG_DOCUMENTS_SPLIT"):
     tp, pp, cp, dp = topology
     return f"""
 jobs {{
@@ -45,22 +45,23 @@ jobs {{
   eod_id: {EOD}
   append_eod: true
   seed: 11
+  long_documents: {long_documents}
   scheduler {{ kind: "{scheduler}" max_tokens_per_rank: {max_tokens} }}
   {extra}
 }}
 """
 
 
-def read_tokens(dataset):
-    """Tokens read of a planned sequence's document (truncation keeps
-    seq_length − 1 and forces the EOD)."""
+def read_tokens(dataset, seq_length=SEQ_LENGTH, split=True):
+    """Tokens a planned sequence reads from its first token on."""
     def count(s):
-        n = len(dataset.document(int(s["document"])))
-        return n if n + 1 <= SEQ_LENGTH + 1 else SEQ_LENGTH - 1
+        return read_count(len(dataset.document(int(s["document"]))), seq_length, split,
+                          int(s.get("first_token", 0)))
     return count
 
 
-def expected_rank(plan, rank, topology, dynamic, data, stage_of, sides, chunks=1):
+def expected_rank(plan, rank, topology, dynamic, data, stage_of, sides, chunks=1,
+                  seq_length=SEQ_LENGTH, split=True):
     """Every microbatch of one step for global rank `rank` (under VPP, a
     list of each chunk's fields: stage_of and sides then take the chunk)."""
     tp, pp, cp, dp = topology
@@ -71,8 +72,8 @@ def expected_rank(plan, rank, topology, dynamic, data, stage_of, sides, chunks=1
     for microbatch in plan["microbatches"]:
         for group in microbatch["groups"]:
             for s in group["sequences"]:
-                doc = int(s["document"])
-                runs[(0, doc)] = token_run(dataset.document(doc), "varlen", SEQ_LENGTH, EOD, True)
+                runs[run_key(s)] = token_run(dataset.document(int(s["document"])), "varlen",
+                                             seq_length, EOD, True, split, run_key(s)[2])
     members = lambda first, c: [r_tp + tp * (r + n * r_pp) for r in range(first, first + c)]
     out = []
     for m in plan["microbatches"]:
@@ -98,13 +99,14 @@ def differing(got, want):
 
 
 def compare(checks, label, daemon, job, ranks, topology, dynamic, data, stage_of, sides, steps=2,
-            chunks=1):
+            chunks=1, seq_length=SEQ_LENGTH, split=True):
     dumps = daemon.dump_ranks(job, ranks, steps)
     for step in range(steps):
         plan = daemon.ctl_json("plan-step", "--job", job, str(step))
         for rank in ranks:
             got = dumps[rank]["steps"][step]["microbatches"]
-            want = expected_rank(plan, rank, topology, dynamic, data, stage_of, sides, chunks)
+            want = expected_rank(plan, rank, topology, dynamic, data, stage_of, sides, chunks,
+                                 seq_length, split)
             for m, fields in enumerate(got):
                 ok = m < len(want) and fields == want[m]
                 detail = "" if ok else ", ".join(differing(fields, want[m]))
@@ -215,12 +217,19 @@ def main():
                  all(float(f["io_amplification"]) == 1.0 for f in files.values())
                  and "data_routed_experts.bin" in files, files.keys())
 
-    # 2. SFT: the prompt mask replaces loss_mask.
+    # 2. SFT: the prompt mask replaces loss_mask; long documents truncated.
     topology = (1, 1, 2, 2)
-    text = job_text("sft", prefix, topology, "balanced", PROMPT_MASK)
+    text = job_text("sft", prefix, topology, "balanced", PROMPT_MASK,
+                    long_documents="LONG_DOCUMENTS_TRUNCATE")
+    truncated = read_tokens(dataset, split=False)
     with Daemon(bin_dir, text, name="sft") as daemon:
         dumps = compare(checks, "sft", daemon, "sft", range(4), topology, False, data,
-                        lambda p, k: {"inputs": True, "targets": True}, [prompt_mask_side(read)])
+                        lambda p, k: {"inputs": True, "targets": True},
+                        [prompt_mask_side(truncated)], split=False)
+        stats = daemon.ctl_json("stats")["jobs"][0]
+    checks.check("truncation is counted in stats",
+                 int(stats["tokens_truncated"]) > 0 and int(stats["documents_split"]) == 0,
+                 stats)
     masked = sum(v == 0 for d in dumps.values() for s in d["steps"] for m in s["microbatches"]
                  for v, pad in zip(m["loss_mask"], m["padding_mask"]) if not pad)
     checks.check("sft: prompt positions are masked", masked > 0, masked)
@@ -258,6 +267,25 @@ def main():
                  len(chunks[1]["routed_experts"]) == 2 * len(chunks[1]["padding_mask"])
                  and len(chunks[0]["routed_experts"]) == 2 * len(chunks[0]["padding_mask"])
                  and "tokens" in chunks[0] and "tokens" not in chunks[1])
+
+    # 5. Long documents split into pieces of at most 64 inputs, side fields
+    # following their piece, under CP 2.
+    topology = (1, 1, 2, 2)
+    text = job_text("split", prefix, topology, "dynamic_cp", EXPERTS + LOGPROBS +
+                    "model { num_layers: 7 dense_layers: [0] }", seq_length=64, max_tokens=64)
+    layers = stage_layers(7, 1)
+    pieces = read_tokens(dataset, seq_length=64)
+    with Daemon(bin_dir, text, name="split") as daemon:
+        compare(checks, "split", daemon, "split", range(4), topology, True, data,
+                lambda p, k: {"inputs": True, "targets": True},
+                [experts_side(layers, [0], pieces), logprobs_side({0}, pieces)], seq_length=64)
+        plan = daemon.ctl_json("plan-step", "--job", "split", "0")
+        stats = daemon.ctl_json("stats")["jobs"][0]
+    later = [s for m in plan["microbatches"] for g in m["groups"] for s in g["sequences"]
+             if int(s.get("first_token", 0)) > 0]
+    checks.check("split: later pieces of documents are served", len(later) > 0, plan)
+    checks.check("split: stats count the documents split",
+                 int(stats.get("documents_split", 0)) > 0, stats)
 
     test_bad_input(checks, bin_dir, work, prefix, other)
     checks.finish()

@@ -34,12 +34,29 @@ class Dataset:
         return tokens
 
 
-def token_run(stored, kind, seq_length, eod, append_eod):
+def token_run(stored, kind, seq_length, eod, append_eod, split=False, first_token=0):
+    """The run t of a sample: the document (EOD appended when asked),
+    truncated to seq_length with the EOD forced last, or under split the
+    piece starting at first_token: seq_length inputs and the next token."""
     run = stored + ([eod] if append_eod else [])
     limit = seq_length + 1 if kind == "varlen" else seq_length
+    if split and kind == "varlen":
+        return run[first_token:first_token + limit]
     if len(run) > limit:
         run = stored[:seq_length - 1] + [eod]
     return run
+
+
+def run_key(s):
+    """How a planned sequence (plan-step JSON) names its sample's run."""
+    return int(s.get("dataset", 0)), int(s["document"]), int(s.get("first_token", 0))
+
+
+def read_count(stored_tokens, seq_length, split, first_token=0):
+    """Stored tokens a varlen sample reads from its first token on."""
+    if split:
+        return min(first_token + seq_length + 1, stored_tokens) - first_token
+    return stored_tokens if stored_tokens <= seq_length else seq_length - 1
 
 
 def sequence_positions(run, real, padded, kind, pad):
@@ -65,8 +82,7 @@ def rank_fields(plan_microbatch, dp_cp_rank, runs, kind, pad, stage, dynamic, gl
     positions, cu, cu_padded, max_len = [], [0], [0], 0
     for s in group["sequences"]:
         real, padded = int(s["length"]), int(s["padded_length"])
-        full = sequence_positions(runs[(int(s.get("dataset", 0)), int(s["document"]))], real, padded,
-                                  kind, pad)
+        full = sequence_positions(runs[run_key(s)], real, padded, kind, pad)
         if c == 1:
             positions += full
         else:
@@ -156,7 +172,8 @@ def rank_positions(plan_microbatch, dp_cp_rank):
 
 def side_field(positions, stored, read_tokens, row, labels, pad, layers=None, picked=None):
     """A side field's flat values at `positions`: stored row j (j + 1 when
-    aligned with labels) of a real position whose row was read, else `pad`.
+    aligned with labels) of a real position whose row was read (counting
+    from the sample's first token), else `pad`.
     With `layers`, a row is [layers, row / layers] and only the entries
     `picked` are kept."""
     per_layer = row // layers if layers else row
@@ -168,6 +185,7 @@ def side_field(positions, stored, read_tokens, row, labels, pad, layers=None, pi
             out += [pad] * width
             continue
         rows = stored[(int(s.get("dataset", 0)), int(s["document"]))]
+        i += int(s.get("first_token", 0))  # a piece of a split document
         values_row = rows[i * row:(i + 1) * row]
         if layers:
             for e in picked:

@@ -151,7 +151,8 @@ jobs {{
                                 full["position_ids"], torch.zeros_like(segments))
         for j, planned in enumerate(group["sequences"]):
             run = token_run(self.dataset.document(int(planned["document"])), "varlen",
-                            SEQ_LENGTH, EOD, True)
+                            SEQ_LENGTH, EOD, True, split=True,
+                            first_token=int(planned.get("first_token", 0)))
             real = int(planned["length"])
             self.assertEqual(int(cu[j + 1] - cu[j]), real)
             alone = token_losses(self.model, torch.tensor(run[:real]), torch.tensor(run[1:real + 1]),

@@ -209,9 +209,10 @@ class ReliabilityTest(unittest.TestCase):
             self.assertEqual(workers.shas(), self.reference)
             check_ledger(self, daemon, "job", RANKS, STEPS, TP, CP, DP)
 
-    def test_a_step_that_cannot_be_planned_is_an_error_not_a_hang(self):
+    def test_a_sample_no_plan_can_hold_is_refused_at_start_up(self):
         # Every sequence is longer than max_tokens_per_rank at CP 1: no step
-        # of job "impossible" can be planned; job "job" beside it is fine.
+        # of job "impossible" could be planned. Found when the daemon starts,
+        # naming the document, not when a rank first asks.
         workdir = tempfile.mkdtemp(prefix="pf-reliability-unservable-")
         prefix = os.path.join(workdir, "long")
         subprocess.run([str(BIN_DIR / "packfeedctl"), "make-dataset", "--out", prefix, "--count",
@@ -219,20 +220,19 @@ class ReliabilityTest(unittest.TestCase):
                        capture_output=True)
         impossible = job_text(prefix, name="impossible", tp=1, cp=1, dp=1).replace(
             "max_tokens_per_rank: 128", "max_tokens_per_rank: 64")
-        text = daemon_text([impossible, self.job], os.path.join(workdir, "state"))
-        with Daemon(BIN_DIR, text, name="unservable", workdir=workdir) as daemon:
-            client = packfeed.Client("impossible", rank=0, socket_path=daemon.socket)
-            started = time.monotonic()
-            with self.assertRaises(packfeed.errors.FailedPreconditionError) as raised:
-                client.next_step(timeout=60)
-            self.assertLess(time.monotonic() - started, 10)
-            self.assertIn("job impossible step 0 cannot be served", str(raised.exception))
-            client.close()
-            workers = Workers(daemon, "job", RANKS, STEPS, workdir, "beside")
-            workers.start_all()
-            workers.wait_all()
-            self.assertEqual(workers.shas(), self.reference)
-        print(f"unservable step: the rank was told at once: {raised.exception}")
+        config = os.path.join(workdir, "unservable.textproto")
+        with open(config, "w") as out:
+            out.write(f'socket_path: "{workdir}/unservable.sock"\n' +
+                      daemon_text([impossible, self.job], os.path.join(workdir, "state")))
+        started = time.monotonic()
+        result = subprocess.run([str(BIN_DIR / "packfeedd"), "--config", config],
+                                capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertRegex(result.stdout + result.stderr,
+                         r"job impossible: .*long document \d+ \(\d+ tokens as planned\) can never "
+                         r"be served: does not fit in 64 tokens per rank")
+        print(f"unservable job refused at start-up: {(result.stdout + result.stderr).strip()}")
 
     def test_a_stalled_rank_holds_its_job_not_the_others_and_stats_name_it(self):
         slow = job_text(self.prefix, name="slow", tp=1, cp=1, dp=2)

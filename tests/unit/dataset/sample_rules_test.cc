@@ -2,6 +2,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "packfeed/dataset/indexed_dataset.h"
+#include "packfeed/dataset/indexed_dataset_writer.h"
+#include "test_paths.h"
 
 namespace packfeed::dataset {
 namespace {
@@ -30,6 +33,64 @@ TEST(SampleRulesTest, TruncatesWithEodForcedLast) {
       ElementsAre(1, 2, 3));
   EXPECT_EQ(RealLength(4, Varlen()), 3);
   EXPECT_EQ(RealLength(4, Sft()), 4);
+}
+
+SampleRules Split() {
+  SampleRules rules = Varlen();
+  rules.append_eod = true;
+  rules.split_long_documents = true;
+  return rules;
+}
+
+// A document of 20 stored tokens + its EOD under seq_length 8: pieces of 8
+// inputs each with the next token as their last label, so labels t1 … t20
+// are each trained once.
+TEST(SampleRulesTest, SplitsALongDocumentIntoPiecesThatTrainEveryLabelOnce) {
+  EXPECT_EQ(PiecesOfDocument(20, Split()), 3);
+  EXPECT_EQ(PiecesOfDocument(8, Split()), 1);  // 8 inputs + the EOD label
+  EXPECT_EQ(PiecesOfDocument(9, Split()), 2);
+  EXPECT_EQ(PiecesOfDocument(20, Varlen()), 1);  // truncated instead
+  std::vector<int64_t> stored(20);
+  for (int i = 0; i < 20; ++i) stored[static_cast<size_t>(i)] = i + 1;
+  std::vector<int64_t> labels;
+  for (int64_t first : {0, 8, 16}) {
+    const SampleShape shape = ShapeOfSample(20, Split(), first);
+    EXPECT_EQ(shape.first_token, first);
+    const std::vector<int64_t> run =
+        MakeTokenRun(absl::MakeSpan(stored).subspan(static_cast<size_t>(first),
+                                                    static_cast<size_t>(shape.read_tokens)),
+                     shape, Split());
+    EXPECT_LE(RealLength(shape.run_length, Split()), 8);
+    labels.insert(labels.end(), run.begin() + 1, run.end());
+  }
+  EXPECT_THAT(labels,
+              ElementsAre(2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 99));
+}
+
+TEST(SampleRulesTest, SampleTableNumbersEveryPieceAfterItsDocument) {
+  testing::ScopedTempDir dir;
+  absl::StatusOr<IndexedDatasetWriter> writer =
+      IndexedDatasetWriter::Create(dir.Prefix("d"), DType::kInt32);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (int64_t length : {3, 20, 4, 17}) {  // documents 1 and 3 are long
+    ASSERT_TRUE(writer->AddSequence(std::vector<int64_t>(static_cast<size_t>(length), 1)).ok());
+    writer->EndDocument();
+  }
+  ASSERT_TRUE(writer->Finish().ok());
+  absl::StatusOr<IndexedDataset> data = IndexedDataset::Open(dir.Prefix("d"));
+  ASSERT_TRUE(data.ok()) << data.status();
+  const SampleTable table = SampleTable::Build(data->index(), Split());
+  EXPECT_EQ(table.num_samples(), 1 + 3 + 1 + 3);
+  EXPECT_EQ(table.split_documents(), 2);
+  std::vector<std::pair<int64_t, int64_t>> located;
+  for (int64_t s = 0; s < table.num_samples(); ++s) {
+    const SampleTable::Piece piece = table.Locate(s);
+    located.emplace_back(piece.document, piece.first_token);
+  }
+  EXPECT_THAT(located,
+              ElementsAre(std::pair{0, 0}, std::pair{1, 0}, std::pair{1, 8}, std::pair{1, 16},
+                          std::pair{2, 0}, std::pair{3, 0}, std::pair{3, 8}, std::pair{3, 16}));
+  EXPECT_EQ(SampleTable::Build(data->index(), Varlen()).num_samples(), 4);
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ class StorageTest : public ::testing::Test {
     std::vector<SampleNeed> needs;
     for (int64_t d = first; d < first + count; ++d) {
       const uint64_t tokens = static_cast<uint64_t>(data.sequence_length(d));
-      needs.push_back({&data, d, epoch, tokens * dataset::DTypeSize(data.dtype())});
+      needs.push_back({&data, d, epoch, 0, tokens * dataset::DTypeSize(data.dtype())});
     }
     return needs;
   }

@@ -28,15 +28,52 @@ struct SampleRules {
   // Append EOD to every document (false: documents already end with it, as
   // Megatron's preprocess_data --append-eod writes them).
   bool append_eod = false;
+  // varlen: a document longer than seq_length becomes several samples of
+  // at most seq_length inputs each (piece k: t[k·S, k·S + S + 1), so every
+  // label is trained once), instead of being truncated.
+  bool split_long_documents = false;
 };
 
-// Tokens of the run `t` that are read from a document of `stored_tokens`
-// tokens (after truncation), and the length of `t`.
+// The run `t` of the sample that starts at stored token `first_token` of a
+// document of `stored_tokens` tokens: the tokens read from there (after
+// truncation), and the length of `t`.
 struct SampleShape {
+  int64_t first_token = 0;
   int64_t read_tokens = 0;
   int64_t run_length = 0;
 };
-SampleShape ShapeOfSample(int64_t stored_tokens, const SampleRules& rules);
+SampleShape ShapeOfSample(int64_t stored_tokens, const SampleRules& rules, int64_t first_token = 0);
+
+// Samples a document of `stored_tokens` tokens makes: 1, or under
+// split_long_documents one per seq_length inputs.
+int64_t PiecesOfDocument(int64_t stored_tokens, const SampleRules& rules);
+
+// The samples of a dataset, numbered 0, 1, …: one per document, except
+// that each document split into pieces takes one number per piece.
+// Memory is per split document only.
+class SampleTable {
+ public:
+  struct Piece {
+    int64_t document = 0;
+    int64_t first_token = 0;  // where the sample starts in the document
+  };
+  // Scans the index's document lengths once when rules split documents.
+  static SampleTable Build(const IndexView& index, const SampleRules& rules);
+  int64_t num_samples() const { return num_samples_; }
+  int64_t split_documents() const { return static_cast<int64_t>(split_.size()); }
+  // REQUIRES: 0 <= sample < num_samples().
+  Piece Locate(int64_t sample) const;
+
+ private:
+  struct Split {
+    int64_t first_sample = 0;
+    int64_t document = 0;
+    int64_t pieces = 0;
+  };
+  int64_t seq_length_ = 0;
+  int64_t num_samples_ = 0;
+  std::vector<Split> split_;  // ascending
+};
 
 // `t` from the `shape.read_tokens` tokens read.
 std::vector<int64_t> MakeTokenRun(absl::Span<const int64_t> read, const SampleShape& shape,
@@ -50,8 +87,8 @@ int64_t RealLength(int64_t run_length, const SampleRules& rules);
 // REQUIRES: document < index.num_documents().
 int64_t DocumentTokens(const IndexView& index, int64_t document);
 
-// RealLength of document `document` under `rules`: what a planner is given.
-int64_t PlannedLength(const IndexView& index, int64_t document, const SampleRules& rules);
+// RealLength of the sample `piece` under `rules`: what a planner is given.
+int64_t PlannedLength(const IndexView& index, SampleTable::Piece piece, const SampleRules& rules);
 
 }  // namespace packfeed::dataset
 
