@@ -63,25 +63,25 @@ void AppendSideRows(const SideSlice& slice, absl::Span<const char> rows, int64_t
                     int64_t begin, int64_t end, const std::vector<char>& pad_row,
                     std::vector<char>& out) {
   const SideFieldInfo& field = *slice.field;
-  const int64_t stored = static_cast<int64_t>(rows.size() / field.row_bytes());
-  const uint64_t layer_bytes =
-      slice.entries.empty() ? 0 : field.row_bytes() / static_cast<uint64_t>(field.inner_shape[0]);
-  for (int64_t j = begin; j < end; ++j) {
-    const int64_t i = field.labels_aligned ? j + 1 : j;
-    if (j >= real_length || i >= stored) {
-      out.insert(out.end(), pad_row.begin(), pad_row.end());
-      continue;
-    }
-    const char* row = rows.data() + static_cast<uint64_t>(i) * field.row_bytes();
-    if (slice.entries.empty()) {
-      out.insert(out.end(), row, row + field.row_bytes());
-      continue;
-    }
-    for (const IndexRange& range : slice.entries) {
-      out.insert(out.end(), row + static_cast<uint64_t>(range.begin) * layer_bytes,
-                 row + static_cast<uint64_t>(range.end) * layer_bytes);
+  const uint64_t row_bytes = field.row_bytes();
+  const int64_t shift = field.labels_aligned ? 1 : 0;
+  const int64_t stored = static_cast<int64_t>(rows.size() / row_bytes);
+  // Positions [begin, served) take stored rows, the rest pads.
+  const int64_t served = std::max(begin, std::min({end, real_length, stored - shift}));
+  const char* first = rows.data() + static_cast<uint64_t>(begin + shift) * row_bytes;
+  if (slice.entries.empty()) {  // whole rows: one copy
+    out.insert(out.end(), first, first + static_cast<uint64_t>(served - begin) * row_bytes);
+  } else {
+    const uint64_t layer_bytes = row_bytes / static_cast<uint64_t>(field.inner_shape[0]);
+    for (const char* row = first; row < first + static_cast<uint64_t>(served - begin) * row_bytes;
+         row += row_bytes) {
+      for (const IndexRange& range : slice.entries) {
+        out.insert(out.end(), row + static_cast<uint64_t>(range.begin) * layer_bytes,
+                   row + static_cast<uint64_t>(range.end) * layer_bytes);
+      }
     }
   }
+  for (int64_t j = served; j < end; ++j) out.insert(out.end(), pad_row.begin(), pad_row.end());
 }
 
 // The loss mask of positions [begin, end): stored value j + 1 of a real
@@ -97,11 +97,17 @@ void ApplyLossMask(absl::Span<const char> mask, int64_t real_length, int64_t beg
   }
 }
 
+// The side field `slice` serves, without its bytes.
+PackedMicrobatch::Side SideOfSlice(const SideSlice& slice) {
+  return {slice.wire_name, slice.field->type, SliceInnerShape(slice), {}};
+}
+
 // The wire fields of a microbatch of `tokens` local tokens and `sequences`
 // sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields.
 // With `packed` the data pointers are its arrays, else null (for sizing).
 SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t sequences,
-                     int64_t group_ranks, StageFields stage, absl::Span<const SideSlice> sides) {
+                     int64_t group_ranks, StageFields stage,
+                     absl::Span<const PackedMicrobatch::Side> sides) {
   SlotFields out;
   auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, const void* data) {
     out.specs.push_back({std::move(name), type, std::move(shape)});
@@ -129,20 +135,10 @@ SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t seq
     add("local_cp_size", ElementType::kInt32, {}, p.local_cp_size ? &*p.local_cp_size : nullptr);
     add("cp_group_ranks", ElementType::kInt32, {group_ranks}, p.cp_group_ranks.data());
   }
-  if (packed != nullptr) {
-    for (const PackedMicrobatch::Side& side : p.side) {
-      std::vector<int64_t> shape = {1, tokens};
-      shape.insert(shape.end(), side.inner_shape.begin(), side.inner_shape.end());
-      add(side.name, side.type, std::move(shape), side.bytes.data());
-    }
-  } else {
-    for (const SideSlice& slice : sides) {
-      if (slice.field->loss_mask) continue;
-      std::vector<int64_t> shape = {1, tokens};
-      const std::vector<int64_t> inner = SliceInnerShape(slice);
-      shape.insert(shape.end(), inner.begin(), inner.end());
-      add(slice.wire_name, slice.field->type, std::move(shape), nullptr);
-    }
+  for (const PackedMicrobatch::Side& side : sides) {
+    std::vector<int64_t> shape = {1, tokens};
+    shape.insert(shape.end(), side.inner_shape.begin(), side.inner_shape.end());
+    add(side.name, side.type, std::move(shape), side.bytes.data());
   }
   return out;
 }
@@ -228,9 +224,7 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
       pad_row.insert(pad_row.end(), slice.field->pad.begin(), slice.field->pad.end());
     }
     pad_rows.push_back(std::move(pad_row));
-    if (!slice.field->loss_mask) {
-      out.side.push_back({slice.wire_name, slice.field->type, SliceInnerShape(slice), {}});
-    }
+    if (!slice.field->loss_mask) out.side.push_back(SideOfSlice(slice));
   }
   out.cu_seqlens.push_back(0);
   out.cu_seqlens_padded.push_back(0);
@@ -324,7 +318,7 @@ SlotFields MicrobatchFields(const PackedMicrobatch& packed) {
   return FieldsFor(&packed, static_cast<int64_t>(packed.padding_mask.size()),
                    static_cast<int64_t>(packed.cu_seqlens.size()) - 1,
                    packed.local_cp_size ? static_cast<int64_t>(packed.cp_group_ranks.size()) : 0,
-                   packed.stage, {});
+                   packed.stage, packed.side);
 }
 
 absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
@@ -333,15 +327,16 @@ absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
                                   : 0;
   uint64_t largest = 0;
   for (int pp_rank = 0; pp_rank < job.layout().pp; ++pp_rank) {
-    const std::vector<SideSlice> slices =
-        SideSlicesOfStage(job.side_fields(), job.stages(), pp_rank);
-    PF_ASSIGN_OR_RETURN(
-        std::vector<transport::FieldDescriptor> layout,
-        transport::LayoutFields(
-            FieldsFor(nullptr, job.config().scheduler().max_tokens_per_rank(),
-                      job.config().global_batch(), group_ranks, {true, true}, slices)
-                .specs,
-            UINT64_MAX));
+    std::vector<PackedMicrobatch::Side> sides;
+    for (const SideSlice& slice : SideSlicesOfStage(job.side_fields(), job.stages(), pp_rank)) {
+      if (!slice.field->loss_mask) sides.push_back(SideOfSlice(slice));
+    }
+    PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
+                        transport::LayoutFields(
+                            FieldsFor(nullptr, job.config().scheduler().max_tokens_per_rank(),
+                                      job.config().global_batch(), group_ranks, {true, true}, sides)
+                                .specs,
+                            UINT64_MAX));
     largest = std::max(largest, layout.back().offset + layout.back().bytes);
   }
   return largest;
