@@ -190,6 +190,7 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
 PYBIND11_MODULE(_native, m) {
   m.attr("__version__") = packfeed::kPackfeedVersion;
   m.attr("DEFAULT_SOCKET") = packfeed::kDefaultSocketPath;
+  m.attr("DEFAULT_RECONNECT_TIMEOUT") = static_cast<double>(packfeed::kDefaultReconnectSeconds);
   using namespace packfeed::client;
   m.doc() = "packfeed's C++ client; use the packfeed package, not this module";
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")

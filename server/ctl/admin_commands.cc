@@ -330,6 +330,8 @@ absl::Status Dump(const AdminArgs& args) {
   options.fingerprint = args.fingerprint;
   options.slot_bytes = args.slot_bytes;
   options.placement = transport::RingPlacement::kHost;
+  // An operator's look: a daemon that goes away ends it at once.
+  options.reconnect_timeout = absl::ZeroDuration();
   PF_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Attach(options));
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
   for (int64_t s = 0; s < args.steps; ++s) {

@@ -208,8 +208,8 @@ class ClientTest(unittest.TestCase):
         got = []
         daemon = self.daemon(text, name="restarted")
         with daemon:
-            client = packfeed.Client("job", rank=0, socket_path=daemon.socket, copy=True,
-                                     reconnect_timeout=30)
+            # Reconnecting is the default.
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket, copy=True)
             got += take_steps(client, 1)[0]
             iterator, count, _, _ = client.next_step(timeout=30)
             self.assertGreater(count, 1)
@@ -229,19 +229,23 @@ class ClientTest(unittest.TestCase):
               "all received once, bit-identical")
 
     def test_a_killed_daemon_is_an_exception_not_a_hang(self):
-        daemon = self.daemon(name="killed")
-        with daemon:
-            client = packfeed.Client("job", rank=0, socket_path=daemon.socket)
-            take_steps(client, 1)
-            daemon.process.kill()
-            daemon.process.wait()
-            started = time.monotonic()
-            with self.assertRaises(packfeed.UnavailableError) as raised:
-                for _ in range(1000):  # what the ring already held, then the error
-                    list(client.next_step(timeout=30)[0])
-            self.assertLess(time.monotonic() - started, 10)
-            self.assertIn("sender failed", str(raised.exception))
-            client.close()  # nothing to detach from: no error
+        # reconnect_timeout=0: at once; 2 s: after trying for that long.
+        for reconnect, lasts in ((0.0, (0, 10)), (2.0, (2, 15))):
+            daemon = self.daemon(name="killed")
+            with daemon:
+                client = packfeed.Client("job", rank=0, socket_path=daemon.socket,
+                                         reconnect_timeout=reconnect)
+                take_steps(client, 1)
+                daemon.process.kill()
+                daemon.process.wait()
+                started = time.monotonic()
+                with self.assertRaises(packfeed.UnavailableError) as raised:
+                    for _ in range(1000):  # what the ring already held, then the error
+                        list(client.next_step(timeout=30)[0])
+                waited = time.monotonic() - started
+                self.assertTrue(lasts[0] <= waited < lasts[1], (reconnect, waited))
+                self.assertIn("sender failed" if reconnect == 0 else "", str(raised.exception))
+                client.close()  # nothing to detach from: no error
 
 
 class PackedSeqParamsTest(unittest.TestCase):

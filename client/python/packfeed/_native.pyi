@@ -4,6 +4,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 __version__: str
 DEFAULT_SOCKET: str
+DEFAULT_RECONNECT_TIMEOUT: float
 
 class Client:
     """One attached rank. Blocking calls release the GIL."""

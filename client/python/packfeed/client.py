@@ -14,6 +14,8 @@ from . import _native, errors
 
 # The daemon's default socket, as packfeedd and packfeedctl define it.
 DEFAULT_SOCKET: str = _native.DEFAULT_SOCKET
+# Seconds a client keeps re-attaching to a daemon that went away.
+DEFAULT_RECONNECT_TIMEOUT: float = _native.DEFAULT_RECONNECT_TIMEOUT
 
 # Megatron's keys, each present in every batch (None when this rank's pipeline
 # stage does not receive it; attention_mask is always None in THD).
@@ -57,8 +59,10 @@ class Client:
     topology or scheduler changed since (another DP size) as long as its data
     did not; start at a step boundary (docs/RELIABILITY.md).
     reconnect_timeout: seconds to keep re-attaching when the daemon goes away
-    (killed, restarted); the client then goes on from the first microbatch it
-    had not taken, bit-identical. 0 raises UnavailableError at once.
+    (killed, restarted, drained; default DEFAULT_RECONNECT_TIMEOUT = 60); the
+    client then goes on from the first microbatch it had not taken,
+    bit-identical, or raises UnavailableError once the time is up. 0 raises
+    it at once.
     device: where tensors should end up. The (page-locked) host ring's
     tensors are copied to the device asynchronously and the slot is freed
     once the copy is done.
@@ -73,8 +77,8 @@ class Client:
                  auth_token: Optional[str] = None, start_step: int = 0, slots: int = 4,
                  slot_bytes: int = 0, device: Optional[str | torch.device] = None,
                  copy: bool = False, ucx_transports: str = "", attach_timeout: float = 30.0,
-                 reconnect_timeout: float = 0.0, state: Optional[Dict[str, Any]] = None,
-                 elastic: bool = False) -> None:
+                 reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
+                 state: Optional[Dict[str, Any]] = None, elastic: bool = False) -> None:
         self.job = job or os.environ.get("PACKFEED_JOB") or ""
         self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
         world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=None)

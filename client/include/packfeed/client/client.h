@@ -57,11 +57,12 @@ struct ClientOptions {
   int cuda_device = 0;         // for a device ring
   std::string ucx_transports;  // "" = UCX's choice
   absl::Duration attach_timeout = absl::Seconds(30);
-  // When the daemon goes away (killed, restarted, drained), NextStep/Next
-  // attach again for up to this long (backoff 0.1 s doubling to 2 s) and go
-  // on from the first microbatch not yet taken, bit-identical (the plan is
-  // deterministic). 0: report Unavailable at once.
-  absl::Duration reconnect_timeout = absl::ZeroDuration();
+  // When the daemon goes away (killed, restarted by systemd, drained),
+  // NextStep/Next attach again for up to this long (backoff 0.1 s doubling
+  // to 2 s) and go on from the first microbatch not yet taken, bit-identical
+  // (the plan is deterministic); then Unavailable. A daemon drained for good
+  // therefore costs a rank this long before it hears. 0: Unavailable at once.
+  absl::Duration reconnect_timeout = absl::Seconds(kDefaultReconnectSeconds);
 };
 
 // What the trainer needs before its first microbatch of a step (Megatron's
