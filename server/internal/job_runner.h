@@ -45,6 +45,7 @@ struct JobRunnerOptions {
   // that cannot be read back is set aside (".corrupt") with one error line
   // and a new one begun: serving never waits on bookkeeping.
   std::string ledger_path;
+  LedgerOptions ledger;
 };
 
 struct AttachArgs {

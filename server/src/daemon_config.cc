@@ -203,6 +203,9 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
   if (config.socket_path().empty()) config.set_socket_path(kDefaultSocketPath);
   if (config.prefetch_steps() == 0) config.set_prefetch_steps(2);
   if (config.peer_timeout_seconds() == 0) config.set_peer_timeout_seconds(120);
+  // The ledger's defaults (LedgerOptions), named in config.proto.
+  if (config.ledger_keep_steps() == 0) config.set_ledger_keep_steps(1000);
+  if (config.ledger_compact_after_lines() == 0) config.set_ledger_compact_after_lines(65536);
   if (!config.admin_tcp_address().empty() && config.admin_tcp_token().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source,

@@ -60,7 +60,8 @@ void JobRunner::UpdateAttached() {
 absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job, Storage& storage,
                                                             const JobRunnerOptions& options) {
   std::unique_ptr<JobRunner> runner(new JobRunner(job, storage, options));
-  absl::StatusOr<std::unique_ptr<Ledger>> ledger = Ledger::Open(options.ledger_path);
+  absl::StatusOr<std::unique_ptr<Ledger>> ledger =
+      Ledger::Open(options.ledger_path, options.ledger);
   if (absl::IsDataLoss(ledger.status())) {
     const std::string aside = options.ledger_path + ".corrupt";
     spdlog::error("job {}: {}; set aside as {}, a new ledger begins", job.name(),
@@ -68,7 +69,7 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job, Stor
     if (std::rename(options.ledger_path.c_str(), aside.c_str()) != 0) {
       return ErrnoToStatus(errno, "rename", options.ledger_path);
     }
-    ledger = Ledger::Open(options.ledger_path);
+    ledger = Ledger::Open(options.ledger_path, options.ledger);
   }
   if (!ledger.ok()) return ledger.status();
   runner->ledger_ = *std::move(ledger);

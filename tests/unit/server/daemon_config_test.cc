@@ -32,6 +32,8 @@ TEST(DaemonConfigTest, FillsDefaults) {
   EXPECT_EQ(config->socket_path(), kDefaultSocketPath);
   EXPECT_EQ(config->prefetch_steps(), 2u);
   EXPECT_EQ(config->peer_timeout_seconds(), 120u);
+  EXPECT_EQ(config->ledger_keep_steps(), 1000u);
+  EXPECT_EQ(config->ledger_compact_after_lines(), 65536u);
   EXPECT_TRUE(config->admin_tcp_address().empty());
   const v1::JobConfig& job = config->jobs(0);
   EXPECT_EQ(job.topology().pp(), 1u);
@@ -40,6 +42,36 @@ TEST(DaemonConfigTest, FillsDefaults) {
   EXPECT_EQ(job.datasets(0).kind(), v1::DATASET_KIND_VARLEN);
   EXPECT_EQ(job.sampler(), v1::SAMPLER_MODE_SHUFFLE);
   EXPECT_DOUBLE_EQ(job.scheduler().cp_upgrade_budget(), 0.05);
+  EXPECT_EQ(job.topology().vpp(), 1u);
+  EXPECT_EQ(job.long_documents(), v1::JobConfig::LONG_DOCUMENTS_SPLIT);
+}
+
+TEST(DaemonConfigTest, ModelLayersAndSideFieldsAreCheckedByPath) {
+  auto with = [](const std::string& extra) {
+    std::string text(kJob);
+    text.insert(text.rfind('}'), extra);
+    return Message(text);
+  };
+  const std::string experts =
+      " side_fields { name: \"experts\" dtype: \"int16\" inner_shape: [4, 2] layer_axis: true }";
+  EXPECT_THAT(with(" model { num_layers: 4 }" + experts + experts), HasSubstr("'experts' twice"));
+  EXPECT_THAT(with(experts),
+              HasSubstr("jobs[0].side_fields[0].layer_axis: needs model.num_layers"));
+  EXPECT_THAT(with(" model { num_layers: 6 }" + experts),
+              HasSubstr("the layer axis holds 4 layers; the model has 6"));
+  EXPECT_THAT(with(" side_fields { name: \"tokens\" dtype: \"int16\" }"),
+              HasSubstr("'tokens' is a THD field"));
+  EXPECT_THAT(with(" side_fields { name: \"x\" dtype: \"int16\" pad_value: 1.5 }"),
+              HasSubstr("pad_value: 1.5 is not a int16"));
+  EXPECT_THAT(with(" side_fields { name: \"x\" dtype: \"float64\" }"),
+              HasSubstr("side_fields[0].dtype: 'float64' is not one of"));
+  EXPECT_THAT(with(" side_fields { name: \"x\" dtype: \"uint8\" inner_shape: [1, 2, 3] }"),
+              HasSubstr("at most two dimensions"));
+  std::string vpp(kJob);
+  vpp.replace(vpp.find("dp: 2 }"), 7, "dp: 2 vpp: 2 }");
+  EXPECT_THAT(Message(vpp), HasSubstr("topology.vpp: needs topology.pp > 1"));
+  EXPECT_THAT(with(" datasets { prefix: \"b\" side_field_prefixes { key: \"y\" value: \"z\" } }"),
+              HasSubstr("'y' is not a side field of the job"));
 }
 
 TEST(DaemonConfigTest, SyntaxErrorsGiveLineAndColumn) {
