@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "server/internal/metrics.h"
 #include "server/internal/rank_watches.h"
 #include "server/internal/storage.h"
+#include "server/internal/unix_listener.h"
 
 namespace packfeed::server {
 
@@ -60,6 +62,9 @@ class Daemon {
   absl::StatusOr<v1::GetStatsReply> CollectStats(absl::Duration timeout) const;
   // The port metrics are served on; 0 without metrics_address.
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
+  // PermissionDenied naming the caller when a call over the Unix socket
+  // comes from a uid not in allowed_uids (`action`: what it asked).
+  absl::Status CheckCaller(const grpc::ServerContextBase& context, absl::string_view action) const;
 
  private:
   Daemon() = default;
@@ -73,7 +78,9 @@ class Daemon {
   std::once_flag shutdown_once_;
   absl::Notification shutdown_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
-  std::unique_ptr<grpc::Server> server_;      // Control + Admin, Unix socket
+  std::unique_ptr<grpc::Server> server_;  // Control + Admin, Unix socket
+  std::unique_ptr<UnixListener> unix_;    // accepts server_'s connections
+  std::set<uid_t> allowed_uids_;
   std::unique_ptr<grpc::Server> tcp_server_;  // Admin only, admin_tcp_address
   std::unique_ptr<MetricsServer> metrics_;    // metrics_address
   std::atomic<bool> started_{false};

@@ -147,6 +147,11 @@ class AdminService final : public v1::Admin::CallbackService {
                                   const v1::DrainRequest* request, v1::DrainReply*) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (absl::Status caller = daemon_.CheckCaller(*context, "drain the daemon"); !caller.ok()) {
+      spdlog::warn("drain refused: {}", caller.ToString());
+      reactor->Finish(ToGrpcStatus(caller));
+      return reactor;
+    }
     for (const auto& runner : daemon_.runners()) {
       absl::Status token = CheckToken(
           request->auth_token(), runner->job().config().auth_token(),

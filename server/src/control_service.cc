@@ -43,7 +43,9 @@ class ControlService final : public v1::Control::CallbackService {
                                    v1::AttachReply* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     JobRunner* runner = nullptr;
-    absl::Status status = CheckAttach(daemon_, *request, runner);
+    absl::Status status =
+        daemon_.CheckCaller(*context, absl::StrCat("attach to job ", request->job()));
+    if (status.ok()) status = CheckAttach(daemon_, *request, runner);
     if (!status.ok()) {
       spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
                    status.ToString());
@@ -86,7 +88,11 @@ class ControlService final : public v1::Control::CallbackService {
                                    v1::DetachReply* /*reply*/) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     JobRunner* runner = daemon_.runner(request->job());
-    if (runner == nullptr) {
+    if (absl::Status caller =
+            daemon_.CheckCaller(*context, absl::StrCat("detach from job ", request->job()));
+        !caller.ok()) {
+      reactor->Finish(ToGrpcStatus(caller));
+    } else if (runner == nullptr) {
       reactor->Finish(
           ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
     } else if (absl::Status token =
@@ -107,8 +113,13 @@ class ControlService final : public v1::Control::CallbackService {
     return reactor;
   }
 
-  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* /*context*/,
+  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* context,
                                                   const v1::WatchRequest* request) override {
+    if (absl::Status caller =
+            daemon_.CheckCaller(*context, absl::StrCat("watch job ", request->job()));
+        !caller.ok()) {
+      return new RefusedWatch(caller);
+    }
     JobRunner* runner = daemon_.runner(request->job());
     if (runner == nullptr) {
       return new RefusedWatch(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'")));

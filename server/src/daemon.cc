@@ -175,8 +175,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   }
   daemon->services_.push_back(MakeControlService(*daemon));
   daemon->services_.push_back(MakeAdminService(*daemon));
+  // No listening port: UnixListener accepts on `socket` and hands gRPC each
+  // connection, knowing who opened it.
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   // HTTP/2 pings on every connection with a call open (each rank's Watch
   // stream): a rank's process that stops answering (SIGSTOP, a hung
   // machine) breaks its stream within kRankPing + kRankPingTimeout.
@@ -185,10 +186,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   for (auto& service : daemon->services_) builder.RegisterService(service.get());
   daemon->server_ = builder.BuildAndStart();
-  if (daemon->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve on unix:", socket, " (is its directory writable, or another daemon there?)"));
+  if (daemon->server_ == nullptr) return absl::InternalError("the gRPC server did not start");
+  absl::StatusOr<std::unique_ptr<UnixListener>> unix =
+      UnixListener::Start(socket, *daemon->server_);
+  if (!unix.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve on unix:", socket, ": ", unix.status().message(),
+                     " (is its directory writable, or another daemon there?)"));
   }
+  daemon->unix_ = *std::move(unix);
+  for (uint32_t uid : config.allowed_uids()) daemon->allowed_uids_.insert(uid);
+  if (daemon->allowed_uids_.empty()) daemon->allowed_uids_ = {0, getuid()};
   if (!config.admin_tcp_address().empty()) {
     // A server of its own with the Admin service only: attaching (Control)
     // stays on the Unix socket, whose permissions say who may.
@@ -211,8 +219,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                           return self->CollectStats(absl::Seconds(5));
                         }));
   }
-  // Only the owner and its group may attach or administer.
-  chmod(socket.c_str(), 0660);
   PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_));
   daemon->started_ = true;
   spdlog::info(
@@ -261,6 +267,7 @@ Daemon::~Daemon() {
   // The ranks' Watch streams end here, not by the server's deadline; the
   // ranks still get their goodbyes below.
   watches_.FinishAll();
+  unix_.reset();  // no new connection
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (tcp_server_ != nullptr) tcp_server_->Shutdown(deadline);
   if (server_ != nullptr) server_->Shutdown(deadline);
@@ -279,6 +286,11 @@ bool Daemon::Healthy(absl::Duration within) const {
   }
   const absl::Time oldest_read = storage_->OldestReadStart();
   return oldest_read == absl::InfiniteFuture() || now - oldest_read <= within;
+}
+
+absl::Status Daemon::CheckCaller(const grpc::ServerContextBase& context,
+                                 absl::string_view action) const {
+  return server::CheckCaller(*unix_, context, allowed_uids_, action);
 }
 
 JobRunner* Daemon::runner(const std::string& job) const {
