@@ -201,11 +201,10 @@ absl::Status Client::Detach() {
   request.mutable_consumed_to()->set_step(state.next_step);
   request.mutable_consumed_to()->set_microbatch(static_cast<uint32_t>(state.next_microbatch));
   request.set_ring_slots(options_.slots);
-  // With reconnect_timeout, a daemon that is away (restarting) is waited
-  // for: what this rank took from its ring after the daemon died reaches the
-  // ledger only this way.
+  // A daemon that is away (restarting) is waited for a while: what this rank
+  // took from its ring after the daemon died reaches the ledger only this way.
   absl::Status detached = RetryWithBackoff(
-      options_.reconnect_timeout,
+      std::min(options_.reconnect_timeout, options_.detach_timeout),
       [&] {
         v1::DetachReply reply;
         grpc::ClientContext context;

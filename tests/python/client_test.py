@@ -246,6 +246,17 @@ class ClientTest(unittest.TestCase):
                 self.assertTrue(lasts[0] <= waited < lasts[1], (reconnect, waited))
                 self.assertIn("sender failed" if reconnect == 0 else "", str(raised.exception))
                 client.close()  # nothing to detach from: no error
+        # With the default (re-attach for 60 s), closing after the daemon is
+        # gone waits only the detach bound (5 s), not the whole minute.
+        daemon = self.daemon(name="gone")
+        with daemon:
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket)
+            take_steps(client, 1)
+            daemon.process.kill()
+            daemon.process.wait()
+            started = time.monotonic()
+            client.close()
+            self.assertLess(time.monotonic() - started, 8)
 
 
 class PackedSeqParamsTest(unittest.TestCase):

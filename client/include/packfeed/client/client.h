@@ -63,6 +63,12 @@ struct ClientOptions {
   // (the plan is deterministic); then Unavailable. A daemon drained for good
   // therefore costs a rank this long before it hears. 0: Unavailable at once.
   absl::Duration reconnect_timeout = absl::Seconds(kDefaultReconnectSeconds);
+  // Detach (and so the destructor) waits at most this long (and at most
+  // reconnect_timeout) for a daemon that is away to tell it what this rank
+  // consumed; past it the ledger lacks the rank's last releases, which it
+  // claims if the rank attaches again. Short: a trainer exiting after its
+  // daemon was drained should not hang.
+  absl::Duration detach_timeout = absl::Seconds(5);
 };
 
 // What the trainer needs before its first microbatch of a step (Megatron's
