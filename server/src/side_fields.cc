@@ -1,7 +1,9 @@
 #include "server/internal/side_fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -77,48 +79,34 @@ std::vector<uint8_t> Bytes(T value) {
   return out;
 }
 
-// `value` as one element of `type`; nullopt when it does not fit.
+// `value` as an integer element of type T, when it is one T holds.
+template <typename T>
+absl::StatusOr<std::vector<uint8_t>> IntegerPad(double value, ElementType type) {
+  // (Doubles hold integers exactly up to 2^53, which bounds int64's range.)
+  const double lo = std::max(static_cast<double>(std::numeric_limits<T>::min()), -0x1p53);
+  const double hi = std::min(static_cast<double>(std::numeric_limits<T>::max()), 0x1p53);
+  if (value != std::floor(value) || value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(value, " is not a ", transport::ElementTypeName(type)));
+  }
+  return Bytes(static_cast<T>(value));
+}
+
+// `value` as one element of `type`; InvalidArgument when it does not fit.
 absl::StatusOr<std::vector<uint8_t>> EncodePad(double value, ElementType type) {
-  auto integer = [&](int64_t lo, int64_t hi) -> absl::StatusOr<int64_t> {
-    if (value != std::floor(value) || value < static_cast<double>(lo) ||
-        value > static_cast<double>(hi)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(value, " is not a ", transport::ElementTypeName(type)));
-    }
-    return static_cast<int64_t>(value);
-  };
   switch (type) {
-    case ElementType::kInt8: {
-      absl::StatusOr<int64_t> v = integer(INT8_MIN, INT8_MAX);
-      if (!v.ok()) return v.status();
-      return Bytes(static_cast<int8_t>(*v));
-    }
-    case ElementType::kUInt8: {
-      absl::StatusOr<int64_t> v = integer(0, UINT8_MAX);
-      if (!v.ok()) return v.status();
-      return Bytes(static_cast<uint8_t>(*v));
-    }
-    case ElementType::kInt16: {
-      absl::StatusOr<int64_t> v = integer(INT16_MIN, INT16_MAX);
-      if (!v.ok()) return v.status();
-      return Bytes(static_cast<int16_t>(*v));
-    }
-    case ElementType::kUInt16: {
-      absl::StatusOr<int64_t> v = integer(0, UINT16_MAX);
-      if (!v.ok()) return v.status();
-      return Bytes(static_cast<uint16_t>(*v));
-    }
-    case ElementType::kInt32: {
-      absl::StatusOr<int64_t> v = integer(INT32_MIN, INT32_MAX);
-      if (!v.ok()) return v.status();
-      return Bytes(static_cast<int32_t>(*v));
-    }
-    case ElementType::kInt64: {
-      // Doubles hold integers exactly up to 2^53.
-      absl::StatusOr<int64_t> v = integer(-(int64_t{1} << 53), int64_t{1} << 53);
-      if (!v.ok()) return v.status();
-      return Bytes(*v);
-    }
+    case ElementType::kInt8:
+      return IntegerPad<int8_t>(value, type);
+    case ElementType::kUInt8:
+      return IntegerPad<uint8_t>(value, type);
+    case ElementType::kInt16:
+      return IntegerPad<int16_t>(value, type);
+    case ElementType::kUInt16:
+      return IntegerPad<uint16_t>(value, type);
+    case ElementType::kInt32:
+      return IntegerPad<int32_t>(value, type);
+    case ElementType::kInt64:
+      return IntegerPad<int64_t>(value, type);
     case ElementType::kFloat16:
       return Bytes(FloatToHalf(static_cast<float>(value)));
     case ElementType::kBFloat16:

@@ -21,6 +21,15 @@ def wait_until(condition, what, timeout=20.0, poll=0.05):
     return time.monotonic() - start
 
 
+def start_up_errors(bin_dir, config_path):
+    """Runs packfeedd on a configuration it must refuse; returns its exit
+    code and its [error] lines."""
+    result = subprocess.run([f"{bin_dir}/packfeedd", "--config", str(config_path)],
+                            capture_output=True, text=True, timeout=30)
+    return result.returncode, [line for line in (result.stdout + result.stderr).splitlines()
+                               if "[error]" in line]
+
+
 class Daemon:
     """A packfeedd on a config written to a scratch directory. Use as a
     context manager: the daemon is stopped with SIGTERM and must exit 0."""

@@ -16,6 +16,7 @@ import tempfile
 import time
 
 from ctl_checks import Checks
+from daemon_harness import start_up_errors
 
 WATCHDOG_USEC = 400_000
 
@@ -109,11 +110,8 @@ def test_startup_errors(checks, bin_dir, work, prefix):
     for name, (text, expected) in cases.items():
         config = pathlib.Path(work, "bad.textproto")
         config.write_text(text)
-        result = subprocess.run([f"{bin_dir}/packfeedd", "--config", str(config)],
-                                capture_output=True, text=True, timeout=30)
-        errors = [line for line in (result.stdout + result.stderr).splitlines() if "[error]" in line]
-        checks.check(f"start-up error ({name}): non-zero exit", result.returncode != 0,
-                     result.returncode)
+        code, errors = start_up_errors(bin_dir, config)
+        checks.check(f"start-up error ({name}): non-zero exit", code != 0, code)
         checks.check(f"start-up error ({name}): one error line naming {expected!r}",
                      len(errors) == 1 and expected in errors[0], errors)
     readonly.chmod(0o700)

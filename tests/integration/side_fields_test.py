@@ -14,12 +14,11 @@ Then bad input: each is one clear start-up error.
 
 usage: side_fields_test.py BIN_DIR SOURCE_ROOT"""
 import pathlib
-import subprocess
 import sys
 import tempfile
 
 from ctl_checks import Checks
-from daemon_harness import Daemon
+from daemon_harness import Daemon, start_up_errors
 from thd_reference import (Dataset, coords, moe_entries, rank_fields, rank_positions, read_count,
                            run_key, side_field, stage_layers, token_run, values)
 
@@ -167,11 +166,8 @@ def test_bad_input(checks, bin_dir, work, prefix, other):
     for name, (text, expected) in cases.items():
         config = pathlib.Path(work, "bad.textproto")
         config.write_text(f'socket_path: "{work}/bad.sock"\n' + text)
-        result = subprocess.run([f"{bin_dir}/packfeedd", "--config", str(config)],
-                                capture_output=True, text=True, timeout=30)
-        errors = [line for line in (result.stdout + result.stderr).splitlines() if "[error]" in line]
-        checks.check(f"start-up error ({name}): non-zero exit", result.returncode != 0,
-                     result.returncode)
+        code, errors = start_up_errors(bin_dir, config)
+        checks.check(f"start-up error ({name}): non-zero exit", code != 0, code)
         checks.check(f"start-up error ({name}): one error line naming {expected!r}",
                      len(errors) == 1 and expected in errors[0], errors)
 
