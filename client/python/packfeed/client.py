@@ -233,12 +233,9 @@ class Client:
     def _next_batch(self, timeout: Optional[float]) -> Batch:
         batch = dict.fromkeys(MEGATRON_KEYS)
         batch.update(self._next_fields(timeout))
-        packed = _packed_seq_params_kwargs(batch)  # ints read from the slot, before any copy
+        lengths = _slot_lengths(batch)  # read from the slot, before any copy
         self._place(batch, self._copy)
-        batch["packed_seq_params"] = packed
-        packed.update(cu_seqlens_q=batch["cu_seqlens"], cu_seqlens_kv=batch["cu_seqlens"],
-                      cu_seqlens_q_padded=batch["cu_seqlens_padded"],
-                      cu_seqlens_kv_padded=batch["cu_seqlens_padded"])
+        batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, *lengths)
         return batch
 
     def _next_chunks(self, timeout: Optional[float]) -> List[Batch]:
@@ -247,7 +244,7 @@ class Client:
         copies (the chunks' iterators consume at their own pace), so the
         slot is freed at once."""
         fields = self._next_fields(timeout)
-        packed = _packed_seq_params_kwargs(fields)
+        lengths = _slot_lengths(fields)
         self._place(fields, copy=True)
         chunks = []
         for chunk in range(self.num_chunks):
@@ -256,10 +253,7 @@ class Client:
                 base, _, owner = name.partition("@")
                 if not owner or int(owner) == chunk:
                     batch[base] = tensor
-            batch["packed_seq_params"] = dict(
-                packed, cu_seqlens_q=batch["cu_seqlens"], cu_seqlens_kv=batch["cu_seqlens"],
-                cu_seqlens_q_padded=batch["cu_seqlens_padded"],
-                cu_seqlens_kv_padded=batch["cu_seqlens_padded"])
+            batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, *lengths)
             chunks.append(batch)
         return chunks
 
@@ -355,14 +349,23 @@ def _resolve_device(device: Optional[str | torch.device]) -> Optional[torch.devi
     return None if device.type == "cpu" else device
 
 
-def _packed_seq_params_kwargs(fields: Dict[str, Any]) -> Dict[str, Any]:
-    """The arguments of Megatron's PackedSeqParams for this microbatch
-    (packfeed.megatron.packed_seq_params builds the object itself); the
-    cu_seqlens tensors are filled in once placed."""
+def _slot_lengths(fields: Dict[str, Any]) -> Tuple[int, Optional[int]]:
+    """max_seqlen and local_cp_size (None without dynamic CP) as ints."""
     local_cp_size = fields.get("local_cp_size")
+    return int(fields["max_seqlen"]), None if local_cp_size is None else int(local_cp_size)
+
+
+def _packed_seq_params_kwargs(batch: Batch, max_seqlen: int,
+                              local_cp_size: Optional[int]) -> Dict[str, Any]:
+    """The arguments of Megatron's PackedSeqParams for this microbatch
+    (packfeed.megatron.packed_seq_params builds the object itself)."""
     return {
         "qkv_format": "thd",
-        "max_seqlen_q": int(fields["max_seqlen"]),
-        "max_seqlen_kv": int(fields["max_seqlen"]),
-        "local_cp_size": None if local_cp_size is None else int(local_cp_size),
+        "cu_seqlens_q": batch["cu_seqlens"],
+        "cu_seqlens_kv": batch["cu_seqlens"],
+        "cu_seqlens_q_padded": batch["cu_seqlens_padded"],
+        "cu_seqlens_kv_padded": batch["cu_seqlens_padded"],
+        "max_seqlen_q": max_seqlen,
+        "max_seqlen_kv": max_seqlen,
+        "local_cp_size": local_cp_size,
     }
