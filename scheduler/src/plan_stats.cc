@@ -12,6 +12,32 @@ int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank, int min_cp)
   return c;
 }
 
+namespace {
+
+// Σ_m (max_r W + μ) and M, for StepTime and ComputePlanStats.
+double WithPipeline(double sum_of_max, int microbatches, const CostModel& model) {
+  if (microbatches == 0) return 0.0;
+  const double total = sum_of_max + model.microbatch * microbatches;
+  return total + model.bubble * total / microbatches;
+}
+
+}  // namespace
+
+double StepTime(const GlobalPlan& plan, const CostModel& model) {
+  double sum_of_max = 0.0;
+  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+    double microbatch_max = 0.0;
+    for (const CpGroup& group : microbatch.groups) {
+      double work = 0.0;
+      for (const PlannedSequence& s : group.sequences)
+        work += model.Cost(s.padded_length, group.size);
+      microbatch_max = std::max(microbatch_max, work);
+    }
+    sum_of_max += microbatch_max;
+  }
+  return WithPipeline(sum_of_max, plan.num_microbatches(), model);
+}
+
 PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
                            int64_t max_tokens_per_rank, int min_cp) {
   PlanStats stats;
@@ -23,6 +49,7 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
   int64_t real = 0;
   int64_t padded = 0;
   double inflation_weighted = 0.0;
+  double ideal_work = 0.0;  // Σ cost at c_needed
   for (const PlannedMicrobatch& microbatch : plan.microbatches) {
     double microbatch_max = 0.0;
     for (const CpGroup& group : microbatch.groups) {
@@ -37,6 +64,7 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
         const int needed = NeededCpSize(s.padded_length, max_tokens_per_rank, min_cp);
         inflation_weighted +=
             static_cast<double>(s.length) * group.size / static_cast<double>(needed);
+        ideal_work += model.Cost(s.padded_length, needed) * needed;
       }
       const int64_t per_rank = (tokens + group.size - 1) / group.size;
       stats.max_tokens_on_a_rank = std::max(stats.max_tokens_on_a_rank, per_rank);
@@ -55,6 +83,10 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
   }
   const int64_t capacity = int64_t{n} * max_tokens_per_rank;
   stats.microbatches_lower_bound = static_cast<int>((padded + capacity - 1) / capacity);
+  stats.step_time = WithPipeline(sum_of_max, stats.num_microbatches, model);
+  const int bound = std::max(stats.microbatches_lower_bound, 1);
+  const double ideal = (bound + model.bubble) * (ideal_work / n / bound + model.microbatch);
+  if (ideal > 0) stats.step_time_over_ideal = stats.step_time / ideal;
   if (real > 0) {
     stats.padding_pct = 100.0 * static_cast<double>(padded - real) / static_cast<double>(real);
     stats.cp_inflation = inflation_weighted / static_cast<double>(real);

@@ -1,11 +1,14 @@
 #include "packfeed/scheduler/planner.h"
 
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "packfeed/scheduler/megatron_dp_balanced.h"
 #include "packfeed/scheduler/padding.h"
+#include "packfeed/scheduler/plan_stats.h"
 #include "scheduler/internal/group_merger.h"
 #include "scheduler/internal/plan_refiner.h"
 #include "scheduler/internal/row_packer.h"
@@ -14,6 +17,8 @@ namespace packfeed::scheduler {
 namespace {
 
 constexpr double kUnlimited = 1e300;
+// The middle budget a calibrated model also tries (see PlanGlobalBatch).
+constexpr double kCalibratedBudget = 0.25;
 
 bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
@@ -194,6 +199,34 @@ absl::StatusOr<internal::PackerConfig> PackerConfigOf(const PlannerOptions& opti
   return config;
 }
 
+// Packs at the fewest microbatches (from `lower_bound`, a multiple of
+// `step`) that fit within `budget`, and polishes. If the budget pushes the
+// count past what the batch can fill, giving every rank work matters more:
+// plan without it.
+absl::StatusOr<GlobalPlan> PlanWithBudget(const std::vector<internal::PackerItem>& items,
+                                          internal::PackerConfig config, SchedulerKind kind,
+                                          double budget, int64_t lower_bound, int step) {
+  const int64_t most = static_cast<int64_t>(items.size());
+  absl::Status last = absl::InvalidArgumentError(
+      absl::StrCat("cannot give every one of the ", config.num_ranks,
+                   " ranks a sequence in each of ", lower_bound, " microbatches (a multiple of ",
+                   step, "): the batch holds ", most, " sequences"));
+  for (const double tried : {budget, kUnlimited}) {
+    config.cp_upgrade_budget = tried;
+    for (int64_t rows = lower_bound; rows <= most; rows += step) {
+      absl::StatusOr<GlobalPlan> plan = internal::PackRows(items, static_cast<int>(rows), config);
+      if (plan.ok()) {
+        Polish(*plan, items, config, kind, tried);
+        return plan;
+      }
+      last = plan.status();
+      if (!absl::IsResourceExhausted(last)) break;  // more cannot help
+    }
+    if (tried >= kUnlimited) break;
+  }
+  return absl::InvalidArgumentError(last.message());
+}
+
 }  // namespace
 
 absl::Status CheckSequenceFits(int64_t length, const PlannerOptions& options) {
@@ -227,27 +260,27 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const int64_t capacity = int64_t{config.num_ranks} * config.max_tokens_per_rank;
   const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
   const int64_t lower_bound = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
-  const int64_t most = static_cast<int64_t>(items->size());
-  absl::Status last = absl::InvalidArgumentError(
-      absl::StrCat("cannot give every one of the ", config.num_ranks,
-                   " ranks a sequence in each of ", lower_bound, " microbatches (a multiple of ",
-                   step, "): the batch holds ", most, " sequences"));
-  // If the upgrade budget pushes the microbatch count past what the batch
-  // can fill, giving every rank work matters more: plan without it.
-  for (const double budget : {options.cp_upgrade_budget, kUnlimited}) {
-    config.cp_upgrade_budget = budget;
-    for (int64_t rows = lower_bound; rows <= most; rows += step) {
-      absl::StatusOr<GlobalPlan> plan = internal::PackRows(*items, static_cast<int>(rows), config);
-      if (plan.ok()) {
-        Polish(*plan, *items, config, options.kind, budget);
-        return plan;
-      }
-      last = plan.status();
-      if (!absl::IsResourceExhausted(last)) break;  // more cannot help
-    }
-    if (budget >= kUnlimited) break;
+
+  // Under s²/c the budget stands in for what CP costs. A model that prices
+  // CP and microbatches judges for itself: plan at several budgets and keep
+  // the plan with the lowest modelled step time (the first on a tie).
+  std::vector<double> budgets = {options.cp_upgrade_budget};
+  if (options.kind == SchedulerKind::kDynamicCp && config.cost_model.ModelsOverheads()) {
+    budgets = {0.0, options.cp_upgrade_budget, kCalibratedBudget, kUnlimited};
   }
-  return absl::InvalidArgumentError(last.message());
+  std::optional<GlobalPlan> best;
+  double best_time = 0;
+  for (const double budget : budgets) {
+    absl::StatusOr<GlobalPlan> plan =
+        PlanWithBudget(*items, config, options.kind, budget, lower_bound, step);
+    if (!plan.ok()) return plan.status();
+    const double time = StepTime(*plan, config.cost_model);
+    if (!best || time < best_time) {
+      best = *std::move(plan);
+      best_time = time;
+    }
+  }
+  return *std::move(best);
 }
 
 }  // namespace packfeed::scheduler

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "exit_code.h"
+#include "google/protobuf/text_format.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/dataset/dataset_generator.h"
@@ -40,6 +41,10 @@ struct PlanArgs {
   int max_cp = 0;
   double cp_upgrade_budget = 0.05;
   std::string cost_model = "megatron";
+  std::string model_shape;  // text format of v1::ModelShape
+  std::string hardware;     // text format of v1::HardwareRates
+  int pp = 1;
+  int virtual_stages = 1;
   int64_t steps = 0;  // 0: every whole global batch of the file
   std::string dump_plan;
   bool json = false;
@@ -117,6 +122,17 @@ absl::StatusOr<std::vector<int64_t>> LoadLengths(const PlanArgs& args) {
   return drawn;
 }
 
+// The planner's model when it is calibrated, else the llama8b preset on the
+// same topology and hardware: what every plan is judged by beside s²/c.
+absl::StatusOr<scheduler::CostModel> CalibratedJudge(const scheduler::CostModel& planner,
+                                                     v1::SchedulerConfig scheduler,
+                                                     const v1::Topology& topology) {
+  if (planner.ModelsOverheads()) return planner;
+  scheduler.set_cost_model("llama8b");
+  scheduler.clear_model_shape();
+  return CostModelOf(scheduler, topology);
+}
+
 // A configured job's first `steps` global batches (0 = 1), drawn and
 // measured exactly as packfeedd plans them: the same sampler, sample rules
 // and planner options (packfeed/server/job_config.h).
@@ -140,6 +156,9 @@ absl::StatusOr<ConfiguredBatches> LoadConfiguredBatches(const PlanArgs& args) {
   }
   ConfiguredBatches out;
   PF_ASSIGN_OR_RETURN(out.options.planner, PlannerOptionsOf(*job));
+  PF_ASSIGN_OR_RETURN(
+      out.options.calibrated_model,
+      CalibratedJudge(out.options.planner.cost_model, job->scheduler(), job->topology()));
   out.options.global_batch = job->global_batch();
   out.options.steps = std::max<int64_t>(args.steps, 1);
   const dataset::SampleRules rules = SampleRulesOf(*job);
@@ -170,7 +189,26 @@ absl::StatusOr<ConfiguredBatches> LoadConfiguredBatches(const PlanArgs& args) {
 absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
   ReplayOptions options;
   PF_ASSIGN_OR_RETURN(options.planner.kind, scheduler::SchedulerKindFromName(args.scheduler));
-  PF_ASSIGN_OR_RETURN(options.planner.cost_model, scheduler::CostModelFromName(args.cost_model));
+  v1::SchedulerConfig scheduler;
+  scheduler.set_cost_model(args.cost_model);
+  const auto parse = [](const char* flag, const std::string& text,
+                        google::protobuf::Message* message) -> absl::Status {
+    if (google::protobuf::TextFormat::ParseFromString(text, message)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(flag, " '", text, "' is not valid"));
+  };
+  if (!args.model_shape.empty()) {
+    PF_RETURN_IF_ERROR(parse("--model-shape", args.model_shape, scheduler.mutable_model_shape()));
+  }
+  if (!args.hardware.empty()) {
+    PF_RETURN_IF_ERROR(parse("--hardware", args.hardware, scheduler.mutable_hardware()));
+  }
+  v1::Topology topology;
+  topology.set_tp(static_cast<uint32_t>(args.tp));
+  topology.set_pp(static_cast<uint32_t>(args.pp));
+  topology.set_vpp(static_cast<uint32_t>(args.virtual_stages));
+  PF_ASSIGN_OR_RETURN(options.planner.cost_model, CostModelOf(scheduler, topology));
+  PF_ASSIGN_OR_RETURN(options.calibrated_model,
+                      CalibratedJudge(options.planner.cost_model, scheduler, topology));
   options.planner.dp = args.dp;
   options.planner.cp = args.cp;
   options.planner.tp = args.tp;
@@ -186,6 +224,12 @@ absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
   options.global_batch = args.global_batch;
   options.steps = args.steps;
   return options;
+}
+
+nlohmann::ordered_json CoefficientsJson(const scheduler::CostModel& model) {
+  return {{"alpha", model.alpha},           {"beta", model.beta},
+          {"kappa", model.kappa},           {"lambda", model.lambda},
+          {"microbatch", model.microbatch}, {"bubble", model.bubble}};
 }
 
 absl::Status Plan(const PlanArgs& args) {
@@ -217,6 +261,8 @@ absl::Status Plan(const PlanArgs& args) {
   nlohmann::ordered_json out;
   out["scheduler"] = scheduler_name;
   out["cost_model"] = cost_model;
+  out["cost_model_coefficients"] = CoefficientsJson(options.planner.cost_model);
+  out["calibrated_model_coefficients"] = CoefficientsJson(options.calibrated_model);
   out["steps"] = summary->steps;
   out["dp"] = options.planner.dp;
   out["cp"] = options.planner.cp;
@@ -224,6 +270,7 @@ absl::Status Plan(const PlanArgs& args) {
   out["global_batch"] = options.global_batch;
   out["step_over_ideal"] = summary->step_over_ideal;
   out["step_over_ideal_full_model"] = summary->step_over_ideal_full_model;
+  out["step_time_over_ideal_calibrated"] = summary->step_time_over_ideal_calibrated;
   out["step_over_ideal_bound"] = summary->step_over_ideal_bound;
   out["rank_sum_max_over_mean"] = summary->rank_sum_max_over_mean;
   out["microbatches_mean"] = summary->microbatches_mean;
@@ -301,8 +348,22 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                    "weighted) the plan may spend to save microbatches and "
                    "balance (1e9 = fewest microbatches)")
       ->capture_default_str();
-  plan->add_option("--cost-model", args->cost_model,
-                   absl::StrCat("What the planner balances: ", scheduler::kCostModelNames))
+  plan->add_option(
+          "--cost-model", args->cost_model,
+          absl::StrCat("What the planner minimises: ", scheduler::kCostModelNames, " | custom"))
+      ->capture_default_str();
+  plan->add_option("--model-shape", args->model_shape,
+                   "With --cost-model custom: the model, as text, e.g. 'layers: 32 hidden: 4096 "
+                   "heads: 32 kv_heads: 8 ffn_hidden: 14336 vocab: 128256'");
+  plan->add_option("--hardware", args->hardware,
+                   "Calibrated models: rates, as text, e.g. 'tflops: 400 cp_link_gbps: 100 "
+                   "cp_latency_us: 20 exposed_fraction: 0.5 microbatch_overhead_ms: 1'");
+  plan->add_option("--pp", args->pp,
+                   "Pipeline stages (calibrated models: layers per stage, "
+                   "bubble)")
+      ->capture_default_str();
+  plan->add_option("--virtual-stages", args->virtual_stages,
+                   "Virtual pipeline stages per rank (calibrated models: bubble)")
       ->capture_default_str();
   plan->add_option("--steps", args->steps, "Global batches to replay (0 = all)")
       ->capture_default_str();

@@ -24,8 +24,9 @@ struct ReplayOptions {
   // Global batches to replay from the start of the trace; 0 = every whole
   // one it holds.
   int64_t steps = 0;
-  // The second model every plan is judged by, beside s²/c.
-  scheduler::CostModel full_model = scheduler::CostModel::Llama8b();
+  // The calibrated model every plan is also judged by, beside s²/c: the
+  // planner's own when it is calibrated.
+  scheduler::CostModel calibrated_model;
   bool keep_plans = false;
 };
 
@@ -33,7 +34,9 @@ struct ReplayOptions {
 struct ReplaySummary {
   int64_t steps = 0;
   double step_over_ideal = 0;             // under s²/c
-  double step_over_ideal_full_model = 0;  // under full_model
+  double step_over_ideal_full_model = 0;  // Σ max / (Σ W / N) under calibrated_model
+  // Modelled step time over the ideal, under calibrated_model (plan_stats.h).
+  double step_time_over_ideal_calibrated = 0;
   // What no plan can beat under s²/c: max(ideal, the heaviest sequence's
   // per-rank cost at its smallest CP size) / ideal.
   double step_over_ideal_bound = 0;

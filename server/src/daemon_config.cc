@@ -11,6 +11,7 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
+#include "packfeed/server/job_config.h"
 #include "packfeed/transport/wire.h"
 #include "server/internal/model_stages.h"
 #include "server/internal/side_fields.h"
@@ -151,7 +152,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   if (s.max_tokens_per_rank() < 1) {
     return FieldError(where, "scheduler.max_tokens_per_rank", "required (>= 1)");
   }
-  if (absl::Status model = scheduler::CostModelFromName(s.cost_model()).status(); !model.ok()) {
+  if (absl::Status model = CostModelOf(s, t).status(); !model.ok()) {
     return FieldError(where, "scheduler.cost_model", model.message());
   }
   for (auto [field, value] : {std::pair{"min_cp", s.min_cp()}, {"max_cp", s.max_cp()}}) {

@@ -118,7 +118,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
                     "|");
   }
   parts.scheduler = absl::StrCat(
-      s.kind(), ";", s.cost_model(), ";", s.cp_upgrade_budget(), ";",
+      s.kind(), ";", s.cost_model(), ";", s.model_shape().ShortDebugString(), ";",
+      s.hardware().ShortDebugString(), ";", s.cp_upgrade_budget(), ";",
       Canonical({s.max_tokens_per_rank(), s.min_cp(), s.max_cp(), s.max_sequences_per_pack()}));
   parts.sampler = Canonical({config.sampler(), static_cast<int64_t>(config.seed())});
   job->fingerprint_ = MakeFingerprint(parts);

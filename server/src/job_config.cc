@@ -1,16 +1,81 @@
 #include "packfeed/server/job_config.h"
 
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
 
 namespace packfeed::server {
+
+absl::StatusOr<scheduler::CostModel> CostModelOf(const v1::SchedulerConfig& s,
+                                                 const v1::Topology& t) {
+  const bool custom = s.cost_model() == "custom";
+  if (s.has_model_shape() != custom) {
+    return absl::InvalidArgumentError(
+        custom ? "cost_model \"custom\" needs model_shape"
+               : absl::StrCat("model_shape is only for cost_model \"custom\", not \"",
+                              s.cost_model(), "\""));
+  }
+  if (s.cost_model() == "megatron") {
+    if (s.has_hardware()) {
+      return absl::InvalidArgumentError("hardware has no meaning for cost_model \"megatron\"");
+    }
+    return scheduler::CostModel::Megatron();
+  }
+  scheduler::ModelShape shape;
+  if (custom) {
+    const v1::ModelShape& m = s.model_shape();
+    for (auto [name, value] : {std::pair{"layers", m.layers()},
+                               {"hidden", m.hidden()},
+                               {"heads", m.heads()},
+                               {"ffn_hidden", m.ffn_hidden()}}) {
+      if (value == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("model_shape.", name, " must be >= 1"));
+      }
+    }
+    shape = {m.layers(),     m.hidden(), m.heads(),     m.kv_heads() > 0 ? m.kv_heads() : m.heads(),
+             m.ffn_hidden(), m.vocab(),  !m.plain_mlp()};
+  } else {
+    absl::StatusOr<scheduler::ModelShape> preset = scheduler::ModelPreset(s.cost_model());
+    if (!preset.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown cost model '", s.cost_model(),
+                                                     "'; expected ", scheduler::kCostModelNames,
+                                                     " | custom"));
+    }
+    shape = *preset;
+  }
+  scheduler::Hardware hardware;
+  const v1::HardwareRates& h = s.hardware();
+  // Rates must be positive; the rest may be zero.
+  for (auto [name, has, value, target, rate] :
+       {std::tuple{"tflops", h.has_tflops(), h.tflops(), &hardware.tflops, true},
+        {"cp_link_gbps", h.has_cp_link_gbps(), h.cp_link_gbps(), &hardware.cp_link_gbps, true},
+        {"cp_latency_us", h.has_cp_latency_us(), h.cp_latency_us(), &hardware.cp_latency_us, false},
+        {"exposed_fraction", h.has_exposed_fraction(), h.exposed_fraction(),
+         &hardware.exposed_fraction, false},
+        {"microbatch_overhead_ms", h.has_microbatch_overhead_ms(), h.microbatch_overhead_ms(),
+         &hardware.microbatch_overhead_ms, false}}) {
+    if (!has) continue;
+    if (!(rate ? value > 0 : value >= 0) || std::isinf(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hardware.", name, " = ", value, rate ? " must be > 0" : " must be >= 0"));
+    }
+    *target = value;
+  }
+  const auto at_least_one = [](uint32_t x) { return static_cast<int>(std::max<uint32_t>(x, 1)); };
+  return scheduler::Calibrate(shape, hardware,
+                              {at_least_one(t.tp()), at_least_one(t.pp()), at_least_one(t.vpp())});
+}
 
 absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& job) {
   const v1::Topology& t = job.topology();
   const v1::SchedulerConfig& s = job.scheduler();
   scheduler::PlannerOptions options;
   PF_ASSIGN_OR_RETURN(options.kind, scheduler::SchedulerKindFromName(s.kind()));
-  PF_ASSIGN_OR_RETURN(options.cost_model, scheduler::CostModelFromName(s.cost_model()));
+  PF_ASSIGN_OR_RETURN(options.cost_model, CostModelOf(s, t));
   options.dp = static_cast<int>(t.dp());
   options.cp = static_cast<int>(t.cp());
   options.tp = static_cast<int>(t.tp());

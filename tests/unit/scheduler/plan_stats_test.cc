@@ -39,6 +39,22 @@ TEST(PlanStatsTest, FiguresFollowTheirDefinitions) {
   EXPECT_EQ(SmallPlan().flops, (FlopsInputs{14, 16 + 4 + 64, 13, 9 + 4 + 64}));
 }
 
+TEST(PlanStatsTest, StepTimeAddsMicrobatchCostAndTheBubble) {
+  // s²/c plus μ = 10 per microbatch and a bubble of 1 (PP 2): maxima 16
+  // and 32, so (16 + 10) + (32 + 10) = 68, plus one mean microbatch 34.
+  CostModel model;
+  model.microbatch = 10;
+  model.bubble = 1;
+  const PlanStats stats = ComputePlanStats(SmallPlan(), model, /*max_tokens_per_rank=*/4);
+  EXPECT_DOUBLE_EQ(StepTime(SmallPlan(), model), 68 + 34);
+  EXPECT_DOUBLE_EQ(stats.step_time, 68 + 34);
+  // Ideal: every sequence at its needed CP (16 + 4 + 64 = 84 over 2 ranks),
+  // in the lower bound of 2 microbatches: (2 + 1) · (42 / 2 + 10) = 93.
+  EXPECT_DOUBLE_EQ(stats.step_time_over_ideal, 102.0 / 93.0);
+  // Under s²/c alone the step time is Σ max.
+  EXPECT_DOUBLE_EQ(StepTime(SmallPlan(), CostModel::Megatron()), 48);
+}
+
 TEST(PlanStatsTest, CpInflationCountsNeedlessSplits) {
   // The 8-token sequence at CP 2 with a cap of 8 needs CP 1: inflation
   // (3·1 + 2·1 + 8·2) / 13.
@@ -52,7 +68,7 @@ TEST(PlanStatsTest, CpInflationCountsNeedlessSplits) {
 TEST(PlanStatsTest, CpIsNeverFreeUnderTheFullModel) {
   // A 400-token chat message split 16 ways costs the group more in total
   // than running it on one rank; under Megatron's s²/c it looks free.
-  const CostModel full = CostModel::Llama8b();
+  const CostModel full = *CostModelFromName("llama8b");
   EXPECT_GT(16 * full.Cost(400, 16), full.Cost(400, 1));
   const CostModel megatron = CostModel::Megatron();
   EXPECT_LT(16 * megatron.Cost(400, 16), 1.0001 * megatron.Cost(400, 1));

@@ -95,8 +95,8 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind) {
   } else {
     largest = o.cp;
   }
-  o.cost_model =
-      Uniform(rng, 0, 1) == 0 ? CostModel::Megatron() : CostModel::FromModel(1024, 4096, 256);
+  o.cost_model = Uniform(rng, 0, 1) == 0 ? CostModel::Megatron()
+                                         : Calibrate({8, 1024, 8, 2, 4096, 32000, true}, {}, {});
   o.cp_upgrade_budget = Uniform(rng, 0, 1) == 0 ? 0.05 : 1.0;
   // Enough sequences to give every rank of several microbatches one; a mix
   // of tiny ones, typical ones and ones that need the largest group.

@@ -5,11 +5,18 @@
 //   cost(s, c) = (α·s² + β·s) / c  +  [c > 1]·(κ·s·(c−1)/c + λ·(c−1))
 // The first term is compute split c ways. The second is what CP adds and
 // does not divide away: each rank receives the K/V of the other c−1 chunks
-// (κ per token, the part compute may not hide) and pays a per-peer launch
-// cost λ. With κ = λ = 0 CP looks free, and a planner judged by that alone
-// splits every sequence across every rank.
+// (κ per token, the part compute does not hide) and pays a per-peer ring
+// step (λ). A step then costs
+//   Σ_m (max_r W[m][r] + μ)  +  bubble · mean_m (max_r W[m][r] + μ)
+// with μ a fixed cost per microbatch and bubble = (PP − 1) / VPP slots of
+// the pipeline's fill and drain (StepTime in plan_stats.h).
+//
+// Megatron's estimator is s²/c alone (α = 1, the rest 0): CP and extra
+// microbatches look free under it. A calibrated model (Calibrate) is in
+// seconds, from the model's shape and the hardware's rates.
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -17,36 +24,19 @@
 namespace packfeed::scheduler {
 
 struct CostModel {
-  double alpha = 1.0;   // per s² (attention)
-  double beta = 0.0;    // per token (projections, MLP)
-  double kappa = 0.0;   // per token × (c−1)/c of K/V exchange
-  double lambda = 0.0;  // per extra CP peer
+  double alpha = 1.0;       // per s² (attention)
+  double beta = 0.0;        // per token (projections, MLP, logits)
+  double kappa = 0.0;       // per token × (c−1)/c of K/V exchange
+  double lambda = 0.0;      // per extra CP peer
+  double microbatch = 0.0;  // μ: fixed cost of one microbatch on a rank
+  double bubble = 0.0;      // (PP − 1) / VPP
 
   // Megatron's estimator: s²/c, nothing else.
   static CostModel Megatron() { return {}; }
 
-  // From a transformer's shape, in units of 4·h FLOPs so that α = 1. Per
-  // layer forward: attention scores and values 4·h·s², projections 8·h²·s,
-  // MLP ≈ 4·h·f·s, so β = 2h + f. Under CP each rank receives the K/V of
-  // the other chunks: 2·kv_hidden bf16 values = 4·kv_hidden bytes per token;
-  // at `flops_per_byte` (an accelerator's FLOP rate over its CP link's byte
-  // rate, ≈ 1000 for H100 over NVLink) and with `exposed_fraction` of it
-  // not hidden behind compute, κ = exposed · 4·kv_hidden · flops_per_byte /
-  // 4h. λ: one ring step's launch and sync, ≈ 10 µs at 400 TFLOP/s.
-  static CostModel FromModel(int64_t hidden, int64_t ffn_hidden, int64_t kv_hidden,
-                             double exposed_fraction = 0.5, double flops_per_byte = 1000.0) {
-    const double unit = 4.0 * static_cast<double>(hidden);
-    CostModel model;
-    model.alpha = 1.0;
-    model.beta = 2.0 * static_cast<double>(hidden) + static_cast<double>(ffn_hidden);
-    model.kappa = exposed_fraction * 4.0 * static_cast<double>(kv_hidden) * flops_per_byte / unit;
-    model.lambda = 10e-6 * 400e12 / unit;
-    return model;
-  }
-
-  // Llama-3-8B's shape (hidden 4096, FFN 14336, 8 KV heads of 128): the
-  // preset named "llama8b", and the second model bench figures judge by.
-  static CostModel Llama8b() { return FromModel(4096, 14336, 1024); }
+  // True when anything besides s²/c and s/c is modelled: only then can the
+  // planner weigh CP and microbatch count against balance.
+  bool ModelsOverheads() const { return kappa > 0 || lambda > 0 || microbatch > 0 || bubble > 0; }
 
   double Cost(int64_t padded_length, int cp_size) const {
     const double s = static_cast<double>(padded_length);
@@ -57,12 +47,61 @@ struct CostModel {
   }
 };
 
+// A transformer's shape, as its Hugging Face or Megatron config gives it.
+struct ModelShape {
+  int64_t layers = 32;
+  int64_t hidden = 4096;
+  int64_t heads = 32;
+  int64_t kv_heads = 8;
+  int64_t ffn_hidden = 14336;
+  int64_t vocab = 128256;
+  bool gated_mlp = true;  // SwiGLU: three FFN matrices, not two
+};
+
+// Rates of the machine the job runs on; defaults are an H100 SXM node.
+struct Hardware {
+  double tflops = 400;                  // achieved dense BF16 TFLOP/s per GPU
+  double cp_link_gbps = 100;            // achieved GB/s per direction between CP ranks
+  double cp_latency_us = 20;            // one ring-attention step (send, receive, sync)
+  double exposed_fraction = 0.5;        // of the K/V exchange not hidden by compute
+  double microbatch_overhead_ms = 1.0;  // launches, syncs and the THD set-up per microbatch
+};
+
+struct ModelParallelism {
+  int tp = 1;
+  int pp = 1;
+  int vpp = 1;  // virtual stages per pipeline rank (1 = off)
+};
+
+// The cost model, in seconds per rank, of training (forward and backward,
+// 3× the forward FLOPs) one pipeline stage's layers (layers / PP, plus the
+// logits when PP = 1) at TP-way tensor parallelism:
+//   α = 3 · 2·h·L / (F·TP)        causal attention: QKᵀ and AV over s²/2
+//   β = 3 · L·(2h(h + 2·kv) + 2h² + 2·m·h·f) / (F·TP)  [+ 3 · 2·h·V / (F·TP)]
+//   κ = exposed · 3 · L · 4·kv / TP / B   K and V in bf16, again and their
+//                                          gradients in the backward pass
+//   λ = 3 · L · latency                 one ring step per peer per layer
+//   μ = microbatch overhead, bubble = (PP − 1) / VPP
+// with h the hidden size, kv = kv_heads · h / heads, f the FFN size, m = 3
+// for a gated MLP (2 otherwise), L the layers per stage, F FLOP/s, B bytes/s.
+CostModel Calibrate(const ModelShape& shape, const Hardware& hardware,
+                    const ModelParallelism& parallelism);
+
+// Shapes by name: "llama1b" (Llama-3.2-1B), "llama8b" (Llama-3-8B),
+// "llama70b" (Llama-3-70B). NotFound for any other name.
+absl::StatusOr<ModelShape> ModelPreset(absl::string_view name);
+
 // The names a configuration or `packfeedctl plan --cost-model` may give,
 // for help texts and errors.
-inline constexpr absl::string_view kCostModelNames = "megatron | llama8b";
+inline constexpr absl::string_view kCostModelNames = "megatron | llama1b | llama8b | llama70b";
 
-// The cost model `name` names; InvalidArgument for any other name.
-absl::StatusOr<CostModel> CostModelFromName(absl::string_view name);
+// "megatron", or a preset calibrated for the default hardware and
+// `parallelism`; InvalidArgument for any other name.
+absl::StatusOr<CostModel> CostModelFromName(absl::string_view name,
+                                            const ModelParallelism& parallelism = {});
+
+// "α=… β=… κ=… λ=… μ=… bubble=…", for logs and `packfeedctl plan`.
+std::string DescribeCostModel(const CostModel& model);
 
 }  // namespace packfeed::scheduler
 

@@ -10,6 +10,10 @@
 //   padding %     = (Σ padded − Σ real) / Σ real · 100
 //   CP inflation  = token-weighted mean of c / c_needed, c_needed = the
 //                   smallest power of two ≥ min CP with ⌈padded/c⌉ ≤ cap
+//   step time     = Σ_m (max_r W[m][r] + μ) + bubble · mean_m (max_r W + μ)
+//   step time / ideal: over the same with every sequence at c_needed,
+//                   perfect balance and the M lower bound:
+//                   ideal = (LB + bubble) · (Σ_i cost(s_i, c_needed) / N / LB + μ)
 
 #include <cstdint>
 #include <map>
@@ -28,11 +32,17 @@ struct PlanStats {
   double cp_inflation = 1.0;
   int64_t max_tokens_on_a_rank = 0;          // per microbatch, after the CP split
   std::map<int, int64_t> cp_size_histogram;  // c → sequences run at c
+  double step_time = 0.0;                    // in the model's unit (seconds when calibrated)
+  double step_time_over_ideal = 1.0;
 };
 
 // REQUIRES: max_tokens_per_rank >= 1, min_cp >= 1, a well-formed plan.
 PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
                            int64_t max_tokens_per_rank, int min_cp = 1);
+
+// Σ_m (max_r W[m][r] + μ) + bubble · mean_m (max_r W[m][r] + μ): what the
+// planners minimise.
+double StepTime(const GlobalPlan& plan, const CostModel& model);
 
 // The smallest power of two c ≥ min_cp with ⌈padded/c⌉ ≤ max_tokens_per_rank.
 int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank, int min_cp);

@@ -21,6 +21,12 @@ namespace packfeed::server {
 // REQUIRES: `job` passed ValidateJobConfig (defaults filled).
 absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& job);
 
+// The cost model `scheduler` names, calibrated for `topology`'s TP, PP and
+// VPP: "megatron", a preset, or "custom" from model_shape; hardware
+// overrides the default rates. InvalidArgument naming the field otherwise.
+absl::StatusOr<scheduler::CostModel> CostModelOf(const v1::SchedulerConfig& scheduler,
+                                                 const v1::Topology& topology);
+
 dataset::SampleRules SampleRulesOf(const v1::JobConfig& job);
 
 // `num_documents[i]`: documents of job.datasets(i).

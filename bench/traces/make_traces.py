@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Makes the length traces of the families the public traces lack.
+
+  make_traces.py [--out DIR]
+
+Writes, one sequence length (tokens) per line, 16 384 lines each:
+
+  trace_code_files.txt      heavy-tailed: sizes of the C/C++ headers under
+                            /usr/include and the Python sources under
+                            /usr/lib/python3/dist-packages of the machine it
+                            runs on (Debian 12 for the committed copy)
+  trace_doc_paragraphs.txt  many tiny sequences: paragraphs (blank-line
+                            separated) of the text files under /usr/share/doc
+  trace_chat_longdoc.txt    bimodal: chat turns plus long documents, drawn
+                            from a stated mixture (below), since no chat
+                            corpus is on the machine
+
+Tokens are bytes / 3.5 rounded up (about what BPE tokenizers give for
+English and code; no tokenizer is installed here). Documents longer than
+MAX_LENGTH are cut into pieces of MAX_LENGTH and a remainder, as the
+daemon's long_documents: SPLIT does. Order: a seeded shuffle, so that every
+global batch mixes the whole distribution. The committed .txt files are the
+output of this script; traces_meta.json records their statistics.
+"""
+
+import argparse
+import gzip
+import json
+import math
+import os
+import random
+import statistics
+
+COUNT = 16384
+MAX_LENGTH = 65536  # fits 16 ranks × 4 096 tokens at the largest CP group
+BYTES_PER_TOKEN = 3.5
+SEED = 20261123
+
+# Chat turns: lognormal, median 300 tokens, σ 1.0 (a few hundred tokens per
+# turn, as public chat logs show); 8 % long documents: lognormal, median
+# 12 000, σ 0.8. The parameters are ours, stated, not fitted to a dataset.
+CHAT = {"median": 300, "sigma": 1.0, "min": 8}
+LONG = {"share": 0.08, "median": 12000, "sigma": 0.8}
+
+
+def tokens(size_bytes):
+    return max(1, math.ceil(size_bytes / BYTES_PER_TOKEN))
+
+
+def split(length):
+    pieces = [MAX_LENGTH] * (length // MAX_LENGTH)
+    if length % MAX_LENGTH:
+        pieces.append(length % MAX_LENGTH)
+    return pieces
+
+
+def files_under(root, suffixes):
+    for directory, _, names in sorted(os.walk(root)):
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            if name.endswith(suffixes) and os.path.isfile(path) and not os.path.islink(path):
+                yield path
+
+
+def code_files():
+    lengths = []
+    for root, suffixes in (("/usr/include", (".h", ".hpp", ".hh", ".inc")),
+                           ("/usr/lib/python3/dist-packages", (".py",))):
+        for path in files_under(root, suffixes):
+            size = os.path.getsize(path)
+            if size > 0:
+                lengths.extend(split(tokens(size)))
+    return lengths
+
+
+def doc_paragraphs():
+    lengths = []
+    for path in files_under("/usr/share/doc", ("", )):
+        opener = gzip.open if path.endswith(".gz") else open
+        try:
+            with opener(path, "rb") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if b"\0" in text[:4096]:
+            continue  # not text
+        for paragraph in text.split(b"\n\n"):
+            paragraph = paragraph.strip()
+            if paragraph:
+                lengths.extend(split(tokens(len(paragraph))))
+    return lengths
+
+
+def chat_longdoc(rng):
+    lengths = []
+    for _ in range(COUNT):
+        if rng.random() < LONG["share"]:
+            length = rng.lognormvariate(math.log(LONG["median"]), LONG["sigma"])
+        else:
+            length = rng.lognormvariate(math.log(CHAT["median"]), CHAT["sigma"])
+        lengths.append(min(MAX_LENGTH, max(CHAT["min"], round(length))))
+    return lengths
+
+
+def sample(lengths, rng):
+    if len(lengths) < COUNT:
+        raise SystemExit(f"only {len(lengths)} lengths found; need {COUNT}")
+    rng.shuffle(lengths)
+    return lengths[:COUNT]
+
+
+def summary(lengths):
+    ordered = sorted(lengths)
+    return {
+        "count": len(lengths),
+        "mean": statistics.fmean(lengths),
+        "median": statistics.median(lengths),
+        "p99": ordered[int(0.99 * len(ordered))],
+        "min": ordered[0],
+        "max": ordered[-1],
+        "sum": sum(lengths),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    args = parser.parse_args()
+    rng = random.Random(SEED)
+    traces = {
+        "trace_code_files": (sample(code_files(), rng),
+                             "sizes of /usr/include headers and dist-packages .py files"),
+        "trace_doc_paragraphs": (sample(doc_paragraphs(), rng),
+                                 "paragraphs of /usr/share/doc text files"),
+        "trace_chat_longdoc": (chat_longdoc(rng),
+                               f"mixture: chat {CHAT}, long documents {LONG}"),
+    }
+    meta = {}
+    for name, (lengths, source) in traces.items():
+        with open(os.path.join(args.out, name + ".txt"), "w") as f:
+            f.write("".join(f"{n}\n" for n in lengths))
+        meta[name] = {"source": source, "bytes_per_token": BYTES_PER_TOKEN,
+                      "max_length": MAX_LENGTH, "seed": SEED, **summary(lengths)}
+    with open(os.path.join(args.out, "traces_meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    for name, entry in meta.items():
+        print(f"{name}: mean {entry['mean']:.0f}, median {entry['median']}, "
+              f"p99 {entry['p99']}, max {entry['max']}")
+
+
+if __name__ == "__main__":
+    main()
