@@ -17,7 +17,8 @@ Writes, one sequence length (tokens) per line, 16 384 lines each:
 
 Tokens are bytes / 3.5 rounded up (about what BPE tokenizers give for
 English and code; no tokenizer is installed here). Documents longer than
-MAX_LENGTH are cut into pieces of MAX_LENGTH and a remainder, as the
+MAX_LENGTH (PARAGRAPH_MAX_LENGTH for paragraphs) are cut into pieces of that
+length and a remainder, as the
 daemon's long_documents: SPLIT does. Order: a seeded shuffle, so that every
 global batch mixes the whole distribution. The committed .txt files are the
 output of this script; traces_meta.json records their statistics.
@@ -33,6 +34,7 @@ import statistics
 
 COUNT = 16384
 MAX_LENGTH = 65536  # fits 16 ranks × 4 096 tokens at the largest CP group
+PARAGRAPH_MAX_LENGTH = 8192  # the many-tiny family: a giant would be its own case
 BYTES_PER_TOKEN = 3.5
 SEED = 20261123
 
@@ -47,10 +49,10 @@ def tokens(size_bytes):
     return max(1, math.ceil(size_bytes / BYTES_PER_TOKEN))
 
 
-def split(length):
-    pieces = [MAX_LENGTH] * (length // MAX_LENGTH)
-    if length % MAX_LENGTH:
-        pieces.append(length % MAX_LENGTH)
+def split(length, most=MAX_LENGTH):
+    pieces = [most] * (length // most)
+    if length % most:
+        pieces.append(length % most)
     return pieces
 
 
@@ -87,7 +89,7 @@ def doc_paragraphs():
         for paragraph in text.split(b"\n\n"):
             paragraph = paragraph.strip()
             if paragraph:
-                lengths.extend(split(tokens(len(paragraph))))
+                lengths.extend(split(tokens(len(paragraph)), PARAGRAPH_MAX_LENGTH))
     return lengths
 
 
@@ -140,7 +142,7 @@ def main():
         with open(os.path.join(args.out, name + ".txt"), "w") as f:
             f.write("".join(f"{n}\n" for n in lengths))
         meta[name] = {"source": source, "bytes_per_token": BYTES_PER_TOKEN,
-                      "max_length": MAX_LENGTH, "seed": SEED, **summary(lengths)}
+                      "seed": SEED, **summary(lengths)}
     with open(os.path.join(args.out, "traces_meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")

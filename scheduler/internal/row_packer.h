@@ -66,12 +66,21 @@ SequenceShape ShapeAt(int64_t length, int cp_size, const PackerConfig& config);
 // by padded rather than real tokens).
 double Inflation(const PackerItem& item, int cp_size, const PackerConfig& config);
 
-// Packs `items` into exactly `rows` microbatches.
+// A batch's items and what every PackRows call for it shares: each item's
+// per-rank cost at its own size, and the items by that cost, heaviest first
+// (ties by sample). Sorting once matters at 100 000 sequences.
+struct PackerBatch {
+  std::vector<PackerItem> items;
+  std::vector<double> own_cost;
+  std::vector<int> order;
+};
+PackerBatch MakePackerBatch(std::vector<PackerItem> items, const PackerConfig& config);
+
+// Packs the batch into exactly `rows` microbatches.
 // ResourceExhausted when the sequences do not fit in `rows` (the caller
 // tries more); InvalidArgument when no row count can work (too few
 // sequences to give every rank one).
-absl::StatusOr<GlobalPlan> PackRows(const std::vector<PackerItem>& items, int rows,
-                                    const PackerConfig& config);
+absl::StatusOr<GlobalPlan> PackRows(const PackerBatch& batch, int rows, const PackerConfig& config);
 
 }  // namespace packfeed::scheduler::internal
 

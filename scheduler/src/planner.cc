@@ -17,8 +17,11 @@ namespace packfeed::scheduler {
 namespace {
 
 constexpr double kUnlimited = 1e300;
-// The middle budget a calibrated model also tries (see PlanGlobalBatch).
-constexpr double kCalibratedBudget = 0.25;
+
+// Each candidate plan costs a full pack. Past this many sequences × ranks a
+// batch is packed once, at the configured budget, so that 8 192 sequences
+// over 1 024 ranks plan within 20 ms (docs/SCHEDULER.md, "Scale").
+constexpr int64_t kExploreWork = int64_t{1} << 22;
 
 bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
@@ -199,25 +202,33 @@ absl::StatusOr<internal::PackerConfig> PackerConfigOf(const PlannerOptions& opti
   return config;
 }
 
-// Packs at the fewest microbatches (from `lower_bound`, a multiple of
-// `step`) that fit within `budget`, and polishes. If the budget pushes the
-// count past what the batch can fill, giving every rank work matters more:
-// plan without it.
-absl::StatusOr<GlobalPlan> PlanWithBudget(const std::vector<internal::PackerItem>& items,
-                                          internal::PackerConfig config, SchedulerKind kind,
-                                          double budget, int64_t lower_bound, int step) {
-  const int64_t most = static_cast<int64_t>(items.size());
-  absl::Status last = absl::InvalidArgumentError(
-      absl::StrCat("cannot give every one of the ", config.num_ranks,
-                   " ranks a sequence in each of ", lower_bound, " microbatches (a multiple of ",
-                   step, "): the batch holds ", most, " sequences"));
+// What one budget gives: the plan at the fewest microbatches from `*rows`
+// on (a multiple of `step`) that fit within it and, with `one_more`, at
+// `step` more, polished. `*rows` becomes the count that fitted. If the
+// budget pushes the count past what the batch can fill, giving every rank
+// work matters more: plan without it.
+absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const internal::PackerBatch& batch,
+                                                       internal::PackerConfig config,
+                                                       SchedulerKind kind, double budget,
+                                                       int64_t* rows, int step, bool one_more) {
+  const int64_t most = static_cast<int64_t>(batch.items.size());
+  absl::Status last = absl::InvalidArgumentError(absl::StrCat(
+      "cannot give every one of the ", config.num_ranks, " ranks a sequence in each of ", *rows,
+      " microbatches (a multiple of ", step, "): the batch holds ", most, " sequences"));
   for (const double tried : {budget, kUnlimited}) {
     config.cp_upgrade_budget = tried;
-    for (int64_t rows = lower_bound; rows <= most; rows += step) {
-      absl::StatusOr<GlobalPlan> plan = internal::PackRows(items, static_cast<int>(rows), config);
+    for (int64_t count = *rows; count <= most; count += step) {
+      absl::StatusOr<GlobalPlan> plan = internal::PackRows(batch, static_cast<int>(count), config);
       if (plan.ok()) {
-        Polish(*plan, items, config, kind, tried);
-        return plan;
+        std::vector<GlobalPlan> plans;
+        plans.push_back(*std::move(plan));
+        if (one_more && count + step <= most) {
+          plan = internal::PackRows(batch, static_cast<int>(count + step), config);
+          if (plan.ok()) plans.push_back(*std::move(plan));
+        }
+        for (GlobalPlan& p : plans) Polish(p, batch.items, config, kind, tried);
+        if (tried < kUnlimited) *rows = count;
+        return plans;
       }
       last = plan.status();
       if (!absl::IsResourceExhausted(last)) break;  // more cannot help
@@ -250,34 +261,46 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   internal::PackerConfig& config = *packer;
   absl::StatusOr<std::vector<internal::PackerItem>> items = MakeItems(lengths, config);
   if (!items.ok()) return items.status();
+  const internal::PackerBatch batch = internal::MakePackerBatch(*std::move(items), config);
 
   // Start at the token lower bound (each sequence at its smallest group)
   // and add microbatches until everything fits.
   int64_t tokens = 0;
-  for (const internal::PackerItem& item : *items) {
+  for (const internal::PackerItem& item : batch.items) {
     tokens += internal::ShapeAt(item.length, item.cp_size, config).padded;
   }
   const int64_t capacity = int64_t{config.num_ranks} * config.max_tokens_per_rank;
   const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
-  const int64_t lower_bound = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
+  int64_t rows = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
 
-  // Under s²/c the budget stands in for what CP costs. A model that prices
-  // CP and microbatches judges for itself: plan at several budgets and keep
-  // the plan with the lowest modelled step time (the first on a tie).
+  // The budget caps CP inflation; within it the cost model judges. More CP
+  // or one more microbatch is not always faster (packing differs, and a
+  // calibrated model prices the ring and each microbatch), so a batch small
+  // enough plans with all, half and none of the budget, at the fewest
+  // microbatches that fit and, where the model prices microbatches, at one
+  // more (under s²/c one more always looks free); it keeps the plan with the
+  // lowest modelled step time (the first on a tie). A smaller budget never
+  // fits in fewer microbatches, so each search starts where the last
+  // stopped.
+  const bool explore = static_cast<int64_t>(batch.items.size()) * config.num_ranks <= kExploreWork;
+  const bool one_more =
+      explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0);
   std::vector<double> budgets = {options.cp_upgrade_budget};
-  if (options.kind == SchedulerKind::kDynamicCp && config.cost_model.ModelsOverheads()) {
-    budgets = {0.0, options.cp_upgrade_budget, kCalibratedBudget, kUnlimited};
+  if (explore && options.kind == SchedulerKind::kDynamicCp && options.cp_upgrade_budget > 0) {
+    budgets = {options.cp_upgrade_budget, options.cp_upgrade_budget / 2, 0.0};
   }
   std::optional<GlobalPlan> best;
   double best_time = 0;
   for (const double budget : budgets) {
-    absl::StatusOr<GlobalPlan> plan =
-        PlanWithBudget(*items, config, options.kind, budget, lower_bound, step);
-    if (!plan.ok()) return plan.status();
-    const double time = StepTime(*plan, config.cost_model);
-    if (!best || time < best_time) {
-      best = *std::move(plan);
-      best_time = time;
+    absl::StatusOr<std::vector<GlobalPlan>> plans =
+        PlanWithBudget(batch, config, options.kind, budget, &rows, step, one_more);
+    if (!plans.ok()) return plans.status();
+    for (GlobalPlan& plan : *plans) {
+      const double time = StepTime(plan, config.cost_model);
+      if (!best || time < best_time) {
+        best = std::move(plan);
+        best_time = time;
+      }
     }
   }
   return *std::move(best);

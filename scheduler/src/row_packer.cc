@@ -47,7 +47,7 @@ struct Group {
 
 class Packer {
  public:
-  Packer(const std::vector<PackerItem>& items, int rows, const PackerConfig& config);
+  Packer(const PackerBatch& batch, int rows, const PackerConfig& config);
 
   absl::StatusOr<GlobalPlan> Run();
 
@@ -82,8 +82,8 @@ class Packer {
   const PackerConfig& config_;
   const int n_;
   std::vector<int> widths_;  // group sizes items may start at, ascending
-  std::vector<double> own_cost_;
-  std::vector<int> order_;                  // items by own cost, heaviest first
+  const std::vector<double>& own_cost_;
+  const std::vector<int>& order_;           // items by own cost, heaviest first
   std::vector<std::vector<int>> by_class_;  // per widths_ entry, in order_
   std::vector<size_t> class_head_;
   // Rank-units (group width × groups, over all rows) each size may anchor:
@@ -105,21 +105,16 @@ class Packer {
   std::vector<std::map<int, int>> search_from_;  // [row][width] → rank
 };
 
-Packer::Packer(const std::vector<PackerItem>& items, int rows, const PackerConfig& config)
-    : items_(items), rows_(rows), config_(config), n_(config.num_ranks) {
+Packer::Packer(const PackerBatch& batch, int rows, const PackerConfig& config)
+    : items_(batch.items),
+      rows_(rows),
+      config_(config),
+      n_(config.num_ranks),
+      own_cost_(batch.own_cost),
+      order_(batch.order) {
   for (const PackerItem& item : items_) widths_.push_back(item.cp_size);
   std::sort(widths_.begin(), widths_.end());
   widths_.erase(std::unique(widths_.begin(), widths_.end()), widths_.end());
-  own_cost_.reserve(items_.size());
-  for (const PackerItem& item : items_) {
-    own_cost_.push_back(ShapeAt(item.length, item.cp_size, config_).cost_per_rank);
-  }
-  order_.resize(items_.size());
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int>(i);
-  std::sort(order_.begin(), order_.end(), [&](int a, int b) {
-    if (own_cost_[a] != own_cost_[b]) return own_cost_[a] > own_cost_[b];
-    return items_[a].sample < items_[b].sample;
-  });
   by_class_.resize(widths_.size());
   for (int i : order_) {
     const size_t k = static_cast<size_t>(
@@ -162,6 +157,8 @@ absl::Status Packer::SetQuotas() {
   // A sequence over half a group's tokens needs a group to itself; shorter
   // ones share, so they need their tokens' worth of ranks.
   int64_t demand = 0;
+  int64_t alone_ranks = 0;
+  int64_t shared_total = 0;
   for (size_t k = 0; k < widths_.size(); ++k) {
     int64_t alone = 0;
     int64_t shared_tokens = 0;
@@ -175,14 +172,18 @@ absl::Status Packer::SetQuotas() {
     }
     quota_[k] = alone + (shared_tokens + cap - 1) / cap;
     demand += quota_[k];
+    alone_ranks += alone;
+    shared_total += shared_tokens;
   }
   // Too little room: the smallest sizes give way first (their sequences fit
   // the spare room of the next size up, at twice their CP). Room to spare:
   // the smallest size takes it.
   int64_t excess = demand - total;
-  // Each rank-unit given way moves about a full rank of tokens to at least
-  // twice the CP size they need: that much inflation at the least.
-  if (static_cast<double>(excess * cap) > upgrade_limit_) {
+  // Shared tokens beyond the ranks that sequences alone leave free must run
+  // in the spare room of larger groups, at twice their CP size or more:
+  // that much inflation at the least.
+  const int64_t forced = shared_total - (total - alone_ranks) * cap;
+  if (static_cast<double>(forced) > upgrade_limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(rows_, " microbatches would spend more than ",
                                                      config_.cp_upgrade_budget,
                                                      " of CP inflation"));
@@ -555,9 +556,25 @@ GlobalPlan Packer::Build() const {
 
 }  // namespace
 
-absl::StatusOr<GlobalPlan> PackRows(const std::vector<PackerItem>& items, int rows,
+PackerBatch MakePackerBatch(std::vector<PackerItem> items, const PackerConfig& config) {
+  PackerBatch batch;
+  batch.own_cost.reserve(items.size());
+  for (const PackerItem& item : items) {
+    batch.own_cost.push_back(ShapeAt(item.length, item.cp_size, config).cost_per_rank);
+  }
+  batch.order.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) batch.order[i] = static_cast<int>(i);
+  std::sort(batch.order.begin(), batch.order.end(), [&](int a, int b) {
+    if (batch.own_cost[a] != batch.own_cost[b]) return batch.own_cost[a] > batch.own_cost[b];
+    return items[a].sample < items[b].sample;
+  });
+  batch.items = std::move(items);
+  return batch;
+}
+
+absl::StatusOr<GlobalPlan> PackRows(const PackerBatch& batch, int rows,
                                     const PackerConfig& config) {
-  return Packer(items, rows, config).Run();
+  return Packer(batch, rows, config).Run();
 }
 
 }  // namespace packfeed::scheduler::internal

@@ -1,0 +1,167 @@
+"""The exact optimum of a small planning instance, as a MILP (scipy's milp, HiGHS).
+
+Same contract as the planners (scheduler/planner.h): M microbatches of N
+ranks; each microbatch's ranks tiled by CP groups (aligned power-of-two
+blocks, or with any_size any contiguous block); every sequence in exactly one
+group of a size at least its own; every rank of every used microbatch holds a
+sequence; per-rank padded tokens within the cap; CP inflation within the
+budget. Objective: the modelled step time without a pipeline,
+Σ_m (max over the microbatch's groups of their per-rank cost + μ).
+"""
+import math
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+
+def padded(length, c):
+    divisor = 1 if c == 1 else 2 * c
+    return -(-length // divisor) * divisor
+
+
+def own_cp(length, cap, n):
+    c = 1
+    while -(-padded(length, c) // c) > cap:
+        c *= 2
+        if c > n:
+            raise ValueError(f"a sequence of {length} does not fit {n} ranks of {cap}")
+    return c
+
+
+def cost(model, s, c):
+    value = (model["alpha"] * s * s + model["beta"] * s) / c
+    if c > 1:
+        value += model["kappa"] * s * (c - 1) / c + model["lambda"] * (c - 1)
+    return value
+
+
+def blocks(n, any_size):
+    if any_size:
+        return [(first, size) for size in range(1, n + 1) for first in range(0, n - size + 1)]
+    out, size = [], 1
+    while size <= n:
+        out += [(first, size) for first in range(0, n, size)]
+        size *= 2
+    return out
+
+
+def step_time(microbatches, model):
+    """Σ_m (max group per-rank cost + μ) of [[(first, size, [lengths...]), ...], ...]."""
+    return sum(max(sum(cost(model, padded(s, size), size) for s in seqs)
+                   for _, size, seqs in groups) + model["microbatch"]
+               for groups in microbatches)
+
+
+def inflation(microbatches, cap, n):
+    """CP inflation as the planners count it: Σ padded at c · (c / own − 1)
+    over Σ padded at own, for microbatches as step_time takes them."""
+    spent = tokens = 0
+    for groups in microbatches:
+        for _, size, seqs in groups:
+            for s in seqs:
+                own = own_cp(s, cap, n)
+                tokens += padded(s, own)
+                spent += padded(s, size) * (size / own - 1)
+    return spent / tokens
+
+
+def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, time_limit=60,
+          at_least_default_rows=False):
+    """(optimal step time, microbatches) or None when infeasible. Up to
+    max_rows microbatches (default: the token lower bound + 3; with
+    at_least_default_rows, the larger of the two)."""
+    own = [own_cp(s, cap, n) for s in lengths]
+    tokens = sum(padded(s, c) for s, c in zip(lengths, own))
+    lower = -(-tokens // (n * cap))
+    rows = max_rows or lower + 3
+    if at_least_default_rows:
+        rows = max(rows, lower + 3)
+    rows = min(len(lengths), rows)
+    groups = blocks(n, any_size)
+    index = {}
+
+    def var(key):
+        index.setdefault(key, len(index))
+        return index[key]
+
+    for m in range(rows):
+        var(("z", m))
+        var(("t", m))
+        for g in range(len(groups)):
+            var(("y", m, g))
+            for i, s in enumerate(lengths):
+                size = groups[g][1]
+                if size >= own[i] and -(-padded(s, size) // size) <= cap:
+                    var(("x", i, m, g))
+    count = len(index)
+    # Costs in units of a full rank's sequence, so that HiGHS sees
+    # coefficients near 1 (raw s² figures made it stop at a worse plan).
+    unit = cost(model, cap, 1)
+    objective = np.zeros(count)
+    integral = np.ones(count)
+    upper = np.ones(count)
+    for m in range(rows):
+        objective[index[("t", m)]] = 1.0
+        objective[index[("z", m)]] = model["microbatch"] / unit
+        integral[index[("t", m)]] = 0
+        upper[index[("t", m)]] = np.inf
+    rows_a, lo, hi = [], [], []
+
+    def constraint(terms, low, high):
+        rows_a.append(terms)
+        lo.append(low)
+        hi.append(high)
+
+    xs = [k for k in index if k[0] == "x"]
+    for i in range(len(lengths)):  # placed exactly once
+        constraint({index[k]: 1 for k in xs if k[1] == i}, 1, 1)
+    for m in range(rows):
+        if m + 1 < rows:  # used microbatches first, costliest first (no symmetric twins)
+            constraint({index[("z", m)]: 1, index[("z", m + 1)]: -1}, 0, np.inf)
+            constraint({index[("t", m)]: 1, index[("t", m + 1)]: -1}, 0, np.inf)
+        for r in range(n):  # tiled when used
+            terms = {index[("y", m, g)]: 1 for g, (first, size) in enumerate(groups)
+                     if first <= r < first + size}
+            terms[index[("z", m)]] = -1
+            constraint(terms, 0, 0)
+        for g, (first, size) in enumerate(groups):
+            members = [k for k in xs if k[2] == m and k[3] == g]
+            y = index[("y", m, g)]
+            # A group holds a sequence, within the cap, and costs at most t_m.
+            constraint({**{index[k]: 1 for k in members}, y: -1}, 0, np.inf)
+            constraint({**{index[k]: -(-padded(lengths[k[1]], size) // size) / cap
+                           for k in members}, y: -1}, -np.inf, 0)
+            constraint({**{index[k]: cost(model, padded(lengths[k[1]], size), size) / unit
+                           for k in members}, index[("t", m)]: -1}, -np.inf, 0)
+            for k in members:
+                constraint({index[k]: 1, y: -1}, -np.inf, 0)
+    if budget is not None:
+        terms = {}
+        for k in xs:
+            size = groups[k[3]][1]
+            i = k[1]
+            if size > own[i]:
+                terms[index[k]] = padded(lengths[i], size) * (size / own[i] - 1) / tokens
+        if terms:
+            constraint(terms, -np.inf, budget)
+    a = np.zeros((len(rows_a), count))
+    for row, terms in enumerate(rows_a):
+        for column, value in terms.items():
+            a[row, column] = value
+    result = milp(objective, integrality=integral, bounds=Bounds(np.zeros(count), upper),
+                  constraints=LinearConstraint(a, lo, hi),
+                  options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
+    if result.x is None:
+        return None
+    plan = []
+    for m in range(rows):
+        if result.x[index[("z", m)]] < 0.5:
+            continue
+        used = []
+        for g, (first, size) in enumerate(groups):
+            if result.x[index[("y", m, g)]] > 0.5:
+                seqs = [lengths[k[1]] for k in xs
+                        if k[2] == m and k[3] == g and result.x[index[k]] > 0.5]
+                used.append((first, size, seqs))
+        plan.append(used)
+    return step_time(plan, model), plan

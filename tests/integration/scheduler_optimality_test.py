@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The planners' optimality gap: dynamic_cp ÷ the exact optimum (a MILP,
+plan_optimum.py) on random small instances of every trace family, under
+s²/c and under the calibrated llama8b model.
+
+Instances: 8 sequences drawn from a trace, scaled so that the longest fits 4
+ranks of 1 024 tokens and the batch fills about two microbatches; 4 ranks,
+CP sizes 1, 2 and 4, the default CP-inflation budget for both. Prints the
+median and 95th percentile per family and model; the targets (median <= 1.01,
+p95 <= 1.05) are checked over all instances together and per family.
+
+Usage: scheduler_optimality_test.py PATH_TO_PACKFEEDCTL SOURCE_ROOT [INSTANCES]
+"""
+import json
+import os
+import pathlib
+import random
+import statistics
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ctl_checks import Checks, shared_dir  # noqa: E402
+import plan_optimum  # noqa: E402
+
+checks = Checks(sys.argv[1])
+ROOT = pathlib.Path(sys.argv[2])
+INSTANCES = int(sys.argv[3]) if len(sys.argv) > 3 else 200
+RANKS, CAP, SEQUENCES, BUDGET = 4, 1024, 8, 0.05
+FAMILIES = [ROOT / "bench" / "traces" / f"{name}.txt"
+            for name in ("trace_code_files", "trace_chat_longdoc", "trace_doc_paragraphs")]
+SHARED_TRACES = shared_dir(ROOT) / "bench" / "traces"
+if SHARED_TRACES.is_dir():
+    FAMILIES += [SHARED_TRACES / f"{name}.txt"
+                 for name in ("trace_sft_lognormal_1024_8192", "trace_dcp_lognormal_512_49152")]
+else:
+    print(f"note: {SHARED_TRACES} is missing: the public lognormal families are left out")
+
+
+def instances(trace):
+    lengths = [int(line) for line in trace.read_text().split()]
+    rng = random.Random(trace.name)
+    out = []
+    for _ in range(INSTANCES):
+        batch = rng.sample(lengths, SEQUENCES)
+        # Scale so that the longest needs at most CP 4 and the batch fills
+        # about two microbatches.
+        scale = CAP / max(-(-max(batch) // (RANKS - 0.25)), sum(batch) / (2 * RANKS), 1)
+        out.append([max(1, int(s * scale)) for s in batch])
+    return out
+
+
+def heuristic(batches, cost_model):
+    with tempfile.TemporaryDirectory() as scratch:
+        lengths = pathlib.Path(scratch) / "lengths.txt"
+        lengths.write_text("".join(f"{s}\n" for batch in batches for s in batch))
+        dump = pathlib.Path(scratch) / "plan.json"
+        out = checks.run("plan", "--lengths", str(lengths), "--global-batch", str(SEQUENCES),
+                         "--dp", str(RANKS), "--max-tokens-per-rank", str(CAP),
+                         "--scheduler", "dynamic_cp", "--cost-model", cost_model,
+                         "--cp-upgrade-budget", str(BUDGET), "--json",
+                         "--dump-plan", str(dump))
+        model = json.loads(out.stdout)["cost_model_coefficients"]
+        plans = json.loads(dump.read_text())
+    out = []
+    for entry in plans:
+        microbatches = []
+        for ranks in entry["microbatches"]:
+            groups = {}
+            for sequences in ranks:
+                for q in sequences:
+                    groups.setdefault((q["cp_group"], q["cp_size"]), set()).add(
+                        (q["sample"], q["length"]))
+            microbatches.append([(g * c, c, [length for _, length in members])
+                                 for (g, c), members in groups.items()])
+        out.append((plan_optimum.step_time(microbatches, model),
+                    plan_optimum.inflation(microbatches, CAP, RANKS), len(microbatches)))
+    return model, out
+
+
+def optimum(job):
+    """The best plan under the same rules, with at least the planner's room:
+    its CP inflation where it had to exceed the budget to give every rank
+    work, and its microbatch count where that exceeds the solver's default."""
+    batch, model, inflation, microbatches = job
+    solved = plan_optimum.solve(batch, RANKS, CAP, model, budget=max(BUDGET, inflation + 1e-9),
+                                max_rows=microbatches, at_least_default_rows=True)
+    return solved[0]
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+everything = {}
+with ProcessPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+    for cost_model in ("megatron", "llama8b"):
+        for trace in FAMILIES:
+            batches = instances(trace)
+            model, planned = heuristic(batches, cost_model)
+            best = list(pool.map(optimum, [(b, model, inflation, m)
+                                           for b, (_, inflation, m) in zip(batches, planned)],
+                                 chunksize=4))
+            ratios = [p[0] / o for p, o in zip(planned, best)]
+            everything.setdefault(cost_model, []).extend(ratios)
+            name = f"{trace.stem} under {cost_model}"
+            median, p95 = statistics.median(ratios), percentile(ratios, 0.95)
+            print(f"{name:50} {len(ratios)} instances: heuristic/optimum median {median:.4f}, "
+                  f"p95 {p95:.4f}, max {max(ratios):.4f}", flush=True)
+            # The optimum is a lower bound (to HiGHS's tolerance): a plan below it
+            # means a plan that breaks a rule the MILP keeps.
+            checks.check(f"{name}: no plan beats the optimum", min(ratios) > 1 - 1e-6,
+                         f"min ratio {min(ratios)}")
+            checks.check(f"{name}: median <= 1.01", median <= 1.01, f"{median:.4f}")
+            checks.check(f"{name}: p95 <= 1.05", p95 <= 1.05, f"{p95:.4f}")
+for cost_model, ratios in everything.items():
+    print(f"all families under {cost_model}: median {statistics.median(ratios):.4f}, "
+          f"p95 {percentile(ratios, 0.95):.4f} over {len(ratios)} instances")
+checks.finish()
