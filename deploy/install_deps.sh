@@ -13,6 +13,7 @@ packages=(
   fuse3 libfuse3-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-dev python3-venv python3-torch pybind11-dev libdlpack-dev
+  python3-scipy python3-matplotlib  # the MILP optimum (HiGHS) and plan --plot
 )
 
 # libsystemd-dev must match the installed libsystemd0 exactly, or apt would

@@ -67,12 +67,16 @@ SequenceShape ShapeAt(int64_t length, int cp_size, const PackerConfig& config);
 double Inflation(const PackerItem& item, int cp_size, const PackerConfig& config);
 
 // A batch's items and what every PackRows call for it shares: each item's
-// per-rank cost at its own size, and the items by that cost, heaviest first
-// (ties by sample). Sorting once matters at 100 000 sequences.
+// per-rank cost at its own size, the items by that cost, heaviest first
+// (ties by sample), and by own size. Sorting once matters at 100 000
+// sequences. Static CP's one size need not be a power of two.
 struct PackerBatch {
   std::vector<PackerItem> items;
   std::vector<double> own_cost;
   std::vector<int> order;
+  std::vector<int> widths;                // the items' own sizes, ascending, once each
+  std::vector<std::vector<int>> by_class;  // per widths entry, items in `order`
+  int64_t own_padded = 0;                  // Σ padded, every item at its own size
 };
 PackerBatch MakePackerBatch(std::vector<PackerItem> items, const PackerConfig& config);
 

@@ -81,10 +81,10 @@ class Packer {
   const int rows_;
   const PackerConfig& config_;
   const int n_;
-  std::vector<int> widths_;  // group sizes items may start at, ascending
+  const std::vector<int>& widths_;  // group sizes items may start at, ascending
   const std::vector<double>& own_cost_;
   const std::vector<int>& order_;           // items by own cost, heaviest first
-  std::vector<std::vector<int>> by_class_;  // per widths_ entry, in order_
+  const std::vector<std::vector<int>>& by_class_;  // per widths_ entry, in order_
   std::vector<size_t> class_head_;
   // Rank-units (group width × groups, over all rows) each size may anchor:
   // its token demand, so that short sequences keep groups of their own
@@ -101,7 +101,7 @@ class Packer {
   // CP inflation spent (Inflation() summed) and how much may be.
   double upgraded_tokens_ = 0;
   double upgrade_limit_ = 0;
-  int64_t tokens_ = 0;                           // padded, every sequence at its own size
+  const int64_t tokens_;                         // padded, every sequence at its own size
   std::vector<std::map<int, int>> search_from_;  // [row][width] → rank
 };
 
@@ -110,17 +110,11 @@ Packer::Packer(const PackerBatch& batch, int rows, const PackerConfig& config)
       rows_(rows),
       config_(config),
       n_(config.num_ranks),
+      widths_(batch.widths),
       own_cost_(batch.own_cost),
-      order_(batch.order) {
-  for (const PackerItem& item : items_) widths_.push_back(item.cp_size);
-  std::sort(widths_.begin(), widths_.end());
-  widths_.erase(std::unique(widths_.begin(), widths_.end()), widths_.end());
-  by_class_.resize(widths_.size());
-  for (int i : order_) {
-    const size_t k = static_cast<size_t>(
-        std::lower_bound(widths_.begin(), widths_.end(), items_[i].cp_size) - widths_.begin());
-    by_class_[k].push_back(i);
-  }
+      order_(batch.order),
+      by_class_(batch.by_class),
+      tokens_(batch.own_padded) {
   class_head_.assign(widths_.size(), 0);
   placed_.assign(items_.size(), 0);
   unplaced_ = static_cast<int64_t>(items_.size());
@@ -129,9 +123,6 @@ Packer::Packer(const PackerBatch& batch, int rows, const PackerConfig& config)
   rows_groups_.resize(static_cast<size_t>(rows_));
   heaviest_.assign(static_cast<size_t>(rows_), -1);
   search_from_.resize(static_cast<size_t>(rows_));
-  for (const PackerItem& item : items_) {
-    tokens_ += ShapeAt(item.length, item.cp_size, config_).padded;
-  }
   upgrade_limit_ = config_.cp_upgrade_budget * static_cast<double>(tokens_);
 }
 
@@ -219,7 +210,7 @@ absl::StatusOr<GlobalPlan> Packer::Run() {
 }
 
 int Packer::ClassHead(int class_index) {
-  std::vector<int>& members = by_class_[class_index];
+  const std::vector<int>& members = by_class_[class_index];
   size_t& head = class_head_[class_index];
   while (head < members.size() && placed_[members[head]]) ++head;
   return head < members.size() ? members[head] : -1;
@@ -568,6 +559,20 @@ PackerBatch MakePackerBatch(std::vector<PackerItem> items, const PackerConfig& c
     if (batch.own_cost[a] != batch.own_cost[b]) return batch.own_cost[a] > batch.own_cost[b];
     return items[a].sample < items[b].sample;
   });
+  for (const PackerItem& item : items) {
+    // A handful of distinct sizes: a linear search beats a sort of them all.
+    if (std::find(batch.widths.begin(), batch.widths.end(), item.cp_size) == batch.widths.end()) {
+      batch.widths.push_back(item.cp_size);
+    }
+    batch.own_padded += ShapeAt(item.length, item.cp_size, config).padded;
+  }
+  std::sort(batch.widths.begin(), batch.widths.end());
+  batch.by_class.resize(batch.widths.size());
+  for (int i : batch.order) {
+    const auto k = std::lower_bound(batch.widths.begin(), batch.widths.end(), items[i].cp_size) -
+                   batch.widths.begin();
+    batch.by_class[static_cast<size_t>(k)].push_back(i);
+  }
   batch.items = std::move(items);
   return batch;
 }

@@ -11,6 +11,7 @@ budget. Objective: the modelled step time without a pipeline,
 import math
 
 import numpy as np
+from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 
@@ -68,14 +69,14 @@ def inflation(microbatches, cap, n):
 def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, time_limit=60,
           at_least_default_rows=False):
     """(optimal step time, microbatches) or None when infeasible. Up to
-    max_rows microbatches (default: the token lower bound + 3; with
+    max_rows microbatches (default: the token lower bound + 2; with
     at_least_default_rows, the larger of the two)."""
     own = [own_cp(s, cap, n) for s in lengths]
     tokens = sum(padded(s, c) for s, c in zip(lengths, own))
     lower = -(-tokens // (n * cap))
-    rows = max_rows or lower + 3
+    rows = max_rows or lower + 2
     if at_least_default_rows:
-        rows = max(rows, lower + 3)
+        rows = max(rows, lower + 2)
     rows = min(len(lengths), rows)
     groups = blocks(n, any_size)
     index = {}
@@ -113,6 +114,9 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
         hi.append(high)
 
     xs = [k for k in index if k[0] == "x"]
+    by_group = {}
+    for k in xs:
+        by_group.setdefault((k[2], k[3]), []).append(k)
     for i in range(len(lengths)):  # placed exactly once
         constraint({index[k]: 1 for k in xs if k[1] == i}, 1, 1)
     for m in range(rows):
@@ -125,16 +129,15 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
             terms[index[("z", m)]] = -1
             constraint(terms, 0, 0)
         for g, (first, size) in enumerate(groups):
-            members = [k for k in xs if k[2] == m and k[3] == g]
+            members = by_group.get((m, g), [])
             y = index[("y", m, g)]
-            # A group holds a sequence, within the cap, and costs at most t_m.
+            # A group holds a sequence, within the cap (which also keeps
+            # sequences out of unused groups), and costs at most t_m.
             constraint({**{index[k]: 1 for k in members}, y: -1}, 0, np.inf)
             constraint({**{index[k]: -(-padded(lengths[k[1]], size) // size) / cap
                            for k in members}, y: -1}, -np.inf, 0)
             constraint({**{index[k]: cost(model, padded(lengths[k[1]], size), size) / unit
                            for k in members}, index[("t", m)]: -1}, -np.inf, 0)
-            for k in members:
-                constraint({index[k]: 1, y: -1}, -np.inf, 0)
     if budget is not None:
         terms = {}
         for k in xs:
@@ -144,10 +147,10 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
                 terms[index[k]] = padded(lengths[i], size) * (size / own[i] - 1) / tokens
         if terms:
             constraint(terms, -np.inf, budget)
-    a = np.zeros((len(rows_a), count))
-    for row, terms in enumerate(rows_a):
-        for column, value in terms.items():
-            a[row, column] = value
+    entries = [(row, column, value) for row, terms in enumerate(rows_a)
+               for column, value in terms.items()]
+    r, c, v = zip(*entries)
+    a = sparse.csr_array((v, (r, c)), shape=(len(rows_a), count))
     result = milp(objective, integrality=integral, bounds=Bounds(np.zeros(count), upper),
                   constraints=LinearConstraint(a, lo, hi),
                   options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
