@@ -74,7 +74,7 @@ struct PackerBatch {
   std::vector<PackerItem> items;
   std::vector<double> own_cost;
   std::vector<int> order;
-  std::vector<int> widths;                // the items' own sizes, ascending, once each
+  std::vector<int> widths;                 // the items' own sizes, ascending, once each
   std::vector<std::vector<int>> by_class;  // per widths entry, items in `order`
   int64_t own_padded = 0;                  // Σ padded, every item at its own size
 };

@@ -83,7 +83,7 @@ class Packer {
   const int n_;
   const std::vector<int>& widths_;  // group sizes items may start at, ascending
   const std::vector<double>& own_cost_;
-  const std::vector<int>& order_;           // items by own cost, heaviest first
+  const std::vector<int>& order_;                  // items by own cost, heaviest first
   const std::vector<std::vector<int>>& by_class_;  // per widths_ entry, in order_
   std::vector<size_t> class_head_;
   // Rank-units (group width × groups, over all rows) each size may anchor:

@@ -1,11 +1,17 @@
 #include "plan_command.h"
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "exit_code.h"
 #include "google/protobuf/text_format.h"
@@ -47,6 +53,8 @@ struct PlanArgs {
   int virtual_stages = 1;
   int64_t steps = 0;  // 0: every whole global batch of the file
   std::string dump_plan;
+  std::string plot;  // PNG or SVG of step plot_step's plan
+  int64_t plot_step = 0;
   bool json = false;
 };
 
@@ -232,6 +240,47 @@ nlohmann::ordered_json CoefficientsJson(const scheduler::CostModel& model) {
           {"microbatch", model.microbatch}, {"bubble", model.bubble}};
 }
 
+// plot_plan.py beside an installed packfeedctl (../share/packfeed), else in
+// the source tree this binary was built from.
+std::string PlotScript() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const std::filesystem::path installed =
+        self.parent_path().parent_path() / PF_PLOT_SCRIPT_INSTALLED;
+    if (std::filesystem::exists(installed)) return installed.string();
+  }
+  return PF_PLOT_SCRIPT_SOURCE;
+}
+
+// Draws `plan` (plot_plan.py's input) into `output` through matplotlib.
+absl::Status PlotPlan(const nlohmann::ordered_json& plan, const std::string& output) {
+  char scratch[] = "/tmp/packfeed-plot-XXXXXX";
+  const int fd = mkstemp(scratch);
+  if (fd < 0) return absl::InternalError("cannot create a scratch file for --plot");
+  close(fd);
+  {
+    std::ofstream file(scratch);
+    file << plan.dump() << "\n";
+  }
+  const std::string script = PlotScript();
+  std::vector<std::string> argv_strings = {PF_PYTHON, script, scratch, output};
+  std::vector<char*> argv;
+  for (std::string& arg : argv_strings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int status = 0;
+  const int spawned = posix_spawnp(&pid, PF_PYTHON, nullptr, nullptr, argv.data(), environ);
+  if (spawned == 0) waitpid(pid, &status, 0);
+  std::remove(scratch);
+  if (spawned != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--plot: python3 ", script,
+                     " failed; it needs matplotlib (apt install python3-matplotlib)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Plan(const PlanArgs& args) {
   ReplayOptions options;
   std::vector<int64_t> lengths;
@@ -251,7 +300,12 @@ absl::Status Plan(const PlanArgs& args) {
     PF_ASSIGN_OR_RETURN(options, OptionsFromFlags(args));
     PF_ASSIGN_OR_RETURN(lengths, LoadLengths(args));
   }
-  options.keep_plans = !args.dump_plan.empty();
+  options.keep_plans = !args.dump_plan.empty() || !args.plot.empty();
+  if (!args.plot.empty() && !absl::EndsWith(args.plot, ".png") &&
+      !absl::EndsWith(args.plot, ".svg")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--plot ", args.plot, ": give a .png or .svg file"));
+  }
   absl::StatusOr<ReplaySummary> summary = ReplayTrace(lengths, options);
   if (!summary.ok()) {
     return absl::Status(summary.status().code(),
@@ -297,6 +351,20 @@ absl::Status Plan(const PlanArgs& args) {
     if (!file) {
       return absl::InternalError(absl::StrCat("cannot write ", args.dump_plan));
     }
+  }
+  if (!args.plot.empty()) {
+    if (args.plot_step < 0 || args.plot_step >= static_cast<int64_t>(summary->plans.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--plot-step ", args.plot_step, ": the replay has ", summary->plans.size(), " steps"));
+    }
+    const bool calibrated = options.planner.cost_model.ModelsOverheads();
+    PF_RETURN_IF_ERROR(
+        PlotPlan({{"title", absl::StrCat(scheduler_name, ", step ", args.plot_step)},
+                  {"unit", calibrated ? "s" : "s²/c"},
+                  {"cost_model", CoefficientsJson(options.planner.cost_model)},
+                  {"microbatches",
+                   PlanToJson(summary->plans[static_cast<size_t>(args.plot_step)], nullptr)}},
+                 args.plot));
   }
   if (args.json) {
     std::printf("%s\n", out.dump().c_str());
@@ -368,6 +436,10 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   plan->add_option("--steps", args->steps, "Global batches to replay (0 = all)")
       ->capture_default_str();
   plan->add_option("--dump-plan", args->dump_plan, "Write every step's plan as JSON to this file");
+  plan->add_option("--plot", args->plot,
+                   "Draw a step's per-microbatch, per-rank work with its CP groups (.png or .svg; "
+                   "needs python3-matplotlib)");
+  plan->add_option("--plot-step", args->plot_step, "The step --plot draws")->capture_default_str();
   plan->add_flag("--json", args->json, "Print one JSON object");
   plan->callback([args, exit_code] { *exit_code = ExitCode(Plan(*args)); });
 }

@@ -156,4 +156,45 @@ with tempfile.TemporaryDirectory() as tmp:
     check("one source only", "exactly one of --lengths and --dataset" in bad.stderr,
           bad.stderr)
 
+with tempfile.TemporaryDirectory() as tmp:
+    # Cost models: the JSON keys, a calibrated planner judged by itself, a
+    # custom shape and rates, and the picture.
+    lengths = pathlib.Path(tmp) / "l.txt"
+    lengths.write_text("\n".join(str(n) for n in [900, 40, 300, 7, 64, 9, 33, 12] * 2))
+    common = ("--lengths", str(lengths), "--dp", "4", "--scheduler", "dynamic_cp",
+              "--max-tokens-per-rank", "256", "--global-batch", "8", "--json")
+    s2 = json.loads(plan(*common).stdout)
+    for key in ("step_over_ideal", "padding_pct", "schedule_ms_median", "schedule_ms_max",
+                "cp_inflation", "microbatches_mean", "microbatches_lower_bound_mean",
+                "step_time_over_ideal_calibrated", "cost_model_coefficients"):
+        check(f"plan --json has {key}", key in s2, sorted(s2))
+    check("s²/c is judged by llama8b too", s2["calibrated_model_coefficients"]["kappa"] > 0
+          and s2["cost_model_coefficients"]["kappa"] == 0, s2)
+    llama = json.loads(plan(*common, "--cost-model", "llama8b", "--pp", "2").stdout)
+    check("a calibrated planner is judged by its own model",
+          llama["cost_model_coefficients"] == llama["calibrated_model_coefficients"], llama)
+    check("PP 2 has a bubble", llama["cost_model_coefficients"]["bubble"] == 1.0, llama)
+    check("calibrated ratio is at least 1", llama["step_time_over_ideal_calibrated"] >= 1, llama)
+    shape = "layers: 2 hidden: 8 heads: 2 ffn_hidden: 16 vocab: 10"
+    custom = json.loads(plan(*common, "--cost-model", "custom", "--model-shape", shape,
+                             "--hardware", "tflops: 1 cp_link_gbps: 1").stdout)
+    check("custom shape and rates", abs(custom["cost_model_coefficients"]["alpha"] -
+                                        3 * 2 * 8 * 2 / 1e12) < 1e-20, custom)
+    for args, message in ((("--cost-model", "custom"), "needs model_shape"),
+                          (("--cost-model", "custom", "--model-shape", "layers: x"),
+                           "--model-shape 'layers: x' is not valid"),
+                          (("--cost-model", "llama8b", "--hardware", "tflops: -1"),
+                           "hardware.tflops = -1 must be > 0")):
+        bad = plan(*common, *args, ok=False)
+        check(f"{args} refused", bad.returncode != 0 and message in bad.stderr, bad.stderr)
+    for suffix, magic in ((".png", b"\x89PNG"), (".svg", b"<svg")):
+        picture = pathlib.Path(tmp) / f"plan{suffix}"
+        plan(*common, "--cost-model", "llama8b", "--plot", str(picture), "--plot-step", "1")
+        check(f"--plot writes {suffix}", picture.exists() and magic in picture.read_bytes()[:400],
+              picture.read_bytes()[:40] if picture.exists() else "missing")
+    bad = plan(*common, "--plot", str(pathlib.Path(tmp) / "plan.gif"), ok=False)
+    check("--plot refuses other formats", ".png or .svg" in bad.stderr, bad.stderr)
+    bad = plan(*common, "--plot", str(pathlib.Path(tmp) / "p.png"), "--plot-step", "9", ok=False)
+    check("--plot-step past the replay", "the replay has 2 steps" in bad.stderr, bad.stderr)
+
 checks.finish()

@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "packfeed/scheduler/cost_model.h"
+#include "packfeed/server/job_config.h"
 #include "server/internal/fingerprint.h"
 
 namespace packfeed::server {
@@ -105,6 +107,48 @@ TEST(DaemonConfigTest, InvalidFieldsAreNamedByPath) {
   EXPECT_THAT(with("\"dynamic_cp\"", "\"megatron_dp_balanced\""),
               HasSubstr("SAMPLER_MODE_SEQUENTIAL"));
   EXPECT_THAT(Message(std::string(kJob) + std::string(kJob)), HasSubstr("names two jobs"));
+}
+
+TEST(DaemonConfigTest, CostModelsAreCalibratedForTheTopology) {
+  auto with = [](const std::string& scheduler_extra) {
+    std::string text(kJob);
+    const std::string from = "max_tokens_per_rank: 128";
+    text.replace(text.find(from), from.size(), from + " " + scheduler_extra);
+    return text;
+  };
+  // A preset and a custom shape, with and without rates, on TP 2.
+  absl::StatusOr<v1::DaemonConfig> preset =
+      ParseDaemonConfig(with("cost_model: \"llama8b\""), "c.textproto");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  const absl::StatusOr<scheduler::CostModel> llama =
+      CostModelOf(preset->jobs(0).scheduler(), preset->jobs(0).topology());
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ(llama->Cost(4096, 2),
+            scheduler::Calibrate(*scheduler::ModelPreset("llama8b"), {}, {2, 1, 1}).Cost(4096, 2));
+  absl::StatusOr<v1::DaemonConfig> custom = ParseDaemonConfig(
+      with("cost_model: \"custom\" model_shape { layers: 2 hidden: 8 heads: 2 ffn_hidden: 16 "
+           "vocab: 10 } hardware { tflops: 1 microbatch_overhead_ms: 0 }"),
+      "c.textproto");
+  ASSERT_TRUE(custom.ok()) << custom.status();
+  scheduler::Hardware rates;
+  rates.tflops = 1;
+  rates.microbatch_overhead_ms = 0;
+  EXPECT_EQ(CostModelOf(custom->jobs(0).scheduler(), custom->jobs(0).topology())->Cost(64, 2),
+            scheduler::Calibrate({2, 8, 2, 2, 16, 10, true}, rates, {2, 1, 1}).Cost(64, 2));
+
+  EXPECT_THAT(Message(with("cost_model: \"custom\"")), HasSubstr("needs model_shape"));
+  EXPECT_THAT(Message(with("cost_model: \"llama8b\" model_shape { layers: 1 }")),
+              HasSubstr("model_shape is only for cost_model \"custom\""));
+  EXPECT_THAT(Message(with("hardware { tflops: 100 }")),
+              HasSubstr("jobs[0].scheduler.cost_model: hardware has no meaning"));
+  EXPECT_THAT(Message(with("cost_model: \"llama8b\" hardware { tflops: 0 }")),
+              HasSubstr("hardware.tflops = 0 must be > 0"));
+  EXPECT_THAT(Message(with("cost_model: \"llama8b\" hardware { cp_latency_us: -1 }")),
+              HasSubstr("hardware.cp_latency_us = -1 must be >= 0"));
+  EXPECT_THAT(
+      Message(with("cost_model: \"custom\" model_shape { hidden: 8 heads: 2 ffn_hidden: 16 }")),
+      HasSubstr("model_shape.layers must be >= 1"));
+  EXPECT_THAT(Message(with("cost_model: \"gpt5\"")), HasSubstr("unknown cost model 'gpt5'"));
 }
 
 TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddressWithAToken) {

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Would CP groups of any size beat power-of-two groups? Measured, not argued.
+
+  non_power_of_two_cp.py [--instances K] [--packfeedctl PATH]
+
+For random small instances of every trace family (as the optimality test
+draws them: 8 sequences, 4 ranks of 1 024 tokens), solves the exact optimum
+twice with plan_optimum.py: CP groups restricted to aligned powers of two
+(what packfeed plans), and any contiguous group (sizes 1–4, 3 included).
+Prints, per family and cost model, how much lower the any-size optimum is.
+"""
+import argparse
+import json
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+import plan_optimum  # noqa: E402
+
+RANKS, CAP, SEQUENCES = 4, 1024, 8
+S2 = {"alpha": 1.0, "beta": 0.0, "kappa": 0.0, "lambda": 0.0, "microbatch": 0.0, "bubble": 0.0}
+
+
+def calibrated(packfeedctl):
+    """The llama8b model's coefficients, as packfeedctl plan reports them."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as lengths:
+        lengths.write("1\n" * RANKS)
+        lengths.flush()
+        out = subprocess.run([packfeedctl, "plan", "--lengths", lengths.name, "--global-batch",
+                              str(RANKS), "--dp", str(RANKS), "--max-tokens-per-rank", "1",
+                              "--cost-model", "llama8b", "--json"],
+                             check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["cost_model_coefficients"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--instances", type=int, default=60)
+    parser.add_argument("--packfeedctl", default=str(HERE.parent / "build" / "server" /
+                                                     "packfeedctl"))
+    args = parser.parse_args()
+    traces = [HERE / "traces" / f"{n}.txt"
+              for n in ("trace_code_files", "trace_chat_longdoc", "trace_doc_paragraphs")]
+    shared = HERE.parent.parent / "shared" / "bench" / "traces"
+    traces += [shared / f"{n}.txt" for n in ("trace_sft_lognormal_1024_8192",
+                                              "trace_dcp_lognormal_512_49152")
+               if (shared / f"{n}.txt").exists()]
+    print(f"{'family':34} {'model':9} any-size optimum / power-of-two optimum: "
+          "median, p5 (the best 5 %), share of instances that gain > 1 %")
+    for name, model in (("s2/c", S2), ("llama8b", calibrated(args.packfeedctl))):
+        for trace in traces:
+            lengths = [int(x) for x in trace.read_text().split()]
+            rng = random.Random(trace.name)
+            ratios = []
+            for _ in range(args.instances):
+                batch = rng.sample(lengths, SEQUENCES)
+                scale = CAP / max(-(-max(batch) // (RANKS - 0.25)), sum(batch) / (2 * RANKS), 1)
+                batch = [max(1, int(s * scale)) for s in batch]
+                aligned = plan_optimum.solve(batch, RANKS, CAP, model)
+                free = plan_optimum.solve(batch, RANKS, CAP, model, any_size=True)
+                ratios.append(free[0] / aligned[0])
+            ratios.sort()
+            gain = sum(r < 0.99 for r in ratios) / len(ratios)
+            print(f"{trace.stem:34} {name:9} median {statistics.median(ratios):.4f}, "
+                  f"p5 {ratios[len(ratios) // 20]:.4f}, {100 * gain:.0f} % gain > 1 %", flush=True)
+
+
+if __name__ == "__main__":
+    main()
