@@ -28,10 +28,11 @@ struct MegatronFigures {
 
 struct Config {
   const char* name;
-  const char* trace;
+  const char* trace;  // in --traces, or with own_trace in bench/traces
   int dp, cp;
   int64_t cap, global_batch;
   std::vector<MegatronFigures> megatron;
+  bool own_trace = false;
 };
 
 // ../shared/bench/README.md, "Megatron-LM's own schedulers on these traces".
@@ -81,6 +82,28 @@ const std::vector<Config>& Configs() {
        2048,
        128,
        {{"dynamic CP", 1.2, 1.2, 2.87, 5.6, 13}}},
+      // The families bench/traces/make_traces.py made from real files. No
+      // Megatron-LM figures: bench/megatron_core_peer.py runs Megatron-Core's
+      // own scheduler on them.
+      {"code files, 32 ranks, 8192, 512", "trace_code_files", 32, 1, 8192, 512, {}, true},
+      {"code files, 8 ranks, 16384, 128", "trace_code_files", 8, 1, 16384, 128, {}, true},
+      {"chat + long docs, 512 ranks, 4096, 8192",
+       "trace_chat_longdoc",
+       512,
+       1,
+       4096,
+       8192,
+       {},
+       true},
+      {"chat + long docs, 16 ranks, 4096, 256", "trace_chat_longdoc", 16, 1, 4096, 256, {}, true},
+      {"doc paragraphs, 64 ranks, 4096, 16384",
+       "trace_doc_paragraphs",
+       64,
+       1,
+       4096,
+       16384,
+       {},
+       true},
   };
   return configs;
 }
@@ -89,21 +112,23 @@ struct Variant {
   const char* label;
   SchedulerKind kind;
   double cp_upgrade_budget;
+  bool calibrated;  // plans under the calibrated llama8b model, not s²/c
 };
 
 const Variant kVariants[] = {
-    {"megatron_dp_balanced (ours)", SchedulerKind::kMegatronDpBalanced, 0},
-    {"balanced", SchedulerKind::kBalanced, 0},
-    {"dynamic_cp (default: inflation 0.05)", SchedulerKind::kDynamicCp, 0.05},
-    {"dynamic_cp, inflation budget 0.10", SchedulerKind::kDynamicCp, 0.10},
-    {"dynamic_cp, fewest microbatches", SchedulerKind::kDynamicCp, 1e9},
+    {"megatron_dp_balanced (ours)", SchedulerKind::kMegatronDpBalanced, 0, false},
+    {"balanced", SchedulerKind::kBalanced, 0, false},
+    {"dynamic_cp (default: inflation 0.05)", SchedulerKind::kDynamicCp, 0.05, false},
+    {"dynamic_cp, llama8b model", SchedulerKind::kDynamicCp, 0.05, true},
+    {"dynamic_cp, inflation budget 0.10", SchedulerKind::kDynamicCp, 0.10, false},
+    {"dynamic_cp, fewest microbatches", SchedulerKind::kDynamicCp, 1e9, false},
 };
 
-void PrintRow(const char* scheduler, double m, double lower, double s2, const std::string& full,
+void PrintRow(const char* scheduler, double m, double lower, double s2, const std::string& calib,
               const std::string& bound, const std::string& inflation, double padding,
               const std::string& ms) {
   std::printf("  %-36s %6.2f (%5.2f) %8.4f %8s %7s %8s %7.3f %14s\n", scheduler, m, lower, s2,
-              full.c_str(), bound.c_str(), inflation.c_str(), padding, ms.c_str());
+              calib.c_str(), bound.c_str(), inflation.c_str(), padding, ms.c_str());
 }
 
 std::string Fixed(double value, int digits) {
@@ -117,20 +142,24 @@ std::string Fixed(double value, int digits) {
 int main(int argc, char** argv) {
   CLI::App app("Scheduler figures beside Megatron-LM's");
   std::string traces = std::string(PF_SOURCE_DIR) + "/../shared/bench/traces";
-  app.add_option("--traces", traces, "Folder of trace_*.txt length files")->capture_default_str();
+  std::string own_traces = std::string(PF_SOURCE_DIR) + "/bench/traces";
+  app.add_option("--traces", traces, "Folder of the public trace_*.txt length files")
+      ->capture_default_str();
+  app.add_option("--own-traces", own_traces, "Folder of make_traces.py's length files")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::printf(
-      "step/ideal: modelled step over perfect balance (s²/c, and the full "
-      "Llama-8B-shaped model);\nbound: what the batch's heaviest sequence "
-      "allows at its needed CP; infl: CP inflation; ms: median (max) per "
+      "s2: step/ideal under s²/c; calib: modelled step time over the ideal under the "
+      "calibrated llama8b model (H100 rates);\nbound: what the batch's heaviest sequence "
+      "allows at its needed CP (s²/c); infl: CP inflation; ms: median (max) per "
       "global batch, one core\n");
   for (const Config& config : Configs()) {
-    const std::string path = traces + "/" + config.trace + ".txt";
+    const std::string path = (config.own_trace ? own_traces : traces) + "/" + config.trace + ".txt";
     absl::StatusOr<std::vector<int64_t>> lengths = packfeed::dataset::ReadLengthsFile(path);
     if (!lengths.ok()) {
-      std::fprintf(stderr, "scheduler_bench: %s\n", lengths.status().ToString().c_str());
-      return 1;
+      std::printf("\n%s: skipped (%s)\n", config.name, lengths.status().ToString().c_str());
+      continue;
     }
     // Each batch four times over: the same means, steadier timings.
     std::vector<int64_t> replayed;
@@ -139,18 +168,20 @@ int main(int argc, char** argv) {
     }
     std::printf("\n%s  [%s]\n", config.name, config.trace);
     std::printf("  %-36s %14s %8s %8s %7s %8s %7s %14s\n", "scheduler", "M (lower b.)", "s2",
-                "full", "bound", "infl", "pad %", "ms");
+                "calib", "bound", "infl", "pad %", "ms");
     for (const MegatronFigures& m : config.megatron) {
       PrintRow((std::string("Megatron ") + m.scheduler).c_str(), m.microbatches, m.lower_bound,
                m.step_over_ideal, "-", "-", "-", m.padding_pct, Fixed(m.ms, 2));
     }
     for (const Variant& variant : kVariants) {
       ReplayOptions options;
+      options.calibrated_model = *packfeed::scheduler::CostModelFromName("llama8b");
       options.planner.kind = variant.kind;
       options.planner.dp = config.dp;
       options.planner.cp = config.cp;
       options.planner.max_tokens_per_rank = config.cap;
       options.planner.cp_upgrade_budget = variant.cp_upgrade_budget;
+      if (variant.calibrated) options.planner.cost_model = options.calibrated_model;
       options.global_batch = config.global_batch;
       absl::StatusOr<ReplaySummary> s = packfeed::server::ctl::ReplayTrace(replayed, options);
       if (!s.ok()) {
@@ -158,7 +189,7 @@ int main(int argc, char** argv) {
         continue;
       }
       PrintRow(variant.label, s->microbatches_mean, s->microbatches_lower_bound_mean,
-               s->step_over_ideal, Fixed(s->step_over_ideal_full_model, 4),
+               s->step_over_ideal, Fixed(s->step_time_over_ideal_calibrated, 4),
                Fixed(s->step_over_ideal_bound, 3), Fixed(s->cp_inflation, 3), s->padding_pct,
                Fixed(s->schedule_ms_median, 2) + " (" + Fixed(s->schedule_ms_max, 1) + ")");
     }

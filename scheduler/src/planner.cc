@@ -291,17 +291,35 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   }
   std::optional<GlobalPlan> best;
   double best_time = 0;
-  for (const double budget : budgets) {
-    absl::StatusOr<std::vector<GlobalPlan>> plans =
-        PlanWithBudget(batch, config, options.kind, budget, &rows, step, one_more);
-    if (!plans.ok()) return plans.status();
-    for (GlobalPlan& plan : *plans) {
+  const auto consider = [&](std::vector<GlobalPlan>& plans) {
+    for (GlobalPlan& plan : plans) {
       const double time = StepTime(plan, config.cost_model);
       if (!best || time < best_time) {
         best = std::move(plan);
         best_time = time;
       }
     }
+  };
+  const int64_t lower_bound = rows;
+  for (const double budget : budgets) {
+    absl::StatusOr<std::vector<GlobalPlan>> plans =
+        PlanWithBudget(batch, config, options.kind, budget, &rows, step, one_more);
+    if (!plans.ok()) return plans.status();
+    consider(*plans);
+  }
+  // Giving every rank work can force a plan past the budget (a group
+  // doubles rather than leave ranks idle), at many microbatches. Once the
+  // budget is spent anyway, the fewest microbatches without it may be
+  // faster: one more candidate.
+  if (budgets.size() > 1 &&
+      ComputePlanStats(*best, config.cost_model, config.max_tokens_per_rank, config.min_cp)
+                  .cp_inflation -
+              1 >
+          options.cp_upgrade_budget) {
+    int64_t from = lower_bound;
+    absl::StatusOr<std::vector<GlobalPlan>> plans =
+        PlanWithBudget(batch, config, options.kind, kUnlimited, &from, step, one_more);
+    if (plans.ok()) consider(*plans);
   }
   return *std::move(best);
 }

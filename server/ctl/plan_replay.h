@@ -24,8 +24,8 @@ struct ReplayOptions {
   // Global batches to replay from the start of the trace; 0 = every whole
   // one it holds.
   int64_t steps = 0;
-  // The calibrated model every plan is also judged by, beside s²/c: the
-  // planner's own when it is calibrated.
+  // The calibrated model every plan is also judged by, beside s²/c (the
+  // planner's own when it is calibrated). Required.
   scheduler::CostModel calibrated_model;
   bool keep_plans = false;
 };
