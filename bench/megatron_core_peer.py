@@ -33,6 +33,13 @@ import time
 import types
 import zipfile
 
+# One definition of the cost model and the padding rule, shared with the
+# optimality test.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "integration"))
+from plan_optimum import cost  # noqa: E402
+import plan_optimum  # noqa: E402
+
 WHEEL = "megatron-core==0.16.1"
 SOURCE = "megatron/core/pipeline_parallel/hybrid_cp_schedule.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -83,18 +90,8 @@ class Group:
         return self._size
 
 
-def cost(model, s, c):
-    value = (model["alpha"] * s * s + model["beta"] * s) / c
-    if c > 1:
-        value += model["kappa"] * s * (c - 1) / c + model["lambda"] * (c - 1)
-    return value
-
-
 def needed_cp(s, cap):
-    c = 1
-    while -(-s // c) > cap:
-        c *= 2
-    return c
+    return plan_optimum.own_cp(s, cap, 1 << 30)
 
 
 def with_pipeline(times, model):

@@ -240,6 +240,34 @@ nlohmann::ordered_json CoefficientsJson(const scheduler::CostModel& model) {
           {"microbatch", model.microbatch}, {"bubble", model.bubble}};
 }
 
+// plot_plan.py's input: per microbatch, each rank's work under `model` and
+// the CP groups as [first rank, size].
+nlohmann::ordered_json PlotJson(const scheduler::GlobalPlan& plan,
+                                const scheduler::CostModel& model, const std::string& title) {
+  nlohmann::ordered_json work = nlohmann::ordered_json::array();
+  nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+  for (const scheduler::PlannedMicrobatch& microbatch : plan.microbatches) {
+    std::vector<double> row(static_cast<size_t>(plan.dp_cp_size), 0.0);
+    nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
+    for (const scheduler::CpGroup& group : microbatch.groups) {
+      double cost = 0;
+      for (const scheduler::PlannedSequence& s : group.sequences) {
+        cost += model.Cost(s.padded_length, group.size);
+      }
+      for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
+        row[static_cast<size_t>(r)] = cost;
+      }
+      blocks.push_back({group.first_rank, group.size});
+    }
+    work.push_back(row);
+    groups.push_back(std::move(blocks));
+  }
+  return {{"title", title},
+          {"unit", model.ModelsOverheads() ? "s" : "s²/c"},
+          {"work", std::move(work)},
+          {"groups", std::move(groups)}};
+}
+
 // plot_plan.py beside an installed packfeedctl (../share/packfeed), else in
 // the source tree this binary was built from.
 std::string PlotScript() {
@@ -357,14 +385,10 @@ absl::Status Plan(const PlanArgs& args) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--plot-step ", args.plot_step, ": the replay has ", summary->plans.size(), " steps"));
     }
-    const bool calibrated = options.planner.cost_model.ModelsOverheads();
-    PF_RETURN_IF_ERROR(
-        PlotPlan({{"title", absl::StrCat(scheduler_name, ", step ", args.plot_step)},
-                  {"unit", calibrated ? "s" : "s²/c"},
-                  {"cost_model", CoefficientsJson(options.planner.cost_model)},
-                  {"microbatches",
-                   PlanToJson(summary->plans[static_cast<size_t>(args.plot_step)], nullptr)}},
-                 args.plot));
+    PF_RETURN_IF_ERROR(PlotPlan(
+        PlotJson(summary->plans[static_cast<size_t>(args.plot_step)], options.planner.cost_model,
+                 absl::StrCat(scheduler_name, ", step ", args.plot_step)),
+        args.plot));
   }
   if (args.json) {
     std::printf("%s\n", out.dump().c_str());
