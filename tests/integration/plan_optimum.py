@@ -153,7 +153,9 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
     a = sparse.csr_array((v, (r, c)), shape=(len(rows_a), count))
     result = milp(objective, integrality=integral, bounds=Bounds(np.zeros(count), upper),
                   constraints=LinearConstraint(a, lo, hi),
-                  options={"time_limit": time_limit, "mip_rel_gap": 1e-6})
+                  # The presolve of the HiGHS in Debian's scipy 1.10 was seen to cut off the optimum
+                  # of these models; solving without it is exact and fast enough.
+                  options={"time_limit": time_limit, "mip_rel_gap": 1e-6, "presolve": False})
     if result.x is None:
         return None
     plan = []

@@ -92,7 +92,10 @@ def optimum(job):
     its CP inflation where it had to exceed the budget to give every rank
     work, and its microbatch count where that exceeds the solver's default."""
     batch, model, inflation, microbatches = job
-    solved = plan_optimum.solve(batch, RANKS, CAP, model, budget=max(BUDGET, inflation + 1e-9),
+    # A little slack: at exactly the planner's inflation, HiGHS's tolerances
+    # may rule the planner's own plan out.
+    solved = plan_optimum.solve(batch, RANKS, CAP, model,
+                                budget=max(BUDGET, inflation * (1 + 1e-6) + 1e-6),
                                 max_rows=microbatches, at_least_default_rows=True)
     return solved[0]
 
