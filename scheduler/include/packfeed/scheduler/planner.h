@@ -52,8 +52,10 @@ struct PlannerOptions {
   // microbatches whatever the inflation. A batch that cannot otherwise give
   // every rank work may exceed it.
   double cp_upgrade_budget = 0.05;
-  // What the planner balances. The figures in bench/ also judge the plan
-  // under s²/c (CostModel::Megatron()).
+  // What the planner minimises: StepTime (plan_stats.h) under this model.
+  // dynamic_cp plans candidates (the whole budget, half and none; one more
+  // microbatch where the model prices microbatches) for batches up to 2²²
+  // sequences × ranks and keeps the fastest (docs/SCHEDULER.md).
   CostModel cost_model = CostModel::Megatron();
   // megatron_dp_balanced only: Megatron's thd_max_packed_sequences (0 = no
   // cap).
