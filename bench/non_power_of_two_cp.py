@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Would CP groups of any size beat power-of-two groups? Measured, not argued.
 
-  non_power_of_two_cp.py [--instances K] [--packfeedctl PATH]
+  non_power_of_two_cp.py [--instances K] [--models s2,llama8b] [--packfeedctl PATH]
 
 For random small instances of every trace family (as the optimality test
 draws them: 8 sequences, 4 ranks of 1 024 tokens), solves the exact optimum
@@ -41,6 +41,7 @@ def calibrated(packfeedctl):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--instances", type=int, default=60)
+    parser.add_argument("--models", default="s2,llama8b", help="s2, llama8b or both")
     parser.add_argument("--packfeedctl", default=str(HERE.parent / "build" / "server" /
                                                      "packfeedctl"))
     args = parser.parse_args()
@@ -52,7 +53,10 @@ def main():
                if (shared / f"{n}.txt").exists()]
     print(f"{'family':34} {'model':9} any-size optimum / power-of-two optimum: "
           "median, p5 (the best 5 %), share of instances that gain > 1 %")
-    for name, model in (("s2/c", S2), ("llama8b", calibrated(args.packfeedctl))):
+    models = {"s2": ("s2/c", S2), "llama8b": ("llama8b", None)}
+    for key in args.models.split(","):
+        name, model = models[key]
+        model = model or calibrated(args.packfeedctl)
         for trace in traces:
             lengths = [int(x) for x in trace.read_text().split()]
             rng = random.Random(trace.name)
