@@ -5,6 +5,8 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
 
