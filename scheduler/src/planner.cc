@@ -265,10 +265,7 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
 
   // Start at the token lower bound (each sequence at its smallest group)
   // and add microbatches until everything fits.
-  int64_t tokens = 0;
-  for (const internal::PackerItem& item : batch.items) {
-    tokens += internal::ShapeAt(item.length, item.cp_size, config).padded;
-  }
+  const int64_t tokens = batch.own_padded;
   const int64_t capacity = int64_t{config.num_ranks} * config.max_tokens_per_rank;
   const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
   int64_t rows = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
