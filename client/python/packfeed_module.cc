@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "packfeed/client/client.h"
+#include "packfeed/client/producer.h"
 #include "packfeed/common/defaults.h"
 #include "packfeed/common/version.h"
 
@@ -184,6 +185,95 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
   return out;
 }
 
+std::shared_ptr<Producer> MakeProducer(const std::string& socket_path, const std::string& stream,
+                                       const std::string& auth_token,
+                                       const std::string& ucx_transports) {
+  ProducerOptions options;
+  options.socket_path = socket_path;
+  options.stream = stream;
+  options.auth_token = auth_token;
+  options.ucx_transports = ucx_transports;
+  absl::StatusOr<std::unique_ptr<Producer>> producer;
+  {
+    py::gil_scoped_release release;
+    producer = Producer::Create(options);
+  }
+  return std::shared_ptr<Producer>(ValueOrRaise(std::move(producer)));
+}
+
+absl::Span<const char> BytesOf(const py::buffer_info& info) {
+  return {static_cast<const char*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
+}
+
+// `samples`: (group, tag, tokens, [field buffers in `fields` order]) each;
+// tokens a contiguous int64 buffer, fields contiguous buffers of their bytes
+// (packfeed.Producer prepares them).
+py::dict Put(Producer& producer, int64_t step, const std::vector<std::string>& fields,
+             const py::list& samples, double wait_seconds) {
+  std::vector<py::buffer_info> held;  // keeps the views alive through the call
+  held.reserve(samples.size() * (1 + fields.size()));
+  std::vector<ProducerSample> out;
+  for (const py::handle& item : samples) {
+    const py::tuple sample = item.cast<py::tuple>();
+    ProducerSample& s = out.emplace_back();
+    s.group = sample[0].cast<int64_t>();
+    s.tag = sample[1].cast<int64_t>();
+    const py::buffer_info& tokens = held.emplace_back(sample[2].cast<py::buffer>().request());
+    // (NumPy spells int64 "l" on LP64, the buffer protocol's canonical "q".)
+    if (tokens.itemsize != sizeof(int64_t) || (tokens.format != "q" && tokens.format != "l")) {
+      Raise(absl::InvalidArgumentError("tokens must be int64"));
+    }
+    s.tokens = {static_cast<const int64_t*>(tokens.ptr), static_cast<size_t>(tokens.size)};
+    for (const py::handle& field : sample[3].cast<py::list>()) {
+      s.fields.push_back(BytesOf(held.emplace_back(field.cast<py::buffer>().request())));
+    }
+  }
+  absl::StatusOr<v1::PutReply> reply;
+  {
+    py::gil_scoped_release release;
+    reply = producer.Put(step, fields, out, absl::Seconds(wait_seconds));
+  }
+  const v1::PutReply put = ValueOrRaise(std::move(reply));
+  py::dict result;
+  result["samples_held"] = put.samples_held();
+  result["bytes_held"] = put.bytes_held();
+  return result;
+}
+
+py::dict StreamStats(const v1::IngestStreamStats& stats) {
+  py::dict out;
+  out["name"] = stats.name();
+  out["bytes_held"] = stats.bytes_held();
+  out["peak_bytes_held"] = stats.peak_bytes_held();
+  out["budget_bytes"] = stats.budget_bytes();
+  out["samples_put"] = stats.samples_put();
+  out["bytes_put"] = stats.bytes_put();
+  out["puts_waited"] = stats.puts_waited();
+  out["puts_refused"] = stats.puts_refused();
+  py::list steps;
+  for (const v1::IngestStepStats& step : stats.steps()) {
+    py::dict s;
+    s["step"] = step.step();
+    s["sealed"] = step.sealed();
+    s["samples"] = step.samples();
+    s["bytes"] = step.bytes();
+    s["consumed_by"] =
+        std::vector<std::string>(step.consumed_by().begin(), step.consumed_by().end());
+    steps.append(s);
+  }
+  out["steps"] = steps;
+  py::list consumers;
+  for (const v1::IngestConsumerStats& consumer : stats.consumers()) {
+    py::dict c;
+    c["job"] = consumer.job();
+    c["consumed_before"] = consumer.consumed_before();
+    c["bytes_pending"] = consumer.bytes_pending();
+    consumers.append(c);
+  }
+  out["consumers"] = consumers;
+  return out;
+}
+
 }  // namespace
 }  // namespace packfeed::client
 
@@ -224,6 +314,34 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("memory_kind", [](const Client& client) {
         return client.memory_kind() == packfeed::transport::MemoryKind::kCuda ? "cuda" : "host";
       });
+  py::class_<Producer, std::shared_ptr<Producer>>(m, "Producer")
+      .def("put", &Put, py::arg("step"), py::arg("fields"), py::arg("samples"),
+           py::arg("wait_seconds"))
+      .def("seal",
+           [](Producer& producer, int64_t step) {
+             absl::StatusOr<packfeed::v1::SealReply> sealed;
+             {
+               py::gil_scoped_release release;
+               sealed = producer.Seal(step);
+             }
+             const packfeed::v1::SealReply reply = ValueOrRaise(std::move(sealed));
+             py::dict out;
+             out["samples"] = reply.samples();
+             out["groups"] = reply.groups();
+             return out;
+           })
+      .def("status",
+           [](Producer& producer) {
+             absl::StatusOr<packfeed::v1::IngestStreamStats> stats;
+             {
+               py::gil_scoped_release release;
+               stats = producer.Status();
+             }
+             return StreamStats(ValueOrRaise(std::move(stats)));
+           })
+      .def_property_readonly("staging_bytes", &Producer::staging_bytes);
+  m.def("producer", &MakeProducer, py::arg("socket_path"), py::arg("stream"), py::arg("auth_token"),
+        py::arg("ucx_transports"));
   m.def("attach", &Attach, py::arg("socket_path"), py::arg("job"), py::arg("global_rank"),
         py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"),
         py::arg("start_microbatch"), py::arg("elastic"), py::arg("slots"), py::arg("slot_bytes"),

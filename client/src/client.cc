@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpc_status.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/v1/service.grpc.pb.h"
@@ -21,17 +22,6 @@ struct Client::Control {
 };
 
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view call,
-                      absl::string_view socket) {
-  if (status.ok()) return absl::OkStatus();
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::UnavailableError(
-        absl::StrCat(call, ": no packfeedd answers on ", socket, ": ", status.error_message()));
-  }
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(call, ": ", status.error_message()));
-}
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

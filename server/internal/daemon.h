@@ -17,6 +17,8 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "packfeed/v1/config.pb.h"
+#include "server/internal/ingest_server.h"
+#include "server/internal/ingest_stream.h"
 #include "server/internal/job.h"
 #include "server/internal/job_runner.h"
 #include "server/internal/metrics.h"
@@ -56,6 +58,8 @@ class Daemon {
   JobRunner* runner(const std::string& job) const;
   const std::vector<std::unique_ptr<JobRunner>>& runners() const { return runners_; }
   const Storage& storage() const { return *storage_; }
+  // The ingest streams' transfers; nullptr without ingest_streams.
+  IngestServer* ingest() const { return ingest_.get(); }
   RankWatches& watches() { return watches_; }
   // Every job's stats, asked of each runner as Admin.GetStats does; waits
   // up to `timeout` for them (DeadlineExceeded past it).
@@ -68,9 +72,13 @@ class Daemon {
 
  private:
   Daemon() = default;
+  // The configured ingest streams and their transfer thread.
+  absl::Status StartIngest(const DaemonOptions& options);
 
   v1::DaemonConfig config_;
-  std::unique_ptr<Storage> storage_;  // outlives the jobs and runners that use it
+  std::unique_ptr<Storage> storage_;                    // outlives the jobs and runners that use it
+  std::vector<std::unique_ptr<IngestStream>> streams_;  // the same for the ingest jobs
+  std::unique_ptr<IngestServer> ingest_;
   RankWatches watches_;
   std::vector<std::unique_ptr<Job>> jobs_;
   std::vector<std::unique_ptr<JobRunner>> runners_;

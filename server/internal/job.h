@@ -19,6 +19,7 @@
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
 #include "packfeed/v1/config.pb.h"
+#include "server/internal/ingest_stream.h"
 #include "server/internal/model_stages.h"
 #include "server/internal/side_fields.h"
 
@@ -59,8 +60,11 @@ class Job {
   // Opens the datasets through `open` (NotFound / DataLoss naming the file)
   // and computes the fingerprint. REQUIRES: `config` passed
   // ValidateJobConfig (defaults filled).
+  // An ingest job (config.ingest_stream) reads `ingest`, which must be the
+  // stream it names and outlive the job; it opens no dataset.
   static absl::StatusOr<std::unique_ptr<Job>> Create(const v1::JobConfig& config,
-                                                     const DatasetOpener& open = OpenDatasetAlone);
+                                                     const DatasetOpener& open = OpenDatasetAlone,
+                                                     IngestStream* ingest = nullptr);
 
   const std::string& name() const { return config_.name(); }
   const v1::JobConfig& config() const { return config_; }
@@ -68,11 +72,18 @@ class Job {
   const std::string& fingerprint() const { return fingerprint_; }
   const scheduler::PlannerOptions& planner_options() const { return planner_; }
   const dataset::SampleRules& rules() const { return rules_; }
+  // REQUIRES: not an ingest job.
   const scheduler::Sampler& sampler() const { return *sampler_; }
+  // The stream an ingest job reads; nullptr for a job of datasets.
+  IngestStream* ingest() const { return ingest_; }
+  // The stream's index of side field f of an ingest job.
+  int ingest_field(int f) const { return ingest_fields_[static_cast<size_t>(f)]; }
   const dataset::IndexedDataset& dataset(int i) const { return *datasets_[static_cast<size_t>(i)]; }
   // Where a sample lies in its dataset (its document, and its first token
   // when a long document was split), and its run.
+  // (An ingest job's sample is its index in the sealed step.)
   dataset::SampleTable::Piece PieceOf(const scheduler::SampleRef& sample) const {
+    if (ingest_ != nullptr) return {sample.index, 0};
     return sample_tables_[static_cast<size_t>(sample.dataset)].Locate(sample.index);
   }
   dataset::SampleShape ShapeOf(const scheduler::SampleRef& sample) const;
@@ -108,6 +119,8 @@ class Job {
   std::vector<SideFieldInfo> side_fields_;
   std::vector<std::vector<std::shared_ptr<const dataset::IndexedDataset>>> side_datasets_;
   std::unique_ptr<scheduler::Sampler> sampler_;
+  IngestStream* ingest_ = nullptr;
+  std::vector<int> ingest_fields_;
   std::string fingerprint_;
   std::vector<int> local_ranks_;
   uint64_t required_slot_bytes_ = 0;

@@ -87,6 +87,11 @@ class JobRunner {
   void RankGone(int global_rank, uint64_t epoch, std::string why);
   void GetLedger(std::function<void(v1::JobLedger)> done);
   int attached_ranks() const;
+  // Makes the runner look again at what it waits for (an ingest step that
+  // was sealed). Safe from any thread.
+  void Wake() {
+    Post([] {});
+  }
   // When the runner's loop last went round (at least every 100 ms while it
   // is healthy): what the systemd watchdog is fed from.
   absl::Time last_loop() const { return absl::FromUnixNanos(last_loop_ns_.load()); }
@@ -122,6 +127,8 @@ class JobRunner {
   uint64_t CachedBytes() const;
   void UpdateAttached();
   void Evict();
+  // An ingest job tells its stream which steps its ranks consumed.
+  void ReportConsumed();
   // The ledger's group commit (ledger.h): at most once per interval.
   void SyncLedger();
   static constexpr absl::Duration kLedgerSyncInterval = absl::Seconds(1);
@@ -149,6 +156,7 @@ class JobRunner {
   double plan_seconds_ = 0;
   double read_seconds_ = 0;
   double step_over_ideal_sum_ = 0;  // over the steps planned
+  int64_t reported_consumed_ = -1;  // ReportConsumed's last
   int64_t failed_step_ = -1;        // the step whose plan or read failed last, logged once
   absl::Status failure_;            // and why
 

@@ -6,6 +6,7 @@
 // and the step, equal on every node.
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,6 +21,8 @@ struct StepPlan {
   int64_t step = 0;
   scheduler::GlobalPlan plan;
   std::vector<scheduler::SampleRef> samples;  // by PlannedSequence::sample
+  // An ingest job's sealed step, whose samples `samples` index.
+  std::shared_ptr<const SealedStep> ingested;
   // Samples cut to seq_length (LONG_DOCUMENTS_TRUNCATE), and their tokens
   // not served.
   int64_t samples_truncated = 0;
@@ -27,8 +30,9 @@ struct StepPlan {
 };
 
 // Samples and plan of `step` (>= 0). Errors are the planner's or a corrupt
-// index entry's (DataLoss naming the file), naming the
-// job and step.
+// index entry's (DataLoss naming the file), naming the job and step; for
+// an ingest job, Unavailable while the step is not sealed and NotFound once
+// it was freed.
 absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step);
 
 // The samples dp-cp rank `dp_cp_rank` processes in `microbatch` of `plan`

@@ -42,6 +42,11 @@ struct StepData {
 StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
                       absl::Span<const FetchedSample> fetched);
 
+// An ingest job's step (plan.ingested): what the given ranks need of its
+// samples, straight from the stream (the side fields' bytes shared, not
+// copied).
+StepData AssembleIngestStep(const Job& job, StepPlan plan, absl::Span<const int> global_ranks);
+
 }  // namespace packfeed::server
 
 #endif  // PACKFEED_SERVER_INTERNAL_READ_H_

@@ -19,6 +19,7 @@ inline grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon);
+std::unique_ptr<v1::Ingest::CallbackService> MakeIngestService(Daemon& daemon);
 // `required_token` non-empty: every call must carry it (the TCP listener).
 std::unique_ptr<v1::Admin::CallbackService> MakeAdminService(Daemon& daemon,
                                                              std::string required_token = "");

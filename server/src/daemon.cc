@@ -134,8 +134,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   daemon->storage_ = std::make_unique<Storage>(storage_options);
   Storage& storage = *daemon->storage_;
   const DatasetOpener open = [&storage](const std::string& prefix) { return storage.Open(prefix); };
+  PF_RETURN_IF_ERROR(daemon->StartIngest(options));
   for (const v1::JobConfig& job_config : config.jobs()) {
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config, open);
+    IngestStream* stream = nullptr;
+    for (const auto& s : daemon->streams_) {
+      if (s->name() == job_config.ingest_stream()) stream = s.get();
+    }
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config, open, stream);
     if (!job.ok()) {
       return absl::Status(job.status().code(),
                           absl::StrCat("job ", job_config.name(), ": ", job.status().message()));
@@ -153,6 +158,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     }
     PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
                         JobRunner::Start(**job, storage, runner_options));
+    if (stream != nullptr) {
+      const Job& consumer = **job;
+      stream->AddConsumer({consumer.name(), job_config.global_batch(), consumer.rules(),
+                           consumer.planner_options()},
+                          [r = runner.get()] { r->Wake(); });
+    }
     daemon->by_name_[job_config.name()] = runner.get();
     daemon->runners_.push_back(std::move(runner));
     spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),
@@ -175,6 +186,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   }
   daemon->services_.push_back(MakeControlService(*daemon));
   daemon->services_.push_back(MakeAdminService(*daemon));
+  daemon->services_.push_back(MakeIngestService(*daemon));
   // No listening port: UnixListener accepts on `socket` and hands gRPC each
   // connection, knowing who opened it.
   grpc::ServerBuilder builder;
@@ -258,12 +270,38 @@ absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) c
   v1::GetStatsReply reply;
   for (v1::JobStats& job : jobs) *reply.add_jobs() = std::move(job);
   *reply.mutable_storage() = storage_->Stats();
+  for (const auto& stream : streams_) *reply.add_ingest_streams() = stream->Stats();
   return reply;
+}
+
+absl::Status Daemon::StartIngest(const DaemonOptions& options) {
+  if (config_.ingest_streams().empty()) return absl::OkStatus();
+  std::vector<IngestStream*> streams;
+  for (const v1::IngestStream& config : config_.ingest_streams()) {
+    PF_ASSIGN_OR_RETURN(ModelStages no_layers, ModelStages::Create({}, 1, 1, config.name()));
+    std::vector<SideFieldInfo> fields;
+    for (const v1::SideField& field : config.fields()) {
+      PF_ASSIGN_OR_RETURN(SideFieldInfo info,
+                          ResolveSideField(field, no_layers, config.name() + ".fields"));
+      fields.push_back(std::move(info));
+    }
+    const uint64_t budget = config.memory_budget_bytes() != 0 ? config.memory_budget_bytes()
+                                                              : config_.memory_budget_bytes();
+    streams_.push_back(std::make_unique<IngestStream>(config.name(), config.auth_token(),
+                                                      std::move(fields), budget));
+    streams.push_back(streams_.back().get());
+  }
+  transport::UcxOptions ucx;
+  ucx.transports = options.ucx_transports;
+  PF_ASSIGN_OR_RETURN(ingest_, IngestServer::Start(std::move(streams), ucx));
+  return absl::OkStatus();
 }
 
 Daemon::~Daemon() {
   metrics_.reset();  // no scrape asks the runners once they stop
   Shutdown();
+  // Puts still waiting are answered before the server stops.
+  if (ingest_ != nullptr) ingest_->Stop();
   // The ranks' Watch streams end here, not by the server's deadline; the
   // ranks still get their goodbyes below.
   watches_.FinishAll();

@@ -1,5 +1,7 @@
 #include "packfeed/server/daemon_config.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
@@ -38,6 +40,70 @@ absl::Status FieldError(absl::string_view where, absl::string_view field,
 
 bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
+bool IsName(const std::string& name) {
+  return !name.empty() && name.find_first_not_of(
+                              "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                              "0123456789_.-") == std::string::npos;
+}
+
+// The streams' names and fields, and that each consumer job reads a
+// stream that has its side fields with the same dtype and shape.
+absl::Status ValidateIngest(const v1::DaemonConfig& config, absl::string_view source) {
+  std::map<std::string, const v1::IngestStream*> streams;
+  for (int i = 0; i < config.ingest_streams_size(); ++i) {
+    const v1::IngestStream& stream = config.ingest_streams(i);
+    const std::string where = absl::StrCat(source, ": ingest_streams[", i, "]");
+    if (!IsName(stream.name())) {
+      return FieldError(where, "name",
+                        absl::StrCat("'", stream.name(), "' must be [A-Za-z0-9_.-]+"));
+    }
+    if (!streams.emplace(stream.name(), &stream).second) {
+      return FieldError(where, "name", absl::StrCat("'", stream.name(), "' names two streams"));
+    }
+    PF_ASSIGN_OR_RETURN(ModelStages no_layers, ModelStages::Create({}, 1, 1, where));
+    std::set<std::string> names;
+    for (int f = 0; f < stream.fields_size(); ++f) {
+      const std::string at = absl::StrCat(where, ".fields[", f, "]");
+      PF_ASSIGN_OR_RETURN(SideFieldInfo field, ResolveSideField(stream.fields(f), no_layers, at));
+      if (!names.insert(field.name).second) return FieldError(at, "name", "the same name twice");
+    }
+  }
+  for (int i = 0; i < config.jobs_size(); ++i) {
+    const v1::JobConfig& job = config.jobs(i);
+    if (job.ingest_stream().empty()) continue;
+    const std::string where = absl::StrCat(source, ": jobs[", i, "]");
+    auto stream = streams.find(job.ingest_stream());
+    if (stream == streams.end()) {
+      return FieldError(
+          where, "ingest_stream",
+          absl::StrCat("no ingest_streams entry is named '", job.ingest_stream(), "'"));
+    }
+    for (int f = 0; f < job.side_fields_size(); ++f) {
+      const v1::SideField& wanted = job.side_fields(f);
+      const std::string at = absl::StrCat("side_fields[", f, "]");
+      const v1::SideField* have = nullptr;
+      for (const v1::SideField& field : stream->second->fields()) {
+        if (field.name() == wanted.name()) have = &field;
+      }
+      if (have == nullptr) {
+        return FieldError(
+            where, at,
+            absl::StrCat("stream '", job.ingest_stream(), "' has no field '", wanted.name(), "'"));
+      }
+      if (have->dtype() != wanted.dtype() ||
+          !std::equal(have->inner_shape().begin(), have->inner_shape().end(),
+                      wanted.inner_shape().begin(), wanted.inner_shape().end())) {
+        return FieldError(where, at,
+                          absl::StrCat("'", wanted.name(), "' is ", wanted.dtype(), " [",
+                                       absl::StrJoin(wanted.inner_shape(), ","), "] here and ",
+                                       have->dtype(), " [", absl::StrJoin(have->inner_shape(), ","),
+                                       "] in stream '", job.ingest_stream(), "'"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 void FillDefaults(v1::JobConfig& job) {
   v1::Topology& t = *job.mutable_topology();
   for (auto [get, set] : {std::pair{&v1::Topology::tp, &v1::Topology::set_tp},
@@ -69,11 +135,20 @@ void FillDefaults(v1::JobConfig& job) {
 
 absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where) {
   const std::string& name = job.name();
-  if (name.empty() || name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                             "0123456789_.-") != std::string::npos) {
+  if (!IsName(name)) {
     return FieldError(where, "name", absl::StrCat("'", name, "' must be [A-Za-z0-9_.-]+"));
   }
-  if (job.datasets().empty()) return FieldError(where, "datasets", "at least one is required");
+  const bool ingest = !job.ingest_stream().empty();
+  if (ingest) {
+    if (!job.datasets().empty()) {
+      return FieldError(where, "datasets", "a job reads datasets or an ingest_stream, not both");
+    }
+    if (job.append_eod()) {
+      return FieldError(where, "append_eod", "ingested samples are served as put");
+    }
+  } else if (job.datasets().empty()) {
+    return FieldError(where, "datasets", "at least one is required (or an ingest_stream)");
+  }
   for (int i = 0; i < job.datasets_size(); ++i) {
     const v1::DatasetSpec& dataset = job.datasets(i);
     const std::string at = absl::StrCat("datasets[", i, "]");
@@ -97,7 +172,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   if (world > (1u << 20)) {
     return FieldError(where, "topology", absl::StrCat("world size ", world, " exceeds 2^20 ranks"));
   }
-  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT &&
+  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT && !ingest &&
       job.datasets(0).kind() == v1::DATASET_KIND_SFT) {
     return FieldError(where, "long_documents",
                       "LONG_DOCUMENTS_SPLIT is for varlen datasets (sft rows are truncated)");
@@ -170,13 +245,13 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
                         absl::StrCat(job.global_batch(), " is not a multiple of DP ", t.dp(),
                                      " (megatron_dp_balanced)"));
     }
-    if (job.datasets_size() != 1 || job.sampler() != v1::SAMPLER_MODE_SEQUENTIAL) {
+    if (job.datasets_size() != 1 || job.sampler() != v1::SAMPLER_MODE_SEQUENTIAL || ingest) {
       // Megatron's sample order is defined for one dataset read in order.
       return FieldError(where, "sampler",
                         "megatron_dp_balanced needs one dataset and SAMPLER_MODE_SEQUENTIAL");
     }
   }
-  if (job.sampler() == v1::SAMPLER_MODE_SEQUENTIAL && job.datasets_size() != 1) {
+  if (job.sampler() == v1::SAMPLER_MODE_SEQUENTIAL && job.datasets_size() != 1 && !ingest) {
     return FieldError(where, "sampler", "SAMPLER_MODE_SEQUENTIAL reads exactly one dataset");
   }
   std::set<uint32_t> seen;
@@ -245,6 +320,7 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
       return FieldError(where, "name", absl::StrCat("'", job.name(), "' names two jobs"));
     }
   }
+  PF_RETURN_IF_ERROR(ValidateIngest(config, source));
   return config;
 }
 

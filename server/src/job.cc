@@ -50,9 +50,10 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
 }
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
-                                                 const DatasetOpener& open) {
+                                                 const DatasetOpener& open, IngestStream* ingest) {
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
+  job->ingest_ = ingest;
   const v1::Topology& t = config.topology();
   job->layout_ = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
                   static_cast<int>(t.dp()), t.sequence_parallel()};
@@ -95,9 +96,23 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     job->side_datasets_.push_back(std::move(sides));
     job->datasets_.push_back(std::move(dataset));
   }
-  PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
-                      scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
-  job->sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
+  if (ingest != nullptr) {
+    // The stream's name and fields stand for the datasets: the bytes are
+    // whatever the driver puts.
+    absl::StrAppend(&datasets_part, "ingest:", ingest->name(), "|");
+    for (const SideFieldInfo& field : job->side_fields_) {
+      const int f = ingest->FieldIndex(field.name);
+      if (f < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ingest stream ", ingest->name(), " has no field '", field.name, "'"));
+      }
+      job->ingest_fields_.push_back(f);
+    }
+  } else {
+    PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
+                        scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
+    job->sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
+  }
 
   const v1::SchedulerConfig& s = config.scheduler();
   FingerprintInputs parts;
@@ -130,7 +145,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   }
   std::sort(job->local_ranks_.begin(), job->local_ranks_.end());
 
-  PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
+  // (An ingest job checks each sample as it is put.)
+  if (ingest == nullptr) PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
   PF_ASSIGN_OR_RETURN(job->required_slot_bytes_, MaxSlotBytes(*job));
   return job;
 }

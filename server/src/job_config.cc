@@ -94,8 +94,9 @@ absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& 
 
 dataset::SampleRules SampleRulesOf(const v1::JobConfig& job) {
   dataset::SampleRules rules;
-  rules.kind = job.datasets(0).kind() == v1::DATASET_KIND_SFT ? dataset::SampleKind::kSft
-                                                              : dataset::SampleKind::kVarlen;
+  rules.kind = !job.datasets().empty() && job.datasets(0).kind() == v1::DATASET_KIND_SFT
+                   ? dataset::SampleKind::kSft
+                   : dataset::SampleKind::kVarlen;
   rules.seq_length = job.seq_length();
   rules.eod_id = job.eod_id();
   rules.pad_id = job.pad_id();

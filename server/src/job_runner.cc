@@ -406,6 +406,8 @@ const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
   const absl::Time start = absl::Now();
   absl::StatusOr<StepPlan> plan = PlanStep(job_, step);
   plan_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  // An ingest step not sealed yet: the seal wakes this runner.
+  if (job_.ingest() != nullptr && absl::IsUnavailable(plan.status())) return nullptr;
   if (!plan.ok()) {
     if (failed_step_ != step) {
       spdlog::error("job {} step {}: {}", job_.name(), step, plan.status().ToString());
@@ -414,8 +416,32 @@ const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
     failure_ = plan.status();
     return nullptr;
   }
+  if (job_.ingest() != nullptr) {
+    // Held in memory already: nothing to fetch.
+    StepSlot& slot = steps_[step];
+    slot.generation = ++fetches_;
+    slot.fetched = start;
+    OnStepRead(
+        step, slot.generation,
+        std::make_shared<StepData>(AssembleIngestStep(job_, *std::move(plan), job_.local_ranks())));
+    return slot.data.get();
+  }
   StartFetch(step, steps_[step], std::make_shared<StepPlan>(*std::move(plan)), rank, urgent);
   return nullptr;
+}
+
+void JobRunner::ReportConsumed() {
+  // Steps before every local rank's ledger position are consumed on this
+  // node (a rank that never attached holds everything).
+  int64_t before = INT64_MAX;
+  for (int rank : job_.local_ranks()) {
+    const std::optional<LedgerPosition> next = ledger_->next(rank);
+    if (!next.has_value()) return;
+    before = std::min(before, next->step);
+  }
+  if (before == reported_consumed_) return;
+  reported_consumed_ = before;
+  job_.ingest()->Consumed(job_.name(), before);
 }
 
 void JobRunner::StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const StepPlan> plan,
@@ -554,6 +580,7 @@ void JobRunner::Loop() {
     for (auto& [_, rank] : ranks_) pushed |= ServeRank(rank);
     if (absl::Now() - last_sync_ >= kLedgerSyncInterval) SyncLedger();
     Evict();
+    if (job_.ingest() != nullptr) ReportConsumed();
     // The storage reads ahead for every rank, so none waits for a read.
     FetchAhead();
     sender_->ProgressOrWait(pushed ? absl::ZeroDuration() : absl::Milliseconds(100));

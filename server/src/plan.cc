@@ -1,24 +1,38 @@
 #include "server/internal/plan.h"
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
 
 namespace packfeed::server {
 
-absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
-  StepPlan out;
-  out.step = step;
-  out.samples = job.sampler().GlobalBatch(step);
-  std::vector<int64_t> lengths;
+namespace {
+
+absl::Status InStep(const Job& job, int64_t step, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("job ", job.name(), " step ", step, ": ", status.message()));
+}
+
+// A sealed step's samples, served whole, in the step's order; epoch = step
+// (what the ledger's per-epoch shares count).
+void IngestBatch(const Job& job, const SealedStep& sealed, StepPlan& out,
+                 std::vector<int64_t>& lengths) {
+  for (size_t i = 0; i < sealed.samples.size(); ++i) {
+    const auto tokens = static_cast<int64_t>(sealed.samples[i].tokens.size());
+    const dataset::SampleShape shape = dataset::ShapeOfSample(tokens, job.rules());
+    out.samples.push_back({0, static_cast<int64_t>(i), sealed.step});
+    lengths.push_back(dataset::RealLength(shape.run_length, job.rules()));
+  }
+}
+
+// The sampler's batch, each sample's index entry checked when a step first
+// uses it.
+absl::Status StoredBatch(const Job& job, StepPlan& out, std::vector<int64_t>& lengths) {
+  out.samples = job.sampler().GlobalBatch(out.step);
   lengths.reserve(out.samples.size());
   for (const scheduler::SampleRef& sample : out.samples) {
     const dataset::IndexedDataset& data = job.dataset(sample.dataset);
-    // The daemon validates index entries when a step first uses them.
     const dataset::SampleTable::Piece piece = job.PieceOf(sample);
-    absl::Status checked = data.CheckDocument(static_cast<uint64_t>(piece.document));
-    if (!checked.ok()) {
-      return absl::Status(checked.code(), absl::StrCat("job ", job.name(), " step ", step, ": ",
-                                                       checked.message()));
-    }
+    PF_RETURN_IF_ERROR(data.CheckDocument(static_cast<uint64_t>(piece.document)));
     const int64_t stored = dataset::DocumentTokens(data.index(), piece.document);
     const dataset::SampleShape shape =
         dataset::ShapeOfSample(stored, job.rules(), piece.first_token);
@@ -31,12 +45,26 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
     }
     lengths.push_back(dataset::RealLength(shape.run_length, job.rules()));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
+  StepPlan out;
+  out.step = step;
+  std::vector<int64_t> lengths;
+  if (job.ingest() != nullptr) {
+    absl::StatusOr<std::shared_ptr<const SealedStep>> sealed = job.ingest()->Sealed(step);
+    if (!sealed.ok()) return InStep(job, step, sealed.status());
+    out.ingested = *std::move(sealed);
+    IngestBatch(job, *out.ingested, out, lengths);
+  } else if (absl::Status stored = StoredBatch(job, out, lengths); !stored.ok()) {
+    return InStep(job, step, stored);
+  }
   absl::StatusOr<scheduler::GlobalPlan> plan =
       scheduler::PlanGlobalBatch(lengths, job.planner_options());
-  if (!plan.ok()) {
-    return absl::Status(plan.status().code(), absl::StrCat("job ", job.name(), " step ", step, ": ",
-                                                           plan.status().message()));
-  }
+  if (!plan.ok()) return InStep(job, step, plan.status());
   out.plan = *std::move(plan);
   return out;
 }

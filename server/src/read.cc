@@ -6,7 +6,11 @@
 
 namespace packfeed::server {
 
-StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks) {
+namespace {
+
+// The planned samples of the CP groups the given ranks belong to.
+std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
+                                 absl::Span<const int> global_ranks) {
   std::set<int> dp_cp_ranks;
   for (int rank : global_ranks) dp_cp_ranks.insert(job.layout().Coords(rank).dp_cp_rank);
   std::set<int64_t> samples;
@@ -19,8 +23,14 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
       }
     }
   }
+  return samples;
+}
+
+}  // namespace
+
+StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks) {
   StepNeeds out;
-  for (int64_t sample : samples) {
+  for (int64_t sample : SamplesOfRanks(job, plan, global_ranks)) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(sample)];
     const dataset::IndexedDataset& data = job.dataset(ref.dataset);
     const dataset::SampleShape shape = job.ShapeOf(ref);
@@ -74,6 +84,25 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
       data.side.emplace(samples[i],
                         std::vector<FetchedSample>(fetched.begin() + i * per_sample + 1,
                                                    fetched.begin() + (i + 1) * per_sample));
+    }
+  }
+  data.plan = std::move(plan);
+  return data;
+}
+
+StepData AssembleIngestStep(const Job& job, StepPlan plan, absl::Span<const int> global_ranks) {
+  StepData data;
+  for (int64_t s : SamplesOfRanks(job, plan, global_ranks)) {
+    const IngestedSample& sample = plan.ingested->samples[static_cast<size_t>(s)];
+    const dataset::SampleShape shape =
+        dataset::ShapeOfSample(static_cast<int64_t>(sample.tokens.size()), job.rules());
+    data.runs.emplace(s, dataset::MakeTokenRun(sample.tokens, shape, job.rules()));
+    if (job.side_fields().empty()) continue;
+    std::vector<FetchedSample>& side = data.side[s];
+    for (size_t f = 0; f < job.side_fields().size(); ++f) {
+      const auto in_stream = static_cast<size_t>(job.ingest_field(static_cast<int>(f)));
+      side.push_back({sample.fields, sample.field_offsets[in_stream],
+                      sample.tokens.size() * job.side_fields()[f].row_bytes(), absl::OkStatus()});
     }
   }
   data.plan = std::move(plan);

@@ -68,6 +68,12 @@ ucs_status_ptr_t UcpEndpoint::Flush() const {
   return ucp_ep_flush_nbx(endpoint_, &params);
 }
 
+ucs_status_ptr_t UcpEndpoint::Get(void* local, size_t bytes, uint64_t remote_address,
+                                  ucp_rkey_h rkey) const {
+  ucp_request_param_t params = {};
+  return ucp_get_nbx(endpoint_, local, bytes, remote_address, rkey, &params);
+}
+
 std::string UcpEndpoint::TransportSummary() const {
   if (endpoint_ == nullptr) return "";
   char* buffer = nullptr;

@@ -40,6 +40,11 @@ class DataLossError(Error):
     """Bytes that cannot be trusted were refused (nothing of them handed out)."""
 
 
+class ResourceExhaustedError(Error):
+    """The daemon is full: an ingest stream's memory budget had no room for a
+    put within its wait."""
+
+
 class OutOfRangeError(Error, IndexError):
     """A rank outside the job's topology, or no microbatch left in the step."""
 
@@ -55,6 +60,7 @@ _BY_CODE = {
     "FAILED_PRECONDITION": FailedPreconditionError,
     "DATA_LOSS": DataLossError,
     "OUT_OF_RANGE": OutOfRangeError,
+    "RESOURCE_EXHAUSTED": ResourceExhaustedError,
 }
 
 

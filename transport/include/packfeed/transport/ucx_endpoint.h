@@ -44,6 +44,10 @@ class UcpEndpoint {
   // Starts a flush: completes when every operation posted before it has
   // completed at the peer.
   ucs_status_ptr_t Flush() const;
+  // Starts a one-sided read of `bytes` at the peer's `remote_address`
+  // (inside memory `rkey` covers) into `local`, which must stay valid until
+  // the request completes.
+  ucs_status_ptr_t Get(void* local, size_t bytes, uint64_t remote_address, ucp_rkey_h rkey) const;
 
   // Closes the endpoint: flushes outstanding operations first unless
   // `force` (use force once the peer has failed). Idempotent.

@@ -1,0 +1,100 @@
+#ifndef PACKFEED_CLIENT_PRODUCER_H_
+#define PACKFEED_CLIENT_PRODUCER_H_
+
+// What a driver links to put samples into an ingest stream of packfeedd
+// (docs/INGEST.md): an RL loop's rollouts, step by step, for every consumer
+// job's ranks to be served balanced and packed.
+//
+// A put copies its samples once into a staging region registered with UCX
+// when the producer is created (and grown, re-registered, only when a put
+// needs more), then tells the daemon over gRPC where they lie; the daemon
+// reads them with one-sided UCX gets before it answers, so the region is
+// free again when Put returns. A progress thread serves the daemon's reads
+// where they need it (across nodes). Nothing is pickled or sent through
+// gRPC but the description.
+//
+// Thread-safe; puts are serialised (one staging region).
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "packfeed/common/defaults.h"
+#include "packfeed/transport/memory_region.h"
+#include "packfeed/transport/ucx_context.h"
+#include "packfeed/v1/service.pb.h"
+
+namespace packfeed::client {
+
+struct ProducerOptions {
+  std::string socket_path = kDefaultSocketPath;
+  std::string stream;  // required
+  std::string auth_token;
+  std::string ucx_transports;  // "" = UCX's choice
+  // Added to a put's own wait for room, for the call as a whole.
+  absl::Duration call_timeout = absl::Seconds(60);
+};
+
+// One sample: its tokens and, per field Put names, that field's bytes
+// (tokens × the field's row: inner_shape elements of its dtype).
+struct ProducerSample {
+  int64_t group = 0;
+  int64_t tag = 0;
+  absl::Span<const int64_t> tokens;
+  std::vector<absl::Span<const char>> fields;
+};
+
+class Producer {
+ public:
+  // InvalidArgument without a stream; UCX errors as they come. The daemon
+  // is first called by Put, Seal or Status.
+  static absl::StatusOr<std::unique_ptr<Producer>> Create(const ProducerOptions& options);
+  ~Producer();
+
+  // Adds `samples` to step `step` (not sealed yet). `fields`: the names of
+  // each sample's fields, in order; every field of the stream. When the
+  // stream's memory budget is full, waits up to `wait` for consumers to
+  // free a step, then ResourceExhausted. The daemon's refusals (unknown
+  // field, a length that disagrees with the tokens, a sample no rank can
+  // hold, a sealed step, a group in another step, a wrong token) as it
+  // words them; nothing of a refused put is kept.
+  absl::StatusOr<v1::PutReply> Put(int64_t step, absl::Span<const std::string> fields,
+                                   absl::Span<const ProducerSample> samples,
+                                   absl::Duration wait = absl::ZeroDuration());
+  // Closes step `step`: the consumer jobs plan and serve it. AlreadyExists
+  // when it was sealed before.
+  absl::StatusOr<v1::SealReply> Seal(int64_t step);
+  // What the stream holds and how far each consumer got.
+  absl::StatusOr<v1::IngestStreamStats> Status();
+
+  // The staging region's size (grows with the largest put).
+  uint64_t staging_bytes() const;
+
+ private:
+  struct Rpc;
+  Producer(ProducerOptions options, transport::UcpContext context, transport::UcpWorker worker);
+  absl::Status EnsureStaging(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Progress();
+
+  const ProducerOptions options_;
+  std::unique_ptr<Rpc> rpc_;
+  transport::UcpContext context_;
+  transport::UcpWorker worker_;  // progressed by thread_ only
+  std::string remote_key_ ABSL_GUARDED_BY(mutex_);
+  std::optional<transport::MemoryRegion> staging_ ABSL_GUARDED_BY(mutex_);
+  mutable absl::Mutex mutex_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace packfeed::client
+
+#endif  // PACKFEED_CLIENT_PRODUCER_H_

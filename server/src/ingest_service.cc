@@ -1,0 +1,97 @@
+// Ingest: drivers put samples and seal steps (docs/INGEST.md). Every refusal
+// says what is wrong and touches no other producer or consumer.
+
+#include "absl/strings/str_cat.h"
+#include "server/internal/services.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed::server {
+namespace {
+
+class IngestService final : public v1::Ingest::CallbackService {
+ public:
+  explicit IngestService(Daemon& daemon) : daemon_(daemon) {}
+
+  grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context, const v1::PutRequest* request,
+                                v1::PutReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream = nullptr;
+    absl::Status status = Check(*context, request->stream(), request->auth_token(),
+                                absl::StrCat("put into step ", request->step()), stream);
+    if (!status.ok()) {
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    daemon_.ingest()->Put(*request, [reactor, reply](absl::StatusOr<v1::PutReply> done) {
+      if (done.ok()) *reply = *std::move(done);
+      reactor->Finish(ToGrpcStatus(done.status()));
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Seal(grpc::CallbackServerContext* context,
+                                 const v1::SealRequest* request, v1::SealReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream = nullptr;
+    absl::Status status = Check(*context, request->stream(), request->auth_token(),
+                                absl::StrCat("seal step ", request->step()), stream);
+    if (status.ok()) {
+      absl::StatusOr<v1::SealReply> sealed = stream->Seal(request->step());
+      if (sealed.ok()) {
+        *reply = *std::move(sealed);
+        spdlog::info("ingest stream {}: step {} sealed with {} samples in {} groups",
+                     stream->name(), request->step(), reply->samples(), reply->groups());
+      } else {
+        spdlog::warn("ingest: seal refused: {}", std::string(sealed.status().message()));
+      }
+      status = sealed.status();
+    }
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const v1::IngestStatusRequest* request,
+                                   v1::IngestStatusReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream =
+        daemon_.ingest() != nullptr ? daemon_.ingest()->stream(request->stream()) : nullptr;
+    if (stream == nullptr) {
+      reactor->Finish(ToGrpcStatus(
+          absl::NotFoundError(absl::StrCat("no ingest stream '", request->stream(), "'"))));
+    } else {
+      *reply->mutable_stream() = stream->Stats();
+      reactor->Finish(grpc::Status::OK);
+    }
+    return reactor;
+  }
+
+ private:
+  // The caller may act on the stream: the daemon serves, the uid is
+  // allowed, the stream exists and the token is its own.
+  absl::Status Check(const grpc::CallbackServerContext& context, const std::string& name,
+                     const std::string& token, const std::string& action,
+                     IngestStream*& stream) const {
+    if (daemon_.draining()) return absl::UnavailableError("the daemon is draining");
+    absl::Status status =
+        daemon_.CheckCaller(context, absl::StrCat(action, " of ingest stream ", name));
+    if (!status.ok()) return status;
+    stream = daemon_.ingest() != nullptr ? daemon_.ingest()->stream(name) : nullptr;
+    if (stream == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no ingest stream '", name, "' on this daemon"));
+    }
+    status = stream->CheckToken(token);
+    if (!status.ok()) spdlog::warn("ingest: {} refused: {}", action, std::string(status.message()));
+    return status;
+  }
+
+  Daemon& daemon_;
+};
+
+}  // namespace
+
+std::unique_ptr<v1::Ingest::CallbackService> MakeIngestService(Daemon& daemon) {
+  return std::make_unique<IngestService>(daemon);
+}
+
+}  // namespace packfeed::server
