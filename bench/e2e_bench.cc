@@ -7,11 +7,13 @@
 //   - the daemon's peak RSS (VmHWM), which must not grow with the dataset.
 //
 // With --ring device every rank's ring is in CUDA device memory (UCX built
-// with CUDA, a GPU present). With --experts LAYERSxTOP_K every token also
-// carries router-replay expert indices (an int16 [LAYERS, TOP_K] side field,
-// all layers on every rank: PP 1), so bytes/s served is the figure to watch.
+// with CUDA, a GPU present); with --ring staged each rank's page-locked host
+// ring is copied to its device on arrival (a GPU present; a slot's credit
+// returns when its copy is done, so the rate is the rate into device memory). With --experts
+// LAYERSxTOP_K every token also carries router-replay expert indices (an int16 [LAYERS, TOP_K] side
+// field, all layers on every rank: PP 1), so bytes/s served is the figure to watch.
 //
-//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device]
+//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device|staged]
 //             [--experts 48x8] [--quick] [--json]
 
 #include <signal.h>
@@ -122,8 +124,9 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   client::ClientOptions options;
   options.socket_path = dir + "/bench.sock";
   options.job = "bench";
-  options.placement =
-      args.ring == "device" ? transport::RingPlacement::kDevice : transport::RingPlacement::kHost;
+  options.placement = args.ring == "device"   ? transport::RingPlacement::kDevice
+                      : args.ring == "staged" ? transport::RingPlacement::kStagedDevice
+                                              : transport::RingPlacement::kHost;
 
   // Throughput: every rank as fast as it can.
   std::atomic<int64_t> tokens{0};
@@ -214,8 +217,10 @@ int main(int argc, char** argv) {
   app.add_option("--docs", args.docs, "documents of the smaller dataset (the other has 10×)")
       ->capture_default_str();
   app.add_option("--daemon", daemon, "packfeedd binary")->capture_default_str();
-  app.add_option("--ring", args.ring, "where each rank's ring lives: host or device (CUDA)")
-      ->check(CLI::IsMember({"host", "device"}));
+  app.add_option("--ring", args.ring,
+                 "where each rank's ring lives: host, device (CUDA, written by UCX) or staged "
+                 "(host, copied to the device on arrival)")
+      ->check(CLI::IsMember({"host", "device", "staged"}));
   app.add_option("--experts", args.experts,
                  "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
   app.add_flag("--quick", args.quick, "a short run (smoke test)");

@@ -11,9 +11,13 @@
 //
 // With --ring device the receiver's ring is in CUDA device memory (UCX built
 // with CUDA) and the baseline is a synchronous host→device cudaMemcpy of the
-// same sizes from pageable memory; it needs a GPU.
+// same sizes from pageable memory. With --ring staged the ring is the
+// page-locked host ring whose slots the receiver copies to device memory on
+// arrival (a credit returns when the copy is done, so the put rate is the
+// rate into device memory) and the baseline is cudaMemcpy from page-locked
+// memory. Both need a GPU.
 //
-//   transport_bench [--tls sm,self] [--slots 4] [--ring host|device] [--json] [--quick]
+//   transport_bench [--tls sm,self] [--slots 4] [--ring host|device|staged] [--json] [--quick]
 
 #include <signal.h>
 
@@ -52,7 +56,12 @@ struct Flags {
   bool quick = false;
   int spin_us = 50;
   std::string ring = "host";
-  bool device() const { return ring == "device"; }
+  bool device() const { return ring != "host"; }  // the bytes end in device memory
+  transport::RingPlacement placement() const {
+    if (ring == "device") return transport::RingPlacement::kDevice;
+    if (ring == "staged") return transport::RingPlacement::kStagedDevice;
+    return transport::RingPlacement::kHost;
+  }
 };
 
 uint64_t NowNanos() {
@@ -83,8 +92,7 @@ int RunReceiver(const Flags& flags) {
   options.ucx.transports = flags.transports;
   options.slots = flags.slots;
   options.slot_bytes = kMaxSlot;
-  options.placement =
-      flags.device() ? transport::RingPlacement::kDevice : transport::RingPlacement::kHost;
+  options.placement = flags.placement();
   options.spin = absl::Microseconds(flags.spin_us);
   std::unique_ptr<Receiver> receiver = Check(Receiver::Create(options));
   Check(testing::SendFrame(testing::kControlFd, receiver->worker_address()));
@@ -145,10 +153,17 @@ double MemcpyGiBPerSecond(uint64_t size, uint64_t count, uint32_t slots,
 }
 
 // The device baseline: what one cudaMemcpy host→device of the same sizes
-// moves, from the same pageable sources.
+// moves, from the same sources (page-locked for the staged ring, whose
+// copies are from page-locked memory).
 double CudaCopyGiBPerSecond(uint64_t size, uint64_t count, uint32_t slots,
-                            const std::vector<std::vector<uint8_t>>& sources) {
+                            std::vector<std::vector<uint8_t>>& sources, bool page_locked) {
   transport::CudaDeviceBuffer ring = Check(transport::CudaDeviceBuffer::Allocate(0, size * slots));
+  std::vector<transport::CudaHostRegistration> locks;
+  if (page_locked) {
+    for (std::vector<uint8_t>& source : sources) {
+      locks.push_back(Check(transport::CudaHostRegistration::Register(source.data(), size)));
+    }
+  }
   const uint64_t start = NowNanos();
   for (uint64_t i = 0; i < count; ++i) {
     Check(transport::CudaCopy(static_cast<uint8_t*>(ring.data()) + (i % slots) * size,
@@ -170,9 +185,10 @@ class Bench {
     const bool mapped = Check(sender_.Stats(epoch_)).mapped;
     std::vector<double> memcpy_rates, put_rates, mapped_rates;
     for (int round = 0; round < rounds; ++round) {
-      memcpy_rates.push_back(flags_.device()
-                                 ? CudaCopyGiBPerSecond(size, count, flags_.slots, sources)
-                                 : MemcpyGiBPerSecond(size, count, flags_.slots, sources));
+      memcpy_rates.push_back(
+          flags_.device()
+              ? CudaCopyGiBPerSecond(size, count, flags_.slots, sources, flags_.ring == "staged")
+              : MemcpyGiBPerSecond(size, count, flags_.slots, sources));
       put_rates.push_back(Throughput(sources, count, /*in_place=*/false));
       if (mapped) mapped_rates.push_back(Throughput(sources, count, /*in_place=*/true));
     }
@@ -282,7 +298,10 @@ int RunSender(const Flags& flags, const std::string& self) {
            transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(), flags.slots,
            flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped");
     printf("%10s %12s %14s %13s %7s %9s %9s\n", "slot", "put GiB/s", "in-place GiB/s",
-           flags.device() ? "H2D cpy GiB/s" : "memcpy GiB/s", "ratio", "p50 us", "p99 us");
+           flags.ring == "staged" ? "pinned H2D"
+           : flags.device()       ? "H2D cpy GiB/s"
+                                  : "memcpy GiB/s",
+           "ratio", "p50 us", "p99 us");
   }
   // Short measurements, many rounds: this kind of machine throttles sustained
   // copies after a few milliseconds (memcpy of an L2-resident 64 KiB falls
@@ -327,8 +346,10 @@ int main(int argc, char** argv) {
   app.add_option("--tls", flags.transports, "UCX transports, as UCX_TLS spells them");
   app.add_option("--slots", flags.slots, "ring slots (credits)");
   app.add_option("--spin-us", flags.spin_us, "polling before sleeping, both sides");
-  app.add_option("--ring", flags.ring, "where the receiver's ring lives: host or device (CUDA)")
-      ->check(CLI::IsMember({"host", "device"}));
+  app.add_option("--ring", flags.ring,
+                 "where the receiver's ring lives: host, device (CUDA, written by UCX) or "
+                 "staged (host, copied to the device on arrival)")
+      ->check(CLI::IsMember({"host", "device", "staged"}));
   app.add_flag("--json", flags.json, "one JSON object per slot size");
   app.add_flag("--quick", flags.quick, "1/16 of the messages (a smoke run)");
   CLI11_PARSE(app, argc, argv);

@@ -52,8 +52,9 @@ absl::StatusOr<transport::RingPlacement> Placement(const std::string& name) {
   if (name == "auto") return transport::RingPlacement::kAuto;
   if (name == "host") return transport::RingPlacement::kHost;
   if (name == "device") return transport::RingPlacement::kDevice;
+  if (name == "staged") return transport::RingPlacement::kStagedDevice;
   return absl::InvalidArgumentError("placement '" + name +
-                                    "': expected 'auto', 'host' or 'device'");
+                                    "': expected 'auto', 'host', 'device' or 'staged'");
 }
 
 // DLPack 0.6 has no bool: bools travel as uint8 and Python views them back.
@@ -164,16 +165,22 @@ py::dict NextStep(Client& client, std::optional<double> timeout) {
   return out;
 }
 
-// {"step", "microbatch", "fields": [(name, dtype name, capsule), ...]}.
-py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeout) {
+// {"step", "microbatch", "fields": [(name, dtype name, capsule), ...],
+//  "host_copies": {name: bytes} (a staged ring's small fields)}.
+// `cuda_stream`: the cudaStream_t (torch's Stream.cuda_stream) that reads a
+// staged microbatch.
+py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeout,
+              uintptr_t cuda_stream) {
   absl::StatusOr<Microbatch> next;
   {
     py::gil_scoped_release release;
-    next = client->Next(Timeout(timeout));
+    next = client->Next(Timeout(timeout), reinterpret_cast<void*>(cuda_stream));
   }
   const Microbatch microbatch = ValueOrRaise(std::move(next));
   py::list fields;
+  py::dict host_copies;
   for (const FieldView& field : microbatch.fields) {
+    if (!field.host_copy.empty()) host_copies[py::str(field.name)] = py::bytes(field.host_copy);
     fields.append(py::make_tuple(
         field.name, std::string(transport::ElementTypeName(field.dtype)),
         ToCapsule(field, microbatch.memory_kind, client->options().cuda_device, client)));
@@ -182,6 +189,7 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
   out["step"] = microbatch.step;
   out["microbatch"] = microbatch.microbatch;
   out["fields"] = std::move(fields);
+  out["host_copies"] = std::move(host_copies);
   return out;
 }
 
@@ -285,7 +293,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "packfeed's C++ client; use the packfeed package, not this module";
   py::class_<Client, std::shared_ptr<Client>>(m, "Client")
       .def("next_step", &NextStep, py::arg("timeout") = py::none())
-      .def("next", &Next, py::arg("timeout") = py::none())
+      .def("next", &Next, py::arg("timeout") = py::none(), py::arg("cuda_stream") = 0)
       .def("detach",
            [](Client& client) {
              absl::Status status;

@@ -227,7 +227,7 @@ absl::Status Client::Release() {
   if (!held_.has_value()) return absl::OkStatus();
   const uint64_t seq = *held_;
   held_.reset();
-  return receiver_->Release(seq);
+  return receiver_->Release(seq, held_stream_);
 }
 
 absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
@@ -269,7 +269,7 @@ absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
   return info;
 }
 
-absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout) {
+absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout, void* cuda_stream) {
   if (!step_.has_value() || taken_ >= step_->num_microbatches) {
     return absl::OutOfRangeError("no microbatch left in this step; call NextStep()");
   }
@@ -282,6 +282,7 @@ absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout) {
     PF_ASSIGN_OR_RETURN(slot, Receive(timeout));
   }
   held_ = slot.seq;
+  held_stream_ = cuda_stream;
   if (slot.step != step_->step || static_cast<int>(slot.microbatch) != taken_) {
     return absl::DataLossError(absl::StrCat("expected step ", step_->step, " microbatch ", taken_,
                                             ", received step ", slot.step, " microbatch ",
@@ -294,9 +295,11 @@ absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout) {
   out.microbatch = static_cast<int>(slot.microbatch);
   out.num_microbatches = step_->num_microbatches;
   out.memory_kind = receiver_->memory_kind();
+  out.ready_event = slot.ready_event;
+  PF_RETURN_IF_ERROR(receiver_->StreamWaitsFor(slot, cuda_stream));
   for (const transport::FieldView& field : slot.fields) {
     out.fields.push_back({field.descriptor.name, field.descriptor.type, field.descriptor.shape,
-                          field.data, field.descriptor.bytes});
+                          field.data, field.descriptor.bytes, field.host_copy});
   }
   return out;
 }

@@ -1,8 +1,10 @@
 #include "packfeed/transport/cuda_memory.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
 #include "packfeed/transport/transport_logger.h"
 
 #if PF_HAVE_CUDA
@@ -66,6 +68,106 @@ absl::Status CudaCopy(void* destination, const void* source, size_t length) {
   return CudaStatus(cudaMemcpy(destination, source, length, cudaMemcpyDefault), "cudaMemcpy");
 }
 
+struct CudaSlotCopier::Handles {
+  int device = 0;
+  uint64_t slot_bytes = 0;
+  uint8_t* buffer = nullptr;
+  cudaStream_t stream = nullptr;
+  bool own_stream = false;
+  std::vector<cudaEvent_t> copied;
+  std::vector<cudaEvent_t> consumed;
+  std::vector<bool> consumed_recorded;
+  void (*on_copied)(void*) = nullptr;
+  void* argument = nullptr;
+
+  ~Handles() {
+    // Calls from a thread whose current device is another one (the trainer
+    // may use several) must address this copier's device.
+    cudaSetDevice(device);
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (cudaEvent_t event : copied) cudaEventDestroy(event);
+    for (cudaEvent_t event : consumed) cudaEventDestroy(event);
+    if (own_stream && stream != nullptr) cudaStreamDestroy(stream);
+    if (buffer != nullptr) cudaFree(buffer);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CudaSlotCopier>> CudaSlotCopier::Create(int device, uint32_t slots,
+                                                                       uint64_t slot_bytes,
+                                                                       void* stream,
+                                                                       void (*on_copied)(void*),
+                                                                       void* argument) {
+  auto handles = std::make_unique<Handles>();
+  handles->device = device;
+  handles->slot_bytes = slot_bytes;
+  handles->on_copied = on_copied;
+  handles->argument = argument;
+  PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  void* buffer = nullptr;
+  PF_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&buffer, slots * slot_bytes), "cudaMalloc"));
+  handles->buffer = static_cast<uint8_t*>(buffer);
+  if (stream == nullptr) {
+    PF_RETURN_IF_ERROR(CudaStatus(
+        cudaStreamCreateWithFlags(&handles->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+    handles->own_stream = true;
+  } else {
+    handles->stream = static_cast<cudaStream_t>(stream);
+  }
+  for (uint32_t i = 0; i < slots; ++i) {
+    for (std::vector<cudaEvent_t>* events : {&handles->copied, &handles->consumed}) {
+      cudaEvent_t event = nullptr;
+      PF_RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
+      events->push_back(event);
+    }
+  }
+  handles->consumed_recorded.assign(slots, false);
+  return std::unique_ptr<CudaSlotCopier>(new CudaSlotCopier(std::move(handles)));
+}
+
+uint8_t* CudaSlotCopier::slot(uint32_t index) const {
+  return handles_->buffer + index * handles_->slot_bytes;
+}
+
+void* CudaSlotCopier::copied_event(uint32_t index) const { return handles_->copied[index]; }
+
+absl::Status CudaSlotCopier::Copy(uint32_t index, const void* source, uint64_t bytes) {
+  Handles& h = *handles_;
+  PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(h.device), "cudaSetDevice"));
+  if (h.consumed_recorded[index]) {
+    PF_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamWaitEvent(h.stream, h.consumed[index], 0), "cudaStreamWaitEvent"));
+  }
+  PF_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(slot(index), source, bytes, cudaMemcpyHostToDevice, h.stream),
+                 "cudaMemcpyAsync"));
+  PF_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(h.copied[index], h.stream), "cudaEventRecord"));
+  return CudaStatus(cudaLaunchHostFunc(h.stream, h.on_copied, h.argument), "cudaLaunchHostFunc");
+}
+
+absl::StatusOr<bool> CudaSlotCopier::Copied(uint32_t index) const {
+  const cudaError_t error = cudaEventQuery(handles_->copied[index]);
+  if (error == cudaErrorNotReady) return false;
+  PF_RETURN_IF_ERROR(CudaStatus(error, "cudaEventQuery"));
+  return true;
+}
+
+absl::Status CudaSlotCopier::WaitCopied(uint32_t index, void* consumer_stream) const {
+  PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(handles_->device), "cudaSetDevice"));
+  return CudaStatus(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(consumer_stream), handles_->copied[index], 0),
+      "cudaStreamWaitEvent");
+}
+
+absl::Status CudaSlotCopier::Consumed(uint32_t index, void* consumer_stream) {
+  PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(handles_->device), "cudaSetDevice"));
+  PF_RETURN_IF_ERROR(CudaStatus(
+      cudaEventRecord(handles_->consumed[index], static_cast<cudaStream_t>(consumer_stream)),
+      "cudaEventRecord"));
+  handles_->consumed_recorded[index] = true;
+  return absl::OkStatus();
+}
+
 #else  // !PF_HAVE_CUDA
 
 namespace {
@@ -83,10 +185,26 @@ absl::StatusOr<CudaDeviceBuffer> CudaDeviceBuffer::Allocate(int, size_t) { retur
 CudaDeviceBuffer::~CudaDeviceBuffer() = default;
 absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
 
+struct CudaSlotCopier::Handles {};
+absl::StatusOr<std::unique_ptr<CudaSlotCopier>> CudaSlotCopier::Create(int, uint32_t, uint64_t,
+                                                                       void*, void (*)(void*),
+                                                                       void*) {
+  return NoCuda();
+}
+uint8_t* CudaSlotCopier::slot(uint32_t) const { return nullptr; }
+void* CudaSlotCopier::copied_event(uint32_t) const { return nullptr; }
+absl::Status CudaSlotCopier::Copy(uint32_t, const void*, uint64_t) { return NoCuda(); }
+absl::StatusOr<bool> CudaSlotCopier::Copied(uint32_t) const { return NoCuda(); }
+absl::Status CudaSlotCopier::WaitCopied(uint32_t, void*) const { return NoCuda(); }
+absl::Status CudaSlotCopier::Consumed(uint32_t, void*) { return NoCuda(); }
+
 #endif  // PF_HAVE_CUDA
 
 CudaHostRegistration::CudaHostRegistration(CudaHostRegistration&& other) noexcept
     : address_(std::exchange(other.address_, nullptr)) {}
+
+CudaSlotCopier::CudaSlotCopier(std::unique_ptr<Handles> handles) : handles_(std::move(handles)) {}
+CudaSlotCopier::~CudaSlotCopier() = default;
 
 CudaDeviceBuffer::CudaDeviceBuffer(CudaDeviceBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), length_(other.length_) {}

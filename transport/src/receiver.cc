@@ -1,5 +1,6 @@
 #include "packfeed/transport/receiver.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -52,6 +53,10 @@ absl::Status Receiver::CreateRing() {
   const int devices = CudaDeviceCount();
   const bool device_ring_possible =
       devices > options_.cuda_device && context_.supports_cuda_memory();
+  if (options_.placement == RingPlacement::kStagedDevice && devices <= options_.cuda_device) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a staged device ring needs CUDA device ", options_.cuda_device, " (found ", devices, ")"));
+  }
   if (options_.placement == RingPlacement::kDevice && !device_ring_possible) {
     return absl::FailedPreconditionError(
         absl::StrCat("a device ring needs CUDA device ", options_.cuda_device, " (found ", devices,
@@ -81,6 +86,15 @@ absl::Status Receiver::CreateRing() {
         Logger().warn("host ring not page-locked, device copies will be synchronous: {}",
                       std::string(registration.status().message()));
       }
+    }
+    if (options_.placement == RingPlacement::kStagedDevice) {
+      PF_ASSIGN_OR_RETURN(
+          copier_,
+          CudaSlotCopier::Create(
+              options_.cuda_device, options_.slots, options_.slot_bytes, options_.cuda_copy_stream,
+              [](void* self) { static_cast<Receiver*>(self)->worker_.Signal(); }, this));
+      absl::MutexLock lock(&mutex_);
+      device_busy_.assign(options_.slots, false);
     }
   }
   PF_ASSIGN_OR_RETURN(std::string key, ring_->PackRemoteKey());
@@ -129,9 +143,10 @@ void Receiver::ProgressLoop() {
     }
     for (std::function<void()>& task : tasks) task();
     // Every step runs each round: no short-circuit.
+    const bool staged = StageArrived();
     const bool sent_credit = SendCredit();
     const bool progressed = worker_.Progress();
-    const bool busy = !tasks.empty() || sent_credit || progressed;
+    const bool busy = !tasks.empty() || staged || sent_credit || progressed;
     CloseFailedEndpoint();
     const absl::Time now = absl::Now();
     if (busy) {
@@ -151,6 +166,7 @@ absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t epo
     connected_ = false;
     epoch_ = epoch;
     failure_ = absl::OkStatus();
+    ResetStaging();
     ready_.clear();
     received_ = handed_out_ = released_ = 0;
   }
@@ -189,8 +205,9 @@ bool Receiver::SendCredit() {
   uint64_t epoch;
   {
     absl::MutexLock lock(&mutex_);
-    if (!connected_ || !failure_.ok() || released_ == credit_sent_) return false;
-    released = released_;
+    // A staged slot's host memory is free once its copy is done.
+    released = copier_ != nullptr ? copied_ : released_;
+    if (!connected_ || !failure_.ok() || released == credit_sent_) return false;
     epoch = epoch_;
   }
   credit_message_ = EncodeMessage(Credit{epoch, released});
@@ -244,6 +261,7 @@ absl::StatusOr<ReceivedSlot> Receiver::Next(absl::Duration timeout) {
     ReceivedSlot slot = std::move(ready_.front());
     ready_.pop_front();
     ++handed_out_;
+    if (copier_ != nullptr) held_device_slots_.push_back(slot.device_slot);
     return slot;
   }
   if (!connected_) return absl::FailedPreconditionError("not connected to a sender");
@@ -252,7 +270,82 @@ absl::StatusOr<ReceivedSlot> Receiver::Next(absl::Duration timeout) {
       absl::StrCat("no slot within ", absl::FormatDuration(timeout)));
 }
 
-absl::Status Receiver::Release(uint64_t seq) {
+bool Receiver::StageArrived() {
+  if (copier_ == nullptr) return false;
+  bool progressed = false;
+  absl::MutexLock lock(&mutex_);
+  while (!copying_.empty()) {
+    absl::StatusOr<bool> done = copier_->Copied(copying_.front());
+    if (!done.ok()) {
+      FailConnection(absl::InternalError(
+          absl::StrCat("connection ", epoch_, ": copy to the device: ", done.status().message())));
+      return true;
+    }
+    if (!*done) break;
+    copying_.pop_front();
+    ++copied_;
+    progressed = true;
+  }
+  while (!arrived_.empty() && failure_.ok() && !device_busy_[next_device_slot_]) {
+    ReceivedSlot& slot = arrived_.front();
+    const uint32_t device_slot = next_device_slot_;
+    const uint8_t* host = static_cast<uint8_t*>(ring_->address()) + slot.slot * options_.slot_bytes;
+    uint64_t extent = 0;
+    for (const FieldView& field : slot.fields) {
+      extent = std::max(extent, field.descriptor.offset + field.descriptor.bytes);
+    }
+    absl::Status copying = copier_->Copy(device_slot, host, extent);
+    if (!copying.ok()) {
+      FailConnection(absl::InternalError(
+          absl::StrCat("connection ", epoch_, ": copy to the device: ", copying.message())));
+      return true;
+    }
+    for (FieldView& field : slot.fields) {
+      if (field.descriptor.bytes <= kHostCopyBytes) {
+        field.host_copy.assign(reinterpret_cast<const char*>(field.data), field.descriptor.bytes);
+      }
+      field.data = copier_->slot(device_slot) + field.descriptor.offset;
+    }
+    slot.device_slot = device_slot;
+    slot.ready_event = copier_->copied_event(device_slot);
+    device_busy_[device_slot] = true;
+    next_device_slot_ = (device_slot + 1) % options_.slots;
+    copying_.push_back(device_slot);
+    ready_.push_back(std::move(slot));
+    arrived_.pop_front();
+    progressed = true;
+  }
+  return progressed;
+}
+
+void Receiver::ResetStaging() {
+  if (copier_ == nullptr) return;
+  // The new sender starts with every host slot free: the copies still
+  // reading them must finish first.
+  for (uint32_t device_slot : copying_) {
+    absl::StatusOr<bool> done;
+    while ((done = copier_->Copied(device_slot)).ok() && !*done)
+      absl::SleepFor(absl::Microseconds(20));
+  }
+  copying_.clear();
+  copied_ = 0;
+  arrived_.clear();
+  // Slots handed out and never released (the client dropped them with the
+  // connection): their reader's stream is unknown; the legacy default stream
+  // waits for every blocking stream's work.
+  for (uint32_t device_slot : held_device_slots_) {
+    copier_->Consumed(device_slot, nullptr).IgnoreError();
+  }
+  held_device_slots_.clear();
+  device_busy_.assign(options_.slots, false);
+}
+
+absl::Status Receiver::StreamWaitsFor(const ReceivedSlot& slot, void* cuda_stream) const {
+  if (copier_ == nullptr) return absl::OkStatus();
+  return copier_->WaitCopied(slot.device_slot, cuda_stream);
+}
+
+absl::Status Receiver::Release(uint64_t seq, void* cuda_stream) {
   {
     absl::MutexLock lock(&mutex_);
     if (released_ == handed_out_) {
@@ -265,6 +358,12 @@ absl::Status Receiver::Release(uint64_t seq) {
                        ": slots are released in order, the oldest held is ", released_));
     }
     ++released_;
+    if (copier_ != nullptr && !held_device_slots_.empty()) {
+      const uint32_t device_slot = held_device_slots_.front();
+      held_device_slots_.pop_front();
+      PF_RETURN_IF_ERROR(copier_->Consumed(device_slot, cuda_stream));
+      device_busy_[device_slot] = false;
+    }
   }
   worker_.Signal();
   return absl::OkStatus();
@@ -272,7 +371,7 @@ absl::Status Receiver::Release(uint64_t seq) {
 
 ReceiverStats Receiver::stats() const {
   absl::MutexLock lock(&mutex_);
-  return ReceiverStats{received_, released_, stale_};
+  return ReceiverStats{received_, released_, stale_, copied_};
 }
 
 void Receiver::OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status) {
@@ -377,9 +476,9 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
   slot.microbatch = ready->microbatch;
   slot.inline_metadata = ready->inline_metadata;
   for (const FieldDescriptor& field : ready->fields) {
-    slot.fields.push_back(FieldView{field, base + field.offset});
+    slot.fields.push_back(FieldView{field, base + field.offset, {}});
   }
-  ready_.push_back(std::move(slot));
+  (copier_ != nullptr ? arrived_ : ready_).push_back(std::move(slot));
   ++received_;
 }
 

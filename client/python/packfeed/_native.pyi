@@ -12,7 +12,7 @@ class Client:
     def next_step(self, timeout: Optional[float] = ...) -> Dict[str, int]:
         """step, num_microbatches, first_microbatch, padded_sum,
         padded_squared_sum, real_sum, real_squared_sum."""
-    def next(self, timeout: Optional[float] = ...) -> Dict[str, Any]:
+    def next(self, timeout: Optional[float] = ..., cuda_stream: int = ...) -> Dict[str, Any]:
         """step, microbatch, fields: [(name, dtype name, DLPack capsule)]."""
     def detach(self) -> None: ...
     def release(self) -> None: ...

@@ -63,9 +63,12 @@ class Client:
     client then goes on from the first microbatch it had not taken,
     bit-identical, or raises UnavailableError once the time is up. 0 raises
     it at once.
-    device: where tensors should end up. The (page-locked) host ring's
-    tensors are copied to the device asynchronously and the slot is freed
-    once the copy is done.
+    device: where tensors should end up. For a CUDA device each microbatch
+    is copied from the (page-locked) host ring into device memory by the
+    copy engine as soon as it arrives, before the trainer asks; its tensors
+    are device tensors the current stream (at next()) waits for on the GPU,
+    never on the trainer's thread, and the device buffer is reused once that
+    stream is past its work of the microbatch (docs/TRANSPORT.md).
 
     Iterating a Client yields its steps, each what next_step() returns:
         for microbatches, num_microbatches, seqlen_sum, _ in client:
@@ -92,8 +95,6 @@ class Client:
         self._options = dict(slots=slots, slot_bytes=slot_bytes, ucx_transports=ucx_transports,
                              attach_timeout=attach_timeout, reconnect_timeout=reconnect_timeout)
         self._native = None
-        self._pending_copy = None  # the event of an asynchronous device copy
-        self._copy_stream = None   # where those copies run (created on first use)
         self._last_step = None
         if state is not None:
             self.load_state_dict(state, elastic=elastic)
@@ -111,7 +112,6 @@ class Client:
         (iterator over the step's microbatches, num_microbatches, seqlen_sum,
         seqlen_squared_sum), the sums over padded lengths of the global batch
         (Megatron's FLOPs inputs). The real-length sums are in last_step."""
-        self._finish_copy()
         info = self._live().next_step(timeout)
         self._last_step = info
         # A step resumed inside (load_state_dict of a mid-step state) yields
@@ -132,7 +132,6 @@ class Client:
 
     def release(self) -> None:
         """Frees the current microbatch's slot now (its views become invalid)."""
-        self._finish_copy()
         self._live().release()
 
     # --- checkpoints -----------------------------------------------------
@@ -184,7 +183,6 @@ class Client:
 
     def close(self) -> None:
         """Detaches. Views handed out stay readable but are no longer served."""
-        self._finish_copy()
         if self._native is not None:
             native, self._native = self._native, None
             try:
@@ -206,7 +204,7 @@ class Client:
             socket_path=self.socket_path, job=self.job, global_rank=self.rank,
             fingerprint=fingerprint, auth_token=self._auth_token, start_step=start_step,
             start_microbatch=start_microbatch, elastic=elastic,
-            placement="host",
+            placement="staged" if on_gpu else "host",
             cuda_device=self._device.index if on_gpu else 0, **self._options)
 
     def _live(self) -> _native.Client:
@@ -214,27 +212,26 @@ class Client:
             raise RuntimeError("packfeed client is closed")
         return self._native
 
-    def _finish_copy(self) -> None:
-        # The slot under an asynchronous copy is freed by the next native
-        # call: wait for that copy (only it, not the compute stream) first.
-        if self._pending_copy is not None:
-            self._pending_copy.synchronize()
-            self._pending_copy = None
-
-    def _next_fields(self, timeout: Optional[float]) -> Dict[str, torch.Tensor]:
-        self._finish_copy()
-        native = self._live().next(timeout)
+    def _next_fields(self, timeout: Optional[float]
+                     ) -> Tuple[Dict[str, torch.Tensor], Tuple[int, Optional[int]]]:
+        """The microbatch's tensors, and max_seqlen and local_cp_size read
+        without a device synchronisation."""
+        stream = 0
+        if self._device is not None:
+            stream = torch.cuda.current_stream(self._device).cuda_stream
+        native = self._live().next(timeout, stream)
         fields = {}
         for name, dtype, capsule in native["fields"]:
             tensor = torch.utils.dlpack.from_dlpack(capsule)
             fields[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
-        return fields
+        return fields, _slot_lengths(fields, native["host_copies"])
 
     def _next_batch(self, timeout: Optional[float]) -> Batch:
         batch = dict.fromkeys(MEGATRON_KEYS)
-        batch.update(self._next_fields(timeout))
-        lengths = _slot_lengths(batch)  # read from the slot, before any copy
-        self._place(batch, self._copy)
+        fields, lengths = self._next_fields(timeout)
+        batch.update(fields)
+        if self._copy:
+            self._own(batch)
         batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, *lengths)
         return batch
 
@@ -243,9 +240,8 @@ class Client:
         fields named NAME@K go to chunk K only, under NAME. Always owned
         copies (the chunks' iterators consume at their own pace), so the
         slot is freed at once."""
-        fields = self._next_fields(timeout)
-        lengths = _slot_lengths(fields)
-        self._place(fields, copy=True)
+        fields, lengths = self._next_fields(timeout)
+        self._own(fields)
         chunks = []
         for chunk in range(self.num_chunks):
             batch = dict.fromkeys(MEGATRON_KEYS)
@@ -257,26 +253,13 @@ class Client:
             chunks.append(batch)
         return chunks
 
-    def _place(self, batch: Dict[str, Any], copy: bool) -> None:
-        names = [k for k, v in batch.items() if isinstance(v, torch.Tensor)]
-        needs_device = (self._device is not None and
-                        any(batch[k].device != self._device for k in names))
-        if needs_device:
-            if self._copy_stream is None:
-                self._copy_stream = torch.cuda.Stream(device=self._device)
-            stream = self._copy_stream
-            with torch.cuda.stream(stream):
-                for k in names:
-                    batch[k] = batch[k].to(self._device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-            torch.cuda.current_stream(self._device).wait_event(event)
-            self._pending_copy = event
-        elif copy:
-            for k in names:
-                batch[k] = batch[k].clone()
-        if copy:
-            self.release()
+    def _own(self, batch: Dict[str, Any]) -> None:
+        """Replaces the views by copies (on the current stream, for device
+        tensors, which then no longer read the slot) and frees the slot."""
+        for k, v in batch.items():
+            if isinstance(v, torch.Tensor):
+                batch[k] = v.clone()
+        self.release()
 
 
 class _ChunkedStep:
@@ -349,10 +332,18 @@ def _resolve_device(device: Optional[str | torch.device]) -> Optional[torch.devi
     return None if device.type == "cpu" else device
 
 
-def _slot_lengths(fields: Dict[str, Any]) -> Tuple[int, Optional[int]]:
-    """max_seqlen and local_cp_size (None without dynamic CP) as ints."""
-    local_cp_size = fields.get("local_cp_size")
-    return int(fields["max_seqlen"]), None if local_cp_size is None else int(local_cp_size)
+def _slot_lengths(fields: Dict[str, Any], host_copies: Dict[str, bytes]
+                  ) -> Tuple[int, Optional[int]]:
+    """max_seqlen and local_cp_size (None without dynamic CP) as ints: from
+    the host copies a staged ring keeps of them (reading a device tensor
+    would wait for the device), else from the host tensors."""
+    def value(name: str) -> Optional[int]:
+        if name in host_copies:
+            return int.from_bytes(host_copies[name], "little", signed=True)
+        return None if fields.get(name) is None else int(fields[name])
+    max_seqlen = value("max_seqlen")
+    assert max_seqlen is not None, "every microbatch carries max_seqlen"
+    return max_seqlen, value("local_cp_size")
 
 
 def _packed_seq_params_kwargs(batch: Batch, max_seqlen: int,

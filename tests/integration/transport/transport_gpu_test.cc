@@ -1,8 +1,15 @@
 // The ring with a CUDA device: a page-locked host ring (kHost, also what kAuto
-// picks) and a ring in device memory (kDevice, when this UCX can register it).
-// Skips without a device (every machine without a GPU, including CI's).
+// picks), a ring in device memory (kDevice, when this UCX can register it) and
+// the staged ring (kStagedDevice: host ring copied to the device by the copy
+// engine). Skips without a device (every machine without a GPU, CI's too).
 
+#include <atomic>
+#include <thread>
 #include <vector>
+
+#if PF_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -57,6 +64,9 @@ TEST_P(TransportGpuTest, DeliversIntoTheDeviceOrAPageLockedRing) {
     ASSERT_TRUE(slot.ok()) << slot.status();
     transport::ReceivedSlot host = *slot;
     if ((*receiver)->memory_kind() == MemoryKind::kCuda) {
+      // CudaCopy runs on the legacy default stream: it waits for the
+      // staged copy (a no-op for the other rings).
+      ASSERT_TRUE((*receiver)->StreamWaitsFor(*slot, nullptr).ok());
       copies.assign(host.fields.size(), {});
       for (size_t f = 0; f < host.fields.size(); ++f) {
         copies[f].resize(host.fields[f].descriptor.bytes);
@@ -74,7 +84,104 @@ TEST_P(TransportGpuTest, DeliversIntoTheDeviceOrAPageLockedRing) {
 
 INSTANTIATE_TEST_SUITE_P(Placements, TransportGpuTest,
                          ::testing::Values(transport::RingPlacement::kHost,
-                                           transport::RingPlacement::kDevice));
+                                           transport::RingPlacement::kDevice,
+                                           transport::RingPlacement::kStagedDevice));
+
+#if PF_HAVE_CUDA
+// A copy stream held shut by a host function until `open`: the staged
+// copies queue behind it, so the test sees what waits for them.
+void HoldShut(void* open) {
+  while (!static_cast<std::atomic<bool>*>(open)->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Reads a staged slot back through `stream` into page-locked `host` (so the
+// copy is asynchronous) after that stream waited for the staged copy.
+void ReadBack(const transport::Receiver& receiver, const transport::ReceivedSlot& slot,
+              cudaStream_t stream, uint8_t* host, transport::ReceivedSlot* view) {
+  ASSERT_TRUE(receiver.StreamWaitsFor(slot, stream).ok());
+  *view = slot;
+  uint64_t offset = 0;
+  for (transport::FieldView& field : view->fields) {
+    ASSERT_EQ(cudaMemcpyAsync(host + offset, field.data, field.descriptor.bytes,
+                              cudaMemcpyDeviceToHost, stream),
+              cudaSuccess);
+    field.data = host + offset;
+    offset += field.descriptor.bytes;
+  }
+}
+
+// The consumer's stream reads a slot only after its copy to the device, and
+// the sender gets no credit back before that copy completes: with the copy
+// stream held shut, the read waits and at most `slots` slots arrive. Fails
+// if StreamWaitsFor does not wait (stale bytes, the read done at once) or a
+// credit returns at hand-out or release (more than `slots` arrive).
+TEST(StagedRingTest, ReadsAndCreditsWaitForTheCopy) {
+  if (transport::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  constexpr uint32_t kSlots = 3;
+  constexpr uint64_t kMessages = 8;
+  cudaStream_t copy_stream = nullptr;
+  cudaStream_t consumer = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking), cudaSuccess);
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, kMaxPayload + (64 << 10)), cudaSuccess);
+  std::atomic<bool> open{false};
+  ASSERT_EQ(cudaLaunchHostFunc(copy_stream, &HoldShut, &open), cudaSuccess);
+  {
+    transport::ReceiverOptions options;
+    options.placement = transport::RingPlacement::kStagedDevice;
+    options.slots = kSlots;
+    options.slot_bytes = kMaxPayload + (64 << 10);
+    options.cuda_copy_stream = copy_stream;
+    auto receiver = transport::Receiver::Create(options);
+    ASSERT_TRUE(receiver.ok()) << receiver.status();
+    EXPECT_EQ((*receiver)->memory_kind(), MemoryKind::kCuda);
+    auto child = ChildProcess::Spawn(
+        {PF_TRANSPORT_PEER, "--role", "sender", "--max-payload", absl::StrCat(kMaxPayload)});
+    ASSERT_TRUE(child.ok()) << child.status();
+    const std::string address = *child->Receive();
+    ASSERT_TRUE(child->Send("connect").ok());
+    ASSERT_TRUE(child->Send((*receiver)->worker_address()).ok());
+    ASSERT_TRUE(child->Send((*receiver)->ring_descriptor()).ok());
+    const std::string reply = *child->Receive();
+    uint64_t epoch = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(reply.substr(6), &epoch)) << reply;
+    ASSERT_TRUE((*receiver)->Connect(address, epoch).ok());
+    ASSERT_TRUE(child->Send(absl::StrCat("push ", epoch, " 0 ", kMessages)).ok());
+
+    auto first = (*receiver)->Next(absl::Seconds(20));
+    ASSERT_TRUE(first.ok()) << first.status();
+    transport::ReceivedSlot view;
+    ReadBack(**receiver, *first, consumer, static_cast<uint8_t*>(pinned), &view);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_EQ(cudaStreamQuery(consumer), cudaErrorNotReady)
+        << "the consumer's read did not wait for the copy";
+    EXPECT_LE((*receiver)->stats().received, kSlots) << "a credit returned before its copy";
+    EXPECT_EQ((*receiver)->stats().copied, 0u);
+
+    open = true;
+    ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+    absl::Status check = CheckTestMessage(view, 0, kMaxPayload);
+    EXPECT_TRUE(check.ok()) << check;
+    ASSERT_TRUE((*receiver)->Release(first->seq, consumer).ok());
+    for (uint64_t seq = 1; seq < kMessages; ++seq) {
+      auto slot = (*receiver)->Next(absl::Seconds(20));
+      ASSERT_TRUE(slot.ok()) << slot.status();
+      ReadBack(**receiver, *slot, consumer, static_cast<uint8_t*>(pinned), &view);
+      ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
+      check = CheckTestMessage(view, seq, kMaxPayload);
+      EXPECT_TRUE(check.ok()) << check;
+      ASSERT_TRUE((*receiver)->Release(slot->seq, consumer).ok());
+    }
+    EXPECT_EQ(*child->Receive(), "ok");
+  }
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(consumer);
+  cudaStreamDestroy(copy_stream);
+}
+#endif  // PF_HAVE_CUDA
 
 }  // namespace
 }  // namespace packfeed::testing

@@ -93,6 +93,9 @@ struct FieldView {
   std::vector<int64_t> shape;
   const void* data = nullptr;  // in device memory when memory_kind is kCuda
   uint64_t bytes = 0;
+  // kStagedDevice: a small field's bytes (at most transport::kHostCopyBytes,
+  // such as max_seqlen) in host memory, readable at once.
+  std::string host_copy;
 };
 
 struct Microbatch {
@@ -101,6 +104,10 @@ struct Microbatch {
   int num_microbatches = 0;
   transport::MemoryKind memory_kind = transport::MemoryKind::kHost;
   std::vector<FieldView> fields;
+  // kStagedDevice: the cudaEvent_t recorded after the copy into device
+  // memory. Next's cuda_stream already waits on it; another stream reading
+  // the views must wait on it too.
+  void* ready_event = nullptr;
 
   // nullptr when this rank's stage does not receive the field.
   const FieldView* Field(absl::string_view name) const;
@@ -142,7 +149,13 @@ class Client {
   absl::StatusOr<StepInfo> NextStep(absl::Duration timeout = absl::InfiniteDuration());
   // The next microbatch of the current step; releases the previous one.
   // OutOfRange after the step's last microbatch (call NextStep).
-  absl::StatusOr<Microbatch> Next(absl::Duration timeout = absl::InfiniteDuration());
+  // kStagedDevice: `cuda_stream` (a cudaStream_t; nullptr is the legacy
+  // default stream) is the stream that reads the microbatch: it waits, on
+  // the GPU, for the copy into device memory (the trainer's thread never
+  // waits for it), and the device buffer is reused only after that stream
+  // has done what it was given before the next Next or Release.
+  absl::StatusOr<Microbatch> Next(absl::Duration timeout = absl::InfiniteDuration(),
+                                  void* cuda_stream = nullptr);
   // Returns the current microbatch's slot to the daemon early.
   absl::Status Release();
 
@@ -172,6 +185,7 @@ class Client {
   int num_chunks_ = 1;
   std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
   std::optional<uint64_t> held_;                    // seq of the slot Next handed out
+  void* held_stream_ = nullptr;                     // and the stream reading it
   std::optional<StepInfo> step_;
   int taken_ = 0;          // microbatches of step_ handed out
   int64_t next_step_ = 0;  // for State()

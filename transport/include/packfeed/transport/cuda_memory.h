@@ -6,6 +6,8 @@
 // CudaDeviceCount() is 0 and everything else returns FailedPrecondition.
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -50,6 +52,46 @@ class CudaDeviceBuffer {
   CudaDeviceBuffer(void* data, size_t length) : data_(data), length_(length) {}
   void* data_ = nullptr;
   size_t length_ = 0;
+};
+
+// The copy engine's side of a staged ring (RingPlacement::kStagedDevice):
+// `slots` device buffers of `slot_bytes`, filled from page-locked host slots
+// by cudaMemcpyAsync on one stream, each copy followed by an event the
+// consumer's stream waits on. A device slot is reused only after the stream
+// that read it (Consumed) got past its reads: the copy stream waits on that,
+// on the GPU, so no host thread ever blocks on a copy. Thread-compatible;
+// the caller serialises (the receiver holds its mutex).
+class CudaSlotCopier {
+ public:
+  // `stream`: a cudaStream_t to copy on, or nullptr for a new non-blocking
+  // stream of the copier's own. `on_copied(argument)` runs on a CUDA thread
+  // after each copy completes (it must not call CUDA).
+  static absl::StatusOr<std::unique_ptr<CudaSlotCopier>> Create(int device, uint32_t slots,
+                                                                uint64_t slot_bytes, void* stream,
+                                                                void (*on_copied)(void*),
+                                                                void* argument);
+  ~CudaSlotCopier();  // waits for the copies in flight, then frees
+
+  uint8_t* slot(uint32_t index) const;
+  // The event recorded after the copy into `index` (a cudaEvent_t).
+  void* copied_event(uint32_t index) const;
+  // Starts copying `bytes` from page-locked `source` into device slot
+  // `index`, after the stream that last consumed it is done with it.
+  absl::Status Copy(uint32_t index, const void* source, uint64_t bytes);
+  // Whether the last copy into `index` has completed (its host source is
+  // free again).
+  absl::StatusOr<bool> Copied(uint32_t index) const;
+  // Makes `consumer_stream` (a cudaStream_t; nullptr: the legacy default
+  // stream) wait for the last copy into `index` before its later work.
+  absl::Status WaitCopied(uint32_t index, void* consumer_stream) const;
+  // `consumer_stream` has queued all its reads of `index`: the next copy
+  // into it waits for them.
+  absl::Status Consumed(uint32_t index, void* consumer_stream);
+
+ private:
+  struct Handles;
+  explicit CudaSlotCopier(std::unique_ptr<Handles> handles);
+  std::unique_ptr<Handles> handles_;
 };
 
 // Synchronous copy between any two pointers (host or device), for tests and

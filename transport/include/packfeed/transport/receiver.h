@@ -5,10 +5,12 @@
 // daemon's Sender puts into, and the notifications that say a slot is ready.
 //
 // The ring is allocated by UCX, so on one node a put is a single one-sided
-// shared-memory copy. With a CUDA device and a UCX built with CUDA the ring is
-// device memory; with a device but no CUDA in UCX it is host memory registered
-// with cudaHostRegister so the client can copy it to the device
-// asynchronously; without a device, plain host memory.
+// shared-memory copy. With a CUDA device it is host memory registered with
+// cudaHostRegister, so a copy to the device is asynchronous: kStagedDevice
+// makes that copy itself, one copy-engine transfer per slot as soon as the
+// slot arrives, and hands out views of device memory. kDevice asks UCX to
+// put straight into device memory (a UCX built with CUDA); without a device,
+// plain host memory.
 //
 // A progress thread owns the UCP worker: it sleeps on the worker's event fd
 // (woken by ucp_worker_signal when the trainer releases a slot), waking every
@@ -46,7 +48,13 @@ enum class RingPlacement {
   // only when asked for.
   kAuto,
   kHost,    // host memory (registered with CUDA when a device is present)
-  kDevice,  // device memory, or fail
+  kDevice,  // device memory written by UCX, or fail
+  // The page-locked host ring, each slot copied into a device buffer of its
+  // own on arrival (CudaSlotCopier), before the trainer asks; views are of
+  // device memory. The slot's credit returns when its copy completes; the
+  // device buffer is reused once the consumer's stream is past it. Needs a
+  // device, not a UCX with CUDA.
+  kStagedDevice,
 };
 
 struct ReceiverOptions {
@@ -57,6 +65,9 @@ struct ReceiverOptions {
   uint64_t slot_bytes = 64ull << 20;
   RingPlacement placement = RingPlacement::kAuto;
   int cuda_device = 0;
+  // kStagedDevice: the cudaStream_t to copy on; nullptr: one of the
+  // receiver's own.
+  void* cuda_copy_stream = nullptr;
   // Longest sleep of the idle progress thread; a dead sender is noticed
   // within about UCX's keepalive interval plus this. Default 100 ms.
   absl::Duration idle_wakeup = absl::Milliseconds(100);
@@ -71,7 +82,12 @@ struct ReceiverOptions {
 struct FieldView {
   FieldDescriptor descriptor;
   uint8_t* data = nullptr;
+  // kStagedDevice: the bytes of a small field (at most kHostCopyBytes:
+  // max_seqlen, local_cp_size), so a trainer reads them without waiting
+  // for the device.
+  std::string host_copy;
 };
+inline constexpr uint64_t kHostCopyBytes = 64;
 
 struct ReceivedSlot {
   uint64_t seq = 0;
@@ -80,12 +96,18 @@ struct ReceivedSlot {
   uint32_t microbatch = 0;
   std::vector<FieldView> fields;
   std::string inline_metadata;
+  // kStagedDevice: the device buffer the fields are in, and the event (a
+  // cudaEvent_t) recorded after the copy into it; a stream reading them
+  // must wait on it first (StreamWaitsFor).
+  uint32_t device_slot = 0;
+  void* ready_event = nullptr;
 };
 
 struct ReceiverStats {
   uint64_t received = 0;  // slot-ready notifications accepted
   uint64_t released = 0;
   uint64_t stale_messages = 0;  // messages of another connection, dropped
+  uint64_t copied = 0;          // kStagedDevice: copies to the device completed
 };
 
 // Thread-safe: Next, Release and Connect may be called from any thread, but
@@ -99,7 +121,8 @@ class Receiver {
   std::string worker_address() const { return EncodeWorkerAddress(worker_.address()); }
   // The encoded RingDescriptor the sender connects with.
   const std::string& ring_descriptor() const { return ring_descriptor_; }
-  MemoryKind memory_kind() const { return memory_kind_; }
+  // Where the views Next hands out are: kCuda for a device or staged ring.
+  MemoryKind memory_kind() const { return copier_ != nullptr ? MemoryKind::kCuda : memory_kind_; }
   // True when the host ring is page-locked for asynchronous device copies.
   bool host_ring_registered_with_cuda() const { return host_registration_.has_value(); }
 
@@ -115,9 +138,16 @@ class Receiver {
   // nothing of it is handed out), DeadlineExceeded after `timeout`.
   absl::StatusOr<ReceivedSlot> Next(absl::Duration timeout);
 
+  // kStagedDevice: makes `cuda_stream` (a cudaStream_t; nullptr is the
+  // legacy default stream) wait, on the GPU, for the copy of `slot`.
+  absl::Status StreamWaitsFor(const ReceivedSlot& slot, void* cuda_stream) const;
+
   // Releases the oldest slot Next returned (`seq` names it) and returns its
-  // credit to the sender. InvalidArgument for any other seq.
-  absl::Status Release(uint64_t seq);
+  // credit to the sender. InvalidArgument for any other seq. kStagedDevice:
+  // the credit returned when the copy completed; this frees the device
+  // buffer once `cuda_stream` has done what it was given so far (its reads
+  // of the slot).
+  absl::Status Release(uint64_t seq, void* cuda_stream = nullptr);
 
   ReceiverStats stats() const;
 
@@ -134,6 +164,13 @@ class Receiver {
   void CloseEndpoint();
   // `payload`: the slot's bytes, when they came with the notification.
   void OnMessage(absl::string_view bytes, std::optional<absl::string_view> payload);
+  // kStagedDevice: starts the copies of arrived slots that have a free
+  // device buffer and counts the completed ones; true on any change.
+  bool StageArrived();
+  // kStagedDevice, on a new connection: waits for the copies in flight and
+  // frees every device buffer (those handed out once the consumer's stream
+  // is past them).
+  void ResetStaging() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status CopyPayload(const SlotReady& ready, absl::string_view payload, uint8_t* slot) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void FailConnection(absl::Status cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -151,6 +188,7 @@ class Receiver {
   std::optional<CudaDeviceBuffer> device_ring_;
   std::optional<MemoryRegion> ring_;
   std::optional<CudaHostRegistration> host_registration_;
+  std::unique_ptr<CudaSlotCopier> copier_;  // kStagedDevice only
   MemoryKind memory_kind_ = MemoryKind::kHost;
   std::string ring_descriptor_;
   std::optional<UcpEndpoint> endpoint_;        // progress thread only
@@ -169,6 +207,16 @@ class Receiver {
   uint64_t handed_out_ ABSL_GUARDED_BY(mutex_) = 0;  // returned by Next
   uint64_t released_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t stale_ ABSL_GUARDED_BY(mutex_) = 0;
+  // kStagedDevice: slots waiting for a device buffer; device buffers whose
+  // copy is in flight (in stream order); copies completed (the credit);
+  // which device buffers hold a slot not yet released; the next to use;
+  // the handed-out ones.
+  std::deque<ReceivedSlot> arrived_ ABSL_GUARDED_BY(mutex_);
+  std::deque<uint32_t> copying_ ABSL_GUARDED_BY(mutex_);
+  uint64_t copied_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::vector<bool> device_busy_ ABSL_GUARDED_BY(mutex_);
+  uint32_t next_device_slot_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::deque<uint32_t> held_device_slots_ ABSL_GUARDED_BY(mutex_);
 
   std::thread progress_thread_;  // last: started when all else is ready
 };
