@@ -62,6 +62,11 @@ class IngestServer {
   struct Producer {
     bool failed = false;  // set by UCX's error callback
     std::optional<transport::UcpEndpoint> endpoint;
+    // The last staging region's key, unpacked. Kept while the producer puts
+    // from the same region: unpacking maps the region (shared memory on one
+    // node) and dropping the key unmaps it, which cost more than the copy.
+    std::string packed_key;
+    transport::RemoteKey key;  // declared after the endpoint: freed first
   };
 
   IngestServer(std::vector<IngestStream*> streams, transport::UcpContext context,

@@ -38,15 +38,18 @@ namespace packfeed::server {
 struct IngestedSample {
   int64_t group = 0;
   int64_t tag = 0;
-  std::vector<int64_t> tokens;
-  // Every field of the stream, back to back in stream order: field f's rows
-  // start at field_offsets[f].
-  std::shared_ptr<const std::vector<char>> fields;
+  int64_t num_tokens = 0;
+  // The tokens (int64), then every field of the stream back to back in
+  // stream order: field f's rows start at field_offsets[f] (from data's
+  // start). One buffer, so that side fields are served from it zero-copy.
+  std::shared_ptr<const char[]> data;
   std::vector<uint64_t> field_offsets;
+  uint64_t data_bytes = 0;
 
-  uint64_t bytes() const {
-    return tokens.size() * sizeof(int64_t) + (fields != nullptr ? fields->size() : 0);
+  absl::Span<const int64_t> tokens() const {
+    return {reinterpret_cast<const int64_t*>(data.get()), static_cast<size_t>(num_tokens)};
   }
+  uint64_t bytes() const { return data_bytes; }
 };
 
 struct SealedStep {

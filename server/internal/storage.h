@@ -87,12 +87,12 @@ struct FetchCause {
 
 // A fetched sample's bytes (kept alive by `buffer`), or why it failed.
 struct FetchedSample {
-  std::shared_ptr<const std::vector<char>> buffer;
+  std::shared_ptr<const char[]> buffer;
   uint64_t offset = 0;
   uint64_t size = 0;
   absl::Status status;
 
-  absl::Span<const char> bytes() const { return {buffer->data() + offset, size}; }
+  absl::Span<const char> bytes() const { return {buffer.get() + offset, size}; }
 };
 
 class Storage;

@@ -12,7 +12,6 @@ namespace {
 // A get that has not completed by then fails the put (and the producer's
 // endpoint): the producer stopped progressing or died.
 constexpr absl::Duration kTransferTimeout = absl::Seconds(30);
-
 void OnProducerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   spdlog::warn("ingest: a producer's endpoint failed: {}", ucs_status_string(status));
   *static_cast<bool*>(arg) = true;
@@ -155,13 +154,17 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(const v1::Put
                                                                    const IngestStream& stream) {
   const v1::IngestRegion& region = put.region();
   PF_ASSIGN_OR_RETURN(Producer * producer, ProducerAt(region.worker_address()));
-  PF_ASSIGN_OR_RETURN(transport::RemoteKey key,
-                      transport::RemoteKey::Unpack(*producer->endpoint, region.remote_key()));
+  if (producer->key.get() == nullptr || producer->packed_key != region.remote_key()) {
+    producer->key.Reset();
+    PF_ASSIGN_OR_RETURN(producer->key,
+                        transport::RemoteKey::Unpack(*producer->endpoint, region.remote_key()));
+    producer->packed_key = region.remote_key();
+  }
+  const transport::RemoteKey& key = producer->key;
   // Put order of the fields -> stream order in each sample's buffer.
   std::vector<int> stream_field;
   for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
-  std::vector<std::shared_ptr<std::vector<char>>> buffers;
   std::vector<ucs_status_ptr_t> requests;
   absl::Status posted;
   auto post = [&](void* local, uint64_t bytes, uint64_t offset) {
@@ -179,23 +182,26 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(const v1::Put
     IngestedSample& out = samples[static_cast<size_t>(i)];
     out.group = in.group();
     out.tag = in.tag();
-    out.tokens.resize(in.tokens());
-    post(out.tokens.data(), in.tokens() * sizeof(int64_t), in.offset());
+    out.num_tokens = static_cast<int64_t>(in.tokens());
+    uint64_t at = in.tokens() * sizeof(int64_t);
     out.field_offsets.assign(stream.fields().size(), 0);
-    uint64_t at = 0;
     for (size_t f = 0; f < stream.fields().size(); ++f) {
       out.field_offsets[f] = at;
       at += in.tokens() * stream.fields()[f].row_bytes();
     }
-    auto buffer = std::make_shared<std::vector<char>>(at);
+    out.data_bytes = at;
+    // Not zero-filled: the gets overwrite every byte (CheckPut checked each
+    // field's size).
+    std::shared_ptr<char[]> buffer = std::make_shared_for_overwrite<char[]>(at);
+    post(buffer.get(), in.tokens() * sizeof(int64_t), in.offset());
     for (int f = 0; f < in.field_bytes_size(); ++f) {
       const uint64_t bytes = in.field_bytes(f);
       if (bytes > 0) {
-        post(buffer->data() + out.field_offsets[static_cast<size_t>(stream_field[f])], bytes,
+        post(buffer.get() + out.field_offsets[static_cast<size_t>(stream_field[f])], bytes,
              in.field_offsets(f));
       }
     }
-    out.fields = buffer;
+    out.data = std::move(buffer);
   }
   absl::Status status = posted;
   const absl::Time deadline = absl::Now() + kTransferTimeout;
@@ -205,7 +211,6 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(const v1::Put
     });
     if (status.ok() && !done.ok()) status = done;
   }
-  key.Reset();
   if (!status.ok() || producer->failed) {
     producers_.erase(region.worker_address());
     return absl::UnavailableError(

@@ -17,7 +17,7 @@ absl::Status InStep(const Job& job, int64_t step, const absl::Status& status) {
 void IngestBatch(const Job& job, const SealedStep& sealed, StepPlan& out,
                  std::vector<int64_t>& lengths) {
   for (size_t i = 0; i < sealed.samples.size(); ++i) {
-    const auto tokens = static_cast<int64_t>(sealed.samples[i].tokens.size());
+    const auto tokens = static_cast<int64_t>(sealed.samples[i].num_tokens);
     const dataset::SampleShape shape = dataset::ShapeOfSample(tokens, job.rules());
     out.samples.push_back({0, static_cast<int64_t>(i), sealed.step});
     lengths.push_back(dataset::RealLength(shape.run_length, job.rules()));

@@ -94,15 +94,14 @@ StepData AssembleIngestStep(const Job& job, StepPlan plan, absl::Span<const int>
   StepData data;
   for (int64_t s : SamplesOfRanks(job, plan, global_ranks)) {
     const IngestedSample& sample = plan.ingested->samples[static_cast<size_t>(s)];
-    const dataset::SampleShape shape =
-        dataset::ShapeOfSample(static_cast<int64_t>(sample.tokens.size()), job.rules());
-    data.runs.emplace(s, dataset::MakeTokenRun(sample.tokens, shape, job.rules()));
+    const dataset::SampleShape shape = dataset::ShapeOfSample(sample.num_tokens, job.rules());
+    data.runs.emplace(s, dataset::MakeTokenRun(sample.tokens(), shape, job.rules()));
     if (job.side_fields().empty()) continue;
     std::vector<FetchedSample>& side = data.side[s];
     for (size_t f = 0; f < job.side_fields().size(); ++f) {
       const auto in_stream = static_cast<size_t>(job.ingest_field(static_cast<int>(f)));
-      side.push_back({sample.fields, sample.field_offsets[in_stream],
-                      sample.tokens.size() * job.side_fields()[f].row_bytes(), absl::OkStatus()});
+      side.push_back({sample.data, sample.field_offsets[in_stream],
+                      sample.num_tokens * job.side_fields()[f].row_bytes(), absl::OkStatus()});
     }
   }
   data.plan = std::move(plan);

@@ -268,7 +268,7 @@ void Storage::QueueReads(const Request& request, std::vector<Key> missing) {
     if (bytes == 0) {
       Entry& entry = held_.at(key);
       entry.done = true;
-      entry.sample.buffer = std::make_shared<const std::vector<char>>();
+      entry.sample.buffer = std::make_shared_for_overwrite<char[]>(0);
       for (uint64_t waiter : entry.waiting) --requests_.at(waiter).outstanding;
       entry.waiting.clear();
       continue;
@@ -339,14 +339,16 @@ void Storage::DoRead(Read& read) {
     jobs_[read.cause.job].bytes_read += read.length;
     bytes_in_flight_ += read.length;
   }
-  auto buffer = std::make_shared<std::vector<char>>(read.length);
+  // Not zero-filled: the read overwrites it.
+  std::shared_ptr<char[]> buffer = std::make_shared_for_overwrite<char[]>(read.length);
   const absl::Time start = absl::Now();
   std::multiset<absl::Time>::iterator started;
   {
     absl::MutexLock lock(&mutex_);
     started = reads_started_.insert(start);
   }
-  const absl::Status status = read.dataset->ReadBytes(read.offset, absl::MakeSpan(*buffer));
+  const absl::Status status =
+      read.dataset->ReadBytes(read.offset, absl::MakeSpan(buffer.get(), read.length));
   const double latency_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (!status.ok()) {
     spdlog::error("{}: reading bytes [{}, {}) for {} samples: {}", file->path, read.offset,

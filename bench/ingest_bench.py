@@ -1,0 +1,182 @@
+"""Online ingest (docs/INGEST.md), the three figures issue 19 names, in one
+run against a real packfeedd:
+
+- put throughput from one producer process (packfeed.Producer.put of a
+  step's samples, in chunks as a driver puts finished rollouts; the daemon
+  pulls the bytes over UCX), beside a NumPy copy of the same arrays into one
+  buffer in the same process;
+- seal-to-first-microbatch latency: from Producer.seal(step) to each of 8
+  consumer ranks (DP 8, threads of this process) returning from
+  next_step() with its first microbatch, p50 and p99 over steps × ranks;
+- the stream's peak bytes held (the daemon's own accounting) and the
+  daemon's peak RSS, against the stream's memory budget.
+
+Each sample carries int64 tokens, float32 log-probs and int16 routed
+experts [T, 16, 4] (142 bytes per token).
+
+usage: ingest_bench.py BIN_DIR [--samples 1024] [--steps 12] [--ranks 8] [--json]
+(PYTHONPATH: the built packfeed package and tests/integration)"""
+import argparse
+import json
+import pathlib
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+import packfeed
+from daemon_harness import Daemon
+
+LAYERS, TOP_K = 16, 4
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def make_step(rng, step, samples, group_size=8):
+    out = []
+    for i in range(samples):
+        t = int(rng.integers(64, 2048))
+        out.append({"group": step * samples + i // group_size, "tag": step,
+                    "tokens": rng.integers(0, 50000, t, dtype=np.int64),
+                    "logprobs": rng.random(t, dtype=np.float32),
+                    "experts": rng.integers(0, 64, (t, LAYERS, TOP_K), dtype=np.int16)})
+    return out
+
+
+def step_bytes(samples):
+    return sum(a.nbytes for s in samples for k, a in s.items() if k not in ("group", "tag"))
+
+
+def copy_seconds(samples, buffer):
+    """One NumPy copy of every array of the step into `buffer`."""
+    start = time.perf_counter()
+    offset = 0
+    for sample in samples:
+        for key in ("tokens", "logprobs", "experts"):
+            flat = sample[key].reshape(-1).view(np.uint8)
+            buffer[offset:offset + flat.size] = flat
+            offset += flat.size
+    return time.perf_counter() - start
+
+
+def config(ranks, samples, budget):
+    return f"""
+ingest_streams {{
+  name: "rollouts"
+  fields {{ name: "logprobs" dtype: "float32" }}
+  fields {{ name: "experts" dtype: "int16" inner_shape: [{LAYERS}, {TOP_K}] }}
+  memory_budget_bytes: {budget}
+}}
+jobs {{
+  name: "actor"
+  ingest_stream: "rollouts"
+  topology {{ dp: {ranks} }}
+  global_batch: {samples}
+  seq_length: 2048
+  side_fields {{ name: "logprobs" dtype: "float32" align: ALIGN_LABELS }}
+  side_fields {{ name: "experts" dtype: "int16" inner_shape: [{LAYERS}, {TOP_K}] pad_value: -1 }}
+  scheduler {{ kind: "balanced" max_tokens_per_rank: 8192 }}
+}}
+"""
+
+
+def consume(client, steps, first_arrivals, errors):
+    try:
+        for step in range(steps):
+            microbatches = client.next_step()[0]
+            first_arrivals[step] = time.perf_counter()
+            for _ in microbatches:
+                pass
+    except Exception as error:  # reported by the main thread
+        errors.append(error)
+
+
+def peak_rss_mib(pid):
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bin_dir")
+    parser.add_argument("--samples", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--chunk", type=int, default=128, help="samples per put")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rng = np.random.default_rng(7)
+    steps = [make_step(rng, s, args.samples) for s in range(args.steps)]
+    largest = max(step_bytes(s) for s in steps)
+    budget = int(2.5 * largest)  # two steps in flight: docs/INGEST.md's advice
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="pf-ingest-bench-"))
+    buffer = np.empty(largest, dtype=np.uint8)
+    buffer[:] = 0  # touched, as the daemon's memory is
+
+    put_rates, copy_rates, latencies = [], [], []
+    with Daemon(args.bin_dir, config(args.ranks, args.samples, budget), name="ingest",
+                workdir=workdir) as daemon:
+        producer = packfeed.Producer("rollouts", socket_path=daemon.socket)
+        clients = [packfeed.Client("actor", rank=r, socket_path=daemon.socket)
+                   for r in range(args.ranks)]
+        arrivals = [[0.0] * args.steps for _ in clients]
+        errors = []
+        threads = [threading.Thread(target=consume, args=(c, args.steps, arrivals[r], errors))
+                   for r, c in enumerate(clients)]
+        for thread in threads:
+            thread.start()
+        seals = []
+        for s, samples in enumerate(steps):
+            size = step_bytes(samples)
+            copy_rates.append(size / copy_seconds(samples, buffer) / 1e9)
+            start = time.perf_counter()
+            for first in range(0, len(samples), args.chunk):
+                producer.put(s, samples[first:first + args.chunk], wait=120.0)
+            put_rates.append(size / (time.perf_counter() - start) / 1e9)
+            seals.append(time.perf_counter())
+            producer.seal(s)
+        for thread in threads:
+            thread.join(timeout=600)
+        if errors:
+            raise errors[0]
+        status = producer.status()
+        rss = peak_rss_mib(daemon.process.pid)
+        for client in clients:
+            client.close()
+    for rank_arrivals in arrivals:
+        latencies += [(arrival - seal) * 1e3 for arrival, seal in zip(rank_arrivals, seals)]
+    figures = {
+        "samples_per_step": args.samples, "ranks": args.ranks, "steps": args.steps,
+        "step_mb": round(largest / 1e6, 1),
+        "put_gb_per_s": round(percentile(put_rates, 0.5), 2),
+        "memcpy_gb_per_s": round(percentile(copy_rates, 0.5), 2),
+        "put_over_memcpy": round(percentile(put_rates, 0.5) / percentile(copy_rates, 0.5), 2),
+        "seal_to_first_p50_ms": round(percentile(latencies, 0.5), 2),
+        "seal_to_first_p99_ms": round(percentile(latencies, 0.99), 2),
+        "budget_mb": round(budget / 1e6, 1),
+        "peak_held_mb": round(status["peak_bytes_held"] / 1e6, 1),
+        "daemon_peak_rss_mib": round(rss, 1),
+        "puts_waited": status["puts_waited"],
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"ingest_bench: {args.samples} samples/step ({figures['step_mb']} MB), "
+          f"{args.steps} steps, {args.ranks} ranks (DP), puts of {args.chunk} samples")
+    print(f"  put {figures['put_gb_per_s']} GB/s vs NumPy copy {figures['memcpy_gb_per_s']} GB/s "
+          f"in this process (ratio {figures['put_over_memcpy']}); medians over steps")
+    print(f"  seal -> first microbatch: p50 {figures['seal_to_first_p50_ms']} ms, "
+          f"p99 {figures['seal_to_first_p99_ms']} ms ({len(latencies)} rank-steps)")
+    print(f"  memory: budget {figures['budget_mb']} MB, peak held {figures['peak_held_mb']} MB, "
+          f"daemon peak RSS {figures['daemon_peak_rss_mib']} MiB; "
+          f"{figures['puts_waited']} puts waited for consumers")
+
+
+if __name__ == "__main__":
+    main()
