@@ -3,6 +3,7 @@
 // the staged ring (kStagedDevice: host ring copied to the device by the copy
 // engine). Skips without a device (every machine without a GPU, CI's too).
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "child_process.h"
 #include "gtest/gtest.h"
+#include "packfeed/common/status_macros.h"
 #include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/receiver.h"
 #include "transport_harness.h"
@@ -25,6 +27,26 @@ namespace {
 using transport::MemoryKind;
 
 constexpr uint64_t kMaxPayload = 16ull << 20;
+
+// A transport_peer sender connected to `receiver`, pushing `count` test
+// messages.
+absl::StatusOr<ChildProcess> StartSender(transport::Receiver& receiver, uint64_t count) {
+  PF_ASSIGN_OR_RETURN(ChildProcess child,
+                      ChildProcess::Spawn({PF_TRANSPORT_PEER, "--role", "sender", "--max-payload",
+                                           absl::StrCat(kMaxPayload)}));
+  PF_ASSIGN_OR_RETURN(const std::string address, child.Receive());
+  PF_RETURN_IF_ERROR(child.Send("connect"));
+  PF_RETURN_IF_ERROR(child.Send(receiver.worker_address()));
+  PF_RETURN_IF_ERROR(child.Send(receiver.ring_descriptor()));
+  PF_ASSIGN_OR_RETURN(const std::string reply, child.Receive());
+  uint64_t epoch = 0;
+  if (!absl::SimpleAtoi(reply.substr(std::min<size_t>(6, reply.size())), &epoch)) {
+    return absl::InternalError(absl::StrCat("peer's connect reply: ", reply));
+  }
+  PF_RETURN_IF_ERROR(receiver.Connect(address, epoch));
+  PF_RETURN_IF_ERROR(child.Send(absl::StrCat("push ", epoch, " 0 ", count)));
+  return child;
+}
 
 class TransportGpuTest : public ::testing::TestWithParam<transport::RingPlacement> {};
 
@@ -45,18 +67,8 @@ TEST_P(TransportGpuTest, DeliversIntoTheDeviceOrAPageLockedRing) {
   if ((*receiver)->memory_kind() == MemoryKind::kHost) {
     EXPECT_TRUE((*receiver)->host_ring_registered_with_cuda());
   }
-  auto child = ChildProcess::Spawn(
-      {PF_TRANSPORT_PEER, "--role", "sender", "--max-payload", absl::StrCat(kMaxPayload)});
+  auto child = StartSender(**receiver, 14);
   ASSERT_TRUE(child.ok()) << child.status();
-  const std::string address = *child->Receive();
-  ASSERT_TRUE(child->Send("connect").ok());
-  ASSERT_TRUE(child->Send((*receiver)->worker_address()).ok());
-  ASSERT_TRUE(child->Send((*receiver)->ring_descriptor()).ok());
-  const std::string reply = *child->Receive();
-  uint64_t epoch = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(reply.substr(6), &epoch)) << reply;
-  ASSERT_TRUE((*receiver)->Connect(address, epoch).ok());
-  ASSERT_TRUE(child->Send(absl::StrCat("push ", epoch, " 0 14")).ok());
 
   std::vector<std::vector<uint8_t>> copies;
   for (uint64_t seq = 0; seq < 14; ++seq) {
@@ -138,18 +150,8 @@ TEST(StagedRingTest, ReadsAndCreditsWaitForTheCopy) {
     auto receiver = transport::Receiver::Create(options);
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     EXPECT_EQ((*receiver)->memory_kind(), MemoryKind::kCuda);
-    auto child = ChildProcess::Spawn(
-        {PF_TRANSPORT_PEER, "--role", "sender", "--max-payload", absl::StrCat(kMaxPayload)});
+    auto child = StartSender(**receiver, kMessages);
     ASSERT_TRUE(child.ok()) << child.status();
-    const std::string address = *child->Receive();
-    ASSERT_TRUE(child->Send("connect").ok());
-    ASSERT_TRUE(child->Send((*receiver)->worker_address()).ok());
-    ASSERT_TRUE(child->Send((*receiver)->ring_descriptor()).ok());
-    const std::string reply = *child->Receive();
-    uint64_t epoch = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(reply.substr(6), &epoch)) << reply;
-    ASSERT_TRUE((*receiver)->Connect(address, epoch).ok());
-    ASSERT_TRUE(child->Send(absl::StrCat("push ", epoch, " 0 ", kMessages)).ok());
 
     auto first = (*receiver)->Next(absl::Seconds(20));
     ASSERT_TRUE(first.ok()) << first.status();
