@@ -164,6 +164,8 @@ absl::Status Client::Reattach(const absl::Status& cause, absl::Time give_up) {
   held_.reset();
   epoch_ = 0;  // that daemon is gone: nothing to detach from
   control_->watch.reset();
+  // It may have died inside a write to the worker's shared-memory FIFO.
+  PF_RETURN_IF_ERROR(receiver_->RenewWorker());
   absl::Status attached = RetryWithBackoff(
       left, [&] { return AttachAt(step, skip); }, [](const absl::Status&) { return true; });
   if (!attached.ok()) {

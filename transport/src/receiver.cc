@@ -28,10 +28,7 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
   PF_ASSIGN_OR_RETURN(UcpWorker worker, UcpWorker::Create(context));
   std::unique_ptr<Receiver> receiver(new Receiver(options, std::move(context), std::move(worker)));
   PF_RETURN_IF_ERROR(receiver->CreateRing());
-  PF_RETURN_IF_ERROR(receiver->worker_.SetMessageHandler(
-      kActiveMessageId, &Receiver::OnActiveMessage, receiver.get()));
-  PF_RETURN_IF_ERROR(receiver->worker_.SetMessageHandler(
-      kSlotDataMessageId, &Receiver::OnSlotDataMessage, receiver.get()));
+  PF_RETURN_IF_ERROR(receiver->RouteMessages(receiver->worker_));
   receiver->progress_thread_ = std::thread(&Receiver::ProgressLoop, receiver.get());
   return receiver;
 }
@@ -44,8 +41,38 @@ Receiver::~Receiver() {
     absl::MutexLock lock(&mutex_);
     stop_ = true;
   }
-  worker_.Signal();
+  Wake();
   if (progress_thread_.joinable()) progress_thread_.join();
+}
+
+absl::Status Receiver::RouteMessages(UcpWorker& worker) {
+  PF_RETURN_IF_ERROR(worker.SetMessageHandler(kActiveMessageId, &Receiver::OnActiveMessage, this));
+  return worker.SetMessageHandler(kSlotDataMessageId, &Receiver::OnSlotDataMessage, this);
+}
+
+std::string Receiver::worker_address() const {
+  absl::MutexLock lock(&worker_mutex_);
+  return EncodeWorkerAddress(worker_.address());
+}
+
+void Receiver::Wake() {
+  absl::MutexLock lock(&worker_mutex_);
+  worker_.Signal();
+}
+
+absl::Status Receiver::RenewWorker() {
+  return RunOnProgressThread([this]() -> absl::Status {
+    CloseEndpoint();
+    {
+      absl::MutexLock lock(&mutex_);
+      connected_ = false;
+    }
+    PF_ASSIGN_OR_RETURN(UcpWorker fresh, UcpWorker::Create(context_));
+    PF_RETURN_IF_ERROR(RouteMessages(fresh));
+    absl::MutexLock lock(&worker_mutex_);
+    std::swap(worker_, fresh);
+    return absl::OkStatus();  // the old worker goes here, on its own thread
+  });
 }
 
 absl::Status Receiver::CreateRing() {
@@ -92,7 +119,7 @@ absl::Status Receiver::CreateRing() {
           copier_,
           CudaSlotCopier::Create(
               options_.cuda_device, options_.slots, options_.slot_bytes, options_.cuda_copy_stream,
-              [](void* self) { static_cast<Receiver*>(self)->worker_.Signal(); }, this));
+              [](void* self) { static_cast<Receiver*>(self)->Wake(); }, this));
       absl::MutexLock lock(&mutex_);
       device_busy_.assign(options_.slots, false);
     }
@@ -126,7 +153,7 @@ absl::Status Receiver::RunOnProgressThread(std::function<absl::Status()> task) {
       done = true;
     });
   }
-  worker_.Signal();
+  Wake();
   absl::MutexLock lock(&mutex_);
   mutex_.Await(absl::Condition(&done));
   return result;
@@ -365,7 +392,7 @@ absl::Status Receiver::Release(uint64_t seq, void* cuda_stream) {
       device_busy_[device_slot] = false;
     }
   }
-  worker_.Signal();
+  Wake();
   return absl::OkStatus();
 }
 

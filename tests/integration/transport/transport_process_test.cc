@@ -204,6 +204,14 @@ TEST_P(TransportTest, DeadSenderEndsNextWithUnavailableAndANewSenderReconnects) 
   EXPECT_EQ(slot.status().code(), absl::StatusCode::kUnavailable) << slot.status();
   EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
 
+  // A sender killed inside a write to the receiver's shared-memory FIFO
+  // blocks it for good: a re-attach comes with a fresh worker, the ring the
+  // same.
+  const std::string old_address = receiver->worker_address();
+  const std::string ring = receiver->ring_descriptor();
+  ASSERT_TRUE(receiver->RenewWorker().ok());
+  EXPECT_NE(receiver->worker_address(), old_address);
+  EXPECT_EQ(receiver->ring_descriptor(), ring);
   ChildProcess reborn = Spawn("sender", 2, kSmall);
   const uint64_t second_epoch = ConnectSender(*receiver, reborn);
   EXPECT_NE(second_epoch, first_epoch);

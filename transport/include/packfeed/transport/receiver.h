@@ -118,7 +118,7 @@ class Receiver {
   ~Receiver();  // Stops the progress thread, closes, frees the ring.
 
   // The worker address to give the sender (EncodeWorkerAddress).
-  std::string worker_address() const { return EncodeWorkerAddress(worker_.address()); }
+  std::string worker_address() const;
   // The encoded RingDescriptor the sender connects with.
   const std::string& ring_descriptor() const { return ring_descriptor_; }
   // Where the views Next hands out are: kCuda for a device or staged ring.
@@ -130,6 +130,13 @@ class Receiver {
   // `sender_address`. Drops any earlier connection and the slots it announced
   // (views of them become invalid); the ring starts empty.
   absl::Status Connect(absl::string_view sender_address, uint64_t epoch);
+
+  // Replaces the UCX worker, and so worker_address(); call it before
+  // re-attaching to a sender that failed. A sender killed inside a write
+  // to this worker's shared-memory FIFO leaves that FIFO blocked for every
+  // later sender (UCX's mm transport never skips the half-written entry),
+  // so the old worker is not reused. The ring, its key and its slots stay.
+  absl::Status RenewWorker();
 
   // The next ready slot, in the order the sender pushed them. Slots already
   // announced are returned even after the sender is gone; then Unavailable
@@ -158,6 +165,9 @@ class Receiver {
   // Runs `task` on the progress thread and returns its status.
   absl::Status RunOnProgressThread(std::function<absl::Status()> task);
   absl::Status Reconnect(const std::string& sender_address, uint64_t epoch);
+  absl::Status RouteMessages(UcpWorker& worker);  // to this receiver's handlers
+  // Wakes the progress thread from any thread (the worker may be renewed).
+  void Wake() ABSL_LOCKS_EXCLUDED(worker_mutex_);
   bool SendCredit();  // true when a credit was sent
   void DropCreditRequest();
   void CloseFailedEndpoint();
@@ -184,7 +194,10 @@ class Receiver {
   const ReceiverOptions options_;
   // Declared parents first: destroyed children first.
   UcpContext context_;
+  // Replaced only by the progress thread (RenewWorker), under worker_mutex_;
+  // the progress thread reads it freely, other threads under the lock.
   UcpWorker worker_;
+  mutable absl::Mutex worker_mutex_;
   std::optional<CudaDeviceBuffer> device_ring_;
   std::optional<MemoryRegion> ring_;
   std::optional<CudaHostRegistration> host_registration_;
