@@ -89,6 +89,30 @@ absl::Status Jobs(const AdminArgs& args) {
   return absl::OkStatus();
 }
 
+using ull = unsigned long long;
+
+void PrintIngest(const v1::IngestStreamStats& stream) {
+  std::printf(
+      "ingest stream %s: %llu B held (peak %llu, budget %llu); %llu samples, %llu B put; "
+      "%llu puts waited for room, %llu refused\n",
+      stream.name().c_str(), static_cast<ull>(stream.bytes_held()),
+      static_cast<ull>(stream.peak_bytes_held()), static_cast<ull>(stream.budget_bytes()),
+      static_cast<ull>(stream.samples_put()), static_cast<ull>(stream.bytes_put()),
+      static_cast<ull>(stream.puts_waited()), static_cast<ull>(stream.puts_refused()));
+  for (const v1::IngestStepStats& step : stream.steps()) {
+    std::printf(
+        "  step %lld %s: %llu samples, %llu B; consumed by: %s\n",
+        static_cast<long long>(step.step()), step.sealed() ? "sealed" : "open",
+        static_cast<ull>(step.samples()), static_cast<ull>(step.bytes()),
+        step.consumed_by().empty() ? "none" : absl::StrJoin(step.consumed_by(), ", ").c_str());
+  }
+  for (const v1::IngestConsumerStats& consumer : stream.consumers()) {
+    std::printf("  consumer %s: consumed the steps before %lld; %llu B still to consume\n",
+                consumer.job().c_str(), static_cast<long long>(consumer.consumed_before()),
+                static_cast<ull>(consumer.bytes_pending()));
+  }
+}
+
 absl::Status Stats(const AdminArgs& args) {
   v1::GetStatsRequest request;
   request.set_job(args.job);
@@ -153,6 +177,7 @@ absl::Status Stats(const AdminArgs& args) {
                   static_cast<unsigned long long>(reread.samples()), reread.path().c_str());
     }
   }
+  for (const v1::IngestStreamStats& stream : reply.ingest_streams()) PrintIngest(stream);
   return absl::OkStatus();
 }
 

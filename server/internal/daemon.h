@@ -58,6 +58,8 @@ class Daemon {
   JobRunner* runner(const std::string& job) const;
   const std::vector<std::unique_ptr<JobRunner>>& runners() const { return runners_; }
   const Storage& storage() const { return *storage_; }
+  // Adds every ingest stream's stats to `reply`.
+  void AddIngestStats(v1::GetStatsReply& reply) const;
   // The ingest streams' transfers; nullptr without ingest_streams.
   IngestServer* ingest() const { return ingest_.get(); }
   RankWatches& watches() { return watches_; }

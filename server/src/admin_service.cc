@@ -89,6 +89,7 @@ class AdminService final : public v1::Admin::CallbackService {
                                      v1::GetStatsReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     *reply->mutable_storage() = daemon_.storage().Stats();
+    daemon_.AddIngestStats(*reply);
     return AskEveryRunner<v1::JobStats>(context, daemon_, request->job(), reply, &JobRunner::Stats);
   }
 

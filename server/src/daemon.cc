@@ -270,8 +270,12 @@ absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) c
   v1::GetStatsReply reply;
   for (v1::JobStats& job : jobs) *reply.add_jobs() = std::move(job);
   *reply.mutable_storage() = storage_->Stats();
-  for (const auto& stream : streams_) *reply.add_ingest_streams() = stream->Stats();
+  AddIngestStats(reply);
   return reply;
+}
+
+void Daemon::AddIngestStats(v1::GetStatsReply& reply) const {
+  for (const auto& stream : streams_) *reply.add_ingest_streams() = stream->Stats();
 }
 
 absl::Status Daemon::StartIngest(const DaemonOptions& options) {

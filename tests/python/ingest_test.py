@@ -239,6 +239,11 @@ class IngestTest(unittest.TestCase):
             status = producer.status()
             self.assertEqual((status["puts_waited"], status["puts_refused"]), (1, 1), status)
             self.assertLessEqual(status["peak_bytes_held"], budget)
+            # What an operator sees.
+            text = daemon.ctl_run("stats").stdout
+            self.assertIn(f"ingest stream rollouts: {status['bytes_held']} B held", text)
+            self.assertIn("1 puts waited for room, 1 refused", text)
+            self.assertIn("consumer ref: consumed the steps before ", text)
 
     def test_bad_input(self):
         rng = random.Random(5)
