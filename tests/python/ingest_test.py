@@ -8,6 +8,7 @@ backpressure and every bad put the daemon must refuse without harming
 anyone else."""
 import json
 import random
+import signal
 import subprocess
 import tempfile
 import threading
@@ -19,6 +20,7 @@ import torch
 
 import packfeed
 from pf_test_support import BIN_DIR, Daemon, main
+from reliability_support import Workers
 from thd_reference import coords, rank_fields, rank_positions, run_key, side_field
 
 LAYERS, TOP_K = 8, 2
@@ -244,6 +246,102 @@ class IngestTest(unittest.TestCase):
             self.assertIn(f"ingest stream rollouts: {status['bytes_held']} B held", text)
             self.assertIn("1 puts waited for room, 1 refused", text)
             self.assertIn("consumer ref: consumed the steps before ", text)
+
+    def test_a_restarted_daemon_is_put_again_and_its_consumer_resumes_exactly(self):
+        """docs/INGEST.md's restart procedure: the driver asks status() and
+        puts again every step from the least consumed_before on (in any
+        order of its groups); a rank
+        killed with the daemon mid-step re-attaches and gets, bit for bit,
+        what it would have got."""
+        solo = REFERENCE.replace('"ref"', '"solo"').replace("dp: 4", "dp: 1")
+        config = STREAM % "" + solo
+        rng = random.Random(11)
+        steps = [grpo_step(rng, step, prompts=4) for step in range(3)]
+        keys = ("tokens", "labels", "loss_mask", "position_ids", "logprobs")
+
+        def put_from(producer, first, groups_reversed=False):
+            for step in range(first, len(steps)):
+                # Another put order of the same groups plans the same.
+                producer.put(step, sorted(steps[step], key=lambda s: s["group"],
+                                          reverse=groups_reversed))
+                producer.seal(step)
+
+        def take(iterator):
+            return [as_lists(batch, keys) for batch in iterator]
+
+        with Daemon(BIN_DIR, config, name="once") as daemon:
+            put_from(self.producer(daemon), 0)
+            client = packfeed.Client("solo", rank=0, socket_path=daemon.socket, copy=True)
+            expected = [take(client.next_step(timeout=30)[0]) for _ in steps]
+            client.close()
+        self.assertGreater(len(expected[1]), 1, "step 1 must have microbatches to resume in")
+
+        workdir = tempfile.mkdtemp(prefix="pf-ingest-restart-")
+        daemon = Daemon(BIN_DIR, config, name="restarted", workdir=workdir)
+        with daemon:
+            put_from(self.producer(daemon), 0)
+            client = packfeed.Client("solo", rank=0, socket_path=daemon.socket, copy=True)
+            got = [take(client.next_step(timeout=30)[0])]
+            iterator = client.next_step(timeout=30)[0]
+            got.append([as_lists(next(iterator), keys)])
+            daemon.process.kill()  # mid-step 1
+            daemon.process.wait()
+        with Daemon(BIN_DIR, config, name="restarted", workdir=workdir) as daemon:
+            producer = self.producer(daemon)
+            # Nothing of the stream survives the restart: every consumer
+            # starts from step 0, and the driver puts again from there.
+            status = producer.status()
+            first = min(c["consumed_before"] for c in status["consumers"])
+            self.assertEqual((status["bytes_held"], first), (0, 0), status)
+            put_from(producer, first, groups_reversed=True)
+            got[1] += take(iterator)
+            got.append(take(client.next_step(timeout=30)[0]))
+            client.close()
+            self.assertEqual(got, expected, "batches after the restart differ")
+            # The re-put step 0, which the rank was past, is freed with step 1.
+            deadline = time.time() + 10
+            while producer.status()["bytes_held"] and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(producer.status()["bytes_held"], 0)
+
+    def test_a_consumer_rank_that_dies_mid_step_comes_back_and_misses_nothing(self):
+        """Rank processes (rank_worker.py) of the reference job; one is
+        SIGKILLed after a microbatch that is not its step's last and started
+        again from its last committed state. What every rank committed equals
+        an uninterrupted run, bit for bit."""
+        rng = random.Random(13)
+        steps = [grpo_step(rng, step, prompts=4) for step in range(3)]
+        ranks = list(range(4))
+
+        def run(name, victim_dies_after=None):
+            with Daemon(BIN_DIR, STREAM % "" + REFERENCE, name=name) as daemon:
+                producer = self.producer(daemon)
+                for step, samples in enumerate(steps):
+                    producer.put(step, samples)
+                    producer.seal(step)
+                workers = Workers(daemon, "ref", ranks, len(steps), daemon.dir, name)
+                if victim_dies_after is None:
+                    workers.start_all()
+                else:
+                    for rank in ranks[1:]:
+                        workers.start(rank)
+                    workers.start(0, "--die-after", str(victim_dies_after))
+                    code, _ = workers.wait(0)
+                    self.assertEqual(code, -signal.SIGKILL)
+                    committed = workers.records(0)
+                    self.assertEqual(len(committed), victim_dies_after)
+                    self.assertNotEqual(committed[-1]["state"]["next_microbatch"], 0,
+                                        "not mid-step")
+                    workers.start(0)  # a new process, from its last state
+                workers.wait_all()
+                return workers.shas()
+
+        reference = run("uninterrupted")
+        shas = reference[0]
+        die_after = next((i + 1 for i in range(1, len(shas) - 1)
+                          if shas[i + 1][0] == shas[i][0]), None)
+        self.assertIsNotNone(die_after, "no step of rank 0 has two microbatches")
+        self.assertEqual(run("rank-dies", die_after), reference)
 
     def test_bad_input(self):
         rng = random.Random(5)
