@@ -22,6 +22,7 @@
 #include "server/internal/job.h"
 #include "server/internal/job_runner.h"
 #include "server/internal/metrics.h"
+#include "server/internal/peer_forward.h"
 #include "server/internal/rank_watches.h"
 #include "server/internal/storage.h"
 #include "server/internal/unix_listener.h"
@@ -62,6 +63,8 @@ class Daemon {
   void AddIngestStats(v1::GetStatsReply& reply) const;
   // The ingest streams' transfers; nullptr without ingest_streams.
   IngestServer* ingest() const { return ingest_.get(); }
+  // Sends steps sealed here to the peer daemons; nullptr without peers.
+  PeerForwarder* forwarder() const { return forwarder_.get(); }
   RankWatches& watches() { return watches_; }
   // Every job's stats, asked of each runner as Admin.GetStats does; waits
   // up to `timeout` for them (DeadlineExceeded past it).
@@ -81,6 +84,7 @@ class Daemon {
   std::unique_ptr<Storage> storage_;                    // outlives the jobs and runners that use it
   std::vector<std::unique_ptr<IngestStream>> streams_;  // the same for the ingest jobs
   std::unique_ptr<IngestServer> ingest_;
+  std::unique_ptr<PeerForwarder> forwarder_;
   RankWatches watches_;
   std::vector<std::unique_ptr<Job>> jobs_;
   std::vector<std::unique_ptr<JobRunner>> runners_;

@@ -9,6 +9,11 @@
 // here, puts of other streams going on, until consumers free a step or its
 // timeout passes.
 //
+// With peer daemons (docs/INGEST.md, Several nodes) each put's samples are
+// kept in one region registered with UCX, so that the peers can get them
+// once the step is sealed; a step forwarded by a peer is fetched by the
+// same thread, only the samples this node's ranks are planned.
+//
 // Thread-safe; `done` callbacks run on the transfer thread.
 
 #include <deque>
@@ -33,9 +38,10 @@ namespace packfeed::server {
 
 class IngestServer {
  public:
-  // REQUIRES: the streams outlive the server.
+  // `for_peers`: put samples into memory peer daemons can get.
   static absl::StatusOr<std::unique_ptr<IngestServer>> Start(std::vector<IngestStream*> streams,
-                                                             const transport::UcxOptions& ucx);
+                                                             const transport::UcxOptions& ucx,
+                                                             bool for_peers);
   ~IngestServer() { Stop(); }
   // Refuses the puts still waiting, and every later one, as Unavailable;
   // joins the transfer thread. Idempotent.
@@ -48,15 +54,24 @@ class IngestServer {
   // room, reads its bytes and adds its samples. `put` must stay valid
   // until `done`.
   void Put(const v1::PutRequest& put, std::function<void(absl::StatusOr<v1::PutReply>)> done);
+  // A step a peer sealed (its token is the caller's business): plans it,
+  // waits for room, gets the samples this node's ranks are planned, and
+  // seals it here. A step sealed or consumed here before is left as it is.
+  // `forward` must stay valid until `done`.
+  void Forward(const v1::ForwardStepRequest& forward,
+               std::function<void(absl::StatusOr<v1::ForwardStepReply>)> done);
 
  private:
+  // A put, or a forwarded step, waiting for room in its stream.
   struct PendingPut {
-    const v1::PutRequest* put = nullptr;
     IngestStream* stream = nullptr;
     uint64_t bytes = 0;
+    uint32_t timeout_ms = 0;
     absl::Time deadline;
     bool waited = false;
-    std::function<void(absl::StatusOr<v1::PutReply>)> done;
+    // With the room reserved (OK), moves the bytes in and answers; or
+    // answers why there is no room.
+    std::function<void(absl::Status room)> run;
   };
   // A producer's worker, connected once.
   struct Producer {
@@ -69,18 +84,29 @@ class IngestServer {
     transport::RemoteKey key;  // declared after the endpoint: freed first
   };
 
-  IngestServer(std::vector<IngestStream*> streams, transport::UcpContext context,
-               transport::UcpWorker worker);
+  IngestServer(std::vector<IngestStream*> streams,
+               std::shared_ptr<const transport::UcpContext> context, transport::UcpWorker worker,
+               bool for_peers);
+  void Enqueue(PendingPut pending);
   void Loop();
   // Admits what fits, in arrival order per stream; refuses what waited past
   // its deadline.
   void ServePending();
+  // The put's samples, read from its producer. `wanted` (by sample; null =
+  // all): the others are kept without bytes.
   absl::StatusOr<std::vector<IngestedSample>> Transfer(const v1::PutRequest& put,
-                                                       const IngestStream& stream);
+                                                       const IngestStream& stream,
+                                                       const std::vector<bool>* wanted);
+  // Memory for `bytes` of samples: registered (its region described in
+  // `region`) when peers may get it.
+  absl::StatusOr<std::shared_ptr<char[]>> AllocateSamples(
+      uint64_t bytes, std::shared_ptr<const v1::IngestRegion>& region);
   absl::StatusOr<Producer*> ProducerAt(const std::string& address);
 
   const std::vector<IngestStream*> streams_;
-  transport::UcpContext context_;
+  // Shared with the registered sample memory, which may outlive the server.
+  const std::shared_ptr<const transport::UcpContext> context_;
+  const bool for_peers_;
   transport::UcpWorker worker_;                                 // transfer thread only
   std::map<std::string, std::unique_ptr<Producer>> producers_;  // transfer thread only
   std::deque<PendingPut> pending_;                              // transfer thread only

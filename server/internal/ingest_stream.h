@@ -45,6 +45,11 @@ struct IngestedSample {
   std::shared_ptr<const char[]> data;
   std::vector<uint64_t> field_offsets;
   uint64_t data_bytes = 0;
+  // Where `data` lies in memory registered with UCX, for peer daemons to
+  // get it (a daemon with peers); null otherwise. On a peer, a sample none
+  // of its ranks is planned has no data (the step's plan needs only its
+  // length).
+  std::shared_ptr<const v1::IngestRegion> region;
 
   absl::Span<const int64_t> tokens() const {
     return {reinterpret_cast<const int64_t*>(data.get()), static_cast<size_t>(num_tokens)};
@@ -63,6 +68,10 @@ struct IngestConsumer {
   int64_t max_samples = 0;            // its global_batch
   dataset::SampleRules rules;         // a sample must be served whole
   scheduler::PlannerOptions planner;  // and fit one of its plans
+  // The samples of a sealed step (by index) that this node's ranks of the
+  // job are planned: what a peer daemon must fetch of a forwarded step.
+  std::function<absl::StatusOr<std::vector<int64_t>>(std::shared_ptr<const SealedStep>)>
+      local_samples;
 };
 
 class IngestStream {
@@ -99,8 +108,15 @@ class IngestStream {
   absl::StatusOr<v1::PutReply> Commit(int64_t step, std::vector<IngestedSample> samples,
                                       uint64_t reserved);
   // AlreadyExists for a step sealed before; FailedPrecondition for a step
-  // without samples or consumed already.
-  absl::StatusOr<v1::SealReply> Seal(int64_t step);
+  // without samples or consumed already. A `pinned` step is not freed,
+  // whoever consumed it, until Unpin (peers are getting its bytes).
+  absl::StatusOr<v1::SealReply> Seal(int64_t step, bool pinned = false);
+  void Unpin(int64_t step);
+  // The step was sealed here, or every consumer is past it.
+  bool SealedOrConsumed(int64_t step) const;
+  // Per sample of `step`: whether a local rank of any consumer job is
+  // planned it.
+  absl::StatusOr<std::vector<bool>> LocalSamples(std::shared_ptr<const SealedStep> step) const;
 
   // The sealed step; Unavailable while it is not sealed, NotFound once
   // freed.
@@ -119,6 +135,7 @@ class IngestStream {
     std::vector<IngestedSample> samples;  // as put; sorted at the seal
     std::shared_ptr<const SealedStep> sealed;
     uint64_t bytes = 0;
+    bool pinned = false;
   };
   struct Consumer {
     IngestConsumer limits;

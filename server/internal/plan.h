@@ -34,6 +34,8 @@ struct StepPlan {
 // an ingest job, Unavailable while the step is not sealed and NotFound once
 // it was freed.
 absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step);
+// The plan of an ingest job's sealed step (held by the stream or not).
+absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed);
 
 // The samples dp-cp rank `dp_cp_rank` processes in `microbatch` of `plan`
 // (its CP group's sequences), in order.

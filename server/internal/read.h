@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +18,10 @@
 #include "server/internal/storage.h"
 
 namespace packfeed::server {
+
+// The planned samples of the CP groups the given ranks belong to.
+std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
+                                 absl::Span<const int> global_ranks);
 
 // What the given ranks need of a planned step: per planned sample, its
 // tokens and then its rows of each of the job's side fields.

@@ -143,6 +143,35 @@ class AdminService final : public v1::Admin::CallbackService {
     return reactor;
   }
 
+  // From a peer daemon: a step sealed there, for this node's ranks.
+  grpc::ServerUnaryReactor* ForwardStep(grpc::CallbackServerContext* context,
+                                        const v1::ForwardStepRequest* request,
+                                        v1::ForwardStepReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream =
+        daemon_.ingest() != nullptr ? daemon_.ingest()->stream(request->stream()) : nullptr;
+    absl::Status status = daemon_.CheckCaller(*context, "forward an ingest step");
+    if (status.ok() && stream == nullptr) {
+      status = absl::NotFoundError(
+          absl::StrCat("no ingest stream '", request->stream(), "' on this daemon"));
+    }
+    for (const v1::PutRequest& put : request->puts()) {
+      if (status.ok()) status = stream->CheckToken(put.auth_token());
+    }
+    if (!status.ok()) {
+      spdlog::warn("ingest: forwarded step {} refused: {}", request->step(), status.ToString());
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    daemon_.ingest()->Forward(*request,
+                              [reactor, reply](absl::StatusOr<v1::ForwardStepReply> done) {
+                                if (done.ok()) *reply = *std::move(done);
+                                reactor->Finish(ToGrpcStatus(done.status()));
+                              });
+    return reactor;
+  }
+
   // Drain needs the token of every job that has one: it stops them all.
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const v1::DrainRequest* request, v1::DrainReply*) override {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -17,7 +18,9 @@
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/internal/admin_tls.h"
 #include "server/internal/fingerprint.h"
+#include "server/internal/plan.h"
 #include "server/internal/rank_partition.h"
+#include "server/internal/read.h"
 #include "server/internal/services.h"
 #include "spdlog/spdlog.h"
 
@@ -160,8 +163,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                         JobRunner::Start(**job, storage, runner_options));
     if (stream != nullptr) {
       const Job& consumer = **job;
+      auto local_samples =
+          [&consumer](
+              std::shared_ptr<const SealedStep> step) -> absl::StatusOr<std::vector<int64_t>> {
+        PF_ASSIGN_OR_RETURN(StepPlan plan, PlanSealedStep(consumer, std::move(step)));
+        const std::set<int64_t> samples = SamplesOfRanks(consumer, plan, consumer.local_ranks());
+        return std::vector<int64_t>(samples.begin(), samples.end());
+      };
       stream->AddConsumer({consumer.name(), job_config.global_batch(), consumer.rules(),
-                           consumer.planner_options()},
+                           consumer.planner_options(), std::move(local_samples)},
                           [r = runner.get()] { r->Wake(); });
     }
     daemon->by_name_[job_config.name()] = runner.get();
@@ -297,7 +307,9 @@ absl::Status Daemon::StartIngest(const DaemonOptions& options) {
   }
   transport::UcxOptions ucx;
   ucx.transports = options.ucx_transports;
-  PF_ASSIGN_OR_RETURN(ingest_, IngestServer::Start(std::move(streams), ucx));
+  PF_ASSIGN_OR_RETURN(ingest_,
+                      IngestServer::Start(std::move(streams), ucx, !config_.peers().empty()));
+  PF_ASSIGN_OR_RETURN(forwarder_, PeerForwarder::Create(config_));
   return absl::OkStatus();
 }
 

@@ -1,9 +1,11 @@
 #include "server/internal/ingest_server.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/transport/memory_region.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
@@ -17,14 +19,32 @@ void OnProducerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   *static_cast<bool*>(arg) = true;
 }
 
+// Samples in memory registered with UCX. The context is kept for the unmap.
+struct RegisteredSamples {
+  std::shared_ptr<const transport::UcpContext> context;
+  transport::MemoryRegion memory;
+};
+
+uint64_t SampleBytes(const v1::IngestSample& sample) {
+  uint64_t bytes = sample.tokens() * sizeof(int64_t);
+  for (uint64_t field : sample.field_bytes()) bytes += field;
+  return bytes;
+}
+
+absl::Status InForward(const v1::ForwardStepRequest& forward, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("forwarded step ", forward.step(), " of stream ",
+                                                  forward.stream(), ": ", status.message()));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
-    std::vector<IngestStream*> streams, const transport::UcxOptions& ucx) {
+    std::vector<IngestStream*> streams, const transport::UcxOptions& ucx, bool for_peers) {
   PF_ASSIGN_OR_RETURN(transport::UcpContext context, transport::UcpContext::Create(ucx));
-  PF_ASSIGN_OR_RETURN(transport::UcpWorker worker, transport::UcpWorker::Create(context));
+  auto shared = std::make_shared<const transport::UcpContext>(std::move(context));
+  PF_ASSIGN_OR_RETURN(transport::UcpWorker worker, transport::UcpWorker::Create(*shared));
   std::unique_ptr<IngestServer> server(
-      new IngestServer(std::move(streams), std::move(context), std::move(worker)));
+      new IngestServer(std::move(streams), std::move(shared), std::move(worker), for_peers));
   for (IngestStream* stream : server->streams_) {
     stream->SetOnFree([s = server.get()] { s->worker_.Signal(); });
   }
@@ -32,9 +52,13 @@ absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
   return server;
 }
 
-IngestServer::IngestServer(std::vector<IngestStream*> streams, transport::UcpContext context,
-                           transport::UcpWorker worker)
-    : streams_(std::move(streams)), context_(std::move(context)), worker_(std::move(worker)) {}
+IngestServer::IngestServer(std::vector<IngestStream*> streams,
+                           std::shared_ptr<const transport::UcpContext> context,
+                           transport::UcpWorker worker, bool for_peers)
+    : streams_(std::move(streams)),
+      context_(std::move(context)),
+      for_peers_(for_peers),
+      worker_(std::move(worker)) {}
 
 void IngestServer::Stop() {
   {
@@ -66,14 +90,121 @@ void IngestServer::Put(const v1::PutRequest& put,
     done(bytes.status());
     return;
   }
+  auto run = [this, &put, target, bytes = *bytes, done](absl::Status room) {
+    absl::StatusOr<v1::PutReply> reply = absl::UnknownError("not run");
+    if (!room.ok()) {
+      reply = room;
+    } else {
+      absl::StatusOr<std::vector<IngestedSample>> samples = Transfer(put, *target, nullptr);
+      if (samples.ok()) {
+        reply = target->Commit(put.step(), *std::move(samples), bytes);
+      } else {
+        target->Unreserve(bytes);
+        reply = samples.status();
+      }
+    }
+    if (!reply.ok()) spdlog::warn("ingest: put refused: {}", std::string(reply.status().message()));
+    done(std::move(reply));
+  };
+  Enqueue({target, *bytes, put.timeout_ms(), {}, false, std::move(run)});
+}
+
+void IngestServer::Forward(const v1::ForwardStepRequest& forward,
+                           std::function<void(absl::StatusOr<v1::ForwardStepReply>)> done) {
+  IngestStream* target = stream(forward.stream());
+  if (target == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("no ingest stream '", forward.stream(), "'")));
+    return;
+  }
+  v1::ForwardStepReply reply;
+  if (target->SealedOrConsumed(forward.step())) {
+    // A restarted origin's driver put it again: the plan is the same.
+    spdlog::info("ingest stream {}: forwarded step {} is here already", forward.stream(),
+                 forward.step());
+    reply.set_held_already(true);
+    done(reply);
+    return;
+  }
+  // The step as sealed, lengths only, to plan which samples to fetch.
+  auto step = std::make_shared<SealedStep>();
+  step->step = forward.step();
+  for (const v1::PutRequest& put : forward.puts()) {
+    absl::Status valid = put.step() == forward.step()
+                             ? target->CheckPut(put).status()
+                             : absl::InvalidArgumentError("a put of another step");
+    if (!valid.ok()) {
+      done(InForward(forward, valid));
+      return;
+    }
+    for (const v1::IngestSample& sample : put.samples()) {
+      IngestedSample& lengths_only = step->samples.emplace_back();
+      lengths_only.group = sample.group();
+      lengths_only.tag = sample.tag();
+      lengths_only.num_tokens = static_cast<int64_t>(sample.tokens());
+    }
+  }
+  absl::StatusOr<std::vector<bool>> local = target->LocalSamples(step);
+  if (!local.ok()) {
+    done(InForward(forward, local.status()));
+    return;
+  }
+  // Per put, the samples to fetch; and their bytes.
+  auto wanted = std::make_shared<std::vector<std::vector<bool>>>();
+  uint64_t bytes = 0;
+  size_t next = 0;
+  for (const v1::PutRequest& put : forward.puts()) {
+    std::vector<bool>& of_put = wanted->emplace_back();
+    for (int i = 0; i < put.samples_size(); ++i, ++next) {
+      of_put.push_back((*local)[next]);
+      if ((*local)[next]) bytes += SampleBytes(put.samples(i));
+    }
+  }
+  reply.set_samples(step->samples.size());
+  reply.set_samples_fetched(static_cast<uint64_t>(std::count(local->begin(), local->end(), true)));
+  reply.set_bytes_fetched(bytes);
+  auto run = [this, &forward, target, bytes, wanted, reply, done](absl::Status room) {
+    absl::StatusOr<v1::ForwardStepReply> result = reply;
+    if (!room.ok()) result = room;
+    std::vector<IngestedSample> samples;
+    for (size_t p = 0; room.ok() && p < wanted->size(); ++p) {
+      absl::StatusOr<std::vector<IngestedSample>> of_put =
+          Transfer(forward.puts(static_cast<int>(p)), *target, &(*wanted)[p]);
+      if (!of_put.ok()) {
+        result = of_put.status();
+        break;
+      }
+      for (IngestedSample& sample : *of_put) samples.push_back(std::move(sample));
+    }
+    if (room.ok() && !result.ok()) target->Unreserve(bytes);
+    if (result.ok()) {
+      absl::StatusOr<v1::PutReply> committed =
+          target->Commit(forward.step(), std::move(samples), bytes);
+      absl::Status sealed =
+          committed.ok() ? target->Seal(forward.step()).status() : committed.status();
+      result = sealed.ok() ? absl::StatusOr<v1::ForwardStepReply>(reply) : sealed;
+    }
+    if (!result.ok()) {
+      result = InForward(forward, result.status());
+      spdlog::warn("ingest: {}", std::string(result.status().message()));
+    } else {
+      spdlog::info("ingest stream {}: forwarded step {} sealed, {} of its {} samples fetched",
+                   forward.stream(), forward.step(), reply.samples_fetched(), reply.samples());
+    }
+    done(std::move(result));
+  };
+  const uint32_t timeout_ms = forward.puts().empty() ? 0 : forward.puts(0).timeout_ms();
+  Enqueue({target, bytes, timeout_ms, {}, false, std::move(run)});
+}
+
+void IngestServer::Enqueue(PendingPut pending) {
+  pending.deadline = absl::Now() + absl::Milliseconds(pending.timeout_ms);
   {
     absl::MutexLock lock(&mutex_);
     if (stop_) {
-      done(absl::UnavailableError("the daemon is stopping"));
+      pending.run(absl::UnavailableError("the daemon is stopping"));
       return;
     }
-    arrived_.push_back({&put, target, *bytes, absl::Now() + absl::Milliseconds(put.timeout_ms()),
-                        false, std::move(done)});
+    arrived_.push_back(std::move(pending));
   }
   worker_.Signal();
 }
@@ -95,7 +226,7 @@ void IngestServer::Loop() {
   }
   absl::MutexLock lock(&mutex_);
   for (auto* queue : {&pending_, &arrived_}) {
-    for (PendingPut& put : *queue) put.done(absl::UnavailableError("the daemon is stopping"));
+    for (PendingPut& put : *queue) put.run(absl::UnavailableError("the daemon is stopping"));
     queue->clear();
   }
 }
@@ -116,24 +247,14 @@ void IngestServer::ServePending() {
       ++it;
       continue;
     }
-    absl::StatusOr<v1::PutReply> reply;
     if (!room.ok()) {
       pending.stream->CountRefusal();
-      reply = absl::ResourceExhaustedError(absl::StrCat(
-          room.message(), pending.put->timeout_ms() > 0
-                              ? absl::StrCat("; waited ", pending.put->timeout_ms(), " ms")
-                              : std::string("; the put had no timeout to wait")));
-    } else {
-      absl::StatusOr<std::vector<IngestedSample>> samples = Transfer(*pending.put, *pending.stream);
-      if (samples.ok()) {
-        reply = pending.stream->Commit(pending.put->step(), *std::move(samples), pending.bytes);
-      } else {
-        pending.stream->Unreserve(pending.bytes);
-        reply = samples.status();
-      }
+      room = absl::ResourceExhaustedError(
+          absl::StrCat(room.message(), pending.timeout_ms > 0
+                                           ? absl::StrCat("; waited ", pending.timeout_ms, " ms")
+                                           : std::string("; the put had no timeout to wait")));
     }
-    if (!reply.ok()) spdlog::warn("ingest: put refused: {}", std::string(reply.status().message()));
-    pending.done(std::move(reply));
+    pending.run(std::move(room));
     it = pending_.erase(it);
   }
 }
@@ -150,39 +271,86 @@ absl::StatusOr<IngestServer::Producer*> IngestServer::ProducerAt(const std::stri
   return producers_.emplace(address, std::move(producer)).first->second.get();
 }
 
-absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(const v1::PutRequest& put,
-                                                                   const IngestStream& stream) {
-  const v1::IngestRegion& region = put.region();
-  PF_ASSIGN_OR_RETURN(Producer * producer, ProducerAt(region.worker_address()));
-  if (producer->key.get() == nullptr || producer->packed_key != region.remote_key()) {
+absl::StatusOr<std::shared_ptr<char[]>> IngestServer::AllocateSamples(
+    uint64_t bytes, std::shared_ptr<const v1::IngestRegion>& region) {
+  if (!for_peers_) return std::shared_ptr<char[]>(std::make_shared_for_overwrite<char[]>(bytes));
+  PF_ASSIGN_OR_RETURN(
+      transport::MemoryRegion memory,
+      transport::MemoryRegion::Allocate(context_->get(), std::max<uint64_t>(bytes, 1)));
+  auto described = std::make_shared<v1::IngestRegion>();
+  PF_ASSIGN_OR_RETURN(*described->mutable_remote_key(), memory.PackRemoteKey());
+  described->set_worker_address(worker_.address());
+  described->set_address(reinterpret_cast<uint64_t>(memory.address()));
+  described->set_length(memory.length());
+  region = std::move(described);
+  auto owner = std::make_shared<RegisteredSamples>(RegisteredSamples{context_, std::move(memory)});
+  return std::shared_ptr<char[]>(owner, static_cast<char*>(owner->memory.address()));
+}
+
+absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
+    const v1::PutRequest& put, const IngestStream& stream, const std::vector<bool>* wanted) {
+  const v1::IngestRegion& source = put.region();
+  PF_ASSIGN_OR_RETURN(Producer * producer, ProducerAt(source.worker_address()));
+  if (producer->key.get() == nullptr || producer->packed_key != source.remote_key()) {
     producer->key.Reset();
     PF_ASSIGN_OR_RETURN(producer->key,
-                        transport::RemoteKey::Unpack(*producer->endpoint, region.remote_key()));
-    producer->packed_key = region.remote_key();
+                        transport::RemoteKey::Unpack(*producer->endpoint, source.remote_key()));
+    producer->packed_key = source.remote_key();
   }
   const transport::RemoteKey& key = producer->key;
+  auto is_wanted = [wanted](int i) {
+    return wanted == nullptr || (*wanted)[static_cast<size_t>(i)];
+  };
+  // Every wanted sample in one allocation: the tokens, then the fields in
+  // stream order.
+  uint64_t total = 0;
+  for (int i = 0; i < put.samples_size(); ++i) {
+    if (is_wanted(i)) total += SampleBytes(put.samples(i));
+  }
+  std::shared_ptr<const v1::IngestRegion> region;
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<char[]> memory, AllocateSamples(total, region));
   // Put order of the fields -> stream order in each sample's buffer.
   std::vector<int> stream_field;
   for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
   std::vector<ucs_status_ptr_t> requests;
   absl::Status posted;
-  auto post = [&](void* local, uint64_t bytes, uint64_t offset) {
+  // Reads run by run: a producer (or an origin daemon) that lays a sample
+  // out as it is kept here costs one get per sample, not one per field.
+  char* run_local = nullptr;
+  uint64_t run_remote = 0;
+  uint64_t run_bytes = 0;
+  auto flush = [&] {
+    if (run_bytes == 0) return;
     ucs_status_ptr_t request =
-        producer->endpoint->Get(local, bytes, region.address() + offset, key.get());
+        producer->endpoint->Get(run_local, run_bytes, source.address() + run_remote, key.get());
     if (UCS_PTR_IS_ERR(request) && posted.ok()) {
       posted = absl::UnavailableError(
           absl::StrCat("ucp_get_nbx: ", ucs_status_string(UCS_PTR_STATUS(request))));
     } else if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
       requests.push_back(request);
     }
+    run_bytes = 0;
   };
+  auto read = [&](char* local, uint64_t bytes, uint64_t offset) {
+    if (bytes == 0) return;
+    if (run_bytes > 0 && local == run_local + run_bytes && offset == run_remote + run_bytes) {
+      run_bytes += bytes;
+      return;
+    }
+    flush();
+    run_local = local;
+    run_remote = offset;
+    run_bytes = bytes;
+  };
+  uint64_t next = 0;  // in `memory`
   for (int i = 0; i < put.samples_size(); ++i) {
     const v1::IngestSample& in = put.samples(i);
     IngestedSample& out = samples[static_cast<size_t>(i)];
     out.group = in.group();
     out.tag = in.tag();
     out.num_tokens = static_cast<int64_t>(in.tokens());
+    if (!is_wanted(i)) continue;
     uint64_t at = in.tokens() * sizeof(int64_t);
     out.field_offsets.assign(stream.fields().size(), 0);
     for (size_t f = 0; f < stream.fields().size(); ++f) {
@@ -192,17 +360,17 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(const v1::Put
     out.data_bytes = at;
     // Not zero-filled: the gets overwrite every byte (CheckPut checked each
     // field's size).
-    std::shared_ptr<char[]> buffer = std::make_shared_for_overwrite<char[]>(at);
-    post(buffer.get(), in.tokens() * sizeof(int64_t), in.offset());
+    char* buffer = memory.get() + next;
+    read(buffer, in.tokens() * sizeof(int64_t), in.offset());
     for (int f = 0; f < in.field_bytes_size(); ++f) {
-      const uint64_t bytes = in.field_bytes(f);
-      if (bytes > 0) {
-        post(buffer.get() + out.field_offsets[static_cast<size_t>(stream_field[f])], bytes,
-             in.field_offsets(f));
-      }
+      read(buffer + out.field_offsets[static_cast<size_t>(stream_field[f])], in.field_bytes(f),
+           in.field_offsets(f));
     }
-    out.data = std::move(buffer);
+    out.data = std::shared_ptr<const char[]>(memory, buffer);
+    out.region = region;
+    next += at;
   }
+  flush();
   absl::Status status = posted;
   const absl::Time deadline = absl::Now() + kTransferTimeout;
   for (ucs_status_ptr_t request : requests) {
@@ -212,7 +380,7 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(const v1::Put
     if (status.ok() && !done.ok()) status = done;
   }
   if (!status.ok() || producer->failed) {
-    producers_.erase(region.worker_address());
+    producers_.erase(source.worker_address());
     return absl::UnavailableError(
         absl::StrCat("ingest stream ", put.stream(), " step ", put.step(),
                      ": reading the put's bytes from the producer failed: ",

@@ -35,8 +35,10 @@ class IngestService final : public v1::Ingest::CallbackService {
     IngestStream* stream = nullptr;
     absl::Status status = Check(*context, request->stream(), request->auth_token(),
                                 absl::StrCat("seal step ", request->step()), stream);
+    PeerForwarder* forwarder = daemon_.forwarder();
     if (status.ok()) {
-      absl::StatusOr<v1::SealReply> sealed = stream->Seal(request->step());
+      // With peers, the step stays here until every peer has its bytes.
+      absl::StatusOr<v1::SealReply> sealed = stream->Seal(request->step(), forwarder != nullptr);
       if (sealed.ok()) {
         *reply = *std::move(sealed);
         spdlog::info("ingest stream {}: step {} sealed with {} samples in {} groups",
@@ -46,7 +48,17 @@ class IngestService final : public v1::Ingest::CallbackService {
       }
       status = sealed.status();
     }
-    reactor->Finish(ToGrpcStatus(status));
+    if (!status.ok() || forwarder == nullptr) {
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    const int64_t step = request->step();
+    auto forward = std::make_shared<v1::ForwardStepRequest>(
+        ForwardRequestOf(*stream, **stream->Sealed(step), request->auth_token()));
+    forwarder->Forward(std::move(forward), [reactor, stream, step](absl::Status forwarded) {
+      stream->Unpin(step);
+      reactor->Finish(ToGrpcStatus(forwarded));
+    });
     return reactor;
   }
 

@@ -214,7 +214,9 @@ absl::StatusOr<v1::PutReply> IngestStream::Commit(int64_t step, std::vector<Inge
       held_ += reserved;
       Step& held = steps_[step];
       held.bytes += reserved;
-      samples_put_ += samples.size();
+      // (A peer keeps the samples its ranks are not planned without bytes.)
+      samples_put_ += std::count_if(samples.begin(), samples.end(),
+                                    [](const IngestedSample& s) { return s.data != nullptr; });
       bytes_put_ += reserved;
       for (IngestedSample& sample : samples) {
         group_steps_[sample.group] = step;
@@ -231,7 +233,7 @@ absl::StatusOr<v1::PutReply> IngestStream::Commit(int64_t step, std::vector<Inge
   return reply;
 }
 
-absl::StatusOr<v1::SealReply> IngestStream::Seal(int64_t step) {
+absl::StatusOr<v1::SealReply> IngestStream::Seal(int64_t step, bool pinned) {
   std::vector<std::function<void()>> wakes;
   v1::SealReply reply;
   {
@@ -260,10 +262,43 @@ absl::StatusOr<v1::SealReply> IngestStream::Seal(int64_t step) {
     reply.set_groups(groups.size());
     held->second.samples.clear();
     held->second.sealed = std::move(sealed);
+    held->second.pinned = pinned;
     for (const Consumer& consumer : consumers_) wakes.push_back(consumer.wake);
   }
   for (const auto& wake : wakes) wake();
   return reply;
+}
+
+void IngestStream::Unpin(int64_t step) {
+  std::function<void()> on_free;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto held = steps_.find(step);
+    if (held != steps_.end()) held->second.pinned = false;
+    if (FreeConsumed()) on_free = on_free_;
+  }
+  if (on_free) on_free();
+}
+
+bool IngestStream::SealedOrConsumed(int64_t step) const {
+  absl::MutexLock lock(&mutex_);
+  auto held = steps_.find(step);
+  return step < ConsumedBefore() || (held != steps_.end() && held->second.sealed != nullptr);
+}
+
+absl::StatusOr<std::vector<bool>> IngestStream::LocalSamples(
+    std::shared_ptr<const SealedStep> step) const {
+  std::vector<IngestConsumer> consumers;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const Consumer& consumer : consumers_) consumers.push_back(consumer.limits);
+  }
+  std::vector<bool> local(step->samples.size(), false);
+  for (const IngestConsumer& consumer : consumers) {
+    PF_ASSIGN_OR_RETURN(std::vector<int64_t> samples, consumer.local_samples(step));
+    for (int64_t sample : samples) local[static_cast<size_t>(sample)] = true;
+  }
+  return local;
 }
 
 absl::StatusOr<std::shared_ptr<const SealedStep>> IngestStream::Sealed(int64_t step) const {
@@ -301,7 +336,7 @@ void IngestStream::Consumed(const std::string& job, int64_t before) {
 bool IngestStream::FreeConsumed() {
   const int64_t before = ConsumedBefore();
   bool freed = false;
-  while (!steps_.empty() && steps_.begin()->first < before) {
+  while (!steps_.empty() && steps_.begin()->first < before && !steps_.begin()->second.pinned) {
     Step& step = steps_.begin()->second;
     if (step.sealed != nullptr) {
       for (const IngestedSample& sample : step.sealed->samples) group_steps_.erase(sample.group);

@@ -48,24 +48,39 @@ absl::Status StoredBatch(const Job& job, StepPlan& out, std::vector<int64_t>& le
   return absl::OkStatus();
 }
 
+absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, StepPlan& out) {
+  absl::StatusOr<scheduler::GlobalPlan> plan =
+      scheduler::PlanGlobalBatch(lengths, job.planner_options());
+  if (!plan.ok()) return InStep(job, out.step, plan.status());
+  out.plan = *std::move(plan);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
-  StepPlan out;
-  out.step = step;
-  std::vector<int64_t> lengths;
   if (job.ingest() != nullptr) {
     absl::StatusOr<std::shared_ptr<const SealedStep>> sealed = job.ingest()->Sealed(step);
     if (!sealed.ok()) return InStep(job, step, sealed.status());
-    out.ingested = *std::move(sealed);
-    IngestBatch(job, *out.ingested, out, lengths);
-  } else if (absl::Status stored = StoredBatch(job, out, lengths); !stored.ok()) {
+    return PlanSealedStep(job, *std::move(sealed));
+  }
+  StepPlan out;
+  out.step = step;
+  std::vector<int64_t> lengths;
+  if (absl::Status stored = StoredBatch(job, out, lengths); !stored.ok()) {
     return InStep(job, step, stored);
   }
-  absl::StatusOr<scheduler::GlobalPlan> plan =
-      scheduler::PlanGlobalBatch(lengths, job.planner_options());
-  if (!plan.ok()) return InStep(job, step, plan.status());
-  out.plan = *std::move(plan);
+  PF_RETURN_IF_ERROR(Schedule(job, lengths, out));
+  return out;
+}
+
+absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed) {
+  StepPlan out;
+  out.step = sealed->step;
+  out.ingested = std::move(sealed);
+  std::vector<int64_t> lengths;
+  IngestBatch(job, *out.ingested, out, lengths);
+  PF_RETURN_IF_ERROR(Schedule(job, lengths, out));
   return out;
 }
 

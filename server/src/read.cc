@@ -6,9 +6,6 @@
 
 namespace packfeed::server {
 
-namespace {
-
-// The planned samples of the CP groups the given ranks belong to.
 std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
                                  absl::Span<const int> global_ranks) {
   std::set<int> dp_cp_ranks;
@@ -25,8 +22,6 @@ std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
   }
   return samples;
 }
-
-}  // namespace
 
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks) {
   StepNeeds out;
@@ -94,6 +89,13 @@ StepData AssembleIngestStep(const Job& job, StepPlan plan, absl::Span<const int>
   StepData data;
   for (int64_t s : SamplesOfRanks(job, plan, global_ranks)) {
     const IngestedSample& sample = plan.ingested->samples[static_cast<size_t>(s)];
+    if (sample.data == nullptr) {  // cannot be: a peer fetches what its ranks are planned
+      data.failed.emplace(
+          s, absl::InternalError(absl::StrCat(
+                 "ingested sample ", s, " of step ", plan.step,
+                 " was not fetched to this node, yet one of its ranks is planned it")));
+      continue;
+    }
     const dataset::SampleShape shape = dataset::ShapeOfSample(sample.num_tokens, job.rules());
     data.runs.emplace(s, dataset::MakeTokenRun(sample.tokens(), shape, job.rules()));
     if (job.side_fields().empty()) continue;

@@ -128,6 +128,53 @@ TEST(IngestStreamTest, AStepIsFreedOnlyWhenEveryConsumerJobIsPastIt) {
   EXPECT_TRUE(Put(stream, 1, {Sample(1, 10)}).ok());
 }
 
+TEST(IngestStreamTest, APinnedStepOutlivesItsConsumersUntilUnpinned) {
+  // The origin of a forwarded step: its peers may still be getting its bytes.
+  IngestStream stream("s", "", {LogProbs()}, 0);
+  int freed = 0;
+  stream.AddConsumer(Job("actor"), [] {});
+  stream.SetOnFree([&] { ++freed; });
+  ASSERT_TRUE(Put(stream, 0, {Sample(1, 100)}).ok());
+  EXPECT_FALSE(stream.SealedOrConsumed(0));
+  ASSERT_TRUE(stream.Seal(0, /*pinned=*/true).ok());
+  EXPECT_TRUE(stream.SealedOrConsumed(0));
+  stream.Consumed("actor", 1);
+  EXPECT_EQ(freed, 0);
+  EXPECT_EQ(stream.Stats().bytes_held(), Sample(1, 100).bytes());
+  EXPECT_TRUE(stream.Sealed(0).ok());
+  stream.Unpin(0);
+  EXPECT_EQ(freed, 1);
+  EXPECT_EQ(stream.Stats().bytes_held(), 0u);
+  EXPECT_TRUE(stream.SealedOrConsumed(0)) << "consumed";
+}
+
+TEST(IngestStreamTest, LocalSamplesAreTheUnionOverConsumerJobs) {
+  IngestStream stream("s", "", {LogProbs()}, 0);
+  IngestConsumer actor = Job("actor");
+  actor.local_samples = [](std::shared_ptr<const SealedStep>) {
+    return absl::StatusOr<std::vector<int64_t>>(std::vector<int64_t>{0, 3});
+  };
+  IngestConsumer reference = Job("reference");
+  reference.local_samples = [](std::shared_ptr<const SealedStep> step) {
+    EXPECT_EQ(step->samples.size(), 5u);
+    return absl::StatusOr<std::vector<int64_t>>(std::vector<int64_t>{3, 4});
+  };
+  stream.AddConsumer(actor, [] {});
+  stream.AddConsumer(reference, [] {});
+  auto step = std::make_shared<SealedStep>();
+  for (int64_t group = 0; group < 5; ++group) step->samples.push_back(Sample(group, 10));
+  absl::StatusOr<std::vector<bool>> local = stream.LocalSamples(step);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, (std::vector<bool>{true, false, false, true, true}));
+
+  IngestConsumer failing = Job("critic");
+  failing.local_samples = [](std::shared_ptr<const SealedStep>) {
+    return absl::StatusOr<std::vector<int64_t>>(absl::InvalidArgumentError("cannot plan"));
+  };
+  stream.AddConsumer(failing, [] {});
+  EXPECT_THAT(stream.LocalSamples(step).status().message(), HasSubstr("cannot plan"));
+}
+
 TEST(IngestStreamTest, TheBudgetCountsHeldAndReservedBytes) {
   const uint64_t one = Sample(1, 100).bytes();
   IngestStream stream("s", "", {LogProbs()}, 2 * one);
