@@ -31,6 +31,55 @@ uint64_t SampleBytes(const v1::IngestSample& sample) {
   return bytes;
 }
 
+// Where a sample's fields lie in the buffer it is kept in (by stream field)
+// and that buffer's size. A producer (or an origin daemon) that laid the
+// sample out as one span, its tokens first and its fields after them with
+// at most alignment padding between, is mirrored: one get reads it all.
+// Otherwise the tokens and then the fields in stream order, one get each.
+struct SampleLayout {
+  std::vector<uint64_t> field_offsets;
+  uint64_t bytes = 0;
+  bool one_span = false;
+};
+
+SampleLayout LayoutOf(const v1::IngestSample& sample, const std::vector<int>& stream_field) {
+  constexpr uint64_t kMostPaddingPerField = 8;
+  SampleLayout layout;
+  layout.field_offsets.assign(stream_field.size(), 0);
+  const uint64_t tokens_end = sample.offset() + sample.tokens() * sizeof(int64_t);
+  uint64_t span_end = tokens_end;
+  bool after_tokens = true;
+  for (int f = 0; f < sample.field_bytes_size(); ++f) {
+    after_tokens = after_tokens && sample.field_offsets(f) >= tokens_end;
+    span_end = std::max(span_end, sample.field_offsets(f) + sample.field_bytes(f));
+  }
+  const uint64_t span = span_end - sample.offset();
+  layout.one_span =
+      after_tokens && span <= SampleBytes(sample) + kMostPaddingPerField * stream_field.size();
+  if (layout.one_span) {
+    for (int f = 0; f < sample.field_bytes_size(); ++f) {
+      layout.field_offsets[static_cast<size_t>(stream_field[static_cast<size_t>(f)])] =
+          sample.field_offsets(f) - sample.offset();
+    }
+    layout.bytes = span;
+    return layout;
+  }
+  std::vector<uint64_t> sizes(stream_field.size(), 0);  // by stream field
+  for (int f = 0; f < sample.field_bytes_size(); ++f) {
+    sizes[static_cast<size_t>(stream_field[static_cast<size_t>(f)])] = sample.field_bytes(f);
+  }
+  uint64_t at = sample.tokens() * sizeof(int64_t);
+  for (size_t f = 0; f < sizes.size(); ++f) {
+    layout.field_offsets[f] = at;
+    at += sizes[f];
+  }
+  layout.bytes = at;
+  return layout;
+}
+
+// Each sample's buffer starts aligned for its int64 tokens (and any field).
+uint64_t AlignedToSample(uint64_t bytes) { return (bytes + 15) & ~uint64_t{15}; }
+
 absl::Status InForward(const v1::ForwardStepRequest& forward, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("forwarded step ", forward.step(), " of stream ",
                                                   forward.stream(), ": ", status.message()));
@@ -301,47 +350,32 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
   auto is_wanted = [wanted](int i) {
     return wanted == nullptr || (*wanted)[static_cast<size_t>(i)];
   };
-  // Every wanted sample in one allocation: the tokens, then the fields in
-  // stream order.
+  // Put order of the fields -> stream order.
+  std::vector<int> stream_field;
+  for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
+  // Every wanted sample in one allocation, each at an aligned start.
+  std::vector<SampleLayout> layouts(static_cast<size_t>(put.samples_size()));
   uint64_t total = 0;
   for (int i = 0; i < put.samples_size(); ++i) {
-    if (is_wanted(i)) total += SampleBytes(put.samples(i));
+    if (!is_wanted(i)) continue;
+    layouts[static_cast<size_t>(i)] = LayoutOf(put.samples(i), stream_field);
+    total += AlignedToSample(layouts[static_cast<size_t>(i)].bytes);
   }
   std::shared_ptr<const v1::IngestRegion> region;
   PF_ASSIGN_OR_RETURN(std::shared_ptr<char[]> memory, AllocateSamples(total, region));
-  // Put order of the fields -> stream order in each sample's buffer.
-  std::vector<int> stream_field;
-  for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
   std::vector<ucs_status_ptr_t> requests;
   absl::Status posted;
-  // Reads run by run: a producer (or an origin daemon) that lays a sample
-  // out as it is kept here costs one get per sample, not one per field.
-  char* run_local = nullptr;
-  uint64_t run_remote = 0;
-  uint64_t run_bytes = 0;
-  auto flush = [&] {
-    if (run_bytes == 0) return;
+  auto read = [&](char* local, uint64_t bytes, uint64_t offset) {
+    if (bytes == 0) return;
     ucs_status_ptr_t request =
-        producer->endpoint->Get(run_local, run_bytes, source.address() + run_remote, key.get());
+        producer->endpoint->Get(local, bytes, source.address() + offset, key.get());
     if (UCS_PTR_IS_ERR(request) && posted.ok()) {
       posted = absl::UnavailableError(
           absl::StrCat("ucp_get_nbx: ", ucs_status_string(UCS_PTR_STATUS(request))));
     } else if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
       requests.push_back(request);
     }
-    run_bytes = 0;
-  };
-  auto read = [&](char* local, uint64_t bytes, uint64_t offset) {
-    if (bytes == 0) return;
-    if (run_bytes > 0 && local == run_local + run_bytes && offset == run_remote + run_bytes) {
-      run_bytes += bytes;
-      return;
-    }
-    flush();
-    run_local = local;
-    run_remote = offset;
-    run_bytes = bytes;
   };
   uint64_t next = 0;  // in `memory`
   for (int i = 0; i < put.samples_size(); ++i) {
@@ -351,26 +385,25 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     out.tag = in.tag();
     out.num_tokens = static_cast<int64_t>(in.tokens());
     if (!is_wanted(i)) continue;
-    uint64_t at = in.tokens() * sizeof(int64_t);
-    out.field_offsets.assign(stream.fields().size(), 0);
-    for (size_t f = 0; f < stream.fields().size(); ++f) {
-      out.field_offsets[f] = at;
-      at += in.tokens() * stream.fields()[f].row_bytes();
-    }
-    out.data_bytes = at;
-    // Not zero-filled: the gets overwrite every byte (CheckPut checked each
-    // field's size).
+    SampleLayout& layout = layouts[static_cast<size_t>(i)];
+    // Not zero-filled: the gets overwrite every byte served (CheckPut
+    // checked each field's size).
     char* buffer = memory.get() + next;
-    read(buffer, in.tokens() * sizeof(int64_t), in.offset());
-    for (int f = 0; f < in.field_bytes_size(); ++f) {
-      read(buffer + out.field_offsets[static_cast<size_t>(stream_field[f])], in.field_bytes(f),
-           in.field_offsets(f));
+    if (layout.one_span) {
+      read(buffer, layout.bytes, in.offset());
+    } else {
+      read(buffer, in.tokens() * sizeof(int64_t), in.offset());
+      for (int f = 0; f < in.field_bytes_size(); ++f) {
+        read(buffer + layout.field_offsets[static_cast<size_t>(stream_field[f])], in.field_bytes(f),
+             in.field_offsets(f));
+      }
     }
+    out.field_offsets = std::move(layout.field_offsets);
+    out.data_bytes = layout.bytes;
     out.data = std::shared_ptr<const char[]>(memory, buffer);
     out.region = region;
-    next += at;
+    next += AlignedToSample(layout.bytes);
   }
-  flush();
   absl::Status status = posted;
   const absl::Time deadline = absl::Now() + kTransferTimeout;
   for (ucs_status_ptr_t request : requests) {
