@@ -112,6 +112,8 @@ class IngestStream {
   // whoever consumed it, until Unpin (peers are getting its bytes).
   absl::StatusOr<v1::SealReply> Seal(int64_t step, bool pinned = false);
   void Unpin(int64_t step);
+  // Pins a sealed step still held; false when there is none.
+  bool Pin(int64_t step);
   // The step was sealed here, or every consumer is past it.
   bool SealedOrConsumed(int64_t step) const;
   // Per sample of `step`: whether a local rank of any consumer job is

@@ -48,17 +48,22 @@ class IngestService final : public v1::Ingest::CallbackService {
       }
       status = sealed.status();
     }
-    if (!status.ok() || forwarder == nullptr) {
+    const int64_t step = request->step();
+    // Sealing again a step a peer did not take (it was down) forwards it
+    // again; still AlreadyExists once every peer has it.
+    const bool forward = forwarder != nullptr &&
+                         (status.ok() || (absl::IsAlreadyExists(status) && stream->Pin(step)));
+    if (!forward) {
       reactor->Finish(ToGrpcStatus(status));
       return reactor;
     }
-    const int64_t step = request->step();
-    auto forward = std::make_shared<v1::ForwardStepRequest>(
+    auto request_to_peers = std::make_shared<v1::ForwardStepRequest>(
         ForwardRequestOf(*stream, **stream->Sealed(step), request->auth_token()));
-    forwarder->Forward(std::move(forward), [reactor, stream, step](absl::Status forwarded) {
-      stream->Unpin(step);
-      reactor->Finish(ToGrpcStatus(forwarded));
-    });
+    forwarder->Forward(std::move(request_to_peers),
+                       [reactor, stream, step, status](absl::Status forwarded) {
+                         stream->Unpin(step);
+                         reactor->Finish(ToGrpcStatus(forwarded.ok() ? status : forwarded));
+                       });
     return reactor;
   }
 

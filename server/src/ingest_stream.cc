@@ -280,6 +280,14 @@ void IngestStream::Unpin(int64_t step) {
   if (on_free) on_free();
 }
 
+bool IngestStream::Pin(int64_t step) {
+  absl::MutexLock lock(&mutex_);
+  auto held = steps_.find(step);
+  if (held == steps_.end() || held->second.sealed == nullptr) return false;
+  held->second.pinned = true;
+  return true;
+}
+
 bool IngestStream::SealedOrConsumed(int64_t step) const {
   absl::MutexLock lock(&mutex_);
   auto held = steps_.find(step);

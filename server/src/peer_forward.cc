@@ -94,9 +94,16 @@ absl::StatusOr<std::unique_ptr<PeerForwarder>> PeerForwarder::Create(
   const v1::AdminTls& tls = config.admin_tls();
   PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                       AdminChannelCredentials(tls.ca_file(), tls.cert_file(), tls.key_file()));
+  // A forward fails at once while its peer is down (the driver seals again
+  // later); a peer back is reconnected to within a second.
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::vector<Peer> peers;
   for (const std::string& address : config.peers()) {
-    peers.push_back({address, v1::Admin::NewStub(grpc::CreateChannel(address, credentials))});
+    peers.push_back(
+        {address, v1::Admin::NewStub(grpc::CreateCustomChannel(address, credentials, arguments))});
   }
   return std::unique_ptr<PeerForwarder>(
       new PeerForwarder(std::move(peers), config.admin_tcp_token()));

@@ -211,8 +211,8 @@ class IngestNodesTest(unittest.TestCase):
                        {name: f"127.0.0.1:{port}" for name, port in ports.items()})
 
     def test_a_peer_that_is_down_fails_the_seal_naming_it(self):
-        """The step stays sealed on the origin, whose ranks are served; the
-        driver learns which peer lacks it."""
+        """The step stays sealed on the origin; the driver learns which peer
+        lacks it and, once that peer is back, seals again to forward it."""
         work = tempfile.mkdtemp(prefix="pf-ingest-nodes-")
         ports = {name: free_port() for name in ("origin", "peer")}
         address = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
@@ -228,10 +228,25 @@ class IngestNodesTest(unittest.TestCase):
             with self.assertRaises(packfeed.errors.UnavailableError) as refused:
                 producer.seal(0)
             self.assertIn(f"peer {address['peer']} did not take it", str(refused.exception))
-            dump = origin.dump("actor", 0, steps=1)
-            out, err = dump.communicate(timeout=120)
-            self.assertEqual(dump.returncode, 0, err)
-            self.assertEqual(len(json.loads(out)["steps"]), 1)
+            # Back, the peer gets the step when the driver seals it again.
+            peer = Node(work, "peer", [], address["peer"], address["origin"])
+            peer.wait_ready()
+            deadline = time.time() + 20
+            while True:  # until the origin's channel has reconnected
+                try:
+                    producer.seal(0)
+                    self.fail("a sealed step sealed again")
+                except packfeed.errors.UnavailableError:
+                    self.assertLess(time.time(), deadline, "the peer is back, yet unreachable")
+                    time.sleep(0.2)
+                except packfeed.errors.AlreadyExistsError:
+                    break
+            self.assertIn("forwarded step 0 sealed", peer.log.read_text())
+            dumps = [origin.dump("actor", 0, steps=1), peer.dump("actor", 4, steps=1)]
+            for dump in dumps:
+                out, err = dump.communicate(timeout=120)
+                self.assertEqual(dump.returncode, 0, err)
+                self.assertEqual(len(json.loads(out)["steps"]), 1)
         finally:
             peer.stop()
             self.assertEqual(origin.stop(), 0)

@@ -146,6 +146,14 @@ TEST(IngestStreamTest, APinnedStepOutlivesItsConsumersUntilUnpinned) {
   EXPECT_EQ(freed, 1);
   EXPECT_EQ(stream.Stats().bytes_held(), 0u);
   EXPECT_TRUE(stream.SealedOrConsumed(0)) << "consumed";
+  EXPECT_FALSE(stream.Pin(0)) << "freed";
+  EXPECT_FALSE(stream.Pin(1)) << "never put";
+  ASSERT_TRUE(Put(stream, 1, {Sample(2, 10)}).ok());
+  EXPECT_FALSE(stream.Pin(1)) << "not sealed";
+  ASSERT_TRUE(stream.Seal(1).ok());
+  EXPECT_TRUE(stream.Pin(1));
+  stream.Consumed("actor", 2);
+  EXPECT_TRUE(stream.Sealed(1).ok()) << "pinned again";
 }
 
 TEST(IngestStreamTest, LocalSamplesAreTheUnionOverConsumerJobs) {
