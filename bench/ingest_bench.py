@@ -14,11 +14,18 @@ run against a real packfeedd:
 Each sample carries int64 tokens, float32 log-probs and int16 routed
 experts [T, 16, 4] (142 bytes per token).
 
-usage: ingest_bench.py BIN_DIR [--samples 1024] [--steps 12] [--ranks 8] [--json]
+With --peer, two daemons on this machine, each hosting half of the ranks:
+the driver puts into the first (the origin), whose seal forwards each step
+to the second (docs/INGEST.md, Several nodes). The latency is then given per
+node, and the seal call's own duration (the peer's fetch) beside it.
+
+usage: ingest_bench.py BIN_DIR [--samples 1024] [--steps 12] [--ranks 8] [--peer] [--json]
 (PYTHONPATH: the built packfeed package and tests/integration)"""
 import argparse
+import contextlib
 import json
 import pathlib
+import socket
 import tempfile
 import threading
 import time
@@ -63,8 +70,17 @@ def copy_seconds(samples, buffer):
     return time.perf_counter() - start
 
 
-def config(ranks, samples, budget):
-    return f"""
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(ranks, samples, budget, local_ranks=None, address=None, peer=None):
+    nodes = "" if peer is None else (
+        f'admin_tcp_address: "{address}"\nadmin_tcp_token: "bench"\npeers: "{peer}"\n')
+    hosted = "" if local_ranks is None else f"  local_ranks: [{', '.join(map(str, local_ranks))}]"
+    return nodes + f"""
 ingest_streams {{
   name: "rollouts"
   fields {{ name: "logprobs" dtype: "float32" }}
@@ -75,6 +91,7 @@ jobs {{
   name: "actor"
   ingest_stream: "rollouts"
   topology {{ dp: {ranks} }}
+{hosted}
   global_batch: {samples}
   seq_length: 2048
   side_fields {{ name: "logprobs" dtype: "float32" align: ALIGN_LABELS }}
@@ -95,6 +112,14 @@ def consume(client, steps, first_arrivals, errors):
         errors.append(error)
 
 
+def wait_healthy(daemon):
+    deadline = time.time() + 60
+    while daemon.ctl_run("health").returncode != 0:
+        if daemon.process.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"packfeedd did not start: {daemon.log.read_text()}")
+        time.sleep(0.1)
+
+
 def peak_rss_mib(pid):
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -109,6 +134,7 @@ def main():
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=128, help="samples per put")
+    parser.add_argument("--peer", action="store_true", help="two daemons, half the ranks each")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rng = np.random.default_rng(7)
@@ -119,11 +145,30 @@ def main():
     buffer = np.empty(largest, dtype=np.uint8)
     buffer[:] = 0  # touched, as the daemon's memory is
 
-    put_rates, copy_rates, latencies = [], [], []
-    with Daemon(args.bin_dir, config(args.ranks, args.samples, budget), name="ingest",
-                workdir=workdir) as daemon:
+    put_rates, copy_rates, seal_calls = [], [], []
+    if args.peer:
+        half = args.ranks // 2
+        ports = [free_port(), free_port()]
+        daemons = [Daemon(args.bin_dir, config(args.ranks, args.samples, budget, ranks,
+                                               f"127.0.0.1:{ports[i]}",
+                                               f"127.0.0.1:{ports[1 - i]}"),
+                          name=name, workdir=workdir)
+                   for i, (name, ranks) in enumerate((("origin", range(half)),
+                                                      ("peer", range(half, args.ranks))))]
+        node_of = [0] * half + [1] * (args.ranks - half)
+    else:
+        daemons = [Daemon(args.bin_dir, config(args.ranks, args.samples, budget), name="ingest",
+                          workdir=workdir)]
+        node_of = [0] * args.ranks
+    with contextlib.ExitStack() as stack:
+        for daemon in daemons:
+            daemon.start(wait=False)
+            stack.callback(daemon.stop)
+        for daemon in daemons:
+            wait_healthy(daemon)
+        daemon = daemons[0]
         producer = packfeed.Producer("rollouts", socket_path=daemon.socket)
-        clients = [packfeed.Client("actor", rank=r, socket_path=daemon.socket)
+        clients = [packfeed.Client("actor", rank=r, socket_path=daemons[node_of[r]].socket)
                    for r in range(args.ranks)]
         arrivals = [[0.0] * args.steps for _ in clients]
         errors = []
@@ -141,29 +186,40 @@ def main():
             put_rates.append(size / (time.perf_counter() - start) / 1e9)
             seals.append(time.perf_counter())
             producer.seal(s)
+            seal_calls.append((time.perf_counter() - seals[-1]) * 1e3)
         for thread in threads:
             thread.join(timeout=600)
         if errors:
             raise errors[0]
         status = producer.status()
         rss = peak_rss_mib(daemon.process.pid)
+        peer_bytes = (next(s for s in daemons[1].ctl_json("stats")["ingest_streams"])["bytes_put"]
+                      if args.peer else 0)
         for client in clients:
             client.close()
-    for rank_arrivals in arrivals:
-        latencies += [(arrival - seal) * 1e3 for arrival, seal in zip(rank_arrivals, seals)]
+    latencies = [[], []]  # per node
+    for rank, rank_arrivals in enumerate(arrivals):
+        latencies[node_of[rank]] += [(arrival - seal) * 1e3
+                                     for arrival, seal in zip(rank_arrivals, seals)]
     figures = {
         "samples_per_step": args.samples, "ranks": args.ranks, "steps": args.steps,
         "step_mb": round(largest / 1e6, 1),
         "put_gb_per_s": round(percentile(put_rates, 0.5), 2),
         "memcpy_gb_per_s": round(percentile(copy_rates, 0.5), 2),
         "put_over_memcpy": round(percentile(put_rates, 0.5) / percentile(copy_rates, 0.5), 2),
-        "seal_to_first_p50_ms": round(percentile(latencies, 0.5), 2),
-        "seal_to_first_p99_ms": round(percentile(latencies, 0.99), 2),
+        "seal_to_first_p50_ms": round(percentile(latencies[0], 0.5), 2),
+        "seal_to_first_p99_ms": round(percentile(latencies[0], 0.99), 2),
+        "seal_call_p50_ms": round(percentile(seal_calls, 0.5), 2),
         "budget_mb": round(budget / 1e6, 1),
         "peak_held_mb": round(status["peak_bytes_held"] / 1e6, 1),
         "daemon_peak_rss_mib": round(rss, 1),
         "puts_waited": status["puts_waited"],
     }
+    if args.peer:
+        figures.update({
+            "peer_seal_to_first_p50_ms": round(percentile(latencies[1], 0.5), 2),
+            "peer_seal_to_first_p99_ms": round(percentile(latencies[1], 0.99), 2),
+            "peer_fetched_over_put": round(int(peer_bytes) / int(status["bytes_put"]), 2)})
     if args.json:
         print(json.dumps(figures))
         return
@@ -172,7 +228,13 @@ def main():
     print(f"  put {figures['put_gb_per_s']} GB/s vs NumPy copy {figures['memcpy_gb_per_s']} GB/s "
           f"in this process (ratio {figures['put_over_memcpy']}); medians over steps")
     print(f"  seal -> first microbatch: p50 {figures['seal_to_first_p50_ms']} ms, "
-          f"p99 {figures['seal_to_first_p99_ms']} ms ({len(latencies)} rank-steps)")
+          f"p99 {figures['seal_to_first_p99_ms']} ms ({len(latencies[0])} rank-steps"
+          f"{' on the origin' if args.peer else ''}); the seal call itself "
+          f"{figures['seal_call_p50_ms']} ms (p50)")
+    if args.peer:
+        print(f"  on the peer: p50 {figures['peer_seal_to_first_p50_ms']} ms, "
+              f"p99 {figures['peer_seal_to_first_p99_ms']} ms ({len(latencies[1])} rank-steps); "
+              f"it fetched {figures['peer_fetched_over_put']} of the bytes put")
     print(f"  memory: budget {figures['budget_mb']} MB, peak held {figures['peak_held_mb']} MB, "
           f"daemon peak RSS {figures['daemon_peak_rss_mib']} MiB; "
           f"{figures['puts_waited']} puts waited for consumers")

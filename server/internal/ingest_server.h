@@ -98,9 +98,10 @@ class IngestServer {
                                                        const IngestStream& stream,
                                                        const std::vector<bool>* wanted);
   // Memory for `bytes` of samples: registered (its region described in
-  // `region`) when peers may get it.
+  // `region`) when `for_peers` may get it (a driver's put, not a step a
+  // peer forwarded).
   absl::StatusOr<std::shared_ptr<char[]>> AllocateSamples(
-      uint64_t bytes, std::shared_ptr<const v1::IngestRegion>& region);
+      uint64_t bytes, bool for_peers, std::shared_ptr<const v1::IngestRegion>& region);
   absl::StatusOr<Producer*> ProducerAt(const std::string& address);
 
   const std::vector<IngestStream*> streams_;

@@ -22,7 +22,8 @@ void OnProducerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
 // Samples in memory registered with UCX. The context is kept for the unmap.
 struct RegisteredSamples {
   std::shared_ptr<const transport::UcpContext> context;
-  transport::MemoryRegion memory;
+  std::shared_ptr<char[]> heap;
+  transport::MemoryRegion memory;  // of `heap`: unmapped first
 };
 
 uint64_t SampleBytes(const v1::IngestSample& sample) {
@@ -321,18 +322,22 @@ absl::StatusOr<IngestServer::Producer*> IngestServer::ProducerAt(const std::stri
 }
 
 absl::StatusOr<std::shared_ptr<char[]>> IngestServer::AllocateSamples(
-    uint64_t bytes, std::shared_ptr<const v1::IngestRegion>& region) {
-  if (!for_peers_) return std::shared_ptr<char[]>(std::make_shared_for_overwrite<char[]>(bytes));
+    uint64_t bytes, bool for_peers, std::shared_ptr<const v1::IngestRegion>& region) {
+  std::shared_ptr<char[]> heap =
+      std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(bytes, 1));
+  if (!for_peers) return heap;
   PF_ASSIGN_OR_RETURN(
       transport::MemoryRegion memory,
-      transport::MemoryRegion::Allocate(context_->get(), std::max<uint64_t>(bytes, 1)));
+      transport::MemoryRegion::Register(context_->get(), heap.get(), std::max<uint64_t>(bytes, 1),
+                                        UCS_MEMORY_TYPE_HOST));
   auto described = std::make_shared<v1::IngestRegion>();
   PF_ASSIGN_OR_RETURN(*described->mutable_remote_key(), memory.PackRemoteKey());
   described->set_worker_address(worker_.address());
   described->set_address(reinterpret_cast<uint64_t>(memory.address()));
   described->set_length(memory.length());
   region = std::move(described);
-  auto owner = std::make_shared<RegisteredSamples>(RegisteredSamples{context_, std::move(memory)});
+  auto owner = std::make_shared<RegisteredSamples>(
+      RegisteredSamples{context_, std::move(heap), std::move(memory)});
   return std::shared_ptr<char[]>(owner, static_cast<char*>(owner->memory.address()));
 }
 
@@ -362,7 +367,8 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     total += AlignedToSample(layouts[static_cast<size_t>(i)].bytes);
   }
   std::shared_ptr<const v1::IngestRegion> region;
-  PF_ASSIGN_OR_RETURN(std::shared_ptr<char[]> memory, AllocateSamples(total, region));
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<char[]> memory,
+                      AllocateSamples(total, for_peers_ && wanted == nullptr, region));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
   std::vector<ucs_status_ptr_t> requests;
   absl::Status posted;
