@@ -53,7 +53,12 @@ class DaemonBadInputTest : public ::testing::Test {
     ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix, *lengths, dataset).ok());
     socket_ = new std::string(*dir_ + "/packfeedd.sock");
     std::ofstream(*dir_ + "/config.textproto") << absl::StrCat(
-        "socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n", R"(jobs {
+        "socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n", R"(ingest_streams {
+  name: "rollouts"
+  auth_token: "driver-secret"
+  fields { name: "logprobs" dtype: "float32" }
+}
+jobs {
   name: "job"
   datasets { prefix: ")",
         prefix, R"(" }
@@ -182,6 +187,29 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
       return control_->Detach(&context, request, &reply);
     };
   };
+  // A step forwarded as a peer daemon would, spoiled.
+  auto forward = [&](std::function<void(v1::ForwardStepRequest&)> spoil) {
+    return [&, spoil] {
+      v1::ForwardStepRequest request;
+      request.set_stream("rollouts");
+      request.set_step(0);
+      v1::PutRequest* put = request.add_puts();
+      put->set_stream("rollouts");
+      put->set_auth_token("driver-secret");
+      put->set_step(0);
+      put->add_fields("logprobs");
+      put->mutable_region()->set_length(1 << 20);
+      v1::IngestSample* sample = put->add_samples();
+      sample->set_tokens(10);
+      sample->set_offset(0);
+      sample->add_field_offsets(80);
+      sample->add_field_bytes(40);
+      spoil(request);
+      v1::ForwardStepReply reply;
+      grpc::ClientContext context;
+      return admin_->ForwardStep(&context, request, &reply);
+    };
+  };
   std::string other_topology = fingerprint;
   other_topology.replace(other_topology.find("-t") + 2, 8, "00000000");
   using grpc::StatusCode;
@@ -270,6 +298,16 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
          return admin_->GetLedger(&context, request, &reply);
        },
        StatusCode::NOT_FOUND, "no job 'nope'"},
+      {"forward: unknown stream", forward([](auto& r) { r.set_stream("nope"); }),
+       StatusCode::NOT_FOUND, "no ingest stream 'nope'"},
+      {"forward: wrong stream token",
+       forward([](auto& r) { r.mutable_puts(0)->set_auth_token("guess"); }),
+       StatusCode::PERMISSION_DENIED, "auth token"},
+      {"forward: a put of another step", forward([](auto& r) { r.mutable_puts(0)->set_step(3); }),
+       StatusCode::INVALID_ARGUMENT, "forwarded step 0 of stream rollouts: a put of another step"},
+      {"forward: a field shorter than its tokens",
+       forward([](auto& r) { r.mutable_puts(0)->mutable_samples(0)->set_field_bytes(0, 36); }),
+       StatusCode::INVALID_ARGUMENT, "field 'logprobs' has 36 bytes"},
       {"drain: wrong token",
        [&] {
          v1::DrainRequest request;
