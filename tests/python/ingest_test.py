@@ -121,6 +121,29 @@ def expected_rank(plan, rank, topology, dynamic, samples, fields):
     return out
 
 
+# The consumer jobs: name, (TP, CP, DP), dynamic CP, world size.
+JOBS = (("actor", (2, 2, 2), True, 8), ("ref", (1, 1, 4), False, 4))
+
+
+def check_step(test, job, step, plan, got, order):
+    """Every rank of `job` got in `step` (got[(job, rank)][step]) what the
+    reference says, all of them the same number of microbatches; returns
+    how many microbatches were compared."""
+    _, topology, dynamic, world = next(j for j in JOBS if j[0] == job)
+    counts, checks = set(), 0
+    for rank in range(world):
+        want = expected_rank(plan, rank, topology, dynamic, order, FIELDS_OF[job])
+        have = got[(job, rank)][step]
+        counts.add(len(have))
+        test.assertEqual(len(have), len(want), f"{job} rank {rank} step {step}")
+        for m, (h, w) in enumerate(zip(have, want)):
+            differ = sorted(k for k in w if h.get(k) != w[k])
+            test.assertFalse(differ, f"{job} rank {rank} step {step} microbatch {m}: {differ} differ")
+            checks += 1
+    test.assertEqual(len(counts), 1, f"{job} step {step}: microbatch counts {counts}")
+    return checks
+
+
 def as_lists(batch, keys):
     return {k: (batch[k].reshape(-1).tolist() if batch[k].dim() > 0 else batch[k].item())
             for k in keys if isinstance(batch[k], torch.Tensor)}
@@ -168,11 +191,9 @@ class IngestTest(unittest.TestCase):
             for client in clients.values():
                 client.close()
             checks = 0
-            for job, topology, dynamic, ranks in (("actor", (2, 2, 2), True, range(8)),
-                                                   ("ref", (1, 1, 4), False, range(4))):
+            for job, _, dynamic, _ in JOBS:
                 for step in range(steps):
                     plan = plans[(job, step)]
-                    order = served_order(put[step])
                     # Every sample of the step once, its group whole, in this step.
                     planned = sorted(int(s["document"]) for m in plan["microbatches"]
                                      for g in m["groups"] for s in g["sequences"])
@@ -180,18 +201,7 @@ class IngestTest(unittest.TestCase):
                     if dynamic:  # sequences past 512 tokens need CP groups
                         self.assertGreater(max(int(g["size"]) for m in plan["microbatches"]
                                                for g in m["groups"]), 1)
-                    counts = set()
-                    for rank in ranks:
-                        want = expected_rank(plan, rank, topology, dynamic, order, FIELDS_OF[job])
-                        have = got[(job, rank)][step]
-                        counts.add(len(have))
-                        self.assertEqual(len(have), len(want), f"{job} rank {rank} step {step}")
-                        for m, (h, w) in enumerate(zip(have, want)):
-                            differ = sorted(k for k in w if h.get(k) != w[k])
-                            self.assertFalse(differ, f"{job} rank {rank} step {step} "
-                                                     f"microbatch {m}: {differ} differ")
-                            checks += 1
-                    self.assertEqual(len(counts), 1, f"{job} step {step}: microbatch counts {counts}")
+                    checks += check_step(self, job, step, plan, got, served_order(put[step]))
             print(f"{checks} microbatches equal the reference")
             # Every consumer is done: the stream freed every step.
             deadline = time.time() + 10
