@@ -109,10 +109,11 @@ class IngestStream {
                                       uint64_t reserved);
   // AlreadyExists for a step sealed before; FailedPrecondition for a step
   // without samples or consumed already. A `pinned` step is not freed,
-  // whoever consumed it, until Unpin (peers are getting its bytes).
+  // whoever consumed it, until as many Unpin as pins (peers are getting its
+  // bytes).
   absl::StatusOr<v1::SealReply> Seal(int64_t step, bool pinned = false);
   void Unpin(int64_t step);
-  // Pins a sealed step still held; false when there is none.
+  // Pins a sealed step still held once more; false when there is none.
   bool Pin(int64_t step);
   // The step was sealed here, or every consumer is past it.
   bool SealedOrConsumed(int64_t step) const;
@@ -137,7 +138,7 @@ class IngestStream {
     std::vector<IngestedSample> samples;  // as put; sorted at the seal
     std::shared_ptr<const SealedStep> sealed;
     uint64_t bytes = 0;
-    bool pinned = false;
+    int pins = 0;  // forwards to peers under way
   };
   struct Consumer {
     IngestConsumer limits;

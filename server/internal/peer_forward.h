@@ -24,9 +24,11 @@ namespace packfeed::server {
 
 // The request that forwards `step` of `stream`: its samples in serving
 // order, one put per run of samples in the same registered region.
-// REQUIRES: every sample has its region (the daemon has peers).
-v1::ForwardStepRequest ForwardRequestOf(const IngestStream& stream, const SealedStep& step,
-                                        const std::string& auth_token);
+// FailedPrecondition for a step this daemon got from a peer (its samples
+// are not in registered memory, some not here at all).
+absl::StatusOr<v1::ForwardStepRequest> ForwardRequestOf(const IngestStream& stream,
+                                                        const SealedStep& step,
+                                                        const std::string& auth_token);
 
 class PeerForwarder {
  public:

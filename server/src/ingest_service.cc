@@ -57,9 +57,15 @@ class IngestService final : public v1::Ingest::CallbackService {
       reactor->Finish(ToGrpcStatus(status));
       return reactor;
     }
-    auto request_to_peers = std::make_shared<v1::ForwardStepRequest>(
-        ForwardRequestOf(*stream, **stream->Sealed(step), request->auth_token()));
-    forwarder->Forward(std::move(request_to_peers),
+    absl::StatusOr<v1::ForwardStepRequest> to_peers =
+        ForwardRequestOf(*stream, **stream->Sealed(step), request->auth_token());
+    if (!to_peers.ok()) {
+      stream->Unpin(step);
+      spdlog::warn("ingest: seal refused: {}", std::string(to_peers.status().message()));
+      reactor->Finish(ToGrpcStatus(to_peers.status()));
+      return reactor;
+    }
+    forwarder->Forward(std::make_shared<v1::ForwardStepRequest>(*std::move(to_peers)),
                        [reactor, stream, step, status](absl::Status forwarded) {
                          stream->Unpin(step);
                          reactor->Finish(ToGrpcStatus(forwarded.ok() ? status : forwarded));

@@ -262,7 +262,7 @@ absl::StatusOr<v1::SealReply> IngestStream::Seal(int64_t step, bool pinned) {
     reply.set_groups(groups.size());
     held->second.samples.clear();
     held->second.sealed = std::move(sealed);
-    held->second.pinned = pinned;
+    held->second.pins = pinned ? 1 : 0;
     for (const Consumer& consumer : consumers_) wakes.push_back(consumer.wake);
   }
   for (const auto& wake : wakes) wake();
@@ -274,7 +274,7 @@ void IngestStream::Unpin(int64_t step) {
   {
     absl::MutexLock lock(&mutex_);
     auto held = steps_.find(step);
-    if (held != steps_.end()) held->second.pinned = false;
+    if (held != steps_.end() && held->second.pins > 0) --held->second.pins;
     if (FreeConsumed()) on_free = on_free_;
   }
   if (on_free) on_free();
@@ -284,7 +284,7 @@ bool IngestStream::Pin(int64_t step) {
   absl::MutexLock lock(&mutex_);
   auto held = steps_.find(step);
   if (held == steps_.end() || held->second.sealed == nullptr) return false;
-  held->second.pinned = true;
+  ++held->second.pins;
   return true;
 }
 
@@ -344,7 +344,7 @@ void IngestStream::Consumed(const std::string& job, int64_t before) {
 bool IngestStream::FreeConsumed() {
   const int64_t before = ConsumedBefore();
   bool freed = false;
-  while (!steps_.empty() && steps_.begin()->first < before && !steps_.begin()->second.pinned) {
+  while (!steps_.empty() && steps_.begin()->first < before && steps_.begin()->second.pins == 0) {
     Step& step = steps_.begin()->second;
     if (step.sealed != nullptr) {
       for (const IngestedSample& sample : step.sealed->samples) group_steps_.erase(sample.group);

@@ -55,14 +55,20 @@ struct Fanout {
 
 }  // namespace
 
-v1::ForwardStepRequest ForwardRequestOf(const IngestStream& stream, const SealedStep& step,
-                                        const std::string& auth_token) {
+absl::StatusOr<v1::ForwardStepRequest> ForwardRequestOf(const IngestStream& stream,
+                                                        const SealedStep& step,
+                                                        const std::string& auth_token) {
   v1::ForwardStepRequest request;
   request.set_stream(stream.name());
   request.set_step(step.step);
   const v1::IngestRegion* region = nullptr;
   v1::PutRequest* put = nullptr;
   for (const IngestedSample& sample : step.samples) {
+    if (sample.region == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ingest stream ", stream.name(), " step ", step.step,
+                       " was forwarded to this daemon by a peer; seal it where it was put"));
+    }
     if (put == nullptr || sample.region.get() != region) {
       region = sample.region.get();
       put = request.add_puts();

@@ -227,6 +227,12 @@ class IngestNodesTest(unittest.TestCase):
                 except packfeed.errors.AlreadyExistsError:
                     break
             self.assertIn("forwarded step 0 sealed", peer.log.read_text())
+            # Sealed on the peer too (it came from the origin): refused by name.
+            on_peer = packfeed.Producer("rollouts", socket_path=peer.socket,
+                                        auth_token="driver-secret")
+            with self.assertRaises(packfeed.errors.FailedPreconditionError) as refused:
+                on_peer.seal(0)
+            self.assertIn("seal it where it was put", str(refused.exception))
             dumps = [origin.dump("actor", 0, steps=1), peer.dump("actor", 4, steps=1)]
             for dump in dumps:
                 out, err = dump.communicate(timeout=120)

@@ -152,8 +152,13 @@ TEST(IngestStreamTest, APinnedStepOutlivesItsConsumersUntilUnpinned) {
   EXPECT_FALSE(stream.Pin(1)) << "not sealed";
   ASSERT_TRUE(stream.Seal(1).ok());
   EXPECT_TRUE(stream.Pin(1));
+  EXPECT_TRUE(stream.Pin(1)) << "two forwards at once";
   stream.Consumed("actor", 2);
   EXPECT_TRUE(stream.Sealed(1).ok()) << "pinned again";
+  stream.Unpin(1);
+  EXPECT_TRUE(stream.Sealed(1).ok()) << "one forward still under way";
+  stream.Unpin(1);
+  EXPECT_EQ(stream.Sealed(1).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(IngestStreamTest, LocalSamplesAreTheUnionOverConsumerJobs) {
