@@ -7,8 +7,11 @@ import collections
 import os
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple, Union
 
-import torch
-import torch.utils.dlpack
+try:
+    import torch
+    import torch.utils.dlpack
+except ImportError:  # a driver that only puts (packfeed.Producer) needs no torch
+    torch = None
 
 from . import _native, errors
 
@@ -82,6 +85,8 @@ class Client:
                  copy: bool = False, ucx_transports: str = "", attach_timeout: float = 30.0,
                  reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
                  state: Optional[Dict[str, Any]] = None, elastic: bool = False) -> None:
+        if torch is None:
+            raise ImportError("packfeed.Client yields torch tensors: install torch")
         self.job = job or os.environ.get("PACKFEED_JOB") or ""
         self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
         world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=None)
