@@ -25,5 +25,5 @@ fi
 pip=("$env_python" -m pip install -q --no-index --find-links "$here/wheels")
 "${pip[@]}" "scikit-build-core>=0.8" "pybind11>=2.10" "cmake>=3.25" ninja
 "$env_python" -c 'import numpy' 2>/dev/null || "${pip[@]}" numpy
-"${pip[@]}" --no-build-isolation $deps_flag "$here/src"
+"${pip[@]}" --no-build-isolation ${deps_flag:+"$deps_flag"} "$here/src"
 echo "built and installed into $("$env_python" -c 'import sys; print(sys.prefix)')"

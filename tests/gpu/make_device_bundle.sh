@@ -7,7 +7,8 @@
 #
 #   tests/gpu/make_device_bundle.sh OUT_DIR [libucx_cu13-*.whl]
 #
-# On the GPU machine: OUT_DIR/run.sh (see below) runs the checks.
+# On the GPU machine: OUT_DIR/run.sh (tests/gpu/run_gpu_checks.sh) runs the
+# checks and benchmarks.
 set -euo pipefail
 out=${1:?usage: make_device_bundle.sh OUT_DIR [libucx-cu13 wheel]}
 wheel=${2:-}
@@ -15,7 +16,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/ucx-modules"
 bins=("$build/tests/transport_gpu_test" "$build/tests/transport_peer"
-      "$build/bench/transport_bench" "$build/bench/e2e_bench" "$build/server/packfeedd")
+      "$build/bench/transport_bench" "$build/bench/e2e_bench" "$build/server/packfeedd"
+      "$build/server/packfeedctl")
 for b in "${bins[@]}"; do
   [[ -x $b ]] || { echo "missing $b: build first (cmake --build build)" >&2; exit 1; }
   strip -o "$out/bin/$(basename "$b")" "$b"
@@ -36,4 +38,5 @@ if [[ -n $wheel ]]; then
   mv "$out/ucx-cuda/unpacked/libucx_cu13.libs/"* "$out/ucx-cuda/"
   rm -rf "$out/ucx-cuda/unpacked" "$out/ucx-cuda/modules/libucx_perftest"*
 fi
+cp "$root/tests/gpu/run_gpu_checks.sh" "$out/run.sh"
 du -sh "$out"

@@ -21,7 +21,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 rm -rf "$out" && mkdir -p "$out/src" "$out/sysroot" "$out/wheels"
 out=$(cd "$out" && pwd)
 
-git -C "$root" ls-files -z | (cd "$root" && tar --null -T - -cf -) | tar -C "$out/src" -xf -
+git -C "$root" ls-files -z --cached --others --exclude-standard | (cd "$root" && tar --null -T - -cf -) | tar -C "$out/src" -xf -
 cp "$root/tests/gpu/build_python.sh" "$out/"
 cat > "$out/env.sh" <<'EOF'
 # `source OUT/env.sh`: the carried libraries, UCX modules, code generators and

@@ -1,5 +1,6 @@
 #include "packfeed/transport/sender.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <optional>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/transport/put_protocol.h"
 #include "packfeed/transport/transport_logger.h"
 #include "packfeed/transport/ucx_endpoint.h"
 
@@ -109,6 +111,9 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
       connection->slots_as_messages = true;
     }
   }
+  if (connection->ring.memory_kind == MemoryKind::kCuda) {
+    PF_RETURN_IF_ERROR(CheckDeviceRingPuts(*connection));
+  }
   const uint64_t epoch = connection->epoch;
   Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", epoch, connection->ring.slots,
                  connection->ring.slot_bytes,
@@ -118,6 +123,26 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
                  connection->endpoint->TransportSummary());
   connections_.emplace(epoch, std::move(connection));
   return epoch;
+}
+
+absl::Status Sender::CheckDeviceRingPuts(Connection& connection) {
+  // One put of the size of a large field into the first slot (which the
+  // first push overwrites before the receiver is told of it), to ask UCX how
+  // it carries such puts.
+  std::vector<uint8_t> zeros(std::min<uint64_t>(connection.ring.slot_bytes, 4ull << 20));
+  UcpEndpoint::DescribedPut put = connection.endpoint->PutDescribed(
+      zeros.data(), zeros.size(), connection.slot_address(0), connection.remote_key.get());
+  const PutPath path = ClassifyPut(put.description);
+  absl::Status status = Wait(connection, put.request, "ucp_put_nbx(into the device ring)",
+                             absl::Now() + options_.operation_timeout);
+  if (path == PutPath::kTransportWrite) return status;
+  status = absl::FailedPreconditionError(absl::StrCat(
+      "a ring in device memory is refused: UCX ", UcpContext::LibraryVersion(),
+      " would not write it with a transport (the put is ", PutPathName(path), ": \"",
+      put.description,
+      "\"); ask for the staged device ring, which copies each slot with the copy engine"));
+  Logger().warn("connection {}: {}", connection.epoch, std::string(status.message()));
+  return status;
 }
 
 absl::Status Sender::Disconnect(uint64_t epoch, absl::string_view reason) {

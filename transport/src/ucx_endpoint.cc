@@ -74,6 +74,23 @@ ucs_status_ptr_t UcpEndpoint::Get(void* local, size_t bytes, uint64_t remote_add
   return ucp_get_nbx(endpoint_, local, bytes, remote_address, rkey, &params);
 }
 
+UcpEndpoint::DescribedPut UcpEndpoint::PutDescribed(const void* local, size_t bytes,
+                                                    uint64_t remote_address,
+                                                    ucp_rkey_h rkey) const {
+  ucp_request_param_t params = {};
+  params.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  DescribedPut put;
+  put.request = ucp_put_nbx(endpoint_, local, bytes, remote_address, rkey, &params);
+  if (put.request == nullptr || UCS_PTR_IS_ERR(put.request)) return put;
+  char text[512] = {};
+  ucp_request_attr_t attr = {};
+  attr.field_mask = UCP_REQUEST_ATTR_FIELD_INFO_STRING | UCP_REQUEST_ATTR_FIELD_INFO_STRING_SIZE;
+  attr.debug_string = text;
+  attr.debug_string_size = sizeof(text);
+  if (ucp_request_query(put.request, &attr) == UCS_OK) put.description = text;
+  return put;
+}
+
 std::string UcpEndpoint::TransportSummary() const {
   if (endpoint_ == nullptr) return "";
   char* buffer = nullptr;

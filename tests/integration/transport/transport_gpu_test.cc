@@ -1,10 +1,13 @@
 // The ring with a CUDA device: a page-locked host ring (kHost, also what kAuto
-// picks), a ring in device memory (kDevice, when this UCX can register it) and
+// picks), a ring in device memory (kDevice, when this UCX can register it and
+// would write it with a transport rather than emulate the puts) and
 // the staged ring (kStagedDevice: host ring copied to the device by the copy
 // engine). Skips without a device (every machine without a GPU, CI's too).
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -12,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "child_process.h"
@@ -28,11 +32,18 @@ using transport::MemoryKind;
 
 constexpr uint64_t kMaxPayload = 16ull << 20;
 
+// transport_peer: PF_TRANSPORT_PEER from the environment (a device bundle run
+// on another machine: tests/gpu/run_gpu_checks.sh), else where this build put it.
+std::string TransportPeer() {
+  const char* path = std::getenv("PF_TRANSPORT_PEER");
+  return path != nullptr ? path : PF_TRANSPORT_PEER;
+}
+
 // A transport_peer sender connected to `receiver`, pushing `count` test
 // messages.
 absl::StatusOr<ChildProcess> StartSender(transport::Receiver& receiver, uint64_t count) {
   PF_ASSIGN_OR_RETURN(ChildProcess child,
-                      ChildProcess::Spawn({PF_TRANSPORT_PEER, "--role", "sender", "--max-payload",
+                      ChildProcess::Spawn({TransportPeer(), "--role", "sender", "--max-payload",
                                            absl::StrCat(kMaxPayload)}));
   PF_ASSIGN_OR_RETURN(const std::string address, child.Receive());
   PF_RETURN_IF_ERROR(child.Send("connect"));
@@ -68,6 +79,12 @@ TEST_P(TransportGpuTest, DeliversIntoTheDeviceOrAPageLockedRing) {
     EXPECT_TRUE((*receiver)->host_ring_registered_with_cuda());
   }
   auto child = StartSender(**receiver, 14);
+  if (GetParam() == transport::RingPlacement::kDevice && !child.ok() &&
+      absl::StrContains(child.status().message(), "ring in device memory is refused")) {
+    // UCX would emulate the puts (one node, no GPUDirect RDMA): the sender
+    // refuses the ring, as it must.
+    GTEST_SKIP() << child.status();
+  }
   ASSERT_TRUE(child.ok()) << child.status();
 
   std::vector<std::vector<uint8_t>> copies;

@@ -2,6 +2,7 @@
 // sender (or the receiver) and tests/integration/transport/transport_peer.cc
 // is the other side. Every test runs over shared memory and over TCP.
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -404,6 +405,39 @@ TEST_P(RogueSenderTest, GoodbyeEndsTheStreamAfterWhatWasAnnounced) {
   slot = receiver_->Next(absl::Seconds(5));
   EXPECT_EQ(slot.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(slot.status().message(), HasSubstr("closed"));
+}
+
+// A real receiver's host ring, announced as a ring in device memory: the
+// sender asks UCX how it would put into it and, UCX describing no zero-copy
+// transport write, refuses the ring by name and goes on serving others. With
+// UCX's protocols v2 (UCX_PROTO_ENABLE=y) the put is named: TCP's emulation.
+TEST_P(TransportTest, RefusesADeviceRingUcxWouldNotWriteWithATransport) {
+  for (const bool protocols_v2 : {false, true}) {
+    if (protocols_v2) setenv("UCX_PROTO_ENABLE", "y", /*overwrite=*/1);
+    std::unique_ptr<Sender> sender = MakeSender();
+    unsetenv("UCX_PROTO_ENABLE");
+    ChildProcess refused = Spawn("receiver", 2, kSmall);
+    const std::string address = Receive(refused);
+    absl::StatusOr<transport::RingDescriptor> ring =
+        transport::DecodeRingDescriptor(Receive(refused));
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    ring->memory_kind = transport::MemoryKind::kCuda;
+    auto epoch = sender->Connect(address, transport::EncodeRingDescriptor(*ring));
+    EXPECT_EQ(epoch.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(epoch.status().message(), HasSubstr("ring in device memory is refused"));
+    EXPECT_THAT(epoch.status().message(), HasSubstr("staged device ring"));
+    if (protocols_v2) {
+      EXPECT_THAT(epoch.status().message(),
+                  HasSubstr(shared_memory() ? "not known to be zero-copy" : "emulated"));
+    }
+
+    ChildProcess served = Spawn("receiver", 2, kSmall);
+    const uint64_t served_epoch = ConnectReceiver(*sender, served);
+    ASSERT_TRUE(served.Send("receive 0 3").ok());
+    PushReport report;
+    ASSERT_TRUE(PushTestMessages(*sender, served_epoch, 0, 3, kSmall, &report).ok());
+    EXPECT_EQ(Receive(served), absl::StrCat("ok ", report.bytes));
+  }
 }
 
 TEST(TransportProtocolTest, SenderRefusesARingOfAnotherProtocolVersion) {

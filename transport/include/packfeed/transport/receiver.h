@@ -47,8 +47,10 @@ enum class RingPlacement {
   // for a plain cudaMemcpy (docs/TRANSPORT.md), so the device ring is chosen
   // only when asked for.
   kAuto,
-  kHost,    // host memory (registered with CUDA when a device is present)
-  kDevice,  // device memory written by UCX, or fail
+  kHost,  // host memory (registered with CUDA when a device is present)
+  // Device memory written by UCX, or fail; the sender refuses it unless UCX
+  // would write it with a transport (put_protocol.h).
+  kDevice,
   // The page-locked host ring, each slot copied into a device buffer of its
   // own on arrival (CudaSlotCopier), before the trainer asks; views are of
   // device memory. The slot's credit returns when its copy completes; the

@@ -82,8 +82,9 @@ class Sender {
   // every call and message; they are never reused, even by a restarted sender
   // (their high 32 bits are random per Sender), so a message of an old
   // connection is never taken for one of a new connection. FailedPrecondition
-  // for a receiver of another protocol version; InvalidArgument for a
-  // malformed descriptor.
+  // for a receiver of another protocol version, or for a ring in device
+  // memory that UCX would not write with a transport (it would emulate the
+  // puts: see put_protocol.h); InvalidArgument for a malformed descriptor.
   absl::StatusOr<uint64_t> Connect(absl::string_view receiver_address,
                                    absl::string_view ring_descriptor);
   // Tells the receiver no slot follows those already pushed, closes the
@@ -134,6 +135,10 @@ class Sender {
   Sender(SenderOptions options, UcpContext context, UcpWorker worker);
 
   absl::StatusOr<Connection*> Usable(uint64_t epoch) const;
+  // FailedPrecondition, logged, unless UCX writes the connection's ring in
+  // device memory with a transport (put_protocol.h): a put it emulates is
+  // slower than the staged ring by a factor of fifty.
+  absl::Status CheckDeviceRingPuts(Connection& connection);
   absl::Status Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
                       const SlotContent& content, absl::Time deadline);
   absl::Status Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,

@@ -48,6 +48,16 @@ class UcpEndpoint {
   // (inside memory `rkey` covers) into `local`, which must stay valid until
   // the request completes.
   ucs_status_ptr_t Get(void* local, size_t bytes, uint64_t remote_address, ucp_rkey_h rkey) const;
+  // Starts a one-sided write of `bytes` from `local` to the peer's
+  // `remote_address` that never completes inside the call, so that UCX can
+  // be asked how it carries it: `description` is ucp_request_query's text
+  // (see put_protocol.h). `local` must stay valid until the request completes.
+  struct DescribedPut {
+    ucs_status_ptr_t request = nullptr;
+    std::string description;
+  };
+  DescribedPut PutDescribed(const void* local, size_t bytes, uint64_t remote_address,
+                            ucp_rkey_h rkey) const;
 
   // Closes the endpoint: flushes outstanding operations first unless
   // `force` (use force once the peer has failed). Idempotent.
