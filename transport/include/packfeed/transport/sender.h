@@ -136,8 +136,8 @@ class Sender {
 
   absl::StatusOr<Connection*> Usable(uint64_t epoch) const;
   // FailedPrecondition, logged, unless UCX writes the connection's ring in
-  // device memory with a transport (put_protocol.h): a put it emulates is
-  // slower than the staged ring by a factor of fifty.
+  // device memory with a transport (put_protocol.h): a put it emulated moved
+  // 0.8 GiB/s on an H100, where a copy from page-locked memory moves 42-50.
   absl::Status CheckDeviceRingPuts(Connection& connection);
   absl::Status Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
                       const SlotContent& content, absl::Time deadline);
