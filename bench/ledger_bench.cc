@@ -18,7 +18,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/internal/ledger.h"
+#include "server/storage/ledger.h"
 
 namespace packfeed {
 namespace {

@@ -44,8 +44,8 @@
 #include "packfeed/common/posix_file.h"
 #include "packfeed/dataset/dataset_generator.h"
 #include "packfeed/dataset/indexed_dataset.h"
-#include "packfeed/server/daemon_config.h"
-#include "packfeed/server/job_config.h"
+#include "server/config/daemon_config.h"
+#include "server/config/job_config.h"
 
 namespace packfeed {
 namespace {

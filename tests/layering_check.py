@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""Fails when the tree breaks DESIGN.md §2's layering, in any of three ways:
+"""Fails when the tree breaks the layering of docs/ARCHITECTURE.md, in any of
+three ways:
 
-1. includes: a source file includes a folder it may not depend on, or another
-   folder's internal/ headers;
-2. link dependencies: a folder's CMake library links a packfeed library it may
-   not depend on (target_link_libraries in <folder>/CMakeLists.txt);
-3. namespaces: a file in folder F declares a namespace other than
+1. includes: a source file includes a library it may not depend on, or the
+   private headers of another library;
+2. link dependencies: a CMakeLists.txt links a packfeed library that the
+   folder it sits in may not depend on;
+3. namespaces: a file in top-level folder F declares a namespace other than
    packfeed::F (or one inside it); common/ is the shared vocabulary and lives
    in packfeed itself.
 
-Allowed directions: server -> dataset, scheduler, transport, proto, common
-(and client, for packfeedctl only); client -> transport, proto, common;
-transport -> common; dataset -> common; scheduler -> common (+ Abseil);
-common -> Abseil only. Nothing depends on server. scheduler/ must also stay
-pure: no threads, no I/O, no logging, no UCX/gRPC.
+A unit is a top-level folder, or one of server/'s libraries. Allowed
+directions are the ALLOWED table below: server's libraries in the order
+config -> storage -> ingest -> pipeline -> control, then its two programs.
+Public headers are "packfeed/<folder>/x.h" (proto: "packfeed/v1/x.pb.h");
+private headers are spelled from the source root ("scheduler/src/x.h",
+"server/pipeline/x.h") and only their own unit, or for server's libraries
+those above them, may include them. scheduler/ must also stay pure: no
+threads, no I/O, no logging, no UCX/gRPC.
 
 Usage: layering_check.py SOURCE_ROOT | --self-test
 """
@@ -22,6 +26,7 @@ import re
 import sys
 import tempfile
 
+BASE = {"dataset", "scheduler", "transport", "proto", "common"}
 ALLOWED = {
     "common": {"common"},
     "proto": {"proto"},
@@ -29,10 +34,23 @@ ALLOWED = {
     "scheduler": {"scheduler", "common"},
     "transport": {"transport", "common"},
     "client": {"client", "transport", "proto", "common"},
-    "server": {"server", "dataset", "scheduler", "transport", "proto", "common"},
+    "server/config": BASE | {"server/config"},
+    "server/storage": BASE | {"server/storage"},
+    "server/ingest": BASE | {"server/ingest", "server/config"},
+    "server/pipeline": BASE | {"server/pipeline", "server/ingest", "server/storage",
+                               "server/config"},
+    "server/control": BASE | {"server/control", "server/pipeline", "server/ingest",
+                              "server/storage", "server/config"},
+    "server/daemon": BASE | {"server/daemon", "server/control", "server/pipeline",
+                             "server/ingest", "server/storage", "server/config"},
+    # packfeedctl reads configurations and, for `dump`, attaches as a rank.
+    "server/ctl": BASE | {"server/ctl", "server/config", "client"},
 }
-# packfeedctl's `dump` attaches as a rank, so server/ctl may use the client.
-EXTRA = {"server/ctl": {"client"}}
+# The CMake library of each unit (packfeed_<name> or packfeed::<name>).
+LIBRARY = {"server_" + unit.split("/")[1]: unit for unit in ALLOWED if "/" in unit}
+LIBRARY.update({unit: unit for unit in ALLOWED if "/" not in unit})
+LIBRARY["ctl"] = "server/ctl"
+LIBRARY["server"] = "server/control"  # the interface library of all of server/
 # Headers that would make the scheduler impure.
 SCHEDULER_FORBIDDEN = re.compile(
     r"^(thread|mutex|shared_mutex|condition_variable|future|atomic|fstream|"
@@ -45,60 +63,68 @@ PACKFEED_LIBRARY = re.compile(r"\bpackfeed(?:::|_)(\w+)")
 SOURCES = ("*.h", "*.hpp", "*.cc", "*.cpp", "*.cu")
 
 
+def unit_of(rel):
+    """The unit a repository path belongs to, or None outside the layered tree."""
+    parts = rel.split("/")
+    if len(parts) >= 2 and "/".join(parts[:2]) in ALLOWED:
+        return "/".join(parts[:2])
+    return parts[0] if parts[0] in ALLOWED else None
+
+
 def target_of(header):
-    """The project folder a header belongs to, or None for external ones."""
+    """(unit, private) for a project header; (None, False) for external ones."""
     parts = header.split("/")
-    if len(parts) >= 2 and parts[0] == "packfeed":
-        return "proto" if parts[1] == "v1" else parts[1]
-    if len(parts) >= 3 and parts[0] in ALLOWED and parts[1] in ("internal", "ctl"):
-        return parts[0]
-    return None
-
-
-def allowed_for(folder, rel):
-    extra = set().union(*(v for k, v in EXTRA.items() if rel.startswith(k + "/")))
-    return ALLOWED[folder] | extra
+    if len(parts) >= 3 and parts[0] == "packfeed":
+        return ("proto" if parts[1] == "v1" else parts[1]), False
+    unit = unit_of(header)
+    return (unit, True) if unit and len(parts) >= 2 else (None, False)
 
 
 def check_sources(root, errors):
-    for folder in ALLOWED:
-        for pattern in SOURCES:
-            for path in sorted((root / folder).rglob(pattern)):
-                rel = path.relative_to(root).as_posix()
-                text = path.read_text(errors="replace")
-                for header in INCLUDE.findall(text):
-                    target = target_of(header)
-                    if target and target not in allowed_for(folder, rel):
-                        errors.append(f"{rel}: includes {header} "
-                                      f"({folder} may not depend on {target})")
-                    elif target and target != folder and "/internal/" in header:
-                        errors.append(f"{rel}: includes {header}, "
-                                      f"internal to {target}/")
-                    if folder == "scheduler" and SCHEDULER_FORBIDDEN.match(header):
-                        errors.append(f"{rel}: includes <{header}>; scheduler/ "
-                                      "must stay pure (no I/O, threads or logging)")
-                expected = "packfeed" if folder == "common" else f"packfeed::{folder}"
-                for namespace in NAMESPACE.findall(text):
-                    if namespace.startswith("packfeed") and not (
-                            namespace == expected or namespace.startswith(expected + "::")):
-                        errors.append(f"{rel}: declares namespace {namespace} "
-                                      f"(files in {folder}/ live in {expected})")
+    for path in sorted(p for pattern in SOURCES for p in root.rglob(pattern)):
+        rel = path.relative_to(root).as_posix()
+        unit = unit_of(rel)
+        if unit is None:
+            continue
+        text = path.read_text(errors="replace")
+        for header in INCLUDE.findall(text):
+            target, private = target_of(header)
+            if target is None:
+                pass
+            elif target not in ALLOWED[unit]:
+                errors.append(f"{rel}: includes {header} ({unit} may not depend on {target})")
+            elif private and target.split("/")[0] != unit.split("/")[0]:
+                errors.append(f"{rel}: includes {header}, private to {target}/")
+            if unit == "scheduler" and SCHEDULER_FORBIDDEN.match(header):
+                errors.append(f"{rel}: includes <{header}>; scheduler/ "
+                              "must stay pure (no I/O, threads or logging)")
+        folder = unit.split("/")[0]
+        expected = "packfeed" if folder == "common" else f"packfeed::{folder}"
+        for namespace in NAMESPACE.findall(text):
+            if namespace.startswith("packfeed") and not (
+                    namespace == expected or namespace.startswith(expected + "::")):
+                errors.append(f"{rel}: declares namespace {namespace} "
+                              f"(files in {folder}/ live in {expected})")
 
 
 def check_links(root, errors):
-    for folder in ALLOWED:
-        for cmake in sorted((root / folder).rglob("CMakeLists.txt")):
-            rel = cmake.relative_to(root).as_posix()
-            text = re.sub(r"#.*", "", cmake.read_text())
-            for target, libraries in LINK.findall(text):
-                # packfeed_ctl is server/ctl's library, with its allowances.
-                where = "server/ctl/" if target == "packfeed_ctl" else rel
-                for library in PACKFEED_LIBRARY.findall(libraries):
-                    if library == "ctl":  # server/ctl's own library
-                        library = "server"
-                    if library in ALLOWED and library not in allowed_for(folder, where):
-                        errors.append(f"{rel}: {target} links packfeed::{library} "
-                                      f"({folder} may not depend on {library})")
+    for cmake in sorted(root.rglob("CMakeLists.txt")):
+        rel = cmake.relative_to(root).as_posix()
+        unit = unit_of(rel)
+        if unit is None:
+            continue
+        text = re.sub(r"#.*", "", cmake.read_text())
+        for target, libraries in LINK.findall(text):
+            # server/CMakeLists.txt builds packfeedctl's and the daemon's
+            # targets: each is held to its own unit's allowances.
+            where = LIBRARY.get(target.removeprefix("packfeed_"), unit)
+            if target == "packfeedd":
+                where = "server/daemon"
+            for library in PACKFEED_LIBRARY.findall(libraries):
+                dependency = LIBRARY.get(library)
+                if dependency and dependency not in ALLOWED[where]:
+                    errors.append(f"{rel}: {target} links packfeed {library} "
+                                  f"({where} may not depend on {dependency})")
 
 
 def check(root):
@@ -115,10 +141,17 @@ def self_test():
                               "namespace packfeed::scheduler {\n}\n",
         "transport/src/b.cc": '#include "packfeed/scheduler/plan.h"\n',
         "client/src/c.cc": '#include "packfeed/v1/control.pb.h"\n'
+                           '#include "client/src/watch_stream.h"\n'
                            "namespace packfeed::client {\n}\n",
-        "server/ctl/dump.cc": '#include "packfeed/client/client.h"\n',
-        "server/src/d.cc": '#include "packfeed/client/client.h"\n'
-                           '#include "scheduler/internal/row_packer.h"\n',
+        "server/ctl/dump.cc": '#include "packfeed/client/client.h"\n'
+                              '#include "server/config/job_config.h"\n',
+        "server/control/d.cc": '#include "packfeed/client/client.h"\n'
+                               '#include "scheduler/src/row_packer.h"\n'
+                               '#include "server/pipeline/job.h"\n',
+        "server/storage/s.cc": '#include "server/pipeline/job.h"\n'
+                               "namespace packfeed::server {\n}\n",
+        "server/ingest/CMakeLists.txt": "target_link_libraries(packfeed_server_ingest PUBLIC\n"
+                                        "  packfeed_server_config packfeed_server_pipeline)\n",
         "dataset/src/e.cc": '#include "packfeed/transport/wire.h"\n'
                             "namespace packfeed {\n}\n",
         "dataset/CMakeLists.txt": "target_link_libraries(packfeed_dataset PUBLIC\n"
@@ -129,11 +162,13 @@ def self_test():
         "scheduler/src/a.cc: includes packfeed/server/x.h",
         "scheduler/src/a.cc: includes <thread>",
         "transport/src/b.cc: includes packfeed/scheduler/plan.h",
-        "server/src/d.cc: includes packfeed/client/client.h",
-        "server/src/d.cc: includes scheduler/internal/row_packer.h",
+        "server/control/d.cc: includes packfeed/client/client.h",
+        "server/control/d.cc: includes scheduler/src/row_packer.h",
+        "server/storage/s.cc: includes server/pipeline/job.h",
+        "server/ingest/CMakeLists.txt: packfeed_server_ingest links packfeed server_pipeline",
         "dataset/src/e.cc: includes packfeed/transport/wire.h",
         "dataset/src/e.cc: declares namespace packfeed ",
-        "dataset/CMakeLists.txt: packfeed_dataset links packfeed::transport",
+        "dataset/CMakeLists.txt: packfeed_dataset links packfeed transport",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
@@ -150,7 +185,8 @@ def self_test():
         print("self-test: unexpected errors:", *errors, sep="\n  ")
         return 1
     print(f"layering self-test: all {len(expected)} planted violations caught "
-          "(includes, internal headers, links, namespaces), 0 false alarms")
+          "(includes, private headers, server's libraries, links, namespaces), "
+          "0 false alarms")
     return 0
 
 
@@ -161,9 +197,9 @@ def main():
     for error in errors:
         print(error)
     if errors:
-        print(f"{len(errors)} violation(s) of DESIGN.md §2's layering")
+        print(f"{len(errors)} violation(s) of the layering in docs/ARCHITECTURE.md")
         return 1
-    print("layering: includes, link dependencies and namespaces follow DESIGN.md §2")
+    print("layering: includes, link dependencies and namespaces follow docs/ARCHITECTURE.md")
     return 0
 
 

@@ -1,10 +1,10 @@
-#include "scheduler/internal/group_merger.h"
+#include "scheduler/src/group_merger.h"
 
 #include <algorithm>
 #include <optional>
 #include <vector>
 
-namespace packfeed::scheduler::internal {
+namespace packfeed::scheduler {
 namespace {
 
 // Per-rank cost and tokens of `groups`' sequences run together at `size`.
@@ -144,4 +144,4 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
   plan.flops = ComputeFlopsInputs(plan);
 }
 
-}  // namespace packfeed::scheduler::internal
+}  // namespace packfeed::scheduler

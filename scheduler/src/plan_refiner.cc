@@ -1,11 +1,11 @@
-#include "scheduler/internal/plan_refiner.h"
+#include "scheduler/src/plan_refiner.h"
 
 #include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
 
-namespace packfeed::scheduler::internal {
+namespace packfeed::scheduler {
 namespace {
 
 // Gains below this fraction of the group's cost are noise, not progress.
@@ -183,4 +183,4 @@ void RefinePlan(GlobalPlan& plan, const CostModel& model, int64_t max_tokens_per
   Refiner(plan, model, max_tokens_per_rank).Run(max_passes);
 }
 
-}  // namespace packfeed::scheduler::internal
+}  // namespace packfeed::scheduler

@@ -9,9 +9,9 @@
 #include "packfeed/scheduler/megatron_dp_balanced.h"
 #include "packfeed/scheduler/padding.h"
 #include "packfeed/scheduler/plan_stats.h"
-#include "scheduler/internal/group_merger.h"
-#include "scheduler/internal/plan_refiner.h"
-#include "scheduler/internal/row_packer.h"
+#include "scheduler/src/group_merger.h"
+#include "scheduler/src/plan_refiner.h"
+#include "scheduler/src/row_packer.h"
 
 namespace packfeed::scheduler {
 namespace {
@@ -96,17 +96,17 @@ absl::StatusOr<GlobalPlan> PlanMegatron(absl::Span<const int64_t> lengths,
 
 // Each sequence's smallest group: CP under static CP; under dynamic CP the
 // smallest allowed power of two whose per-rank share fits the cap.
-absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(absl::Span<const int64_t> lengths,
-                                                            const internal::PackerConfig& config) {
-  std::vector<internal::PackerItem> items;
+absl::StatusOr<std::vector<PackerItem>> MakeItems(absl::Span<const int64_t> lengths,
+                                                  const PackerConfig& config) {
+  std::vector<PackerItem> items;
   items.reserve(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) {
     int c = config.min_cp;
-    while (internal::ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank &&
+    while (ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank &&
            c < config.max_cp) {
       c *= 2;
     }
-    if (internal::ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank) {
+    if (ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sample ", i, " of length ", lengths[i], " does not fit in ", config.max_tokens_per_rank,
           " tokens per rank even at CP size ", c, " (the largest allowed)"));
@@ -118,8 +118,8 @@ absl::StatusOr<std::vector<internal::PackerItem>> MakeItems(absl::Span<const int
 
 // After packing: under dynamic CP, merges that spend what is left of the
 // upgrade budget on the heaviest groups; then local search.
-void Polish(GlobalPlan& plan, const std::vector<internal::PackerItem>& items,
-            const internal::PackerConfig& config, SchedulerKind kind, double budget) {
+void Polish(GlobalPlan& plan, const std::vector<PackerItem>& items, const PackerConfig& config,
+            SchedulerKind kind, double budget) {
   if (kind == SchedulerKind::kDynamicCp) {
     double total = 0;
     double upgraded = 0;
@@ -127,16 +127,16 @@ void Polish(GlobalPlan& plan, const std::vector<internal::PackerItem>& items,
       for (const CpGroup& group : microbatch.groups) {
         for (const PlannedSequence& s : group.sequences) {
           total += static_cast<double>(s.padded_length);
-          upgraded += internal::Inflation(items[s.sample], group.size, config);
+          upgraded += Inflation(items[s.sample], group.size, config);
         }
       }
     }
     const double left = budget * total - upgraded;
     if (left >= 1) {
-      internal::MergeHeaviestGroups(plan, items, config, left);
+      MergeHeaviestGroups(plan, items, config, left);
     }
   }
-  internal::RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);
+  RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);
 }
 
 }  // namespace
@@ -183,8 +183,8 @@ absl::StatusOr<CpRange> ResolveCpRange(const PlannerOptions& options) {
 namespace {
 
 // The packer's view of `options` (not megatron_dp_balanced).
-absl::StatusOr<internal::PackerConfig> PackerConfigOf(const PlannerOptions& options) {
-  internal::PackerConfig config;
+absl::StatusOr<PackerConfig> PackerConfigOf(const PlannerOptions& options) {
+  PackerConfig config;
   config.num_ranks = options.dp * options.cp;
   config.max_tokens_per_rank = options.max_tokens_per_rank;
   config.tp = options.tp;
@@ -207,10 +207,10 @@ absl::StatusOr<internal::PackerConfig> PackerConfigOf(const PlannerOptions& opti
 // `step` more, polished. `*rows` becomes the count that fitted. If the
 // budget pushes the count past what the batch can fill, giving every rank
 // work matters more: plan without it.
-absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const internal::PackerBatch& batch,
-                                                       internal::PackerConfig config,
-                                                       SchedulerKind kind, double budget,
-                                                       int64_t* rows, int step, bool one_more) {
+absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const PackerBatch& batch,
+                                                       PackerConfig config, SchedulerKind kind,
+                                                       double budget, int64_t* rows, int step,
+                                                       bool one_more) {
   const int64_t most = static_cast<int64_t>(batch.items.size());
   absl::Status last = absl::InvalidArgumentError(absl::StrCat(
       "cannot give every one of the ", config.num_ranks, " ranks a sequence in each of ", *rows,
@@ -218,12 +218,12 @@ absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const internal::PackerBat
   for (const double tried : {budget, kUnlimited}) {
     config.cp_upgrade_budget = tried;
     for (int64_t count = *rows; count <= most; count += step) {
-      absl::StatusOr<GlobalPlan> plan = internal::PackRows(batch, static_cast<int>(count), config);
+      absl::StatusOr<GlobalPlan> plan = PackRows(batch, static_cast<int>(count), config);
       if (plan.ok()) {
         std::vector<GlobalPlan> plans;
         plans.push_back(*std::move(plan));
         if (one_more && count + step <= most) {
-          plan = internal::PackRows(batch, static_cast<int>(count + step), config);
+          plan = PackRows(batch, static_cast<int>(count + step), config);
           if (plan.ok()) plans.push_back(*std::move(plan));
         }
         for (GlobalPlan& p : plans) Polish(p, batch.items, config, kind, tried);
@@ -242,7 +242,7 @@ absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const internal::PackerBat
 
 absl::Status CheckSequenceFits(int64_t length, const PlannerOptions& options) {
   if (options.kind == SchedulerKind::kMegatronDpBalanced) return absl::OkStatus();
-  absl::StatusOr<internal::PackerConfig> config = PackerConfigOf(options);
+  absl::StatusOr<PackerConfig> config = PackerConfigOf(options);
   if (!config.ok()) return config.status();
   const int64_t lengths[] = {length};
   return MakeItems(lengths, *config).status();
@@ -256,12 +256,12 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   if (options.kind == SchedulerKind::kMegatronDpBalanced) {
     return PlanMegatron(lengths, options);
   }
-  absl::StatusOr<internal::PackerConfig> packer = PackerConfigOf(options);
+  absl::StatusOr<PackerConfig> packer = PackerConfigOf(options);
   if (!packer.ok()) return packer.status();
-  internal::PackerConfig& config = *packer;
-  absl::StatusOr<std::vector<internal::PackerItem>> items = MakeItems(lengths, config);
+  PackerConfig& config = *packer;
+  absl::StatusOr<std::vector<PackerItem>> items = MakeItems(lengths, config);
   if (!items.ok()) return items.status();
-  const internal::PackerBatch batch = internal::MakePackerBatch(*std::move(items), config);
+  const PackerBatch batch = MakePackerBatch(*std::move(items), config);
 
   // Start at the token lower bound (each sequence at its smallest group)
   // and add microbatches until everything fits.

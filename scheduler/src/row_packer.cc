@@ -1,4 +1,4 @@
-#include "scheduler/internal/row_packer.h"
+#include "scheduler/src/row_packer.h"
 
 #include <algorithm>
 #include <map>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/scheduler/padding.h"
 
-namespace packfeed::scheduler::internal {
+namespace packfeed::scheduler {
 
 double Inflation(const PackerItem& item, int cp_size, const PackerConfig& config) {
   if (cp_size <= item.cp_size) return 0;
@@ -582,4 +582,4 @@ absl::StatusOr<GlobalPlan> PackRows(const PackerBatch& batch, int rows,
   return Packer(batch, rows, config).Run();
 }
 
-}  // namespace packfeed::scheduler::internal
+}  // namespace packfeed::scheduler

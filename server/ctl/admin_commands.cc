@@ -14,9 +14,9 @@
 #include "nlohmann/json.hpp"
 #include "packfeed/client/client.h"
 #include "packfeed/common/status_macros.h"
-#include "packfeed/server/daemon_config.h"
 #include "packfeed/v1/service.grpc.pb.h"
-#include "server/internal/admin_tls.h"
+#include "server/config/admin_tls.h"
+#include "server/config/daemon_config.h"
 
 namespace packfeed::server::ctl {
 namespace {
@@ -302,8 +302,8 @@ T Load(const void* data, size_t i) {
 
 // The values of a field as JSON: a scalar for a 0-d field, else a flat list.
 nlohmann::json FieldValues(const client::FieldView& field) {
-  using transport::ElementType;
-  const size_t count = field.bytes / transport::ElementSize(field.dtype);
+  using ::packfeed::ElementType;
+  const size_t count = field.bytes / ElementSize(field.dtype);
   nlohmann::json values = nlohmann::json::array();
   for (size_t i = 0; i < count; ++i) {
     switch (field.dtype) {
@@ -354,7 +354,7 @@ absl::Status Dump(const AdminArgs& args) {
   options.start_step = args.step;
   options.fingerprint = args.fingerprint;
   options.slot_bytes = args.slot_bytes;
-  options.placement = transport::RingPlacement::kHost;
+  options.placement = RingPlacement::kHost;
   // An operator's look: a daemon that goes away ends it at once.
   options.reconnect_timeout = absl::ZeroDuration();
   PF_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Attach(options));

@@ -22,8 +22,8 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
-#include "packfeed/server/daemon_config.h"
-#include "packfeed/server/job_config.h"
+#include "server/config/daemon_config.h"
+#include "server/config/job_config.h"
 #include "server/ctl/plan_replay.h"
 
 namespace packfeed::server::ctl {
@@ -143,7 +143,7 @@ absl::StatusOr<scheduler::CostModel> CalibratedJudge(const scheduler::CostModel&
 
 // A configured job's first `steps` global batches (0 = 1), drawn and
 // measured exactly as packfeedd plans them: the same sampler, sample rules
-// and planner options (packfeed/server/job_config.h).
+// and planner options (server/config/job_config.h).
 struct ConfiguredBatches {
   ReplayOptions options;
   std::vector<int64_t> lengths;

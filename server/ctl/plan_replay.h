@@ -3,7 +3,7 @@
 
 // Offline planning: replays consecutive global batches of a length trace
 // through a planner and summarises the plans with the figures of
-// ../shared/bench/README.md — capacity planning before a run, and what
+// docs/SCHEDULER.md — capacity planning before a run, and what
 // bench/ prints beside Megatron-LM's own schedulers.
 
 #include <cstdint>

@@ -9,8 +9,8 @@
 
 #include "CLI/CLI.hpp"
 #include "packfeed/common/version.h"
-#include "packfeed/server/daemon_config.h"
-#include "server/internal/daemon.h"
+#include "server/config/daemon_config.h"
+#include "server/control/daemon.h"
 #include "spdlog/spdlog.h"
 #include "systemd_notifier.h"
 

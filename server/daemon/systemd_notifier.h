@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "server/internal/daemon.h"
+#include "server/control/daemon.h"
 
 namespace packfeed::server {
 

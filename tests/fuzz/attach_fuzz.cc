@@ -17,10 +17,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/dataset/dataset_generator.h"
-#include "packfeed/server/daemon_config.h"
 #include "packfeed/transport/wire.h"
-#include "server/internal/attach_check.h"
-#include "server/internal/job.h"
+#include "server/config/daemon_config.h"
+#include "server/control/attach_check.h"
+#include "server/pipeline/job.h"
 
 namespace {
 

@@ -1,11 +1,11 @@
-#include "packfeed/server/daemon_config.h"
+#include "server/config/daemon_config.h"
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/cost_model.h"
-#include "packfeed/server/job_config.h"
-#include "server/internal/fingerprint.h"
+#include "server/config/fingerprint.h"
+#include "server/config/job_config.h"
 
 namespace packfeed::server {
 namespace {

@@ -2,7 +2,7 @@
 // steps freed only when every consumer job is past them, and the checks a
 // put and a seal must pass. The gRPC and UCX halves run in
 // tests/python/ingest_test.py.
-#include "server/internal/ingest_stream.h"
+#include "server/ingest/ingest_stream.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

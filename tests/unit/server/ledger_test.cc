@@ -2,7 +2,7 @@
 // consumed, duplicated, skipped and rewound, and that a replayed journal
 // gives back the same ledger, whatever state the file was left in.
 
-#include "server/internal/ledger.h"
+#include "server/storage/ledger.h"
 
 #include <unistd.h>
 

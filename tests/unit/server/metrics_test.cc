@@ -1,7 +1,7 @@
 // The Prometheus exposition of the daemon's stats, and its HTTP listener
 // answering a real HTTP request over loopback.
 
-#include "server/internal/metrics.h"
+#include "server/control/metrics.h"
 
 #include <arpa/inet.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "server/internal/model_stages.h"
+#include "server/config/model_stages.h"
 
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"

@@ -1,4 +1,4 @@
-#include "server/internal/pack.h"
+#include "server/pipeline/pack.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "server/internal/rank_partition.h"
+#include "server/control/rank_partition.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -2,7 +2,7 @@
 // reads, shared held samples, re-reads counted and named, the memory budget,
 // withdrawn fetches.
 
-#include "server/internal/storage.h"
+#include "server/storage/storage.h"
 
 #include <filesystem>
 #include <string>

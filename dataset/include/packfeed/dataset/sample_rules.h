@@ -1,8 +1,8 @@
 #ifndef PACKFEED_DATASET_SAMPLE_RULES_H_
 #define PACKFEED_DATASET_SAMPLE_RULES_H_
 
-// How a stored Megatron document becomes one training sequence (DESIGN.md
-// §3, fixtures/golden notes): the EOD rule, truncation to seq_length, and
+// How a stored Megatron document becomes one training sequence
+// (docs/CONTRACT.md): the EOD rule, truncation to seq_length, and
 // the real length the planner sees. The one definition: the daemon's plan
 // and pack stages and `packfeedctl plan` all use it, so an offline plan is
 // the plan the daemon serves.

@@ -1,7 +1,7 @@
 #ifndef PACKFEED_SCHEDULER_COST_MODEL_H_
 #define PACKFEED_SCHEDULER_COST_MODEL_H_
 
-// Modelled work of one sequence on one rank of its CP group (DESIGN.md §5):
+// Modelled work of one sequence on one rank of its CP group (docs/SCHEDULER.md):
 //   cost(s, c) = (α·s² + β·s) / c  +  [c > 1]·(κ·s·(c−1)/c + λ·(c−1))
 // The first term is compute split c ways. The second is what CP adds and
 // does not divide away: each rank receives the K/V of the other c−1 chunks

@@ -1,7 +1,7 @@
 #ifndef PACKFEED_SCHEDULER_PADDING_H_
 #define PACKFEED_SCHEDULER_PADDING_H_
 
-// Per-sequence padding (DESIGN.md §3): a sequence running with CP size c is
+// Per-sequence padding (docs/CONTRACT.md): a sequence running with CP size c is
 // padded to a multiple of 2·c (1 when c = 1), times TP when sequence
 // parallelism is on, so that zigzag CP splits it evenly.
 

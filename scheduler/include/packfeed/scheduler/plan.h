@@ -1,7 +1,7 @@
 #ifndef PACKFEED_SCHEDULER_PLAN_H_
 #define PACKFEED_SCHEDULER_PLAN_H_
 
-// The scheduler's output (DESIGN.md §1.2): for each microbatch, the dp-cp
+// The scheduler's output (docs/ARCHITECTURE.md): for each microbatch, the dp-cp
 // ranks split into CP groups (aligned blocks of a power-of-two size under
 // dynamic CP; DP blocks of CP ranks under static CP), each holding an ordered
 // list of sequences that every rank of the group slices with zigzag CP.

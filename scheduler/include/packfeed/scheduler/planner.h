@@ -1,7 +1,7 @@
 #ifndef PACKFEED_SCHEDULER_PLANNER_H_
 #define PACKFEED_SCHEDULER_PLANNER_H_
 
-// packfeed's planners (DESIGN.md §1.2): from the real lengths of one global
+// packfeed's planners (docs/ARCHITECTURE.md): from the real lengths of one global
 // batch and the topology, a GlobalPlan whose microbatches are balanced by
 // the cost model. Pure and deterministic: equal inputs give equal plans on
 // every node (no hashing, no unordered iteration, no wall clock).

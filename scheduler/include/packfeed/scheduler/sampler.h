@@ -1,7 +1,7 @@
 #ifndef PACKFEED_SCHEDULER_SAMPLER_H_
 #define PACKFEED_SCHEDULER_SAMPLER_H_
 
-// Which samples make up the global batch of a step (DESIGN.md §1.1): a pure
+// Which samples make up the global batch of a step (docs/ARCHITECTURE.md): a pure
 // function of (options, step), computed directly — O(global batch), nothing
 // proportional to the datasets — so resuming at step s costs what step 0
 // costs, and every node computes the same batch.

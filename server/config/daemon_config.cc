@@ -1,0 +1,336 @@
+#include "server/config/daemon_config.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "packfeed/common/posix_file.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/scheduler/cost_model.h"
+#include "packfeed/scheduler/planner.h"
+#include "packfeed/transport/wire.h"
+#include "server/config/job_config.h"
+#include "server/config/model_stages.h"
+#include "server/config/side_fields.h"
+
+namespace packfeed::server {
+namespace {
+
+// Collects the parser's complaints instead of letting protobuf log them.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+absl::Status FieldError(absl::string_view where, absl::string_view field,
+                        absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ".", field, ": ", problem));
+}
+
+bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+bool IsName(const std::string& name) {
+  return !name.empty() && name.find_first_not_of(
+                              "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                              "0123456789_.-") == std::string::npos;
+}
+
+// The streams' names and fields, and that each consumer job reads a
+// stream that has its side fields with the same dtype and shape.
+absl::Status ValidateIngest(const v1::DaemonConfig& config, absl::string_view source) {
+  std::map<std::string, const v1::IngestStream*> streams;
+  for (int i = 0; i < config.ingest_streams_size(); ++i) {
+    const v1::IngestStream& stream = config.ingest_streams(i);
+    const std::string where = absl::StrCat(source, ": ingest_streams[", i, "]");
+    if (!IsName(stream.name())) {
+      return FieldError(where, "name",
+                        absl::StrCat("'", stream.name(), "' must be [A-Za-z0-9_.-]+"));
+    }
+    if (!streams.emplace(stream.name(), &stream).second) {
+      return FieldError(where, "name", absl::StrCat("'", stream.name(), "' names two streams"));
+    }
+    PF_ASSIGN_OR_RETURN(ModelStages no_layers, ModelStages::Create({}, 1, 1, where));
+    std::set<std::string> names;
+    for (int f = 0; f < stream.fields_size(); ++f) {
+      const std::string at = absl::StrCat(where, ".fields[", f, "]");
+      PF_ASSIGN_OR_RETURN(SideFieldInfo field, ResolveSideField(stream.fields(f), no_layers, at));
+      if (!names.insert(field.name).second) return FieldError(at, "name", "the same name twice");
+    }
+  }
+  for (int i = 0; i < config.jobs_size(); ++i) {
+    const v1::JobConfig& job = config.jobs(i);
+    if (job.ingest_stream().empty()) continue;
+    const std::string where = absl::StrCat(source, ": jobs[", i, "]");
+    auto stream = streams.find(job.ingest_stream());
+    if (stream == streams.end()) {
+      return FieldError(
+          where, "ingest_stream",
+          absl::StrCat("no ingest_streams entry is named '", job.ingest_stream(), "'"));
+    }
+    for (int f = 0; f < job.side_fields_size(); ++f) {
+      const v1::SideField& wanted = job.side_fields(f);
+      const std::string at = absl::StrCat("side_fields[", f, "]");
+      const v1::SideField* have = nullptr;
+      for (const v1::SideField& field : stream->second->fields()) {
+        if (field.name() == wanted.name()) have = &field;
+      }
+      if (have == nullptr) {
+        return FieldError(
+            where, at,
+            absl::StrCat("stream '", job.ingest_stream(), "' has no field '", wanted.name(), "'"));
+      }
+      if (have->dtype() != wanted.dtype() ||
+          !std::equal(have->inner_shape().begin(), have->inner_shape().end(),
+                      wanted.inner_shape().begin(), wanted.inner_shape().end())) {
+        return FieldError(where, at,
+                          absl::StrCat("'", wanted.name(), "' is ", wanted.dtype(), " [",
+                                       absl::StrJoin(wanted.inner_shape(), ","), "] here and ",
+                                       have->dtype(), " [", absl::StrJoin(have->inner_shape(), ","),
+                                       "] in stream '", job.ingest_stream(), "'"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FillDefaults(v1::JobConfig& job) {
+  v1::Topology& t = *job.mutable_topology();
+  for (auto [get, set] : {std::pair{&v1::Topology::tp, &v1::Topology::set_tp},
+                          {&v1::Topology::pp, &v1::Topology::set_pp},
+                          {&v1::Topology::cp, &v1::Topology::set_cp},
+                          {&v1::Topology::dp, &v1::Topology::set_dp}}) {
+    if ((t.*get)() == 0) (t.*set)(1);
+  }
+  if (t.vpp() == 0) t.set_vpp(1);
+  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_UNSPECIFIED) {
+    const bool sft = !job.datasets().empty() && job.datasets(0).kind() == v1::DATASET_KIND_SFT;
+    job.set_long_documents(sft ? v1::JobConfig::LONG_DOCUMENTS_TRUNCATE
+                               : v1::JobConfig::LONG_DOCUMENTS_SPLIT);
+  }
+  if (job.scheduler().kind().empty()) job.mutable_scheduler()->set_kind("balanced");
+  if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
+  if (!job.scheduler().has_cp_upgrade_budget()) {
+    job.mutable_scheduler()->set_cp_upgrade_budget(0.05);
+  }
+  if (job.sampler() == v1::SAMPLER_MODE_UNSPECIFIED) job.set_sampler(v1::SAMPLER_MODE_SHUFFLE);
+  if (job.pad_id() == 0) job.set_pad_id(job.eod_id());
+  for (v1::DatasetSpec& dataset : *job.mutable_datasets()) {
+    if (dataset.weight() == 0) dataset.set_weight(1);
+    if (dataset.kind() == v1::DATASET_KIND_UNSPECIFIED) dataset.set_kind(v1::DATASET_KIND_VARLEN);
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where) {
+  const std::string& name = job.name();
+  if (!IsName(name)) {
+    return FieldError(where, "name", absl::StrCat("'", name, "' must be [A-Za-z0-9_.-]+"));
+  }
+  const bool ingest = !job.ingest_stream().empty();
+  if (ingest) {
+    if (!job.datasets().empty()) {
+      return FieldError(where, "datasets", "a job reads datasets or an ingest_stream, not both");
+    }
+    if (job.append_eod()) {
+      return FieldError(where, "append_eod", "ingested samples are served as put");
+    }
+  } else if (job.datasets().empty()) {
+    return FieldError(where, "datasets", "at least one is required (or an ingest_stream)");
+  }
+  for (int i = 0; i < job.datasets_size(); ++i) {
+    const v1::DatasetSpec& dataset = job.datasets(i);
+    const std::string at = absl::StrCat("datasets[", i, "]");
+    if (dataset.prefix().empty()) return FieldError(where, at + ".prefix", "required");
+    if (!(dataset.weight() > 0)) {
+      return FieldError(where, at + ".weight", absl::StrCat(dataset.weight(), " is not positive"));
+    }
+    if (dataset.kind() != job.datasets(0).kind()) {
+      return FieldError(where, at + ".kind", "every dataset of a job must have the same kind");
+    }
+  }
+  const v1::Topology& t = job.topology();
+  for (auto [field, value] :
+       {std::pair{"tp", t.tp()}, {"pp", t.pp()}, {"cp", t.cp()}, {"dp", t.dp()}}) {
+    if (value < 1 || value > 65536) {
+      return FieldError(where, absl::StrCat("topology.", field),
+                        absl::StrCat(value, " is out of [1, 65536]"));
+    }
+  }
+  const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
+  if (world > (1u << 20)) {
+    return FieldError(where, "topology", absl::StrCat("world size ", world, " exceeds 2^20 ranks"));
+  }
+  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT && !ingest &&
+      job.datasets(0).kind() == v1::DATASET_KIND_SFT) {
+    return FieldError(where, "long_documents",
+                      "LONG_DOCUMENTS_SPLIT is for varlen datasets (sft rows are truncated)");
+  }
+  if (t.vpp() < 1 || t.vpp() > 1024) {
+    return FieldError(where, "topology.vpp", absl::StrCat(t.vpp(), " is out of [1, 1024]"));
+  }
+  if (t.vpp() > 1 && t.pp() < 2) return FieldError(where, "topology.vpp", "needs topology.pp > 1");
+  absl::StatusOr<ModelStages> stages = ModelStages::Create(
+      job.model(), static_cast<int>(t.pp()), static_cast<int>(t.vpp()), std::string(where));
+  if (!stages.ok()) return stages.status();
+  std::set<std::string> side_names;
+  int loss_masks = 0;
+  size_t wire_fields = 0;
+  for (int f = 0; f < job.side_fields_size(); ++f) {
+    const std::string at = absl::StrCat(where, ".side_fields[", f, "]");
+    absl::StatusOr<SideFieldInfo> field = ResolveSideField(job.side_fields(f), *stages, at);
+    if (!field.ok()) return field.status();
+    if (!side_names.insert(field->name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".name: '", field->name, "' twice"));
+    }
+    if (field->loss_mask && ++loss_masks > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".role: a second loss mask"));
+    }
+    wire_fields += field->layer_axis ? t.vpp() : 1;
+  }
+  // The THD fields take at most 10 of the wire's slots.
+  if (wire_fields + 10 > transport::kMaxFields) {
+    return FieldError(where, "side_fields",
+                      absl::StrCat(wire_fields,
+                                   " fields to serve (a layer-axis field once per "
+                                   "model chunk); at most ",
+                                   transport::kMaxFields - 10));
+  }
+  for (int i = 0; i < job.datasets_size(); ++i) {
+    for (const auto& [name, prefix] : job.datasets(i).side_field_prefixes()) {
+      if (side_names.count(name) == 0) {
+        return FieldError(where, absl::StrCat("datasets[", i, "].side_field_prefixes"),
+                          absl::StrCat("'", name, "' is not a side field of the job"));
+      }
+    }
+  }
+  if (job.global_batch() < 1) {
+    return FieldError(where, "global_batch", absl::StrCat(job.global_batch(), " must be >= 1"));
+  }
+  if (job.seq_length() < 2) {
+    return FieldError(where, "seq_length", absl::StrCat(job.seq_length(), " must be >= 2"));
+  }
+  const v1::SchedulerConfig& s = job.scheduler();
+  absl::StatusOr<scheduler::SchedulerKind> kind = scheduler::SchedulerKindFromName(s.kind());
+  if (!kind.ok()) return FieldError(where, "scheduler.kind", kind.status().message());
+  if (s.max_tokens_per_rank() < 1) {
+    return FieldError(where, "scheduler.max_tokens_per_rank", "required (>= 1)");
+  }
+  if (absl::Status model = CostModelOf(s, t).status(); !model.ok()) {
+    return FieldError(where, "scheduler.cost_model", model.message());
+  }
+  for (auto [field, value] : {std::pair{"min_cp", s.min_cp()}, {"max_cp", s.max_cp()}}) {
+    if (value != 0 && !IsPowerOfTwo(value)) {
+      return FieldError(where, absl::StrCat("scheduler.", field),
+                        absl::StrCat(value, " is not a power of two"));
+    }
+  }
+  if (!(s.cp_upgrade_budget() >= 0)) {
+    return FieldError(where, "scheduler.cp_upgrade_budget", "must be >= 0");
+  }
+  if (*kind == scheduler::SchedulerKind::kMegatronDpBalanced) {
+    if (job.global_batch() % t.dp() != 0) {
+      return FieldError(where, "global_batch",
+                        absl::StrCat(job.global_batch(), " is not a multiple of DP ", t.dp(),
+                                     " (megatron_dp_balanced)"));
+    }
+    if (job.datasets_size() != 1 || job.sampler() != v1::SAMPLER_MODE_SEQUENTIAL || ingest) {
+      // Megatron's sample order is defined for one dataset read in order.
+      return FieldError(where, "sampler",
+                        "megatron_dp_balanced needs one dataset and SAMPLER_MODE_SEQUENTIAL");
+    }
+  }
+  if (job.sampler() == v1::SAMPLER_MODE_SEQUENTIAL && job.datasets_size() != 1 && !ingest) {
+    return FieldError(where, "sampler", "SAMPLER_MODE_SEQUENTIAL reads exactly one dataset");
+  }
+  std::set<uint32_t> seen;
+  for (uint32_t rank : job.local_ranks()) {
+    if (rank >= world) {
+      return FieldError(where, "local_ranks",
+                        absl::StrCat("rank ", rank, " is outside the world of ", world));
+    }
+    if (!seen.insert(rank).second) {
+      return FieldError(where, "local_ranks", absl::StrCat("rank ", rank, " is listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
+                                                   absl::string_view source) {
+  v1::DaemonConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", errors.first()));
+  }
+  if (config.socket_path().empty()) config.set_socket_path(kDefaultSocketPath);
+  if (config.prefetch_steps() == 0) config.set_prefetch_steps(2);
+  if (config.peer_timeout_seconds() == 0) config.set_peer_timeout_seconds(120);
+  // The ledger's defaults (LedgerOptions), named in config.proto.
+  if (config.ledger_keep_steps() == 0) config.set_ledger_keep_steps(1000);
+  if (config.ledger_compact_after_lines() == 0) config.set_ledger_compact_after_lines(65536);
+  if (!config.admin_tcp_address().empty() && config.admin_tcp_token().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     ": admin_tcp_token: required with admin_tcp_address (a TCP listener is "
+                     "open to the network)"));
+  }
+  if (config.has_admin_tls()) {
+    const v1::AdminTls& tls = config.admin_tls();
+    if (config.admin_tcp_address().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": admin_tls: secures admin_tcp_address, which is not set"));
+    }
+    for (auto [field, value] : {std::pair{"cert_file", &tls.cert_file()},
+                                {"key_file", &tls.key_file()},
+                                {"ca_file", &tls.ca_file()}}) {
+      if (value->empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": admin_tls.", field, ": required with admin_tls"));
+      }
+    }
+  }
+  if (!config.peers().empty() && config.admin_tcp_address().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": peers: peers check each other, so admin_tcp_address must be set too"));
+  }
+  if (config.jobs().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": jobs: at least one job is required"));
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < config.jobs_size(); ++i) {
+    v1::JobConfig& job = *config.mutable_jobs(i);
+    FillDefaults(job);
+    const std::string where = absl::StrCat(source, ": jobs[", i, "]");
+    PF_RETURN_IF_ERROR(ValidateJobConfig(job, where));
+    if (!names.insert(job.name()).second) {
+      return FieldError(where, "name", absl::StrCat("'", job.name(), "' names two jobs"));
+    }
+  }
+  PF_RETURN_IF_ERROR(ValidateIngest(config, source));
+  return config;
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadDaemonConfig(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat("cannot read the configuration file: ",
+                                                           text.status().message()));
+  }
+  return ParseDaemonConfig(*text, path);
+}
+
+}  // namespace packfeed::server

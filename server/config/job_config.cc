@@ -1,0 +1,120 @@
+#include "server/config/job_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/scheduler/cost_model.h"
+
+namespace packfeed::server {
+
+absl::StatusOr<scheduler::CostModel> CostModelOf(const v1::SchedulerConfig& s,
+                                                 const v1::Topology& t) {
+  const bool custom = s.cost_model() == "custom";
+  if (s.has_model_shape() != custom) {
+    return absl::InvalidArgumentError(
+        custom ? "cost_model \"custom\" needs model_shape"
+               : absl::StrCat("model_shape is only for cost_model \"custom\", not \"",
+                              s.cost_model(), "\""));
+  }
+  if (s.cost_model() == "megatron") {
+    if (s.has_hardware()) {
+      return absl::InvalidArgumentError("hardware has no meaning for cost_model \"megatron\"");
+    }
+    return scheduler::CostModel::Megatron();
+  }
+  scheduler::ModelShape shape;
+  if (custom) {
+    const v1::ModelShape& m = s.model_shape();
+    for (auto [name, value] : {std::pair{"layers", m.layers()},
+                               {"hidden", m.hidden()},
+                               {"heads", m.heads()},
+                               {"ffn_hidden", m.ffn_hidden()}}) {
+      if (value == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("model_shape.", name, " must be >= 1"));
+      }
+    }
+    shape = {m.layers(),     m.hidden(), m.heads(),     m.kv_heads() > 0 ? m.kv_heads() : m.heads(),
+             m.ffn_hidden(), m.vocab(),  !m.plain_mlp()};
+  } else {
+    absl::StatusOr<scheduler::ModelShape> preset = scheduler::ModelPreset(s.cost_model());
+    if (!preset.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown cost model '", s.cost_model(),
+                                                     "'; expected ", scheduler::kCostModelNames,
+                                                     " | custom"));
+    }
+    shape = *preset;
+  }
+  scheduler::Hardware hardware;
+  const v1::HardwareRates& h = s.hardware();
+  // Rates must be positive; the rest may be zero.
+  for (auto [name, has, value, target, rate] :
+       {std::tuple{"tflops", h.has_tflops(), h.tflops(), &hardware.tflops, true},
+        {"cp_link_gbps", h.has_cp_link_gbps(), h.cp_link_gbps(), &hardware.cp_link_gbps, true},
+        {"cp_latency_us", h.has_cp_latency_us(), h.cp_latency_us(), &hardware.cp_latency_us, false},
+        {"exposed_fraction", h.has_exposed_fraction(), h.exposed_fraction(),
+         &hardware.exposed_fraction, false},
+        {"microbatch_overhead_ms", h.has_microbatch_overhead_ms(), h.microbatch_overhead_ms(),
+         &hardware.microbatch_overhead_ms, false}}) {
+    if (!has) continue;
+    if (!(rate ? value > 0 : value >= 0) || std::isinf(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hardware.", name, " = ", value, rate ? " must be > 0" : " must be >= 0"));
+    }
+    *target = value;
+  }
+  const auto at_least_one = [](uint32_t x) { return static_cast<int>(std::max<uint32_t>(x, 1)); };
+  return scheduler::Calibrate(shape, hardware,
+                              {at_least_one(t.tp()), at_least_one(t.pp()), at_least_one(t.vpp())});
+}
+
+absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& job) {
+  const v1::Topology& t = job.topology();
+  const v1::SchedulerConfig& s = job.scheduler();
+  scheduler::PlannerOptions options;
+  PF_ASSIGN_OR_RETURN(options.kind, scheduler::SchedulerKindFromName(s.kind()));
+  PF_ASSIGN_OR_RETURN(options.cost_model, CostModelOf(s, t));
+  options.dp = static_cast<int>(t.dp());
+  options.cp = static_cast<int>(t.cp());
+  options.tp = static_cast<int>(t.tp());
+  options.sequence_parallel = t.sequence_parallel();
+  options.vpp_group_size = static_cast<int>(t.vpp_group_size());
+  options.max_tokens_per_rank = s.max_tokens_per_rank();
+  options.min_cp = static_cast<int>(s.min_cp());
+  options.max_cp = static_cast<int>(s.max_cp());
+  options.cp_upgrade_budget = s.cp_upgrade_budget();
+  options.max_sequences_per_pack = static_cast<int>(s.max_sequences_per_pack());
+  options.megatron_padding_is_real = SampleRulesOf(job).kind == dataset::SampleKind::kSft;
+  return options;
+}
+
+dataset::SampleRules SampleRulesOf(const v1::JobConfig& job) {
+  dataset::SampleRules rules;
+  rules.kind = !job.datasets().empty() && job.datasets(0).kind() == v1::DATASET_KIND_SFT
+                   ? dataset::SampleKind::kSft
+                   : dataset::SampleKind::kVarlen;
+  rules.seq_length = job.seq_length();
+  rules.eod_id = job.eod_id();
+  rules.pad_id = job.pad_id();
+  rules.append_eod = job.append_eod();
+  rules.split_long_documents = job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT;
+  return rules;
+}
+
+scheduler::SamplerOptions SamplerOptionsOf(const v1::JobConfig& job,
+                                           const std::vector<int64_t>& num_documents) {
+  scheduler::SamplerOptions options;
+  options.global_batch = job.global_batch();
+  options.seed = job.seed();
+  options.shuffle = job.sampler() != v1::SAMPLER_MODE_SEQUENTIAL;
+  for (int i = 0; i < job.datasets_size(); ++i) {
+    options.datasets.push_back({num_documents[static_cast<size_t>(i)], job.datasets(i).weight()});
+  }
+  return options;
+}
+
+}  // namespace packfeed::server

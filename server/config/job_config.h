@@ -1,0 +1,38 @@
+#ifndef PACKFEED_SERVER_CONFIG_JOB_CONFIG_H_
+#define PACKFEED_SERVER_CONFIG_JOB_CONFIG_H_
+
+// What a job's configuration means to the pipeline's pure parts: the
+// planner's options, the sample rules and the sampler's options. The one
+// translation: the daemon and `packfeedctl plan --config` both use it, so
+// an offline plan is the plan the daemon serves.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "packfeed/dataset/sample_rules.h"
+#include "packfeed/scheduler/planner.h"
+#include "packfeed/scheduler/sampler.h"
+#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::server {
+
+// InvalidArgument for an unknown scheduler kind or cost model.
+// REQUIRES: `job` passed ValidateJobConfig (defaults filled).
+absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& job);
+
+// The cost model `scheduler` names, calibrated for `topology`'s TP, PP and
+// VPP: "megatron", a preset, or "custom" from model_shape; hardware
+// overrides the default rates. InvalidArgument naming the field otherwise.
+absl::StatusOr<scheduler::CostModel> CostModelOf(const v1::SchedulerConfig& scheduler,
+                                                 const v1::Topology& topology);
+
+dataset::SampleRules SampleRulesOf(const v1::JobConfig& job);
+
+// `num_documents[i]`: documents of job.datasets(i).
+scheduler::SamplerOptions SamplerOptionsOf(const v1::JobConfig& job,
+                                           const std::vector<int64_t>& num_documents);
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_CONFIG_JOB_CONFIG_H_

@@ -1,0 +1,79 @@
+#include "server/control/attach_check.h"
+
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/transport/wire.h"
+#include "server/config/fingerprint.h"
+
+namespace packfeed::server {
+
+absl::Status CheckAttachRequest(const Job& job, const v1::AttachRequest& request) {
+  PF_RETURN_IF_ERROR(CheckToken(request.auth_token(), job.config().auth_token(),
+                                absl::StrCat("auth token for job ", job.name())));
+  const int world = job.layout().world_size();
+  if (request.global_rank() >= static_cast<uint32_t>(world)) {
+    return absl::OutOfRangeError(absl::StrCat("rank ", request.global_rank(), " is outside job ",
+                                              job.name(), "'s world of ", world, " ranks"));
+  }
+  if (!job.IsLocal(static_cast<int>(request.global_rank()))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job.name(), " rank ", request.global_rank(), " is not hosted by this daemon (",
+        job.local_ranks().size(), " local ranks, from ", job.local_ranks().front(), " to ",
+        job.local_ranks().back(), ")"));
+  }
+  if (request.elastic() && request.fingerprint().empty()) {
+    return absl::InvalidArgumentError(
+        "an elastic resume needs the fingerprint the checkpoint was taken under");
+  }
+  if (!request.fingerprint().empty()) {
+    absl::Status match =
+        CompareFingerprints(request.fingerprint(), job.fingerprint(), request.elastic());
+    if (!match.ok()) return match;
+  }
+  absl::StatusOr<transport::RingDescriptor> ring =
+      transport::DecodeRingDescriptor(request.ring().ring_descriptor());
+  if (!ring.ok()) {
+    return absl::Status(ring.status().code(),
+                        absl::StrCat("ring descriptor: ", ring.status().message()));
+  }
+  if (ring->slot_bytes < job.required_slot_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("ring slots of ", ring->slot_bytes,
+                                                   " bytes are smaller than job ", job.name(),
+                                                   "'s largest microbatch: slots of at least ",
+                                                   job.required_slot_bytes(), " bytes are needed"));
+  }
+  if (request.start_step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start step ", request.start_step(), " < 0"));
+  }
+  if (request.elastic() && request.start_microbatch() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an elastic resume starts at a step boundary, not at microbatch ",
+                     request.start_microbatch(), " of step ", request.start_step(),
+                     " (another layout plans that step's microbatches differently)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The length may leak; the contents do not.
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::string& longer = a.size() >= b.size() ? a : b;
+  for (size_t i = 0; i < longer.size(); ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+absl::Status CheckToken(const std::string& presented, const std::string& required,
+                        absl::string_view what) {
+  if (required.empty() || ConstantTimeEquals(presented, required)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("wrong ", what));
+}
+
+}  // namespace packfeed::server

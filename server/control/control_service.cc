@@ -1,0 +1,153 @@
+// Control: trainers attach their rings and detach. Every refusal says what is
+// wrong and touches nothing of the other ranks.
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/control/attach_check.h"
+#include "server/control/services.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed::server {
+namespace {
+
+// Everything an attach can get wrong that needs no runner.
+absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
+                         JobRunner*& runner) {
+  if (daemon.draining()) return absl::UnavailableError("the daemon is draining");
+  if (!daemon.started()) {
+    return absl::UnavailableError("the daemon is starting: it is still checking its peers");
+  }
+  runner = daemon.runner(request.job());
+  if (runner == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& r : daemon.runners()) names.push_back(r->job().name());
+    return absl::NotFoundError(absl::StrCat(
+        "no job '", request.job(), "' on this daemon (jobs: ", absl::StrJoin(names, ", "), ")"));
+  }
+  return CheckAttachRequest(runner->job(), request);
+}
+
+// A Watch call refused before it starts.
+class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEvent> {
+ public:
+  explicit RefusedWatch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+class ControlService final : public v1::Control::CallbackService {
+ public:
+  explicit ControlService(Daemon& daemon) : daemon_(daemon) {}
+
+  grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* context,
+                                   const v1::AttachRequest* request,
+                                   v1::AttachReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    JobRunner* runner = nullptr;
+    absl::Status status =
+        daemon_.CheckCaller(*context, absl::StrCat("attach to job ", request->job()));
+    if (status.ok()) status = CheckAttach(daemon_, *request, runner);
+    if (!status.ok()) {
+      spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
+                   status.ToString());
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    AttachArgs args;
+    args.global_rank = static_cast<int>(request->global_rank());
+    args.worker_address = request->worker_address();
+    args.ring_descriptor = request->ring().ring_descriptor();
+    args.start_step = request->start_step();
+    args.start_microbatch = static_cast<int>(request->start_microbatch());
+    args.ring_slots = request->ring().slots();
+    runner->Attach(
+        std::move(args), [reactor, reply, runner, request](absl::StatusOr<uint64_t> connection_id) {
+          if (!connection_id.ok()) {
+            spdlog::warn("job {} rank {}: attach refused: {}", request->job(),
+                         request->global_rank(), connection_id.status().ToString());
+            reactor->Finish(ToGrpcStatus(connection_id.status()));
+            return;
+          }
+          const Job& job = runner->job();
+          const RankCoords coords = job.layout().Coords(static_cast<int>(request->global_rank()));
+          reply->set_sender_address(runner->sender_address());
+          reply->set_connection_id(*connection_id);
+          reply->set_fingerprint(job.fingerprint());
+          reply->set_tp(coords.tp);
+          reply->set_pp(coords.pp);
+          reply->set_cp(coords.cp);
+          reply->set_dp(coords.dp);
+          reply->set_required_slot_bytes(job.required_slot_bytes());
+          reply->set_vpp(static_cast<uint32_t>(job.stages().vpp()));
+          reactor->Finish(grpc::Status::OK);
+        });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Detach(grpc::CallbackServerContext* context,
+                                   const v1::DetachRequest* request,
+                                   v1::DetachReply* /*reply*/) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    JobRunner* runner = daemon_.runner(request->job());
+    if (absl::Status caller =
+            daemon_.CheckCaller(*context, absl::StrCat("detach from job ", request->job()));
+        !caller.ok()) {
+      reactor->Finish(ToGrpcStatus(caller));
+    } else if (runner == nullptr) {
+      reactor->Finish(
+          ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
+    } else if (absl::Status token =
+                   CheckToken(request->auth_token(), runner->job().config().auth_token(),
+                              absl::StrCat("auth token for job ", request->job()));
+               !token.ok()) {
+      reactor->Finish(ToGrpcStatus(token));
+    } else {
+      std::optional<JobRunner::DetachPosition> consumed_to;
+      if (request->has_consumed_to()) {
+        consumed_to = JobRunner::DetachPosition{
+            {request->consumed_to().step(), static_cast<int>(request->consumed_to().microbatch())},
+            request->ring_slots()};
+      }
+      runner->Detach(static_cast<int>(request->global_rank()), request->connection_id(),
+                     consumed_to,
+                     [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+    }
+    return reactor;
+  }
+
+  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* context,
+                                                  const v1::WatchRequest* request) override {
+    if (absl::Status caller =
+            daemon_.CheckCaller(*context, absl::StrCat("watch job ", request->job()));
+        !caller.ok()) {
+      return new RefusedWatch(caller);
+    }
+    JobRunner* runner = daemon_.runner(request->job());
+    if (runner == nullptr) {
+      return new RefusedWatch(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'")));
+    }
+    if (absl::Status token = CheckToken(request->auth_token(), runner->job().config().auth_token(),
+                                        absl::StrCat("auth token for job ", request->job()));
+        !token.ok()) {
+      return new RefusedWatch(token);
+    }
+    const int rank = static_cast<int>(request->global_rank());
+    const uint64_t connection_id = request->connection_id();
+    Daemon* daemon = &daemon_;
+    return daemon_.watches().Start([daemon, runner, rank, connection_id] {
+      if (daemon->draining()) return;  // the daemon's own goodbyes follow
+      runner->RankGone(rank, connection_id,
+                       "its Watch stream broke (the process died or stopped answering pings)");
+    });
+  }
+
+ private:
+  Daemon& daemon_;
+};
+
+}  // namespace
+
+std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon) {
+  return std::make_unique<ControlService>(daemon);
+}
+
+}  // namespace packfeed::server

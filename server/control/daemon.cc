@@ -1,0 +1,344 @@
+#include "server/control/daemon.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/server_builder.h"
+#include "packfeed/common/posix_file.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/v1/service.grpc.pb.h"
+#include "server/config/admin_tls.h"
+#include "server/config/fingerprint.h"
+#include "server/control/rank_partition.h"
+#include "server/control/services.h"
+#include "server/pipeline/plan.h"
+#include "server/pipeline/read.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed::server {
+
+namespace {
+
+// The socket's folder exists (created if need be) and this process may create
+// files in it: checked before any job starts, so the error names the folder.
+absl::Status PrepareSocketDirectory(const std::string& socket) {
+  const std::filesystem::path directory = std::filesystem::path(socket).parent_path().empty()
+                                              ? std::filesystem::path(".")
+                                              : std::filesystem::path(socket).parent_path();
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("socket directory ", directory.string(),
+                                                      " cannot be created: ", error.message()));
+  }
+  if (access(directory.c_str(), W_OK | X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("socket directory ", directory.string(), " is not writable by this user"));
+  }
+  return absl::OkStatus();
+}
+
+constexpr int kRankPingMs = 1000;
+constexpr int kRankPingTimeoutMs = 2000;
+
+// Each peer daemon serves every job of this one with the same fingerprint.
+// Peers start at about the same time: each listens before it checks, and
+// an unanswered peer is asked again until the timeout.
+absl::Status CheckPeers(const v1::DaemonConfig& config,
+                        const std::vector<std::unique_ptr<Job>>& jobs) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(config.peer_timeout_seconds());
+  const v1::AdminTls& tls = config.admin_tls();
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                      AdminChannelCredentials(tls.ca_file(), tls.cert_file(), tls.key_file()));
+  // Per job, which node hosts which ranks: this one's first.
+  std::map<std::string, std::vector<HostedRanks>> hosted;
+  for (const auto& job : jobs) {
+    hosted[job->name()].push_back(
+        {absl::StrCat("this node (", config.admin_tcp_address(), ")"), job->local_ranks()});
+  }
+  for (const std::string& peer : config.peers()) {
+    auto admin = v1::Admin::NewStub(grpc::CreateChannel(peer, credentials));
+    v1::ListJobsReply reply;
+    grpc::Status status;
+    do {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      context.AddMetadata(kAdminTokenMetadata, config.admin_tcp_token());
+      status = admin->ListJobs(&context, {}, &reply);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(250));
+    } while (absl::Now() < deadline);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::UnavailableError(absl::StrCat("peer ", peer, " did not answer within ",
+                                                 config.peer_timeout_seconds(),
+                                                 " s: ", status.error_message()));
+    }
+    if (!status.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("peer ", peer, " refused the check: ", status.error_message()));
+    }
+    for (const auto& job : jobs) {
+      auto same = std::find_if(reply.jobs().begin(), reply.jobs().end(),
+                               [&](const v1::JobSummary& s) { return s.name() == job->name(); });
+      if (same == reply.jobs().end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("peer ", peer, " has no job '", job->name(), "'"));
+      }
+      absl::Status match = CompareFingerprints(same->fingerprint(), job->fingerprint());
+      if (!match.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "peer ", peer, " runs job '", job->name(), "' with fingerprint ", same->fingerprint(),
+            ", this node ", job->fingerprint(), ": ", match.message()));
+      }
+      hosted[job->name()].push_back(
+          {absl::StrCat("peer ", peer),
+           std::vector<int>(same->local_ranks().begin(), same->local_ranks().end())});
+    }
+    spdlog::info("peer {}: {} job(s) with the same fingerprints", peer, jobs.size());
+  }
+  if (config.peers().empty()) return absl::OkStatus();
+  for (const auto& job : jobs) {
+    PF_RETURN_IF_ERROR(
+        CheckRankPartition(job->name(), job->layout().world_size(), hosted[job->name()]));
+    spdlog::info("job {}: its {} ranks are hosted once each by {} nodes", job->name(),
+                 job->layout().world_size(), config.peers_size() + 1);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& config,
+                                                      const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  daemon->config_ = config;
+  if (!config.state_dir().empty() && mkdir(config.state_dir().c_str(), 0750) != 0 &&
+      errno != EEXIST) {
+    return ErrnoToStatus(errno, "state_dir: mkdir", config.state_dir());
+  }
+  StorageOptions storage_options;
+  if (config.read_threads() > 0) {
+    storage_options.read_threads = static_cast<int>(config.read_threads());
+  }
+  storage_options.memory_budget_bytes = config.memory_budget_bytes();
+  daemon->storage_ = std::make_unique<Storage>(storage_options);
+  Storage& storage = *daemon->storage_;
+  const DatasetOpener open = [&storage](const std::string& prefix) { return storage.Open(prefix); };
+  PF_RETURN_IF_ERROR(daemon->StartIngest(options));
+  for (const v1::JobConfig& job_config : config.jobs()) {
+    IngestStream* stream = nullptr;
+    for (const auto& s : daemon->streams_) {
+      if (s->name() == job_config.ingest_stream()) stream = s.get();
+    }
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config, open, stream);
+    if (!job.ok()) {
+      return absl::Status(job.status().code(),
+                          absl::StrCat("job ", job_config.name(), ": ", job.status().message()));
+    }
+    JobRunnerOptions runner_options;
+    runner_options.sender.ucx.transports = options.ucx_transports;
+    runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
+    runner_options.ledger.keep_steps = static_cast<int64_t>(config.ledger_keep_steps());
+    runner_options.ledger.compact_after_lines = config.ledger_compact_after_lines();
+    if (!config.state_dir().empty()) {
+      // One ledger per job and fingerprint: another configuration begins
+      // its own.
+      runner_options.ledger_path = absl::StrCat(config.state_dir(), "/", job_config.name(), "-",
+                                                (*job)->fingerprint(), ".ledger");
+    }
+    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
+                        JobRunner::Start(**job, storage, runner_options));
+    if (stream != nullptr) {
+      stream->AddConsumer(IngestConsumerOf(**job), [r = runner.get()] { r->Wake(); });
+    }
+    daemon->by_name_[job_config.name()] = runner.get();
+    daemon->runners_.push_back(std::move(runner));
+    spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),
+                 (*job)->fingerprint(), (*job)->layout().world_size(), (*job)->local_ranks().size(),
+                 job_config.scheduler().kind());
+    daemon->jobs_.push_back(*std::move(job));
+  }
+
+  const std::string& socket = config.socket_path();
+  PF_RETURN_IF_ERROR(PrepareSocketDirectory(socket));
+  // A socket file left by a daemon that died is replaced; anything else in
+  // the way is not ours to remove.
+  struct stat info;
+  if (lstat(socket.c_str(), &info) == 0) {
+    if (!S_ISSOCK(info.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(socket, ": exists and is not a socket; refusing to replace it"));
+    }
+    unlink(socket.c_str());
+  }
+  daemon->services_.push_back(MakeControlService(*daemon));
+  daemon->services_.push_back(MakeAdminService(*daemon));
+  daemon->services_.push_back(MakeIngestService(*daemon));
+  // No listening port: UnixListener accepts on `socket` and hands gRPC each
+  // connection, knowing who opened it.
+  grpc::ServerBuilder builder;
+  // HTTP/2 pings on every connection with a call open (each rank's Watch
+  // stream): a rank's process that stops answering (SIGSTOP, a hung
+  // machine) breaks its stream within kRankPing + kRankPingTimeout.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kRankPingMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kRankPingTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  for (auto& service : daemon->services_) builder.RegisterService(service.get());
+  daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ == nullptr) return absl::InternalError("the gRPC server did not start");
+  absl::StatusOr<std::unique_ptr<UnixListener>> unix =
+      UnixListener::Start(socket, *daemon->server_);
+  if (!unix.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve on unix:", socket, ": ", unix.status().message(),
+                     " (is its directory writable, or another daemon there?)"));
+  }
+  daemon->unix_ = *std::move(unix);
+  for (uint32_t uid : config.allowed_uids()) daemon->allowed_uids_.insert(uid);
+  if (daemon->allowed_uids_.empty()) daemon->allowed_uids_ = {0, getuid()};
+  if (!config.admin_tcp_address().empty()) {
+    // A server of its own with the Admin service only: attaching (Control)
+    // stays on the Unix socket, whose permissions say who may.
+    daemon->services_.push_back(MakeAdminService(*daemon, config.admin_tcp_token()));
+    grpc::ServerBuilder tcp;
+    int port = 0;
+    PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        AdminServerCredentials(config));
+    tcp.AddListeningPort(config.admin_tcp_address(), credentials, &port);
+    tcp.RegisterService(daemon->services_.back().get());
+    daemon->tcp_server_ = tcp.BuildAndStart();
+    if (daemon->tcp_server_ == nullptr || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on admin_tcp_address ", config.admin_tcp_address()));
+    }
+  }
+  if (!config.metrics_address().empty()) {
+    Daemon* self = daemon.get();
+    PF_ASSIGN_OR_RETURN(daemon->metrics_, MetricsServer::Start(config.metrics_address(), [self] {
+                          return self->CollectStats(absl::Seconds(5));
+                        }));
+  }
+  PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_));
+  daemon->started_ = true;
+  spdlog::info(
+      "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), socket,
+      config.admin_tcp_address().empty()
+          ? ""
+          : absl::StrCat(" (admin also on ", config.admin_tcp_address(), ")"),
+      daemon->metrics_ == nullptr ? "" : absl::StrCat(", metrics on ", config.metrics_address()));
+  return daemon;
+}
+
+absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) const {
+  // Each runner answers on its own thread.
+  struct Collected {
+    absl::Mutex mutex;
+    std::vector<v1::JobStats> jobs ABSL_GUARDED_BY(mutex);
+    bool all_in ABSL_GUARDED_BY(mutex) = false;
+  };
+  auto collected = std::make_shared<Collected>();
+  const size_t expected = runners_.size();
+  for (const auto& runner : runners_) {
+    runner->Stats([collected, expected](v1::JobStats stats) {
+      absl::MutexLock lock(&collected->mutex);
+      collected->jobs.push_back(std::move(stats));
+      collected->all_in = collected->jobs.size() == expected;
+    });
+  }
+  absl::MutexLock lock(&collected->mutex);
+  if (expected > 0 &&
+      !collected->mutex.AwaitWithTimeout(absl::Condition(&collected->all_in), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("a job's runner did not answer within ", absl::FormatDuration(timeout)));
+  }
+  std::vector<v1::JobStats> jobs = collected->jobs;
+  std::sort(jobs.begin(), jobs.end(),
+            [](const v1::JobStats& a, const v1::JobStats& b) { return a.name() < b.name(); });
+  v1::GetStatsReply reply;
+  for (v1::JobStats& job : jobs) *reply.add_jobs() = std::move(job);
+  *reply.mutable_storage() = storage_->Stats();
+  AddIngestStats(reply);
+  return reply;
+}
+
+void Daemon::AddIngestStats(v1::GetStatsReply& reply) const {
+  for (const auto& stream : streams_) *reply.add_ingest_streams() = stream->Stats();
+}
+
+absl::Status Daemon::StartIngest(const DaemonOptions& options) {
+  if (config_.ingest_streams().empty()) return absl::OkStatus();
+  std::vector<IngestStream*> streams;
+  for (const v1::IngestStream& config : config_.ingest_streams()) {
+    PF_ASSIGN_OR_RETURN(ModelStages no_layers, ModelStages::Create({}, 1, 1, config.name()));
+    std::vector<SideFieldInfo> fields;
+    for (const v1::SideField& field : config.fields()) {
+      PF_ASSIGN_OR_RETURN(SideFieldInfo info,
+                          ResolveSideField(field, no_layers, config.name() + ".fields"));
+      fields.push_back(std::move(info));
+    }
+    const uint64_t budget = config.memory_budget_bytes() != 0 ? config.memory_budget_bytes()
+                                                              : config_.memory_budget_bytes();
+    streams_.push_back(std::make_unique<IngestStream>(config.name(), config.auth_token(),
+                                                      std::move(fields), budget));
+    streams.push_back(streams_.back().get());
+  }
+  transport::UcxOptions ucx;
+  ucx.transports = options.ucx_transports;
+  PF_ASSIGN_OR_RETURN(ingest_,
+                      IngestServer::Start(std::move(streams), ucx, !config_.peers().empty()));
+  PF_ASSIGN_OR_RETURN(forwarder_, PeerForwarder::Create(config_));
+  return absl::OkStatus();
+}
+
+Daemon::~Daemon() {
+  metrics_.reset();  // no scrape asks the runners once they stop
+  Shutdown();
+  // Puts still waiting are answered before the server stops.
+  if (ingest_ != nullptr) ingest_->Stop();
+  // The ranks' Watch streams end here, not by the server's deadline; the
+  // ranks still get their goodbyes below.
+  watches_.FinishAll();
+  unix_.reset();  // no new connection
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+  if (tcp_server_ != nullptr) tcp_server_->Shutdown(deadline);
+  if (server_ != nullptr) server_->Shutdown(deadline);
+  runners_.clear();  // goodbyes to every rank
+  unlink(config_.socket_path().c_str());
+}
+
+void Daemon::Shutdown() {
+  std::call_once(shutdown_once_, [this] { shutdown_.Notify(); });
+}
+
+bool Daemon::Healthy(absl::Duration within) const {
+  const absl::Time now = absl::Now();
+  for (const auto& runner : runners_) {
+    if (now - runner->last_loop() > within) return false;
+  }
+  const absl::Time oldest_read = storage_->OldestReadStart();
+  return oldest_read == absl::InfiniteFuture() || now - oldest_read <= within;
+}
+
+absl::Status Daemon::CheckCaller(const grpc::ServerContextBase& context,
+                                 absl::string_view action) const {
+  return server::CheckCaller(*unix_, context, allowed_uids_, action);
+}
+
+JobRunner* Daemon::runner(const std::string& job) const {
+  auto it = by_name_.find(job);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+}  // namespace packfeed::server

@@ -1,0 +1,120 @@
+// Ingest: drivers put samples and seal steps (docs/INGEST.md). Every refusal
+// says what is wrong and touches no other producer or consumer.
+
+#include "absl/strings/str_cat.h"
+#include "server/control/services.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed::server {
+namespace {
+
+class IngestService final : public v1::Ingest::CallbackService {
+ public:
+  explicit IngestService(Daemon& daemon) : daemon_(daemon) {}
+
+  grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context, const v1::PutRequest* request,
+                                v1::PutReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream = nullptr;
+    absl::Status status = Check(*context, request->stream(), request->auth_token(),
+                                absl::StrCat("put into step ", request->step()), stream);
+    if (!status.ok()) {
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    daemon_.ingest()->Put(*request, [reactor, reply](absl::StatusOr<v1::PutReply> done) {
+      if (done.ok()) *reply = *std::move(done);
+      reactor->Finish(ToGrpcStatus(done.status()));
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Seal(grpc::CallbackServerContext* context,
+                                 const v1::SealRequest* request, v1::SealReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream = nullptr;
+    absl::Status status = Check(*context, request->stream(), request->auth_token(),
+                                absl::StrCat("seal step ", request->step()), stream);
+    PeerForwarder* forwarder = daemon_.forwarder();
+    if (status.ok()) {
+      // With peers, the step stays here until every peer has its bytes.
+      absl::StatusOr<v1::SealReply> sealed = stream->Seal(request->step(), forwarder != nullptr);
+      if (sealed.ok()) {
+        *reply = *std::move(sealed);
+        spdlog::info("ingest stream {}: step {} sealed with {} samples in {} groups",
+                     stream->name(), request->step(), reply->samples(), reply->groups());
+      } else {
+        spdlog::warn("ingest: seal refused: {}", std::string(sealed.status().message()));
+      }
+      status = sealed.status();
+    }
+    const int64_t step = request->step();
+    // Sealing again a step a peer did not take (it was down) forwards it
+    // again; still AlreadyExists once every peer has it.
+    const bool forward = forwarder != nullptr &&
+                         (status.ok() || (absl::IsAlreadyExists(status) && stream->Pin(step)));
+    if (!forward) {
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    absl::StatusOr<v1::ForwardStepRequest> to_peers =
+        ForwardRequestOf(*stream, **stream->Sealed(step), request->auth_token());
+    if (!to_peers.ok()) {
+      stream->Unpin(step);
+      spdlog::warn("ingest: seal refused: {}", std::string(to_peers.status().message()));
+      reactor->Finish(ToGrpcStatus(to_peers.status()));
+      return reactor;
+    }
+    forwarder->Forward(std::make_shared<v1::ForwardStepRequest>(*std::move(to_peers)),
+                       [reactor, stream, step, status](absl::Status forwarded) {
+                         stream->Unpin(step);
+                         reactor->Finish(ToGrpcStatus(forwarded.ok() ? status : forwarded));
+                       });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const v1::IngestStatusRequest* request,
+                                   v1::IngestStatusReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream =
+        daemon_.ingest() != nullptr ? daemon_.ingest()->stream(request->stream()) : nullptr;
+    if (stream == nullptr) {
+      reactor->Finish(ToGrpcStatus(
+          absl::NotFoundError(absl::StrCat("no ingest stream '", request->stream(), "'"))));
+    } else {
+      *reply->mutable_stream() = stream->Stats();
+      reactor->Finish(grpc::Status::OK);
+    }
+    return reactor;
+  }
+
+ private:
+  // The caller may act on the stream: the daemon serves, the uid is
+  // allowed, the stream exists and the token is its own.
+  absl::Status Check(const grpc::CallbackServerContext& context, const std::string& name,
+                     const std::string& token, const std::string& action,
+                     IngestStream*& stream) const {
+    if (daemon_.draining()) return absl::UnavailableError("the daemon is draining");
+    absl::Status status =
+        daemon_.CheckCaller(context, absl::StrCat(action, " of ingest stream ", name));
+    if (!status.ok()) return status;
+    stream = daemon_.ingest() != nullptr ? daemon_.ingest()->stream(name) : nullptr;
+    if (stream == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no ingest stream '", name, "' on this daemon"));
+    }
+    status = stream->CheckToken(token);
+    if (!status.ok()) spdlog::warn("ingest: {} refused: {}", action, std::string(status.message()));
+    return status;
+  }
+
+  Daemon& daemon_;
+};
+
+}  // namespace
+
+std::unique_ptr<v1::Ingest::CallbackService> MakeIngestService(Daemon& daemon) {
+  return std::make_unique<IngestService>(daemon);
+}
+
+}  // namespace packfeed::server

@@ -1,0 +1,431 @@
+#include "server/ingest/ingest_server.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+#include "packfeed/transport/memory_region.h"
+#include "spdlog/spdlog.h"
+
+namespace packfeed::server {
+namespace {
+
+// A get that has not completed by then fails the put (and the producer's
+// endpoint): the producer stopped progressing or died.
+constexpr absl::Duration kTransferTimeout = absl::Seconds(30);
+void OnProducerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  spdlog::warn("ingest: a producer's endpoint failed: {}", ucs_status_string(status));
+  *static_cast<bool*>(arg) = true;
+}
+
+// Samples in memory registered with UCX. The context is kept for the unmap.
+struct RegisteredSamples {
+  std::shared_ptr<const transport::UcpContext> context;
+  std::shared_ptr<char[]> heap;
+  transport::MemoryRegion memory;  // of `heap`: unmapped first
+};
+
+uint64_t SampleBytes(const v1::IngestSample& sample) {
+  uint64_t bytes = sample.tokens() * sizeof(int64_t);
+  for (uint64_t field : sample.field_bytes()) bytes += field;
+  return bytes;
+}
+
+// Where a sample's fields lie in the buffer it is kept in (by stream field)
+// and that buffer's size. A producer (or an origin daemon) that laid the
+// sample out as one span, its tokens first and its fields after them with
+// at most alignment padding between, is mirrored: one get reads it all.
+// Otherwise the tokens and then the fields in stream order, one get each.
+struct SampleLayout {
+  std::vector<uint64_t> field_offsets;
+  uint64_t bytes = 0;
+  bool one_span = false;
+};
+
+SampleLayout LayoutOf(const v1::IngestSample& sample, const std::vector<int>& stream_field) {
+  constexpr uint64_t kMostPaddingPerField = 8;
+  SampleLayout layout;
+  layout.field_offsets.assign(stream_field.size(), 0);
+  const uint64_t tokens_end = sample.offset() + sample.tokens() * sizeof(int64_t);
+  uint64_t span_end = tokens_end;
+  bool after_tokens = true;
+  for (int f = 0; f < sample.field_bytes_size(); ++f) {
+    after_tokens = after_tokens && sample.field_offsets(f) >= tokens_end;
+    span_end = std::max(span_end, sample.field_offsets(f) + sample.field_bytes(f));
+  }
+  const uint64_t span = span_end - sample.offset();
+  layout.one_span =
+      after_tokens && span <= SampleBytes(sample) + kMostPaddingPerField * stream_field.size();
+  if (layout.one_span) {
+    for (int f = 0; f < sample.field_bytes_size(); ++f) {
+      layout.field_offsets[static_cast<size_t>(stream_field[static_cast<size_t>(f)])] =
+          sample.field_offsets(f) - sample.offset();
+    }
+    layout.bytes = span;
+    return layout;
+  }
+  std::vector<uint64_t> sizes(stream_field.size(), 0);  // by stream field
+  for (int f = 0; f < sample.field_bytes_size(); ++f) {
+    sizes[static_cast<size_t>(stream_field[static_cast<size_t>(f)])] = sample.field_bytes(f);
+  }
+  uint64_t at = sample.tokens() * sizeof(int64_t);
+  for (size_t f = 0; f < sizes.size(); ++f) {
+    layout.field_offsets[f] = at;
+    at += sizes[f];
+  }
+  layout.bytes = at;
+  return layout;
+}
+
+// Each sample's buffer starts aligned for its int64 tokens (and any field).
+uint64_t AlignedToSample(uint64_t bytes) { return (bytes + 15) & ~uint64_t{15}; }
+
+absl::Status InForward(const v1::ForwardStepRequest& forward, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("forwarded step ", forward.step(), " of stream ",
+                                                  forward.stream(), ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
+    std::vector<IngestStream*> streams, const transport::UcxOptions& ucx, bool for_peers) {
+  PF_ASSIGN_OR_RETURN(transport::UcpContext context, transport::UcpContext::Create(ucx));
+  auto shared = std::make_shared<const transport::UcpContext>(std::move(context));
+  PF_ASSIGN_OR_RETURN(transport::UcpWorker worker, transport::UcpWorker::Create(*shared));
+  std::unique_ptr<IngestServer> server(
+      new IngestServer(std::move(streams), std::move(shared), std::move(worker), for_peers));
+  for (IngestStream* stream : server->streams_) {
+    stream->SetOnFree([s = server.get()] { s->worker_.Signal(); });
+  }
+  server->thread_ = std::thread([s = server.get()] { s->Loop(); });
+  return server;
+}
+
+IngestServer::IngestServer(std::vector<IngestStream*> streams,
+                           std::shared_ptr<const transport::UcpContext> context,
+                           transport::UcpWorker worker, bool for_peers)
+    : streams_(std::move(streams)),
+      context_(std::move(context)),
+      for_peers_(for_peers),
+      worker_(std::move(worker)) {}
+
+void IngestServer::Stop() {
+  {
+    absl::MutexLock lock(&mutex_);
+    stop_ = true;
+  }
+  worker_.Signal();
+  if (thread_.joinable()) thread_.join();
+  for (IngestStream* stream : streams_) stream->SetOnFree(nullptr);
+}
+
+IngestStream* IngestServer::stream(const std::string& name) const {
+  for (IngestStream* stream : streams_) {
+    if (stream->name() == name) return stream;
+  }
+  return nullptr;
+}
+
+void IngestServer::Put(const v1::PutRequest& put,
+                       std::function<void(absl::StatusOr<v1::PutReply>)> done) {
+  IngestStream* target = stream(put.stream());
+  if (target == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream(), "'")));
+    return;
+  }
+  absl::StatusOr<uint64_t> bytes = target->CheckPut(put);
+  if (!bytes.ok()) {
+    spdlog::warn("ingest: put refused: {}", std::string(bytes.status().message()));
+    done(bytes.status());
+    return;
+  }
+  auto run = [this, &put, target, bytes = *bytes, done](absl::Status room) {
+    absl::StatusOr<v1::PutReply> reply = absl::UnknownError("not run");
+    if (!room.ok()) {
+      reply = room;
+    } else {
+      absl::StatusOr<std::vector<IngestedSample>> samples = Transfer(put, *target, nullptr);
+      if (samples.ok()) {
+        reply = target->Commit(put.step(), *std::move(samples), bytes);
+      } else {
+        target->Unreserve(bytes);
+        reply = samples.status();
+      }
+    }
+    if (!reply.ok()) spdlog::warn("ingest: put refused: {}", std::string(reply.status().message()));
+    done(std::move(reply));
+  };
+  Enqueue({target, *bytes, put.timeout_ms(), {}, false, std::move(run)});
+}
+
+void IngestServer::Forward(const v1::ForwardStepRequest& forward,
+                           std::function<void(absl::StatusOr<v1::ForwardStepReply>)> done) {
+  IngestStream* target = stream(forward.stream());
+  if (target == nullptr) {
+    done(absl::NotFoundError(absl::StrCat("no ingest stream '", forward.stream(), "'")));
+    return;
+  }
+  v1::ForwardStepReply reply;
+  if (target->SealedOrConsumed(forward.step())) {
+    // A restarted origin's driver put it again: the plan is the same.
+    spdlog::info("ingest stream {}: forwarded step {} is here already", forward.stream(),
+                 forward.step());
+    reply.set_held_already(true);
+    done(reply);
+    return;
+  }
+  // The step as sealed, lengths only, to plan which samples to fetch.
+  auto step = std::make_shared<SealedStep>();
+  step->step = forward.step();
+  for (const v1::PutRequest& put : forward.puts()) {
+    absl::Status valid = put.step() == forward.step()
+                             ? target->CheckPut(put).status()
+                             : absl::InvalidArgumentError("a put of another step");
+    if (!valid.ok()) {
+      done(InForward(forward, valid));
+      return;
+    }
+    for (const v1::IngestSample& sample : put.samples()) {
+      IngestedSample& lengths_only = step->samples.emplace_back();
+      lengths_only.group = sample.group();
+      lengths_only.tag = sample.tag();
+      lengths_only.num_tokens = static_cast<int64_t>(sample.tokens());
+    }
+  }
+  absl::StatusOr<std::vector<bool>> local = target->LocalSamples(step);
+  if (!local.ok()) {
+    done(InForward(forward, local.status()));
+    return;
+  }
+  // Per put, the samples to fetch; and their bytes.
+  auto wanted = std::make_shared<std::vector<std::vector<bool>>>();
+  uint64_t bytes = 0;
+  size_t next = 0;
+  for (const v1::PutRequest& put : forward.puts()) {
+    std::vector<bool>& of_put = wanted->emplace_back();
+    for (int i = 0; i < put.samples_size(); ++i, ++next) {
+      of_put.push_back((*local)[next]);
+      if ((*local)[next]) bytes += SampleBytes(put.samples(i));
+    }
+  }
+  reply.set_samples(step->samples.size());
+  reply.set_samples_fetched(static_cast<uint64_t>(std::count(local->begin(), local->end(), true)));
+  reply.set_bytes_fetched(bytes);
+  auto run = [this, &forward, target, bytes, wanted, reply, done](absl::Status room) {
+    absl::StatusOr<v1::ForwardStepReply> result = reply;
+    if (!room.ok()) result = room;
+    std::vector<IngestedSample> samples;
+    for (size_t p = 0; room.ok() && p < wanted->size(); ++p) {
+      absl::StatusOr<std::vector<IngestedSample>> of_put =
+          Transfer(forward.puts(static_cast<int>(p)), *target, &(*wanted)[p]);
+      if (!of_put.ok()) {
+        result = of_put.status();
+        break;
+      }
+      for (IngestedSample& sample : *of_put) samples.push_back(std::move(sample));
+    }
+    if (room.ok() && !result.ok()) target->Unreserve(bytes);
+    if (result.ok()) {
+      absl::StatusOr<v1::PutReply> committed =
+          target->Commit(forward.step(), std::move(samples), bytes);
+      absl::Status sealed =
+          committed.ok() ? target->Seal(forward.step()).status() : committed.status();
+      result = sealed.ok() ? absl::StatusOr<v1::ForwardStepReply>(reply) : sealed;
+    }
+    if (!result.ok()) {
+      result = InForward(forward, result.status());
+      spdlog::warn("ingest: {}", std::string(result.status().message()));
+    } else {
+      spdlog::info("ingest stream {}: forwarded step {} sealed, {} of its {} samples fetched",
+                   forward.stream(), forward.step(), reply.samples_fetched(), reply.samples());
+    }
+    done(std::move(result));
+  };
+  const uint32_t timeout_ms = forward.puts().empty() ? 0 : forward.puts(0).timeout_ms();
+  Enqueue({target, bytes, timeout_ms, {}, false, std::move(run)});
+}
+
+void IngestServer::Enqueue(PendingPut pending) {
+  pending.deadline = absl::Now() + absl::Milliseconds(pending.timeout_ms);
+  {
+    absl::MutexLock lock(&mutex_);
+    if (stop_) {
+      pending.run(absl::UnavailableError("the daemon is stopping"));
+      return;
+    }
+    arrived_.push_back(std::move(pending));
+  }
+  worker_.Signal();
+}
+
+void IngestServer::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mutex_);
+      if (stop_) break;
+      while (!arrived_.empty()) {
+        pending_.push_back(std::move(arrived_.front()));
+        arrived_.pop_front();
+      }
+    }
+    ServePending();
+    // Woken by a new put and by freed bytes; the short timeout while puts
+    // wait is for their deadlines.
+    worker_.ProgressOrWait(pending_.empty() ? absl::Seconds(1) : absl::Milliseconds(10));
+  }
+  absl::MutexLock lock(&mutex_);
+  for (auto* queue : {&pending_, &arrived_}) {
+    for (PendingPut& put : *queue) put.run(absl::UnavailableError("the daemon is stopping"));
+    queue->clear();
+  }
+}
+
+void IngestServer::ServePending() {
+  std::set<const IngestStream*> full;  // later puts wait behind an earlier one
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    PendingPut& pending = *it;
+    if (full.count(pending.stream) != 0) {
+      ++it;
+      continue;
+    }
+    absl::Status room = pending.stream->Reserve(pending.bytes);
+    if (absl::IsUnavailable(room) && absl::Now() < pending.deadline) {
+      if (!pending.waited) pending.stream->CountWait();
+      pending.waited = true;
+      full.insert(pending.stream);
+      ++it;
+      continue;
+    }
+    if (!room.ok()) {
+      pending.stream->CountRefusal();
+      room = absl::ResourceExhaustedError(
+          absl::StrCat(room.message(), pending.timeout_ms > 0
+                                           ? absl::StrCat("; waited ", pending.timeout_ms, " ms")
+                                           : std::string("; the put had no timeout to wait")));
+    }
+    pending.run(std::move(room));
+    it = pending_.erase(it);
+  }
+}
+
+absl::StatusOr<IngestServer::Producer*> IngestServer::ProducerAt(const std::string& address) {
+  auto known = producers_.find(address);
+  if (known != producers_.end() && !known->second->failed) return known->second.get();
+  if (known != producers_.end()) producers_.erase(known);
+  auto producer = std::make_unique<Producer>();
+  PF_ASSIGN_OR_RETURN(
+      transport::UcpEndpoint endpoint,
+      transport::UcpEndpoint::Connect(worker_, address, OnProducerError, &producer->failed));
+  producer->endpoint.emplace(std::move(endpoint));
+  return producers_.emplace(address, std::move(producer)).first->second.get();
+}
+
+absl::StatusOr<std::shared_ptr<char[]>> IngestServer::AllocateSamples(
+    uint64_t bytes, bool for_peers, std::shared_ptr<const v1::IngestRegion>& region) {
+  std::shared_ptr<char[]> heap =
+      std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(bytes, 1));
+  if (!for_peers) return heap;
+  PF_ASSIGN_OR_RETURN(
+      transport::MemoryRegion memory,
+      transport::MemoryRegion::Register(context_->get(), heap.get(), std::max<uint64_t>(bytes, 1),
+                                        UCS_MEMORY_TYPE_HOST));
+  auto described = std::make_shared<v1::IngestRegion>();
+  PF_ASSIGN_OR_RETURN(*described->mutable_remote_key(), memory.PackRemoteKey());
+  described->set_worker_address(worker_.address());
+  described->set_address(reinterpret_cast<uint64_t>(memory.address()));
+  described->set_length(memory.length());
+  region = std::move(described);
+  auto owner = std::make_shared<RegisteredSamples>(
+      RegisteredSamples{context_, std::move(heap), std::move(memory)});
+  return std::shared_ptr<char[]>(owner, static_cast<char*>(owner->memory.address()));
+}
+
+absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
+    const v1::PutRequest& put, const IngestStream& stream, const std::vector<bool>* wanted) {
+  const v1::IngestRegion& source = put.region();
+  PF_ASSIGN_OR_RETURN(Producer * producer, ProducerAt(source.worker_address()));
+  if (producer->key.get() == nullptr || producer->packed_key != source.remote_key()) {
+    producer->key.Reset();
+    PF_ASSIGN_OR_RETURN(producer->key,
+                        transport::RemoteKey::Unpack(*producer->endpoint, source.remote_key()));
+    producer->packed_key = source.remote_key();
+  }
+  const transport::RemoteKey& key = producer->key;
+  auto is_wanted = [wanted](int i) {
+    return wanted == nullptr || (*wanted)[static_cast<size_t>(i)];
+  };
+  // Put order of the fields -> stream order.
+  std::vector<int> stream_field;
+  for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
+  // Every wanted sample in one allocation, each at an aligned start.
+  std::vector<SampleLayout> layouts(static_cast<size_t>(put.samples_size()));
+  uint64_t total = 0;
+  for (int i = 0; i < put.samples_size(); ++i) {
+    if (!is_wanted(i)) continue;
+    layouts[static_cast<size_t>(i)] = LayoutOf(put.samples(i), stream_field);
+    total += AlignedToSample(layouts[static_cast<size_t>(i)].bytes);
+  }
+  std::shared_ptr<const v1::IngestRegion> region;
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<char[]> memory,
+                      AllocateSamples(total, for_peers_ && wanted == nullptr, region));
+  std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
+  std::vector<ucs_status_ptr_t> requests;
+  absl::Status posted;
+  auto read = [&](char* local, uint64_t bytes, uint64_t offset) {
+    if (bytes == 0) return;
+    ucs_status_ptr_t request =
+        producer->endpoint->Get(local, bytes, source.address() + offset, key.get());
+    if (UCS_PTR_IS_ERR(request) && posted.ok()) {
+      posted = absl::UnavailableError(
+          absl::StrCat("ucp_get_nbx: ", ucs_status_string(UCS_PTR_STATUS(request))));
+    } else if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+      requests.push_back(request);
+    }
+  };
+  uint64_t next = 0;  // in `memory`
+  for (int i = 0; i < put.samples_size(); ++i) {
+    const v1::IngestSample& in = put.samples(i);
+    IngestedSample& out = samples[static_cast<size_t>(i)];
+    out.group = in.group();
+    out.tag = in.tag();
+    out.num_tokens = static_cast<int64_t>(in.tokens());
+    if (!is_wanted(i)) continue;
+    SampleLayout& layout = layouts[static_cast<size_t>(i)];
+    // Not zero-filled: the gets overwrite every byte served (CheckPut
+    // checked each field's size).
+    char* buffer = memory.get() + next;
+    if (layout.one_span) {
+      read(buffer, layout.bytes, in.offset());
+    } else {
+      read(buffer, in.tokens() * sizeof(int64_t), in.offset());
+      for (int f = 0; f < in.field_bytes_size(); ++f) {
+        read(buffer + layout.field_offsets[static_cast<size_t>(stream_field[f])], in.field_bytes(f),
+             in.field_offsets(f));
+      }
+    }
+    out.field_offsets = std::move(layout.field_offsets);
+    out.data_bytes = layout.bytes;
+    out.data = std::shared_ptr<const char[]>(memory, buffer);
+    out.region = region;
+    next += AlignedToSample(layout.bytes);
+  }
+  absl::Status status = posted;
+  const absl::Time deadline = absl::Now() + kTransferTimeout;
+  for (ucs_status_ptr_t request : requests) {
+    absl::Status done = worker_.Wait(request, "ucp_get_nbx", deadline, [&] {
+      producer->endpoint->Close(/*force=*/true).IgnoreError();
+    });
+    if (status.ok() && !done.ok()) status = done;
+  }
+  if (!status.ok() || producer->failed) {
+    producers_.erase(source.worker_address());
+    return absl::UnavailableError(
+        absl::StrCat("ingest stream ", put.stream(), " step ", put.step(),
+                     ": reading the put's bytes from the producer failed: ",
+                     status.ok() ? "its endpoint failed" : status.message()));
+  }
+  return samples;
+}
+
+}  // namespace packfeed::server

@@ -1,0 +1,193 @@
+#include "server/pipeline/job.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "packfeed/common/status_macros.h"
+#include "server/config/fingerprint.h"
+#include "server/config/job_config.h"
+#include "server/pipeline/pack.h"
+
+namespace packfeed::server {
+namespace {
+
+std::string Canonical(std::initializer_list<int64_t> values) {
+  std::string out;
+  for (int64_t v : values) absl::StrAppend(&out, v, ";");
+  return out;
+}
+
+std::string ModelCanonical(const v1::ModelLayers& m) {
+  return absl::StrCat(
+      Canonical({m.num_layers(),
+                 m.has_num_layers_in_first_pipeline_stage() ? m.num_layers_in_first_pipeline_stage()
+                                                            : int64_t{-1},
+                 m.has_num_layers_in_last_pipeline_stage() ? m.num_layers_in_last_pipeline_stage()
+                                                           : int64_t{-1},
+                 m.mtp_num_layers(), m.has_mtp_stage() ? m.mtp_stage() : int64_t{-1}}),
+      "dense:", absl::StrJoin(m.dense_layers(), ","));
+}
+
+}  // namespace
+
+RankCoords JobLayout::Coords(int global_rank) const {
+  RankCoords c;
+  c.tp = global_rank % tp;
+  int rest = global_rank / tp;
+  c.cp = rest % cp;
+  rest /= cp;
+  c.dp = rest % dp;
+  c.pp = rest / dp;
+  c.dp_cp_rank = c.cp + cp * c.dp;
+  return c;
+}
+
+absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
+    const std::string& prefix) {
+  PF_ASSIGN_OR_RETURN(dataset::IndexedDataset dataset, dataset::IndexedDataset::Open(prefix));
+  return std::make_shared<const dataset::IndexedDataset>(std::move(dataset));
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
+                                                 const DatasetOpener& open, IngestStream* ingest) {
+  std::unique_ptr<Job> job(new Job());
+  job->config_ = config;
+  job->ingest_ = ingest;
+  const v1::Topology& t = config.topology();
+  job->layout_ = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
+                  static_cast<int>(t.dp()), t.sequence_parallel()};
+  PF_ASSIGN_OR_RETURN(job->planner_, PlannerOptionsOf(config));
+  if (job->planner_.kind == scheduler::SchedulerKind::kDynamicCp) {
+    PF_RETURN_IF_ERROR(scheduler::ResolveCpRange(job->planner_).status());
+  }
+  job->rules_ = SampleRulesOf(config);
+  PF_ASSIGN_OR_RETURN(job->stages_, ModelStages::Create(config.model(), job->layout_.pp,
+                                                        static_cast<int>(t.vpp()), config.name()));
+  for (int f = 0; f < config.side_fields_size(); ++f) {
+    PF_ASSIGN_OR_RETURN(SideFieldInfo field,
+                        ResolveSideField(config.side_fields(f), *job->stages_,
+                                         absl::StrCat(config.name(), ".side_fields[", f, "]")));
+    job->side_fields_.push_back(std::move(field));
+  }
+
+  std::string datasets_part;
+  std::vector<int64_t> num_documents;
+  for (const v1::DatasetSpec& spec : config.datasets()) {
+    PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset,
+                        open(spec.prefix()));
+    if (dataset->num_documents() == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(spec.prefix(), ": the dataset holds no document"));
+    }
+    absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";", dataset->bin_bytes(),
+                    ";", spec.kind(), ";", spec.weight(), "|");
+    job->sample_tables_.push_back(dataset::SampleTable::Build(dataset->index(), job->rules_));
+    num_documents.push_back(job->sample_tables_.back().num_samples());
+    std::vector<std::shared_ptr<const dataset::IndexedDataset>> sides;
+    for (const SideFieldInfo& field : job->side_fields_) {
+      PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> side,
+                          open(SideFieldPrefix(spec, field.name)));
+      PF_RETURN_IF_ERROR(CheckSideDataset(field, *dataset, *side));
+      absl::StrAppend(&datasets_part, field.name, ":", IndexDigest(side->index_bytes()), ";",
+                      side->bin_bytes(), "|");
+      sides.push_back(std::move(side));
+    }
+    job->side_datasets_.push_back(std::move(sides));
+    job->datasets_.push_back(std::move(dataset));
+  }
+  if (ingest != nullptr) {
+    // The stream's name and fields stand for the datasets: the bytes are
+    // whatever the driver puts.
+    absl::StrAppend(&datasets_part, "ingest:", ingest->name(), "|");
+    for (const SideFieldInfo& field : job->side_fields_) {
+      const int f = ingest->FieldIndex(field.name);
+      if (f < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ingest stream ", ingest->name(), " has no field '", field.name, "'"));
+      }
+      job->ingest_fields_.push_back(f);
+    }
+  } else {
+    PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
+                        scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
+    job->sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
+  }
+
+  const v1::SchedulerConfig& s = config.scheduler();
+  FingerprintInputs parts;
+  parts.datasets = datasets_part;
+  parts.topology =
+      Canonical({t.tp(), t.pp(), t.cp(), t.dp(), t.vpp_group_size(), t.sequence_parallel()});
+  // Parts added after a release only when used, so the fingerprints (and
+  // ledgers) of jobs without them stay as they were.
+  if (t.vpp() > 1 || config.has_model()) {
+    absl::StrAppend(&parts.topology, "vpp", t.vpp(), ";", ModelCanonical(config.model()));
+  }
+  parts.batch = Canonical({config.global_batch(), config.seq_length(), config.eod_id(),
+                           config.pad_id(), config.append_eod(), config.long_documents()});
+  for (const v1::SideField& field : config.side_fields()) {
+    absl::StrAppend(&parts.batch, "side:", field.name(), ";", field.dtype(), ";",
+                    absl::StrJoin(field.inner_shape(), ","), ";", field.pad_value(), ";",
+                    field.align(), ";", field.layer_axis(), ";", field.role(), ";", field.stages(),
+                    "|");
+  }
+  parts.scheduler = absl::StrCat(
+      s.kind(), ";", s.cost_model(), ";", s.model_shape().ShortDebugString(), ";",
+      s.hardware().ShortDebugString(), ";", s.cp_upgrade_budget(), ";",
+      Canonical({s.max_tokens_per_rank(), s.min_cp(), s.max_cp(), s.max_sequences_per_pack()}));
+  parts.sampler = Canonical({config.sampler(), static_cast<int64_t>(config.seed())});
+  job->fingerprint_ = MakeFingerprint(parts);
+
+  for (uint32_t rank : config.local_ranks()) job->local_ranks_.push_back(static_cast<int>(rank));
+  if (job->local_ranks_.empty()) {
+    for (int r = 0; r < job->layout_.world_size(); ++r) job->local_ranks_.push_back(r);
+  }
+  std::sort(job->local_ranks_.begin(), job->local_ranks_.end());
+
+  // (An ingest job checks each sample as it is put.)
+  if (ingest == nullptr) PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
+  PF_ASSIGN_OR_RETURN(job->required_slot_bytes_, MaxSlotBytes(*job));
+  return job;
+}
+
+absl::Status Job::CheckEverySampleFits() const {
+  // Truncation or splitting bounds every sample by seq_length real tokens:
+  // when that fits, every sample does, and no index is scanned.
+  if (scheduler::CheckSequenceFits(rules_.seq_length, planner_).ok()) return absl::OkStatus();
+  for (size_t i = 0; i < datasets_.size(); ++i) {
+    const dataset::IndexView& index = datasets_[i]->index();
+    for (int64_t s = 0; s < sample_tables_[i].num_samples(); ++s) {
+      const dataset::SampleTable::Piece piece = sample_tables_[i].Locate(s);
+      const int64_t length = dataset::PlannedLength(index, piece, rules_);
+      absl::Status fits = scheduler::CheckSequenceFits(length, planner_);
+      if (!fits.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(datasets_[i]->prefix(), " document ", piece.document, " (", length,
+                         " tokens as planned) can never be served: ",
+                         fits.message().substr(fits.message().find(" does not fit") + 1),
+                         "; raise scheduler.max_tokens_per_rank or max_cp, or lower seq_length"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+dataset::SampleShape Job::ShapeOf(const scheduler::SampleRef& sample) const {
+  const dataset::SampleTable::Piece piece = PieceOf(sample);
+  return dataset::ShapeOfSample(
+      dataset::DocumentTokens(dataset(sample.dataset).index(), piece.document), rules_,
+      piece.first_token);
+}
+
+int64_t Job::split_documents() const {
+  int64_t out = 0;
+  for (const dataset::SampleTable& table : sample_tables_) out += table.split_documents();
+  return out;
+}
+
+bool Job::IsLocal(int global_rank) const {
+  return std::binary_search(local_ranks_.begin(), local_ranks_.end(), global_rank);
+}
+
+}  // namespace packfeed::server

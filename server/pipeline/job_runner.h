@@ -1,0 +1,176 @@
+#ifndef PACKFEED_SERVER_PIPELINE_JOB_RUNNER_H_
+#define PACKFEED_SERVER_PIPELINE_JOB_RUNNER_H_
+
+// Serves one job's local ranks: a thread that owns the job's UCX Sender,
+// plans steps ahead and fetches their samples through the node's Storage
+// (each step's samples once for every local rank; the reads run on the
+// storage's threads, never on this one), packs each rank's microbatches and
+// pushes them as the rank's credits allow.
+//
+// Memory: a rank is never served more than `prefetch_steps` steps ahead of
+// the slowest attached rank, so the runner holds at most prefetch_steps + 1
+// steps' samples, whatever the dataset size; the storage's budget bounds
+// what all jobs read ahead.
+//
+// Thread-safe: every public method may be called from any thread (gRPC
+// reactors); the work runs on the runner's thread and `done` is called there.
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "packfeed/transport/sender.h"
+#include "packfeed/v1/service.pb.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/plan.h"
+#include "server/pipeline/read.h"
+#include "server/storage/ledger.h"
+#include "server/storage/storage.h"
+
+namespace packfeed::server {
+
+struct JobRunnerOptions {
+  transport::SenderOptions sender;
+  // Where the runner's sender comes from; empty = a UCX transport::Sender
+  // with `sender`. Tests give a fake here to drive the runner in one process.
+  std::function<absl::StatusOr<std::unique_ptr<transport::SlotSender>>()> make_sender;
+  int prefetch_steps = 2;  // steps ahead of the slowest attached rank
+  // The consumption ledger's journal; empty = in memory only. A journal
+  // that cannot be read back is set aside (".corrupt") with one error line
+  // and a new one begun: serving never waits on bookkeeping.
+  std::string ledger_path;
+  LedgerOptions ledger;
+};
+
+struct AttachArgs {
+  int global_rank = 0;
+  std::string worker_address;
+  std::string ring_descriptor;
+  int64_t start_step = 0;
+  int start_microbatch = 0;  // of start_step, already consumed
+  uint32_t ring_slots = 0;   // how many microbatches it may hold unreleased
+};
+
+class JobRunner {
+ public:
+  // REQUIRES: `job` and `storage` outlive the runner; the job's datasets
+  // were opened by `storage`.
+  static absl::StatusOr<std::unique_ptr<JobRunner>> Start(const Job& job, Storage& storage,
+                                                          const JobRunnerOptions& options);
+  ~JobRunner();  // Says goodbye to every rank after what was pushed; joins.
+
+  const Job& job() const { return job_; }
+  // The sender's UCX worker address, for AttachReply.
+  const std::string& sender_address() const { return sender_address_; }
+
+  // Connects a rank's ring. AlreadyExists when the rank is attached and
+  // alive; FailedPrecondition for a ring the transport refuses.
+  void Attach(AttachArgs args, std::function<void(absl::StatusOr<uint64_t> connection_id)> done);
+  // NotFound when `connection_id` is not the rank's connection, unless the rank
+  // says what it consumed and no process of it is attached: then the ledger
+  // takes that in, and OK. `consumed_to`: the rank's own position.
+  struct DetachPosition {
+    LedgerPosition at;
+    uint32_t ring_slots = 0;
+  };
+  void Detach(int global_rank, uint64_t connection_id, std::optional<DetachPosition> consumed_to,
+              std::function<void(absl::Status)> done);
+  void Stats(std::function<void(v1::JobStats)> done);
+  // The rank's process is gone (its Watch stream broke): ends connection
+  // `connection_id` of the rank, when that is still the rank's live one.
+  void RankGone(int global_rank, uint64_t connection_id, std::string why);
+  void GetLedger(std::function<void(v1::JobLedger)> done);
+  int attached_ranks() const;
+  // Makes the runner look again at what it waits for (an ingest step that
+  // was sealed). Safe from any thread.
+  void Wake() {
+    Post([] {});
+  }
+  // When the runner's loop last went round (at least every 100 ms while it
+  // is healthy): what the systemd watchdog is fed from.
+  absl::Time last_loop() const { return absl::FromUnixNanos(last_loop_ns_.load()); }
+
+ private:
+  struct RankState;
+  struct StepSlot;
+  JobRunner(const Job& job, Storage& storage, JobRunnerOptions options);
+  void Post(std::function<void()> task);
+  void Loop();
+  absl::Status AttachOnThread(const AttachArgs& args, uint64_t& connection_id);
+  // Moves the microbatches the rank released since the last call into the
+  // ledger.
+  void AccountReleases(RankState& rank);
+  // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
+  absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
+  void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);
+  bool ServeRank(RankState& rank);  // true when it pushed something
+  static bool IsTransient(const absl::Status& status);
+  // Ends the rank's connection, telling it `cause`.
+  void EndRank(RankState& rank, const absl::Status& cause);
+  // Fetches the steps from the slowest rank's to prefetch_steps past it.
+  void FetchAhead();
+  // The step's samples once held; nullptr while they are being fetched
+  // (the fetch begins here, for `rank`) or when the step cannot be planned
+  // (failed_step_ and failure_ say so).
+  const StepData* StepAt(int64_t step, int rank, bool urgent);
+  void StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const StepPlan> plan, int rank,
+                  bool urgent);
+  void OnStepRead(int64_t step, uint64_t generation, std::shared_ptr<const StepData> data);
+  int64_t SlowestStep() const;
+  int SlowestRank() const;
+  uint64_t CachedBytes() const;
+  void UpdateAttached();
+  void Evict();
+  // An ingest job tells its stream which steps its ranks consumed.
+  void ReportConsumed();
+  // The ledger's group commit (ledger.h): at most once per interval.
+  void SyncLedger();
+  static constexpr absl::Duration kLedgerSyncInterval = absl::Seconds(1);
+
+  const Job& job_;
+  Storage& storage_;
+  const JobRunnerOptions options_;
+  std::unique_ptr<transport::SlotSender> sender_;  // runner thread only, after Start
+  std::string sender_address_;
+
+  // Runner thread only.
+  std::map<int, RankState> ranks_;
+  std::unique_ptr<Ledger> ledger_;
+  absl::Time last_sync_;
+  std::map<int64_t, StepSlot> steps_;
+  // Where the first rank to attach began, and when: steps from there stay
+  // held for the local ranks not yet attached, for kAttachGrace at most.
+  static constexpr absl::Duration kAttachGrace = absl::Seconds(60);
+  std::optional<int64_t> first_start_;
+  absl::Time first_attach_;
+  uint64_t fetches_ = 0;  // generations of StepSlot
+  int64_t steps_planned_ = 0;
+  int64_t samples_truncated_ = 0;
+  int64_t tokens_truncated_ = 0;
+  double plan_seconds_ = 0;
+  double read_seconds_ = 0;
+  double step_over_ideal_sum_ = 0;  // over the steps planned
+  int64_t reported_consumed_ = -1;  // ReportConsumed's last
+  int64_t failed_step_ = -1;        // the step whose plan or read failed last, logged once
+  absl::Status failure_;            // and why
+
+  mutable absl::Mutex mutex_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  int attached_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::atomic<int64_t> last_loop_ns_{absl::GetCurrentTimeNanos()};
+  std::thread thread_;
+};
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_PIPELINE_JOB_RUNNER_H_

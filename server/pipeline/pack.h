@@ -1,0 +1,114 @@
+#ifndef PACKFEED_SERVER_PIPELINE_PACK_H_
+#define PACKFEED_SERVER_PIPELINE_PACK_H_
+
+// Phase 3 of a step: turns the token runs of one rank's CP group into the
+// fields of docs/CONTRACT.md (per-sequence fields, packing in plan order,
+// padding, the zigzag CP slice), and lays them out as the wire's fields for
+// the rank's pipeline stage. Pure: no I/O, no threads.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "packfeed/dataset/sample_rules.h"
+#include "packfeed/scheduler/plan.h"
+#include "packfeed/transport/wire.h"
+#include "server/config/model_stages.h"
+#include "server/config/side_fields.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/read.h"
+
+namespace packfeed::server {
+
+// Which fields a pipeline stage receives (docs/CONTRACT.md), and under VPP
+// which of its model chunks each belongs to (-1: every chunk). A field of
+// one chunk travels as NAME@CHUNK; the clients' chunk views strip that.
+struct StageFields {
+  bool inputs = true;   // tokens, position_ids (first stage, MTP)
+  bool targets = true;  // labels, loss_mask (last stage, MTP)
+  int inputs_chunk = -1;
+  int targets_chunk = -1;
+};
+// `mtp_stage`: the stage holding MTP layers (in its last chunk), or -1.
+StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage = -1, int vpp = 1);
+// NAME, or NAME@CHUNK for a field of one model chunk.
+std::string ChunkFieldName(absl::string_view name, int chunk);
+
+// A side field as one pipeline stage receives it: whole, or cut to the
+// layer-axis entries of one of its model chunks.
+struct SideSlice {
+  const SideFieldInfo* field = nullptr;
+  std::string wire_name;            // the field's name; NAME.K for model chunk K under VPP
+  std::vector<IndexRange> entries;  // of the layer axis; empty = all of it
+};
+// The side fields stage `pp_rank` receives, in configuration order (the
+// loss-mask field, which is not served, on every stage that gets targets).
+std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
+                                         const ModelStages& stages, int pp_rank);
+
+// One sequence's stored rows of a side field (row_bytes() per read token).
+struct SideRun {
+  const SideSlice* slice = nullptr;
+  std::vector<absl::Span<const char>> rows;  // per sequence of the group
+};
+
+// One rank's microbatch, every field flat.
+struct PackedMicrobatch {
+  std::vector<int64_t> tokens;
+  std::vector<int64_t> labels;
+  std::vector<float> loss_mask;
+  std::vector<int64_t> position_ids;
+  std::vector<uint8_t> padding_mask;  // bool
+  std::vector<int32_t> cu_seqlens;
+  std::vector<int32_t> cu_seqlens_padded;
+  int32_t max_seqlen = 0;
+  // Dynamic CP only (as Megatron hands them).
+  std::optional<int32_t> local_cp_size;
+  std::vector<int32_t> cp_group_ranks;
+  struct Side {
+    std::string name;
+    transport::ElementType type = transport::ElementType::kUInt8;
+    std::vector<int64_t> inner_shape;  // the layer axis cut to the slice
+    std::vector<char> bytes;           // [T_loc, *inner_shape]
+  };
+  std::vector<Side> side;
+  StageFields stage;  // which THD fields the rank's stage receives
+};
+
+// Packs `group`'s sequences for CP rank `cp_rank` of the group: `runs[i]` is
+// the token run of group.sequences[i]; `sides` the group's rows of each side
+// field the rank receives (a loss-mask field replaces loss_mask).
+// InvalidArgument when a run does not fit its padded length, a padded
+// length does not split evenly into 2·size chunks, or cp_rank is outside
+// the group.
+absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
+                                                absl::Span<const std::vector<int64_t>* const> runs,
+                                                int cp_rank, const dataset::SampleRules& rules,
+                                                absl::Span<const SideRun> sides = {});
+
+// The microbatch `global_rank` receives for `microbatch` of `data`, with the
+// dynamic-CP fields when the job plans dynamic CP. The read error of a
+// sample the rank needs that could not be read; Internal when `data` lacks
+// one.
+absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& data, int microbatch,
+                                             int global_rank);
+
+// The wire fields of a packed microbatch, in slot order, and their bytes.
+struct SlotFields {
+  std::vector<transport::FieldSpec> specs;
+  std::vector<const void*> data;
+};
+SlotFields MicrobatchFields(const PackedMicrobatch& packed);
+
+// The bytes of the largest slot any rank of `job` needs: at most
+// max_tokens_per_rank local tokens, the whole batch's sequences, the
+// dynamic-CP fields for groups of up to DP·CP ranks, and the largest
+// stage's side fields.
+absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job);
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_PIPELINE_PACK_H_

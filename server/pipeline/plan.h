@@ -1,0 +1,47 @@
+#ifndef PACKFEED_SERVER_PIPELINE_PLAN_H_
+#define PACKFEED_SERVER_PIPELINE_PLAN_H_
+
+// Phase 1 of a step (docs/ARCHITECTURE.md): the sampler's global batch and
+// the scheduler's plan of it. Pure: a function of the job's configuration
+// and the step, equal on every node.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "packfeed/scheduler/plan.h"
+#include "packfeed/scheduler/sampler.h"
+#include "server/pipeline/job.h"
+
+namespace packfeed::server {
+
+// The plan of one step, and which stored sample each planned one is.
+struct StepPlan {
+  int64_t step = 0;
+  scheduler::GlobalPlan plan;
+  std::vector<scheduler::SampleRef> samples;  // by PlannedSequence::sample
+  // An ingest job's sealed step, whose samples `samples` index.
+  std::shared_ptr<const SealedStep> ingested;
+  // Samples cut to seq_length (LONG_DOCUMENTS_TRUNCATE), and their tokens
+  // not served.
+  int64_t samples_truncated = 0;
+  int64_t tokens_truncated = 0;
+};
+
+// Samples and plan of `step` (>= 0). Errors are the planner's or a corrupt
+// index entry's (DataLoss naming the file), naming the job and step; for
+// an ingest job, Unavailable while the step is not sealed and NotFound once
+// it was freed.
+absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step);
+// The plan of an ingest job's sealed step (held by the stream or not).
+absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed);
+
+// The samples dp-cp rank `dp_cp_rank` processes in `microbatch` of `plan`
+// (its CP group's sequences), in order.
+std::vector<scheduler::SampleRef> MicrobatchSamples(const StepPlan& plan, int microbatch,
+                                                    int dp_cp_rank);
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_PIPELINE_PLAN_H_

@@ -1,0 +1,62 @@
+#ifndef PACKFEED_SERVER_PIPELINE_READ_H_
+#define PACKFEED_SERVER_PIPELINE_READ_H_
+
+// Phase 2 of a step: which stored samples the node's ranks need for a
+// planned step (each once, whatever number of ranks share it), fetched
+// through the node's Storage, and their token runs once fetched (sample
+// rules: EOD, truncation).
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/plan.h"
+#include "server/storage/storage.h"
+
+namespace packfeed::server {
+
+// The planned samples of the CP groups the given ranks belong to.
+std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
+                                 absl::Span<const int> global_ranks);
+
+// What the given ranks need of a planned step: per planned sample, its
+// tokens and then its rows of each of the job's side fields.
+struct StepNeeds {
+  std::vector<int64_t> samples;
+  std::vector<SampleNeed> needs;  // (1 + side fields) per sample, in that order
+};
+StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks);
+
+// The token runs of the samples some ranks need for one step.
+struct StepData {
+  StepPlan plan;
+  std::map<int64_t, std::vector<int64_t>> runs;  // by planned sample
+  // By planned sample, one per side field of the job: the stored rows of
+  // its read tokens.
+  std::map<int64_t, std::vector<FetchedSample>> side;
+  // Samples that could not be read (I/O error, a file truncated under the
+  // daemon, a float token that is no integer), with why.
+  std::map<int64_t, absl::Status> failed;
+};
+
+// `fetched`: one per need of NeedsOfStep, whose `samples` is given.
+StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
+                      absl::Span<const FetchedSample> fetched);
+
+// An ingest job's step (plan.ingested): what the given ranks need of its
+// samples, straight from the stream (the side fields' bytes shared, not
+// copied).
+StepData AssembleIngestStep(const Job& job, StepPlan plan, absl::Span<const int> global_ranks);
+
+// An ingest job as its stream's consumer: its batch and rules, and the
+// samples of a sealed step this node's ranks are planned (what a peer
+// daemon fetches of a forwarded step). REQUIRES: `job` outlives the result.
+IngestConsumer IngestConsumerOf(const Job& job);
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_PIPELINE_READ_H_
