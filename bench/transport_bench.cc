@@ -1,6 +1,6 @@
 // Transport throughput and notification latency between two processes on
 // this machine, beside single-thread memcpy of the same sizes measured in the
-// same run (DESIGN.md §6: ≥ 80 % of memcpy for slots of 1 MiB and more).
+// same run (docs/TARGETS.md: ≥ 80 % of memcpy for slots of 1 MiB and more).
 //
 // The parent is the sender; it spawns itself as the receiver. For each slot
 // size: throughput with a full window of credits (the receiver releases each
@@ -174,15 +174,15 @@ double CudaCopyGiBPerSecond(uint64_t size, uint64_t count, uint32_t slots,
 
 class Bench {
  public:
-  Bench(const Flags& flags, ChildProcess& child, Sender& sender, uint64_t epoch)
-      : flags_(flags), child_(child), sender_(sender), epoch_(epoch) {}
+  Bench(const Flags& flags, ChildProcess& child, Sender& sender, uint64_t connection_id)
+      : flags_(flags), child_(child), sender_(sender), connection_id_(connection_id) {}
 
   // Throughput figures are medians over `rounds` rounds, each measuring
   // memcpy, put and in-place back to back, so that a noisy neighbour moves
   // all three alike.
   Result Measure(uint64_t size, uint64_t count, uint64_t latency_count, int rounds) {
     std::vector<std::vector<uint8_t>> sources(flags_.slots, std::vector<uint8_t>(size, 0x5a));
-    const bool mapped = Check(sender_.Stats(epoch_)).mapped;
+    const bool mapped = Check(sender_.Stats(connection_id_)).mapped;
     std::vector<double> memcpy_rates, put_rates, mapped_rates;
     for (int round = 0; round < rounds; ++round) {
       memcpy_rates.push_back(
@@ -245,7 +245,8 @@ class Bench {
   // window - 1 slots are in flight.
   void WaitForCredit(uint32_t window) {
     const uint32_t needed = window == 0 ? 1 : flags_.slots - window + 1;
-    while (Check(sender_.Credits(epoch_)) < needed) sender_.ProgressOrWait(absl::Milliseconds(10));
+    while (Check(sender_.Credits(connection_id_)) < needed)
+      sender_.ProgressOrWait(absl::Milliseconds(10));
   }
   void DrainCredits() { WaitForCredit(1); }
 
@@ -255,24 +256,24 @@ class Bench {
     content.fields.push_back(
         {{"payload", ElementType::kUInt8, {static_cast<int64_t>(source.size())}}, source.data()});
     content.inline_metadata = Stamp();
-    Check(sender_.Push(epoch_, content));
+    Check(sender_.Push(connection_id_, content));
   }
 
   void PushInPlace(const std::vector<uint8_t>& source) {
     WaitForCredit(0);
-    transport::MappedSlot slot = Check(sender_.MapNextSlot(epoch_));
+    transport::MappedSlot slot = Check(sender_.MapNextSlot(connection_id_));
     transport::SlotContent content;
     content.inline_metadata = Stamp();
     std::memcpy(slot.data, source.data(), source.size());
     content.fields.push_back(
         {{"payload", ElementType::kUInt8, {static_cast<int64_t>(source.size())}}, nullptr});
-    Check(sender_.CommitMapped(epoch_, content));
+    Check(sender_.CommitMapped(connection_id_, content));
   }
 
   const Flags& flags_;
   ChildProcess& child_;
   Sender& sender_;
-  const uint64_t epoch_;
+  const uint64_t connection_id_;
 };
 
 int RunSender(const Flags& flags, const std::string& self) {
@@ -285,14 +286,14 @@ int RunSender(const Flags& flags, const std::string& self) {
   std::unique_ptr<Sender> sender = Check(Sender::Create(options));
   const std::string address = Check(child.Receive());
   const std::string ring = Check(child.Receive());
-  const uint64_t epoch = Check(sender->Connect(address, ring));
-  Check(child.Send(absl::StrCat("connect ", epoch)));
+  const uint64_t connection_id = Check(sender->Connect(address, ring));
+  Check(child.Send(absl::StrCat("connect ", connection_id)));
   Check(child.Send(sender->worker_address()));
   if (Check(child.Receive()) != "ok") Die(absl::InternalError("receiver did not connect"));
 
-  Bench bench(flags, child, *sender, epoch);
+  Bench bench(flags, child, *sender, connection_id);
   bench.Measure(kMaxSlot, flags.slots, 1, 1);  // warm-up: the sender maps every page once
-  const transport::ConnectionStats stats = Check(sender->Stats(epoch));
+  const transport::ConnectionStats stats = Check(sender->Stats(connection_id));
   if (!flags.json) {
     printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s\n",
            transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(), flags.slots,
@@ -331,7 +332,7 @@ int RunSender(const Flags& flags, const std::string& self) {
           r.memcpy_gib_per_s, ratio, r.p50_us, r.p99_us);
     }
   }
-  Check(sender->Disconnect(epoch));
+  Check(sender->Disconnect(connection_id));
   child.Kill(SIGTERM);
   return 0;
 }

@@ -23,7 +23,7 @@
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/wire.h"
 #include "packfeed/v1/service.grpc.pb.h"
-#include "server/internal/fingerprint.h"
+#include "server/config/fingerprint.h"
 
 namespace packfeed {
 namespace {
@@ -180,7 +180,7 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
       request.set_job("job");
       request.set_global_rank(0);
       request.set_auth_token(kToken);
-      request.set_epoch(12345);
+      request.set_connection_id(12345);
       spoil(request);
       v1::DetachReply reply;
       grpc::ClientContext context;

@@ -14,7 +14,7 @@ using transport::FieldSpec;
 using transport::ReceivedSlot;
 using transport::SlotContent;
 
-absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch, uint64_t first_seq,
+absl::Status PushTestMessages(transport::Sender& sender, uint64_t connection_id, uint64_t first_seq,
                               uint64_t count, uint64_t max_payload_bytes, PushReport* report,
                               absl::Duration credit_timeout) {
   std::vector<std::vector<uint8_t>> buffers;
@@ -34,7 +34,7 @@ absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch, uint64_
     }
     const absl::Time deadline = absl::Now() + credit_timeout;
     while (true) {
-      PF_ASSIGN_OR_RETURN(uint32_t credits, sender.Credits(epoch));
+      PF_ASSIGN_OR_RETURN(uint32_t credits, sender.Credits(connection_id));
       if (credits > 0) break;
       ++report->waits_for_credit;
       if (absl::Now() > deadline) {
@@ -42,8 +42,8 @@ absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch, uint64_
       }
       sender.ProgressOrWait(absl::Milliseconds(50));
     }
-    PF_RETURN_IF_ERROR(sender.Push(epoch, content));
-    PF_ASSIGN_OR_RETURN(transport::ConnectionStats stats, sender.Stats(epoch));
+    PF_RETURN_IF_ERROR(sender.Push(connection_id, content));
+    PF_ASSIGN_OR_RETURN(transport::ConnectionStats stats, sender.Stats(connection_id));
     report->most_in_flight = std::max<uint32_t>(
         report->most_in_flight, static_cast<uint32_t>(stats.pushed - stats.released));
     ++report->pushed;

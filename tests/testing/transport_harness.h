@@ -25,7 +25,7 @@ struct PushReport {
 // step = seq, microbatch = seq % 7, inline "seq=<seq>"), waiting for credits
 // as needed. Stops at the first error, or when no credit comes for
 // `credit_timeout`.
-absl::Status PushTestMessages(transport::Sender& sender, uint64_t epoch, uint64_t first_seq,
+absl::Status PushTestMessages(transport::Sender& sender, uint64_t connection_id, uint64_t first_seq,
                               uint64_t count, uint64_t max_payload_bytes, PushReport* report,
                               absl::Duration credit_timeout = absl::Seconds(30));
 

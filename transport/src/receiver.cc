@@ -131,14 +131,15 @@ absl::Status Receiver::CreateRing() {
   return absl::OkStatus();
 }
 
-absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t epoch) {
+absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t connection_id) {
   absl::StatusOr<std::string> decoded = DecodeWorkerAddress(sender_address);
   if (!decoded.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sender worker address: ", decoded.status().message()));
   }
   std::string address = *std::move(decoded);
-  return RunOnProgressThread([this, &address, epoch] { return Reconnect(address, epoch); });
+  return RunOnProgressThread(
+      [this, &address, connection_id] { return Reconnect(address, connection_id); });
 }
 
 absl::Status Receiver::RunOnProgressThread(std::function<absl::Status()> task) {
@@ -186,12 +187,12 @@ void Receiver::ProgressLoop() {
   CloseEndpoint();  // force-closes on the worker's own thread
 }
 
-absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t epoch) {
+absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t connection_id) {
   CloseEndpoint();
   {
     absl::MutexLock lock(&mutex_);
     connected_ = false;
-    epoch_ = epoch;
+    connection_id_ = connection_id;
     failure_ = absl::OkStatus();
     ResetStaging();
     ready_.clear();
@@ -200,7 +201,7 @@ absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t epo
   PF_ASSIGN_OR_RETURN(UcpEndpoint endpoint, UcpEndpoint::Connect(worker_, sender_address,
                                                                  &Receiver::OnEndpointError, this));
   endpoint_.emplace(std::move(endpoint));
-  Logger().debug("connection {} accepted; lanes: {}", epoch, endpoint_->TransportSummary());
+  Logger().debug("connection {} accepted; lanes: {}", connection_id, endpoint_->TransportSummary());
   {
     absl::MutexLock lock(&mutex_);
     connected_ = true;
@@ -223,27 +224,28 @@ bool Receiver::SendCredit() {
     ucp_request_free(std::exchange(credit_request_, nullptr));
     if (status != UCS_OK) {
       absl::MutexLock lock(&mutex_);
-      FailConnection(absl::UnavailableError(absl::StrCat("connection ", epoch_, ": sender failed (",
-                                                         ucs_status_string(status), ")")));
+      FailConnection(absl::UnavailableError(absl::StrCat(
+          "connection ", connection_id_, ": sender failed (", ucs_status_string(status), ")")));
       return false;
     }
   }
   uint64_t released;
-  uint64_t epoch;
+  uint64_t connection_id;
   {
     absl::MutexLock lock(&mutex_);
     // A staged slot's host memory is free once its copy is done.
     released = copier_ != nullptr ? copied_ : released_;
     if (!connected_ || !failure_.ok() || released == credit_sent_) return false;
-    epoch = epoch_;
+    connection_id = connection_id_;
   }
-  credit_message_ = EncodeMessage(Credit{epoch, released});
+  credit_message_ = EncodeMessage(Credit{connection_id, released});
   ucs_status_ptr_t request = endpoint_->SendEager(kActiveMessageId, credit_message_);
   credit_sent_ = released;
   if (UCS_PTR_IS_ERR(request)) {
     absl::MutexLock lock(&mutex_);
-    FailConnection(absl::UnavailableError(absl::StrCat(
-        "connection ", epoch, ": sending a credit: ", ucs_status_string(UCS_PTR_STATUS(request)))));
+    FailConnection(absl::UnavailableError(
+        absl::StrCat("connection ", connection_id,
+                     ": sending a credit: ", ucs_status_string(UCS_PTR_STATUS(request)))));
   } else if (request != nullptr) {
     credit_request_ = request;
   }
@@ -304,8 +306,8 @@ bool Receiver::StageArrived() {
   while (!copying_.empty()) {
     absl::StatusOr<bool> done = copier_->Copied(copying_.front());
     if (!done.ok()) {
-      FailConnection(absl::InternalError(
-          absl::StrCat("connection ", epoch_, ": copy to the device: ", done.status().message())));
+      FailConnection(absl::InternalError(absl::StrCat(
+          "connection ", connection_id_, ": copy to the device: ", done.status().message())));
       return true;
     }
     if (!*done) break;
@@ -323,8 +325,8 @@ bool Receiver::StageArrived() {
     }
     absl::Status copying = copier_->Copy(device_slot, host, extent);
     if (!copying.ok()) {
-      FailConnection(absl::InternalError(
-          absl::StrCat("connection ", epoch_, ": copy to the device: ", copying.message())));
+      FailConnection(absl::InternalError(absl::StrCat(
+          "connection ", connection_id_, ": copy to the device: ", copying.message())));
       return true;
     }
     for (FieldView& field : slot.fields) {
@@ -405,8 +407,9 @@ void Receiver::OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status
   auto* receiver = static_cast<Receiver*>(arg);
   if (!receiver->endpoint_.has_value() || receiver->endpoint_->get() != endpoint) return;
   absl::MutexLock lock(&receiver->mutex_);
-  receiver->FailConnection(absl::UnavailableError(absl::StrCat(
-      "connection ", receiver->epoch_, ": sender failed (", ucs_status_string(status), ")")));
+  receiver->FailConnection(
+      absl::UnavailableError(absl::StrCat("connection ", receiver->connection_id_,
+                                          ": sender failed (", ucs_status_string(status), ")")));
 }
 
 ucs_status_t Receiver::OnActiveMessage(void* arg, const void*, size_t, void* data, size_t length,
@@ -435,7 +438,7 @@ ucs_status_t Receiver::OnSlotDataMessage(void* arg, const void* header, size_t h
       header_length != sizeof(notification_length) || notification_length > bytes.size()) {
     absl::MutexLock lock(&receiver->mutex_);
     receiver->FailConnection(absl::DataLossError(absl::StrCat(
-        "connection ", receiver->epoch_, ": malformed slot message (", header_length,
+        "connection ", receiver->connection_id_, ": malformed slot message (", header_length,
         "-byte header announcing ", notification_length, " bytes of notification in ", length,
         " bytes",
         (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 ? ", sent as rendezvous)" : ")")));
@@ -454,12 +457,12 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
     FailConnection(
         cause.code() == absl::StatusCode::kFailedPrecondition
             ? cause
-            : absl::DataLossError(absl::StrCat("connection ", epoch_,
+            : absl::DataLossError(absl::StrCat("connection ", connection_id_,
                                                ": malformed notification: ", cause.message())));
     return;
   }
   if (const auto* goodbye = std::get_if<Goodbye>(&*message)) {
-    if (!connected_ || goodbye->epoch != epoch_) {
+    if (!connected_ || goodbye->connection_id != connection_id_) {
       ++stale_;
       return;
     }
@@ -467,25 +470,26 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
       // The sender cannot serve this receiver any further: not a fault of
       // the connection, and not one that re-attaching would mend.
       failure_ = absl::FailedPreconditionError(absl::StrCat(
-          "connection ", epoch_, ": the sender stopped serving it: ", goodbye->reason));
+          "connection ", connection_id_, ": the sender stopped serving it: ", goodbye->reason));
       Logger().warn("{}", std::string(failure_.message()));
       return;
     }
     // A goodbye is the normal end of a stream: no warning.
-    failure_ =
-        absl::UnavailableError(absl::StrCat("connection ", epoch_, ": the sender closed it"));
+    failure_ = absl::UnavailableError(
+        absl::StrCat("connection ", connection_id_, ": the sender closed it"));
     Logger().debug("{}", std::string(failure_.message()));
     return;
   }
   const auto* ready = std::get_if<SlotReady>(&*message);
-  if (ready == nullptr || !connected_ || ready->epoch != epoch_) {
+  if (ready == nullptr || !connected_ || ready->connection_id != connection_id_) {
     ++stale_;
     return;
   }
   if (!failure_.ok()) return;
   absl::Status valid = ValidateSlotReady(*ready, options_.slots, options_.slot_bytes, received_);
   if (!valid.ok()) {
-    FailConnection(absl::DataLossError(absl::StrCat("connection ", epoch_, ": ", valid.message())));
+    FailConnection(
+        absl::DataLossError(absl::StrCat("connection ", connection_id_, ": ", valid.message())));
     return;
   }
   uint8_t* base = static_cast<uint8_t*>(ring_->address()) + ready->slot * options_.slot_bytes;
@@ -515,7 +519,7 @@ absl::Status Receiver::CopyPayload(const SlotReady& ready, absl::string_view pay
   for (const FieldDescriptor& field : ready.fields) expected += field.bytes;
   if (memory_kind_ != MemoryKind::kHost || payload.size() != expected) {
     return absl::DataLossError(absl::StrCat(
-        "connection ", epoch_, ": slot message ", ready.seq, " carries ", payload.size(),
+        "connection ", connection_id_, ": slot message ", ready.seq, " carries ", payload.size(),
         " bytes for fields of ", expected, " bytes",
         memory_kind_ != MemoryKind::kHost ? " into a device ring (never sent so)" : ""));
   }

@@ -23,7 +23,7 @@ struct Sender::Connection {
     if (endpoint.has_value()) endpoint->Close(/*force=*/true).IgnoreError();
   }
 
-  uint64_t epoch = 0;
+  uint64_t connection_id = 0;
   RingDescriptor ring;
   std::optional<UcpEndpoint> endpoint;
   RemoteKey remote_key;       // destroyed before the endpoint closes
@@ -79,7 +79,7 @@ Sender::Sender(SenderOptions options, UcpContext context, UcpWorker worker)
     : options_(std::move(options)),
       context_(std::move(context)),
       worker_(std::move(worker)),
-      next_epoch_(static_cast<uint64_t>(std::random_device{}()) << 32 | 1) {}
+      next_connection_id_(static_cast<uint64_t>(std::random_device{}()) << 32 | 1) {}
 
 Sender::~Sender() {
   while (!connections_.empty()) Disconnect(connections_.begin()->first).IgnoreError();
@@ -94,7 +94,7 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
         absl::StrCat("receiver worker address: ", address.status().message()));
   }
   auto connection = std::make_unique<Connection>();
-  connection->epoch = next_epoch_++;
+  connection->connection_id = next_connection_id_++;
   connection->ring = std::move(ring);
   PF_ASSIGN_OR_RETURN(
       UcpEndpoint endpoint,
@@ -114,15 +114,15 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
   if (connection->ring.memory_kind == MemoryKind::kCuda) {
     PF_RETURN_IF_ERROR(CheckDeviceRingPuts(*connection));
   }
-  const uint64_t epoch = connection->epoch;
-  Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", epoch, connection->ring.slots,
-                 connection->ring.slot_bytes,
+  const uint64_t connection_id = connection->connection_id;
+  Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", connection_id,
+                 connection->ring.slots, connection->ring.slot_bytes,
                  connection->mapped != nullptr   ? "mapped"
                  : connection->slots_as_messages ? "slots as messages"
                                                  : "puts",
                  connection->endpoint->TransportSummary());
-  connections_.emplace(epoch, std::move(connection));
-  return epoch;
+  connections_.emplace(connection_id, std::move(connection));
+  return connection_id;
 }
 
 absl::Status Sender::CheckDeviceRingPuts(Connection& connection) {
@@ -141,21 +141,21 @@ absl::Status Sender::CheckDeviceRingPuts(Connection& connection) {
       " would not write it with a transport (the put is ", PutPathName(path), ": \"",
       put.description,
       "\"); ask for the staged device ring, which copies each slot with the copy engine"));
-  Logger().warn("connection {}: {}", connection.epoch, std::string(status.message()));
+  Logger().warn("connection {}: {}", connection.connection_id, std::string(status.message()));
   return status;
 }
 
-absl::Status Sender::Disconnect(uint64_t epoch, absl::string_view reason) {
-  auto it = connections_.find(epoch);
+absl::Status Sender::Disconnect(uint64_t connection_id, absl::string_view reason) {
+  auto it = connections_.find(connection_id);
   if (it == connections_.end()) {
-    return absl::NotFoundError(absl::StrCat("no connection with epoch ", epoch));
+    return absl::NotFoundError(absl::StrCat("no connection with id ", connection_id));
   }
   Connection& connection = *it->second;
   absl::Status status = connection.failure;
   if (status.ok()) {
     // Goodbye, then a flush so it leaves before the endpoint closes.
     const absl::Time deadline = absl::Now() + options_.operation_timeout;
-    connection.notification = EncodeMessage(Goodbye{epoch, std::string(reason)});
+    connection.notification = EncodeMessage(Goodbye{connection_id, std::string(reason)});
     status =
         Wait(connection, connection.endpoint->SendEager(kActiveMessageId, connection.notification),
              "ucp_am_send_nbx(goodbye)", deadline);
@@ -169,31 +169,31 @@ absl::Status Sender::Disconnect(uint64_t epoch, absl::string_view reason) {
   return status;
 }
 
-absl::StatusOr<Sender::Connection*> Sender::Usable(uint64_t epoch) const {
-  auto it = connections_.find(epoch);
+absl::StatusOr<Sender::Connection*> Sender::Usable(uint64_t connection_id) const {
+  auto it = connections_.find(connection_id);
   if (it == connections_.end()) {
-    return absl::NotFoundError(absl::StrCat("no connection with epoch ", epoch));
+    return absl::NotFoundError(absl::StrCat("no connection with id ", connection_id));
   }
   if (!it->second->failure.ok()) return it->second->failure;
   return it->second.get();
 }
 
-absl::StatusOr<uint32_t> Sender::Credits(uint64_t epoch) const {
-  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+absl::StatusOr<uint32_t> Sender::Credits(uint64_t connection_id) const {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   return connection->credits();
 }
 
-absl::Status Sender::Push(uint64_t epoch, const SlotContent& content) {
-  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   PF_RETURN_IF_ERROR(CheckInline(content));
   PF_ASSIGN_OR_RETURN(std::vector<FieldDescriptor> layout,
                       LayoutFields(Specs(content), connection->ring.slot_bytes));
   if (connection->credits() == 0) {
     return absl::ResourceExhaustedError(
         connection->accepted
-            ? absl::StrCat("connection ", epoch, ": all ", connection->ring.slots,
+            ? absl::StrCat("connection ", connection_id, ": all ", connection->ring.slots,
                            " slots are held by the receiver")
-            : absl::StrCat("connection ", epoch, ": the receiver has not accepted it yet"));
+            : absl::StrCat("connection ", connection_id, ": the receiver has not accepted it yet"));
   }
   const absl::Time deadline = absl::Now() + options_.operation_timeout;
   absl::Status status;
@@ -221,28 +221,29 @@ absl::Status Sender::Push(uint64_t epoch, const SlotContent& content) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<MappedSlot> Sender::MapNextSlot(uint64_t epoch) {
-  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+absl::StatusOr<MappedSlot> Sender::MapNextSlot(uint64_t connection_id) {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   if (connection->mapped == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("connection ", epoch,
+        absl::StrCat("connection ", connection_id,
                      ": the receiver's ring is not mapped into this process "
                      "(not same-node shared memory); use Push"));
   }
   if (connection->credits() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("connection ", epoch, ": no free slot"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("connection ", connection_id, ": no free slot"));
   }
   const uint64_t offset =
       connection->slot_address(connection->pushed) - connection->ring.base_address;
   return MappedSlot{connection->mapped + offset, connection->ring.slot_bytes, connection->pushed};
 }
 
-absl::Status Sender::CommitMapped(uint64_t epoch, const SlotContent& content) {
-  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+absl::Status Sender::CommitMapped(uint64_t connection_id, const SlotContent& content) {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   PF_RETURN_IF_ERROR(CheckInline(content));
   if (connection->mapped == nullptr || connection->credits() == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("connection ", epoch, ": CommitMapped without a mapped slot"));
+        absl::StrCat("connection ", connection_id, ": CommitMapped without a mapped slot"));
   }
   PF_ASSIGN_OR_RETURN(std::vector<FieldDescriptor> layout,
                       LayoutFields(Specs(content), connection->ring.slot_bytes));
@@ -258,7 +259,7 @@ absl::Status Sender::CommitMapped(uint64_t epoch, const SlotContent& content) {
 absl::Status Sender::Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
                             const SlotContent& content, absl::Time deadline) {
   SlotReady ready;
-  ready.epoch = connection.epoch;
+  ready.connection_id = connection.connection_id;
   ready.seq = connection.pushed;
   ready.slot = static_cast<uint32_t>(connection.pushed % connection.ring.slots);
   ready.step = content.step;
@@ -295,7 +296,7 @@ absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request, absl
                           absl::Time deadline) {
   return worker_.Wait(request, call, deadline, [&] {
     // Alive but not progressing: closing the endpoint completes the request.
-    Logger().warn("connection {}: {} did not complete within {}", connection.epoch,
+    Logger().warn("connection {}: {} did not complete within {}", connection.connection_id,
                   std::string(call), absl::FormatDuration(options_.operation_timeout));
     connection.remote_key.Reset();
     connection.endpoint->Close(/*force=*/true).IgnoreError();
@@ -305,7 +306,7 @@ absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request, absl
 absl::Status Sender::Fail(Connection& connection, absl::Status cause) {
   if (connection.failure.ok()) {
     connection.failure = absl::UnavailableError(absl::StrCat(
-        "connection ", connection.epoch, " to its receiver failed: ", cause.message()));
+        "connection ", connection.connection_id, " to its receiver failed: ", cause.message()));
     Logger().warn("{}", std::string(connection.failure.message()));
   }
   connection.remote_key.Reset();
@@ -315,7 +316,7 @@ absl::Status Sender::Fail(Connection& connection, absl::Status cause) {
 }
 
 void Sender::CloseFailedConnections() {
-  for (auto& [epoch, connection] : connections_) {
+  for (auto& [connection_id, connection] : connections_) {
     if (!connection->failure.ok() && connection->endpoint.has_value() &&
         connection->endpoint->open()) {
       Fail(*connection, connection->failure).IgnoreError();
@@ -332,14 +333,14 @@ void Sender::ProgressOrWait(absl::Duration timeout) {
   CloseFailedConnections();
 }
 
-absl::StatusOr<ConnectionStats> Sender::Stats(uint64_t epoch) const {
-  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+absl::StatusOr<ConnectionStats> Sender::Stats(uint64_t connection_id) const {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   return ConnectionStats{connection->pushed, connection->released, connection->bytes,
                          connection->credits(), connection->mapped != nullptr};
 }
 
-absl::StatusOr<std::string> Sender::Transports(uint64_t epoch) const {
-  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(epoch));
+absl::StatusOr<std::string> Sender::Transports(uint64_t connection_id) const {
+  PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   return connection->endpoint->TransportSummary();
 }
 
@@ -347,8 +348,9 @@ void Sender::OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
   // Inside progress: only record it; the endpoint closes outside callbacks.
   auto* connection = static_cast<Connection*>(arg);
   if (connection->failure.ok()) {
-    connection->failure = absl::UnavailableError(absl::StrCat(
-        "connection ", connection->epoch, ": receiver failed (", ucs_status_string(status), ")"));
+    connection->failure =
+        absl::UnavailableError(absl::StrCat("connection ", connection->connection_id,
+                                            ": receiver failed (", ucs_status_string(status), ")"));
     Logger().warn("{}", std::string(connection->failure.message()));
   }
 }
@@ -374,16 +376,16 @@ void Sender::OnMessage(absl::string_view bytes) {
     Logger().warn("dropped a message from a receiver: not a credit");
     return;
   }
-  auto it = connections_.find(credit->epoch);
+  auto it = connections_.find(credit->connection_id);
   if (it == connections_.end() || !it->second->failure.ok()) {
-    Logger().debug("credit for closed connection {} ignored", credit->epoch);
+    Logger().debug("credit for closed connection {} ignored", credit->connection_id);
     return;
   }
   Connection& connection = *it->second;
   if (credit->released > connection.pushed) {
     connection.failure = absl::UnavailableError(
-        absl::StrCat("connection ", connection.epoch, ": receiver released ", credit->released,
-                     " slots of ", connection.pushed, " pushed"));
+        absl::StrCat("connection ", connection.connection_id, ": receiver released ",
+                     credit->released, " slots of ", connection.pushed, " pushed"));
     Logger().warn("{}", std::string(connection.failure.message()));
     return;
   }

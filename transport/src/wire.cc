@@ -27,12 +27,12 @@ class Writer {
     out_.append(reinterpret_cast<const char*>(&value), sizeof(T));
   }
   void PutBytes(absl::string_view bytes) { out_.append(bytes.data(), bytes.size()); }
-  std::string Finish(uint16_t kind, uint64_t epoch) && {
+  std::string Finish(uint16_t kind, uint64_t connection_id) && {
     Writer header;
     header.Put(kWireMagic);
     header.Put(kWireVersion);
     header.Put(kind);
-    header.Put(epoch);
+    header.Put(connection_id);
     header.Put(static_cast<uint64_t>(out_.size()));
     return header.out_ + out_;
   }
@@ -72,7 +72,7 @@ uint64_t Checksum(absl::string_view bytes) { return XXH3_64bits(bytes.data(), by
 
 struct Header {
   uint16_t kind;
-  uint64_t epoch;
+  uint64_t connection_id;
 };
 
 absl::StatusOr<Header> ReadHeader(Reader& reader) {
@@ -87,13 +87,13 @@ absl::StatusOr<Header> ReadHeader(Reader& reader) {
         "peer speaks packfeed wire protocol v", version, "; this side speaks v", kWireVersion));
   }
   PF_ASSIGN_OR_RETURN(uint16_t kind, reader.Get<uint16_t>("header"));
-  PF_ASSIGN_OR_RETURN(uint64_t epoch, reader.Get<uint64_t>("header"));
+  PF_ASSIGN_OR_RETURN(uint64_t connection_id, reader.Get<uint64_t>("header"));
   PF_ASSIGN_OR_RETURN(uint64_t body_bytes, reader.Get<uint64_t>("header"));
   if (body_bytes != reader.remaining()) {
     return absl::InvalidArgumentError(
         absl::StrCat("message body is ", reader.remaining(), " bytes, header says ", body_bytes));
   }
-  return Header{kind, epoch};
+  return Header{kind, connection_id};
 }
 
 absl::Status CheckName(absl::string_view name) {
@@ -184,9 +184,9 @@ absl::StatusOr<FieldDescriptor> DecodeField(Reader& reader) {
   return field;
 }
 
-absl::StatusOr<SlotReady> DecodeSlotReady(uint64_t epoch, Reader& reader) {
+absl::StatusOr<SlotReady> DecodeSlotReady(uint64_t connection_id, Reader& reader) {
   SlotReady ready;
-  ready.epoch = epoch;
+  ready.connection_id = connection_id;
   PF_ASSIGN_OR_RETURN(ready.seq, reader.Get<uint64_t>("slot-ready"));
   PF_ASSIGN_OR_RETURN(ready.slot, reader.Get<uint32_t>("slot-ready"));
   PF_ASSIGN_OR_RETURN(ready.step, reader.Get<int64_t>("slot-ready"));
@@ -221,77 +221,25 @@ absl::Status ExpectEmpty(const Reader& reader, absl::string_view what) {
 
 }  // namespace
 
-size_t ElementSize(ElementType type) {
-  switch (type) {
-    case ElementType::kUInt8:
-    case ElementType::kInt8:
-    case ElementType::kBool:
-      return 1;
-    case ElementType::kUInt16:
-    case ElementType::kInt16:
-    case ElementType::kFloat16:
-    case ElementType::kBFloat16:
-      return 2;
-    case ElementType::kUInt32:
-    case ElementType::kInt32:
-    case ElementType::kFloat32:
-      return 4;
-    case ElementType::kUInt64:
-    case ElementType::kInt64:
-    case ElementType::kFloat64:
-      return 8;
-  }
-  return 0;
-}
-
-absl::string_view ElementTypeName(ElementType type) {
-  switch (type) {
-    case ElementType::kUInt8:
-      return "uint8";
-    case ElementType::kInt8:
-      return "int8";
-    case ElementType::kUInt16:
-      return "uint16";
-    case ElementType::kInt16:
-      return "int16";
-    case ElementType::kUInt32:
-      return "uint32";
-    case ElementType::kInt32:
-      return "int32";
-    case ElementType::kUInt64:
-      return "uint64";
-    case ElementType::kInt64:
-      return "int64";
-    case ElementType::kFloat16:
-      return "float16";
-    case ElementType::kBFloat16:
-      return "bfloat16";
-    case ElementType::kFloat32:
-      return "float32";
-    case ElementType::kFloat64:
-      return "float64";
-    case ElementType::kBool:
-      return "bool";
-  }
-  return "invalid";
-}
-
 std::string EncodeMessage(const Message& message) {
   Writer writer;
   if (const auto* ready = std::get_if<SlotReady>(&message)) {
     EncodeBody(*ready, writer);
-    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kSlotReady), ready->epoch);
+    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kSlotReady),
+                                    ready->connection_id);
   }
   if (const auto* credit = std::get_if<Credit>(&message)) {
     writer.Put(credit->released);
-    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kCredit), credit->epoch);
+    return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kCredit),
+                                    credit->connection_id);
   }
   const auto& goodbye = std::get<Goodbye>(message);
   if (!goodbye.reason.empty()) {
     writer.Put(static_cast<uint32_t>(goodbye.reason.size()));
     writer.PutBytes(goodbye.reason);
   }
-  return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kGoodbye), goodbye.epoch);
+  return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kGoodbye),
+                                  goodbye.connection_id);
 }
 
 absl::StatusOr<Message> DecodeMessage(absl::string_view bytes) {
@@ -299,21 +247,21 @@ absl::StatusOr<Message> DecodeMessage(absl::string_view bytes) {
   PF_ASSIGN_OR_RETURN(Header header, ReadHeader(reader));
   switch (static_cast<MessageKind>(header.kind)) {
     case MessageKind::kSlotReady:
-      return DecodeSlotReady(header.epoch, reader);
+      return DecodeSlotReady(header.connection_id, reader);
     case MessageKind::kCredit: {
       PF_ASSIGN_OR_RETURN(uint64_t released, reader.Get<uint64_t>("credit"));
       PF_RETURN_IF_ERROR(ExpectEmpty(reader, "credit"));
-      return Credit{header.epoch, released};
+      return Credit{header.connection_id, released};
     }
     case MessageKind::kGoodbye: {
-      if (reader.remaining() == 0) return Goodbye{header.epoch, ""};
+      if (reader.remaining() == 0) return Goodbye{header.connection_id, ""};
       PF_ASSIGN_OR_RETURN(uint32_t length, reader.Get<uint32_t>("goodbye reason"));
       PF_ASSIGN_OR_RETURN(absl::string_view reason, reader.GetBytes(length, "goodbye reason"));
       PF_RETURN_IF_ERROR(ExpectEmpty(reader, "goodbye"));
       if (reason.empty()) {
         return absl::InvalidArgumentError("goodbye with an empty reason (omit it instead)");
       }
-      return Goodbye{header.epoch, std::string(reason)};
+      return Goodbye{header.connection_id, std::string(reason)};
     }
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", header.kind));
@@ -366,9 +314,9 @@ absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected a ring descriptor, got message kind ", header.kind));
   }
-  if (header.epoch != 0) {
+  if (header.connection_id != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ring descriptor with epoch ", header.epoch, " (must be 0)"));
+        absl::StrCat("ring descriptor with connection id ", header.connection_id, " (must be 0)"));
   }
   RingDescriptor ring;
   PF_ASSIGN_OR_RETURN(ring.slots, reader.Get<uint32_t>("ring descriptor"));
@@ -410,7 +358,7 @@ std::string EncodeWorkerAddress(absl::string_view ucx_address) {
 absl::StatusOr<std::string> DecodeWorkerAddress(absl::string_view bytes) {
   Reader reader(bytes);
   PF_ASSIGN_OR_RETURN(Header header, ReadHeader(reader));
-  if (header.kind != kWorkerAddressKind || header.epoch != 0) {
+  if (header.kind != kWorkerAddressKind || header.connection_id != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected a worker address, got message kind ", header.kind));
   }

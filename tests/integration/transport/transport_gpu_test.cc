@@ -50,12 +50,12 @@ absl::StatusOr<ChildProcess> StartSender(transport::Receiver& receiver, uint64_t
   PF_RETURN_IF_ERROR(child.Send(receiver.worker_address()));
   PF_RETURN_IF_ERROR(child.Send(receiver.ring_descriptor()));
   PF_ASSIGN_OR_RETURN(const std::string reply, child.Receive());
-  uint64_t epoch = 0;
-  if (!absl::SimpleAtoi(reply.substr(std::min<size_t>(6, reply.size())), &epoch)) {
+  uint64_t connection_id = 0;
+  if (!absl::SimpleAtoi(reply.substr(std::min<size_t>(6, reply.size())), &connection_id)) {
     return absl::InternalError(absl::StrCat("peer's connect reply: ", reply));
   }
-  PF_RETURN_IF_ERROR(receiver.Connect(address, epoch));
-  PF_RETURN_IF_ERROR(child.Send(absl::StrCat("push ", epoch, " 0 ", count)));
+  PF_RETURN_IF_ERROR(receiver.Connect(address, connection_id));
+  PF_RETURN_IF_ERROR(child.Send(absl::StrCat("push ", connection_id, " 0 ", count)));
   return child;
 }
 

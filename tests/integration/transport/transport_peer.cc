@@ -3,11 +3,11 @@
 // over the control socket on fd 3 (tests/testing/child_process.h):
 //
 //   receiver: sends its worker address and ring descriptor, then serves
-//     "connect <epoch>" + <sender address>      -> "ok" | "<CODE>: <message>"
+//     "connect <id>" + <sender address>      -> "ok" | "<CODE>: <message>"
 //     "receive <first_seq> <count>"             -> "ok <bytes>" | "<CODE>: ..."
 //   sender: sends its worker address, then serves
-//     "connect" + <receiver address> + <ring>   -> "epoch <e>" | "<CODE>: ..."
-//     "push <epoch> <first_seq> <count>"        -> "ok" | "<CODE>: ..."
+//     "connect" + <receiver address> + <ring>   -> "connection <id>" | "<CODE>: ..."
+//     "push <id> <first_seq> <count>"        -> "ok" | "<CODE>: ..."
 //   rogue: sends its worker address, then serves
 //     "connect" + <receiver address>            -> "ok"
 //     "send" + <bytes>                          -> "sent" (one eager message)
@@ -106,8 +106,9 @@ void RunSender(const PeerFlags& flags) {
     if (command[0] == "connect") {
       const std::string address = Next();
       const std::string ring = Next();
-      absl::StatusOr<uint64_t> epoch = (*sender)->Connect(address, ring);
-      Reply(epoch.ok() ? absl::StrCat("epoch ", *epoch) : StatusLine(epoch.status()));
+      absl::StatusOr<uint64_t> connection_id = (*sender)->Connect(address, ring);
+      Reply(connection_id.ok() ? absl::StrCat("connection ", *connection_id)
+                               : StatusLine(connection_id.status()));
     } else if (command[0] == "push") {
       PushReport report;
       absl::Status status = PushTestMessages(**sender, Number(command.at(1)), Number(command.at(2)),

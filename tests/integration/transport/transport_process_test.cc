@@ -33,11 +33,11 @@ constexpr uint64_t kSmall = 1ull << 20;
 // Room for the largest test payload plus the small fields that ride with it.
 constexpr uint64_t SlotBytesFor(uint64_t max_payload) { return max_payload + (64 << 10); }
 
-uint64_t EpochFrom(const std::string& reply) {
-  uint64_t epoch = 0;
-  EXPECT_THAT(reply, StartsWith("epoch "));
-  EXPECT_TRUE(absl::SimpleAtoi(reply.substr(6), &epoch)) << reply;
-  return epoch;
+uint64_t ConnectionIdFrom(const std::string& reply) {
+  uint64_t connection_id = 0;
+  EXPECT_THAT(reply, StartsWith("connection "));
+  EXPECT_TRUE(absl::SimpleAtoi(reply.substr(11), &connection_id)) << reply;
+  return connection_id;
 }
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
@@ -80,46 +80,46 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     return frame.ok() ? *frame : "";
   }
 
-  // A receiver child connected to `sender`; returns the connection's epoch.
+  // A receiver child connected to `sender`; returns the connection's connection_id.
   uint64_t ConnectReceiver(Sender& sender, ChildProcess& receiver) {
     const std::string address = Receive(receiver);
     const std::string ring = Receive(receiver);
-    auto epoch = sender.Connect(address, ring);
-    EXPECT_TRUE(epoch.ok()) << epoch.status();
-    EXPECT_TRUE(receiver.Send(absl::StrCat("connect ", *epoch)).ok());
+    auto connection_id = sender.Connect(address, ring);
+    EXPECT_TRUE(connection_id.ok()) << connection_id.status();
+    EXPECT_TRUE(receiver.Send(absl::StrCat("connect ", *connection_id)).ok());
     EXPECT_TRUE(receiver.Send(sender.worker_address()).ok());
     EXPECT_EQ(Receive(receiver), "ok");
-    return *epoch;
+    return *connection_id;
   }
 
-  // A sender child connected to `receiver`; returns the connection's epoch.
+  // A sender child connected to `receiver`; returns the connection's connection_id.
   uint64_t ConnectSender(Receiver& receiver, ChildProcess& sender) {
     const std::string address = Receive(sender);
     EXPECT_TRUE(sender.Send("connect").ok());
     EXPECT_TRUE(sender.Send(receiver.worker_address()).ok());
     EXPECT_TRUE(sender.Send(receiver.ring_descriptor()).ok());
-    const uint64_t epoch = EpochFrom(Receive(sender));
-    EXPECT_TRUE(receiver.Connect(address, epoch).ok());
-    return epoch;
+    const uint64_t connection_id = ConnectionIdFrom(Receive(sender));
+    EXPECT_TRUE(receiver.Connect(address, connection_id).ok());
+    return connection_id;
   }
 };
 
 TEST_P(TransportTest, DeliversEveryByteInOrderFromOneByteTo64MiB) {
   std::unique_ptr<Sender> sender = MakeSender();
   ChildProcess child = Spawn("receiver");
-  const uint64_t epoch = ConnectReceiver(*sender, child);
+  const uint64_t connection_id = ConnectReceiver(*sender, child);
   constexpr uint64_t kMessages = 21;  // every size three times, 1 to 3 fields each
   ASSERT_TRUE(child.Send(absl::StrCat("receive 0 ", kMessages)).ok());
   PushReport report;
-  ASSERT_TRUE(PushTestMessages(*sender, epoch, 0, kMessages, kLarge, &report).ok());
+  ASSERT_TRUE(PushTestMessages(*sender, connection_id, 0, kMessages, kLarge, &report).ok());
   EXPECT_EQ(Receive(child), absl::StrCat("ok ", report.bytes));
 
-  auto stats = sender->Stats(epoch);
+  auto stats = sender->Stats(connection_id);
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->pushed, kMessages);
   EXPECT_EQ(stats->bytes, report.bytes);
   // The same-node data path must be shared memory, not TCP loopback.
-  const std::string transports = sender->Transports(epoch).value_or("");
+  const std::string transports = sender->Transports(connection_id).value_or("");
   EXPECT_EQ(stats->mapped, shared_memory()) << transports;
   if (shared_memory()) {
     EXPECT_THAT(transports, Not(HasSubstr("tcp")));
@@ -129,10 +129,10 @@ TEST_P(TransportTest, DeliversEveryByteInOrderFromOneByteTo64MiB) {
 TEST_P(TransportTest, SlowReceiverHoldsTheSenderToItsCredits) {
   std::unique_ptr<Sender> sender = MakeSender();
   ChildProcess child = Spawn("receiver", /*slots=*/2, kSmall, /*hold_ms=*/20);
-  const uint64_t epoch = ConnectReceiver(*sender, child);
+  const uint64_t connection_id = ConnectReceiver(*sender, child);
   ASSERT_TRUE(child.Send("receive 0 12").ok());
   PushReport report;
-  ASSERT_TRUE(PushTestMessages(*sender, epoch, 0, 12, kSmall, &report).ok());
+  ASSERT_TRUE(PushTestMessages(*sender, connection_id, 0, 12, kSmall, &report).ok());
   EXPECT_THAT(Receive(child), StartsWith("ok "));
   EXPECT_LE(report.most_in_flight, 2u);
   EXPECT_GT(report.waits_for_credit, 0u) << "the sender never had to wait";
@@ -142,13 +142,13 @@ TEST_P(TransportTest, DeadReceiverIsUnavailableOthersContinueAndItReconnects) {
   std::unique_ptr<Sender> sender = MakeSender();
   ChildProcess doomed = Spawn("receiver", 2, kSmall);
   ChildProcess healthy = Spawn("receiver", 2, kSmall);
-  const uint64_t doomed_epoch = ConnectReceiver(*sender, doomed);
-  const uint64_t healthy_epoch = ConnectReceiver(*sender, healthy);
+  const uint64_t doomed_connection = ConnectReceiver(*sender, doomed);
+  const uint64_t healthy_connection = ConnectReceiver(*sender, healthy);
   PushReport report;
   ASSERT_TRUE(doomed.Send("receive 0 1000").ok());
   ASSERT_TRUE(healthy.Send("receive 0 40").ok());
-  ASSERT_TRUE(PushTestMessages(*sender, doomed_epoch, 0, 5, kSmall, &report).ok());
-  ASSERT_TRUE(PushTestMessages(*sender, healthy_epoch, 0, 5, kSmall, &report).ok());
+  ASSERT_TRUE(PushTestMessages(*sender, doomed_connection, 0, 5, kSmall, &report).ok());
+  ASSERT_TRUE(PushTestMessages(*sender, healthy_connection, 0, 5, kSmall, &report).ok());
 
   doomed.Kill(SIGKILL);
   const absl::Time killed = absl::Now();
@@ -157,35 +157,35 @@ TEST_P(TransportTest, DeadReceiverIsUnavailableOthersContinueAndItReconnects) {
   ASSERT_TRUE(doomed.Wait(absl::Seconds(5)).ok());
   absl::Duration detected = absl::InfiniteDuration();
   for (uint64_t seq = 5; seq < 40; ++seq) {
-    ASSERT_TRUE(PushTestMessages(*sender, healthy_epoch, seq, 1, kSmall, &report).ok());
-    if (detected == absl::InfiniteDuration() && !sender->Credits(doomed_epoch).ok()) {
+    ASSERT_TRUE(PushTestMessages(*sender, healthy_connection, seq, 1, kSmall, &report).ok());
+    if (detected == absl::InfiniteDuration() && !sender->Credits(doomed_connection).ok()) {
       detected = absl::Now() - killed;
     }
   }
   EXPECT_THAT(Receive(healthy), StartsWith("ok "));
   while (detected == absl::InfiniteDuration() && absl::Now() - killed < absl::Seconds(5)) {
     sender->ProgressOrWait(absl::Milliseconds(20));
-    if (!sender->Credits(doomed_epoch).ok()) detected = absl::Now() - killed;
+    if (!sender->Credits(doomed_connection).ok()) detected = absl::Now() - killed;
   }
   EXPECT_LT(detected, absl::Seconds(2));
-  EXPECT_EQ(sender->Credits(doomed_epoch).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(sender->Push(doomed_epoch, {}).code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(sender->Disconnect(doomed_epoch).code() == absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sender->Credits(doomed_connection).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(sender->Push(doomed_connection, {}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(sender->Disconnect(doomed_connection).code() == absl::StatusCode::kUnavailable);
 
-  // The same rank comes back as a new process: a new epoch, a fresh ring.
+  // The same rank comes back as a new process: a new connection_id, a fresh ring.
   ChildProcess reborn = Spawn("receiver", 2, kSmall);
-  const uint64_t reborn_epoch = ConnectReceiver(*sender, reborn);
-  EXPECT_NE(reborn_epoch, doomed_epoch);
+  const uint64_t reborn_connection = ConnectReceiver(*sender, reborn);
+  EXPECT_NE(reborn_connection, doomed_connection);
   ASSERT_TRUE(reborn.Send("receive 0 6").ok());
-  ASSERT_TRUE(PushTestMessages(*sender, reborn_epoch, 0, 6, kSmall, &report).ok());
+  ASSERT_TRUE(PushTestMessages(*sender, reborn_connection, 0, 6, kSmall, &report).ok());
   EXPECT_THAT(Receive(reborn), StartsWith("ok "));
 }
 
 TEST_P(TransportTest, DeadSenderEndsNextWithUnavailableAndANewSenderReconnects) {
   std::unique_ptr<Receiver> receiver = MakeReceiver(2, kSmall);
   ChildProcess doomed = Spawn("sender", 2, kSmall);
-  const uint64_t first_epoch = ConnectSender(*receiver, doomed);
-  ASSERT_TRUE(doomed.Send(absl::StrCat("push ", first_epoch, " 0 100000")).ok());
+  const uint64_t first_connection = ConnectSender(*receiver, doomed);
+  ASSERT_TRUE(doomed.Send(absl::StrCat("push ", first_connection, " 0 100000")).ok());
   uint64_t bytes = 0;
   ASSERT_TRUE(ReceiveTestMessages(*receiver, 0, 5, kSmall, absl::ZeroDuration(), &bytes).ok());
 
@@ -214,9 +214,9 @@ TEST_P(TransportTest, DeadSenderEndsNextWithUnavailableAndANewSenderReconnects) 
   EXPECT_NE(receiver->worker_address(), old_address);
   EXPECT_EQ(receiver->ring_descriptor(), ring);
   ChildProcess reborn = Spawn("sender", 2, kSmall);
-  const uint64_t second_epoch = ConnectSender(*receiver, reborn);
-  EXPECT_NE(second_epoch, first_epoch);
-  ASSERT_TRUE(reborn.Send(absl::StrCat("push ", second_epoch, " 0 9")).ok());
+  const uint64_t second_connection = ConnectSender(*receiver, reborn);
+  EXPECT_NE(second_connection, first_connection);
+  ASSERT_TRUE(reborn.Send(absl::StrCat("push ", second_connection, " 0 9")).ok());
   absl::Status received =
       ReceiveTestMessages(*receiver, 0, 9, kSmall, absl::ZeroDuration(), &bytes);
   EXPECT_TRUE(received.ok()) << received;
@@ -226,7 +226,7 @@ TEST_P(TransportTest, DeadSenderEndsNextWithUnavailableAndANewSenderReconnects) 
 TEST_P(TransportTest, RefusesAPayloadLargerThanASlotAndStaysUsable) {
   std::unique_ptr<Sender> sender = MakeSender();
   ChildProcess child = Spawn("receiver", 2, kSmall);
-  const uint64_t epoch = ConnectReceiver(*sender, child);
+  const uint64_t connection_id = ConnectReceiver(*sender, child);
   PushReport report;
   // Wait for the receiver's first credit, then push one byte too many.
   ASSERT_TRUE(child.Send("receive 0 1").ok());
@@ -234,30 +234,31 @@ TEST_P(TransportTest, RefusesAPayloadLargerThanASlotAndStaysUsable) {
   transport::SlotContent content;
   content.fields.push_back(
       {{"tokens", transport::ElementType::kUInt8, {static_cast<int64_t>(big.size())}}, big.data()});
-  absl::Status status = sender->Push(epoch, content);
+  absl::Status status = sender->Push(connection_id, content);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr(absl::StrCat(big.size(), " bytes")));
   EXPECT_THAT(status.message(), HasSubstr(absl::StrCat(SlotBytesFor(kSmall), " bytes")));
-  ASSERT_TRUE(PushTestMessages(*sender, epoch, 0, 1, kSmall, &report).ok());
+  ASSERT_TRUE(PushTestMessages(*sender, connection_id, 0, 1, kSmall, &report).ok());
   EXPECT_THAT(Receive(child), StartsWith("ok "));
 }
 
 TEST_P(TransportTest, PacksInPlaceThroughAMappedSlotOnSharedMemoryOnly) {
   std::unique_ptr<Sender> sender = MakeSender();
   ChildProcess child = Spawn("receiver", 2, kSmall);
-  const uint64_t epoch = ConnectReceiver(*sender, child);
-  while (sender->Credits(epoch).value_or(0) == 0) sender->ProgressOrWait(absl::Milliseconds(20));
-  absl::StatusOr<transport::MappedSlot> mapped = sender->MapNextSlot(epoch);
+  const uint64_t connection_id = ConnectReceiver(*sender, child);
+  while (sender->Credits(connection_id).value_or(0) == 0)
+    sender->ProgressOrWait(absl::Milliseconds(20));
+  absl::StatusOr<transport::MappedSlot> mapped = sender->MapNextSlot(connection_id);
   if (!shared_memory()) {
     EXPECT_EQ(mapped.status().code(), absl::StatusCode::kFailedPrecondition);
     return;
   }
   ASSERT_TRUE(child.Send("receive 0 7").ok());
   for (uint64_t seq = 0; seq < 7; ++seq) {
-    while (sender->Credits(epoch).value_or(0) == 0) {
+    while (sender->Credits(connection_id).value_or(0) == 0) {
       sender->ProgressOrWait(absl::Milliseconds(20));
     }
-    mapped = sender->MapNextSlot(epoch);
+    mapped = sender->MapNextSlot(connection_id);
     ASSERT_TRUE(mapped.ok()) << mapped.status();
     EXPECT_EQ(mapped->seq, seq);
     transport::SlotContent content;
@@ -272,7 +273,7 @@ TEST_P(TransportTest, PacksInPlaceThroughAMappedSlotOnSharedMemoryOnly) {
                   static_cast<uint32_t>(f));
       content.fields.push_back({specs[f], nullptr});
     }
-    ASSERT_TRUE(sender->CommitMapped(epoch, content).ok());
+    ASSERT_TRUE(sender->CommitMapped(connection_id, content).ok());
   }
   EXPECT_THAT(Receive(child), StartsWith("ok "));
 }
@@ -288,7 +289,9 @@ class RogueSenderTest : public TransportTest {
     ASSERT_TRUE(rogue_->Send(receiver_->worker_address()).ok());
     ASSERT_EQ(Receive(*rogue_), "ok");
   }
-  void Accept(uint64_t epoch) { ASSERT_TRUE(receiver_->Connect(rogue_address_, epoch).ok()); }
+  void Accept(uint64_t connection_id) {
+    ASSERT_TRUE(receiver_->Connect(rogue_address_, connection_id).ok());
+  }
   void Send(const std::string& bytes) {
     ASSERT_TRUE(rogue_->Send("send").ok());
     ASSERT_TRUE(rogue_->Send(bytes).ok());
@@ -306,15 +309,15 @@ class RogueSenderTest : public TransportTest {
     return std::string(reinterpret_cast<const char*>(&length), sizeof(length));
   }
   // A notification of one 32-byte field at offset 256.
-  static std::string ReadyWithField(uint64_t epoch) {
+  static std::string ReadyWithField(uint64_t connection_id) {
     transport::SlotReady ready;
-    ready.epoch = epoch;
+    ready.connection_id = connection_id;
     ready.fields.push_back({"tokens", transport::ElementType::kInt64, {1, 4}, 256, 32});
     return transport::EncodeMessage(ready);
   }
-  static std::string Ready(uint64_t epoch, uint64_t seq, std::string text) {
+  static std::string Ready(uint64_t connection_id, uint64_t seq, std::string text) {
     transport::SlotReady ready;
-    ready.epoch = epoch;
+    ready.connection_id = connection_id;
     ready.seq = seq;
     ready.slot = static_cast<uint32_t>(seq % 2);
     ready.inline_metadata = std::move(text);
@@ -350,7 +353,7 @@ TEST_P(RogueSenderTest, RefusesAnotherProtocolVersionByName) {
 TEST_P(RogueSenderTest, HandsOutNothingOfAFieldOutsideItsSlot) {
   Accept(9);
   transport::SlotReady ready;
-  ready.epoch = 9;
+  ready.connection_id = 9;
   ready.fields.push_back(
       {"tokens", transport::ElementType::kInt64, {1, 4}, SlotBytesFor(kSmall) - 16, 32});
   Send(transport::EncodeMessage(ready));
@@ -422,20 +425,20 @@ TEST_P(TransportTest, RefusesADeviceRingUcxWouldNotWriteWithATransport) {
         transport::DecodeRingDescriptor(Receive(refused));
     ASSERT_TRUE(ring.ok()) << ring.status();
     ring->memory_kind = transport::MemoryKind::kCuda;
-    auto epoch = sender->Connect(address, transport::EncodeRingDescriptor(*ring));
-    EXPECT_EQ(epoch.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(epoch.status().message(), HasSubstr("ring in device memory is refused"));
-    EXPECT_THAT(epoch.status().message(), HasSubstr("staged device ring"));
+    auto connection_id = sender->Connect(address, transport::EncodeRingDescriptor(*ring));
+    EXPECT_EQ(connection_id.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(connection_id.status().message(), HasSubstr("ring in device memory is refused"));
+    EXPECT_THAT(connection_id.status().message(), HasSubstr("staged device ring"));
     if (protocols_v2) {
-      EXPECT_THAT(epoch.status().message(),
+      EXPECT_THAT(connection_id.status().message(),
                   HasSubstr(shared_memory() ? "not known to be zero-copy" : "emulated"));
     }
 
     ChildProcess served = Spawn("receiver", 2, kSmall);
-    const uint64_t served_epoch = ConnectReceiver(*sender, served);
+    const uint64_t served_connection = ConnectReceiver(*sender, served);
     ASSERT_TRUE(served.Send("receive 0 3").ok());
     PushReport report;
-    ASSERT_TRUE(PushTestMessages(*sender, served_epoch, 0, 3, kSmall, &report).ok());
+    ASSERT_TRUE(PushTestMessages(*sender, served_connection, 0, 3, kSmall, &report).ok());
     EXPECT_EQ(Receive(served), absl::StrCat("ok ", report.bytes));
   }
 }
@@ -447,10 +450,10 @@ TEST(TransportProtocolTest, SenderRefusesARingOfAnotherProtocolVersion) {
       transport::EncodeRingDescriptor({2, 4096, 0x10000, transport::MemoryKind::kHost, "key"});
   const uint16_t version = 2;
   std::memcpy(ring.data() + 4, &version, sizeof(version));
-  auto epoch = (*sender)->Connect("some address", ring);
-  EXPECT_EQ(epoch.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(epoch.status().message(), HasSubstr("v2"));
-  EXPECT_THAT(epoch.status().message(), HasSubstr("v1"));
+  auto connection_id = (*sender)->Connect("some address", ring);
+  EXPECT_EQ(connection_id.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(connection_id.status().message(), HasSubstr("v2"));
+  EXPECT_THAT(connection_id.status().message(), HasSubstr("v1"));
 }
 
 INSTANTIATE_TEST_SUITE_P(OverSharedMemoryAndTcp, RogueSenderTest,

@@ -12,7 +12,7 @@ using ::testing::HasSubstr;
 
 SlotReady SampleReady() {
   SlotReady ready;
-  ready.epoch = 0x1234'0000'0007;
+  ready.connection_id = 0x1234'0000'0007;
   ready.seq = 9;
   ready.slot = 1;
   ready.step = 41;
@@ -138,11 +138,11 @@ TEST(WireTest, RingDescriptorRefusesNonsense) {
   std::string bytes = EncodeRingDescriptor({2, 64, 0, MemoryKind::kHost, "k"});
   bytes[24 + 4 + 8 + 8] = 7;  // memory kind
   EXPECT_THAT(DecodeRingDescriptor(bytes).status().message(), HasSubstr("memory kind 7"));
-  // A descriptor belongs to no connection yet: a non-zero epoch is refused
+  // A descriptor belongs to no connection yet: a non-zero connection_id is refused
   // (found by wire_fuzz: it decoded, and encoded back to other bytes).
   bytes = EncodeRingDescriptor({2, 64, 0, MemoryKind::kHost, "k"});
-  bytes[8] = 5;  // epoch
-  EXPECT_THAT(DecodeRingDescriptor(bytes).status().message(), HasSubstr("epoch 5"));
+  bytes[8] = 5;  // connection_id
+  EXPECT_THAT(DecodeRingDescriptor(bytes).status().message(), HasSubstr("connection id 5"));
   EXPECT_THAT(DecodeRingDescriptor(EncodeMessage(Goodbye{1, ""})).status().message(),
               HasSubstr("expected a ring descriptor"));
   // UCX aborts on a malformed packed key: a corrupt one never reaches it.

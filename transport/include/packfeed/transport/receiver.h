@@ -40,24 +40,7 @@
 
 namespace packfeed::transport {
 
-enum class RingPlacement {
-  // The default: today the host ring (page-locked when a device is present,
-  // so the client's copy to the device is asynchronous). Measured on an H100
-  // with UCX 1.22, a put into a device ring moves 0.8 GiB/s against 6-9 GiB/s
-  // for a plain cudaMemcpy (docs/TRANSPORT.md), so the device ring is chosen
-  // only when asked for.
-  kAuto,
-  kHost,  // host memory (registered with CUDA when a device is present)
-  // Device memory written by UCX, or fail; the sender refuses it unless UCX
-  // would write it with a transport (put_protocol.h).
-  kDevice,
-  // The page-locked host ring, each slot copied into a device buffer of its
-  // own on arrival (CudaSlotCopier), before the trainer asks; views are of
-  // device memory. The slot's credit returns when its copy completes; the
-  // device buffer is reused once the consumer's stream is past it. Needs a
-  // device, not a UCX with CUDA.
-  kStagedDevice,
-};
+using ::packfeed::RingPlacement;  // packfeed/common/data_types.h
 
 struct ReceiverOptions {
   UcxOptions ucx;
@@ -128,10 +111,10 @@ class Receiver {
   // True when the host ring is page-locked for asynchronous device copies.
   bool host_ring_registered_with_cuda() const { return host_registration_.has_value(); }
 
-  // Accepts connection `epoch` (from Sender::Connect) of the sender at
+  // Accepts connection `connection_id` (from Sender::Connect) of the sender at
   // `sender_address`. Drops any earlier connection and the slots it announced
   // (views of them become invalid); the ring starts empty.
-  absl::Status Connect(absl::string_view sender_address, uint64_t epoch);
+  absl::Status Connect(absl::string_view sender_address, uint64_t connection_id);
 
   // Replaces the UCX worker, and so worker_address(); call it before
   // re-attaching to a sender that failed. A sender killed inside a write
@@ -166,7 +149,7 @@ class Receiver {
   void ProgressLoop();
   // Runs `task` on the progress thread and returns its status.
   absl::Status RunOnProgressThread(std::function<absl::Status()> task);
-  absl::Status Reconnect(const std::string& sender_address, uint64_t epoch);
+  absl::Status Reconnect(const std::string& sender_address, uint64_t connection_id);
   absl::Status RouteMessages(UcpWorker& worker);  // to this receiver's handlers
   // Wakes the progress thread from any thread (the worker may be renewed).
   void Wake() ABSL_LOCKS_EXCLUDED(worker_mutex_);
@@ -215,7 +198,7 @@ class Receiver {
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
   bool connected_ ABSL_GUARDED_BY(mutex_) = false;
-  uint64_t epoch_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t connection_id_ ABSL_GUARDED_BY(mutex_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mutex_);
   std::deque<ReceivedSlot> ready_ ABSL_GUARDED_BY(mutex_);
   uint64_t received_ ABSL_GUARDED_BY(mutex_) = 0;    // notifications accepted

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "packfeed/transport/slot_sender.h"
 #include "packfeed/transport/ucx_context.h"
 #include "packfeed/transport/wire.h"
 
@@ -38,20 +39,6 @@ struct SenderOptions {
   absl::Duration spin = absl::Microseconds(50);
 };
 
-// One field of a slot, with its bytes in host memory, valid during the call.
-struct FieldBuffer {
-  FieldSpec spec;
-  const void* data = nullptr;
-};
-
-// What one slot carries.
-struct SlotContent {
-  int64_t step = 0;
-  uint32_t microbatch = 0;
-  std::vector<FieldBuffer> fields;
-  std::string inline_metadata;  // at most kMaxInlineBytes
-};
-
 // A receiver's next slot mapped into this process, to pack it in place.
 struct MappedSlot {
   uint8_t* data = nullptr;
@@ -59,26 +46,18 @@ struct MappedSlot {
   uint64_t seq = 0;
 };
 
-struct ConnectionStats {
-  uint64_t pushed = 0;    // slots notified
-  uint64_t released = 0;  // slots the receiver has released
-  uint64_t bytes = 0;     // field bytes pushed
-  uint32_t credits = 0;   // free slots now
-  bool mapped = false;    // MapNextSlot is available (same-node shared memory)
-};
-
 // Thread-compatible: one thread owns a Sender and its UCP worker (the daemon
 // runs one per sending thread).
-class Sender {
+class Sender : public SlotSender {
  public:
   static absl::StatusOr<std::unique_ptr<Sender>> Create(const SenderOptions& options);
-  ~Sender();  // Says goodbye on every open connection (bounded by the timeout).
+  ~Sender() override;  // Says goodbye on every open connection (bounded by the timeout).
 
   // The worker address to give receivers (EncodeWorkerAddress).
-  std::string worker_address() const { return EncodeWorkerAddress(worker_.address()); }
+  std::string worker_address() const override { return EncodeWorkerAddress(worker_.address()); }
 
   // Connects to a receiver, given its worker address and encoded ring
-  // descriptor, and returns the connection's epoch. Epochs name connections in
+  // descriptor, and returns the connection's id. Connection ids name connections in
   // every call and message; they are never reused, even by a restarted sender
   // (their high 32 bits are random per Sender), so a message of an old
   // connection is never taken for one of a new connection. FailedPrecondition
@@ -86,17 +65,17 @@ class Sender {
   // memory that UCX would not write with a transport (it would emulate the
   // puts: see put_protocol.h); InvalidArgument for a malformed descriptor.
   absl::StatusOr<uint64_t> Connect(absl::string_view receiver_address,
-                                   absl::string_view ring_descriptor);
+                                   absl::string_view ring_descriptor) override;
   // Tells the receiver no slot follows those already pushed, closes the
-  // connection and forgets it (a failed one too). NotFound for an unknown epoch.
+  // connection and forgets it (a failed one too). NotFound for an unknown connection id.
   // A non-empty `reason` tells the receiver why it is no longer served (its
   // Next then fails with FailedPrecondition carrying it).
-  absl::Status Disconnect(uint64_t epoch, absl::string_view reason = "");
+  absl::Status Disconnect(uint64_t connection_id, absl::string_view reason = "") override;
 
   // Free slots of the connection now: 0 until the receiver has accepted the
   // connection (Receiver::Connect sends its first credit). Unavailable once
   // the connection has failed.
-  absl::StatusOr<uint32_t> Credits(uint64_t epoch) const;
+  absl::StatusOr<uint32_t> Credits(uint64_t connection_id) const override;
 
   // Puts the fields into the connection's next slot (laid out by
   // LayoutFields), flushes, then notifies the receiver. Returns once the
@@ -105,36 +84,36 @@ class Sender {
   // InvalidArgument when the fields do not fit a slot (the connection stays
   // usable); Unavailable when the receiver failed (the connection is closed
   // and its resources freed; other connections are untouched).
-  absl::Status Push(uint64_t epoch, const SlotContent& content);
+  absl::Status Push(uint64_t connection_id, const SlotContent& content) override;
 
   // The zero-extra-copy path: the receiver's next slot mapped into this
   // process (same-node shared memory only; FailedPrecondition otherwise or
   // when no slot is free). Write each field at the offset LayoutFields gives
   // for `content`'s specs, then CommitMapped with the same specs (the
   // fields' data pointers are ignored).
-  absl::StatusOr<MappedSlot> MapNextSlot(uint64_t epoch);
-  absl::Status CommitMapped(uint64_t epoch, const SlotContent& content);
+  absl::StatusOr<MappedSlot> MapNextSlot(uint64_t connection_id);
+  absl::Status CommitMapped(uint64_t connection_id, const SlotContent& content);
 
   // Runs UCX until something happens, polling for `spin` and then sleeping
   // until an event or `timeout`. Credits
   // arrive and failed receivers are found here (within about a second of
   // their death, through UCX keepalive).
-  void ProgressOrWait(absl::Duration timeout);
+  void ProgressOrWait(absl::Duration timeout) override;
   // Wakes a thread blocked in ProgressOrWait. The one method that is safe to
   // call from any thread.
-  void Wake() { worker_.Signal(); }
+  void Wake() override { worker_.Signal(); }
 
   // Counters only: cheap enough to read after every push.
-  absl::StatusOr<ConnectionStats> Stats(uint64_t epoch) const;
+  absl::StatusOr<ConnectionStats> Stats(uint64_t connection_id) const override;
   // The lanes UCX chose, as ucp_ep_print_info says (formats text: for logs
   // and checks, not for a serving loop).
-  absl::StatusOr<std::string> Transports(uint64_t epoch) const;
+  absl::StatusOr<std::string> Transports(uint64_t connection_id) const;
 
  private:
   struct Connection;
   Sender(SenderOptions options, UcpContext context, UcpWorker worker);
 
-  absl::StatusOr<Connection*> Usable(uint64_t epoch) const;
+  absl::StatusOr<Connection*> Usable(uint64_t connection_id) const;
   // FailedPrecondition, logged, unless UCX writes the connection's ring in
   // device memory with a transport (put_protocol.h): a put it emulated moved
   // 0.8 GiB/s on an H100, where a copy from page-locked memory moves 42-50.
@@ -153,8 +132,8 @@ class Sender {
   SenderOptions options_;
   UcpContext context_;
   UcpWorker worker_;
-  uint64_t next_epoch_;
-  // Ordered by epoch; holds failed connections until Disconnect so that calls
+  uint64_t next_connection_id_;
+  // Ordered by connection_id; holds failed connections until Disconnect so that calls
   // naming them keep returning their failure.
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;
 };

@@ -1,13 +1,13 @@
 #ifndef PACKFEED_TRANSPORT_WIRE_H_
 #define PACKFEED_TRANSPORT_WIRE_H_
 
-// The data plane's wire format (DESIGN.md §4): the ring descriptor a receiver
+// The data plane's wire format (docs/PROTOCOLS.md): the ring descriptor a receiver
 // hands its sender at attach, and the three active messages of a connection.
 //
 // Every message starts with the same 24-byte header
-//   magic "PFW\0" (u32) · version (u16) · kind (u16) · epoch (u64) · body size (u64)
+//   magic "PFW\0" (u32) · version (u16) · kind (u16) · connection_id (u64) · body size (u64)
 // so a peer of another protocol version is refused by name, and a message of
-// an old connection (another epoch) is never taken for a new one. Integers are
+// an old connection (another connection_id) is never taken for a new one. Integers are
 // little-endian; decoding checks every length before reading it and never
 // trusts a count or an offset from the peer.
 
@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "packfeed/common/data_types.h"
 
 namespace packfeed::transport {
 
@@ -44,27 +45,11 @@ inline constexpr uint64_t kFieldAlignment = 256;
 
 enum class MessageKind : uint16_t { kSlotReady = 1, kCredit = 2, kGoodbye = 3 };
 
-enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
-
-// Element types of a field, in DLPack's vocabulary.
-enum class ElementType : uint8_t {
-  kUInt8 = 1,
-  kInt8,
-  kUInt16,
-  kInt16,
-  kUInt32,
-  kInt32,
-  kUInt64,
-  kInt64,
-  kFloat16,
-  kBFloat16,
-  kFloat32,
-  kFloat64,
-  kBool,
-};
-// Bytes per element; 0 for a value that is not an ElementType.
-size_t ElementSize(ElementType type);
-absl::string_view ElementTypeName(ElementType type);
+// Shared with the client's public API (packfeed/common/data_types.h).
+using ::packfeed::ElementSize;
+using ::packfeed::ElementType;
+using ::packfeed::ElementTypeName;
+using ::packfeed::MemoryKind;
 
 // Where one field lies in a slot, and what it is.
 struct FieldDescriptor {
@@ -80,7 +65,7 @@ struct FieldDescriptor {
 // Sender → receiver, after the slot's bytes are visible: slot `slot` holds
 // message number `seq` (0, 1, 2, … on this connection; slot = seq mod slots).
 struct SlotReady {
-  uint64_t epoch = 0;
+  uint64_t connection_id = 0;
   uint64_t seq = 0;
   uint32_t slot = 0;
   int64_t step = 0;
@@ -94,7 +79,7 @@ struct SlotReady {
 // Receiver → sender: `released` slots of this connection have been released
 // so far (cumulative, so credits coalesce and a repeat is harmless).
 struct Credit {
-  uint64_t epoch = 0;
+  uint64_t connection_id = 0;
   uint64_t released = 0;
   bool operator==(const Credit&) const = default;
 };
@@ -104,7 +89,7 @@ struct Credit {
 // why the sender cannot go on serving this receiver (a step it cannot plan
 // or read), which the receiver hands to its user instead of waiting forever.
 struct Goodbye {
-  uint64_t epoch = 0;
+  uint64_t connection_id = 0;
   std::string reason;
   bool operator==(const Goodbye&) const = default;
 };

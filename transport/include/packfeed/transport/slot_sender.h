@@ -1,0 +1,69 @@
+#ifndef PACKFEED_TRANSPORT_SLOT_SENDER_H_
+#define PACKFEED_TRANSPORT_SLOT_SENDER_H_
+
+// What a serving loop needs of the data plane's sending side: connections
+// to receivers' rings, their credits, and pushing a slot. Sender is the
+// implementation over UCX; the daemon's runner holds this interface, so its
+// tests drive it step by step in one process with a fake.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "packfeed/transport/wire.h"
+
+namespace packfeed::transport {
+
+// One field of a slot, with its bytes in host memory, valid during the call.
+struct FieldBuffer {
+  FieldSpec spec;
+  const void* data = nullptr;
+};
+
+// What one slot carries.
+struct SlotContent {
+  int64_t step = 0;
+  uint32_t microbatch = 0;
+  std::vector<FieldBuffer> fields;
+  std::string inline_metadata;  // at most kMaxInlineBytes
+};
+
+struct ConnectionStats {
+  uint64_t pushed = 0;    // slots notified
+  uint64_t released = 0;  // slots the receiver has released
+  uint64_t bytes = 0;     // field bytes pushed
+  uint32_t credits = 0;   // free slots now
+  bool mapped = false;    // MapNextSlot is available (same-node shared memory)
+};
+
+// Thread-compatible: one thread owns it, except Wake (any thread). The
+// contract of each call is Sender's (sender.h).
+class SlotSender {
+ public:
+  virtual ~SlotSender() = default;
+
+  // The address receivers connect with (EncodeWorkerAddress).
+  virtual std::string worker_address() const = 0;
+  // A new connection to the receiver's ring; returns its id.
+  virtual absl::StatusOr<uint64_t> Connect(absl::string_view receiver_address,
+                                           absl::string_view ring_descriptor) = 0;
+  // No slot follows those pushed; `reason`, when not empty, tells why.
+  virtual absl::Status Disconnect(uint64_t connection_id, absl::string_view reason = "") = 0;
+  // Free slots now; Unavailable once the connection failed.
+  virtual absl::StatusOr<uint32_t> Credits(uint64_t connection_id) const = 0;
+  // The next slot; ResourceExhausted when none is free.
+  virtual absl::Status Push(uint64_t connection_id, const SlotContent& content) = 0;
+  virtual absl::StatusOr<ConnectionStats> Stats(uint64_t connection_id) const = 0;
+  // Waits for something to happen (a credit, a failure) up to `timeout`.
+  virtual void ProgressOrWait(absl::Duration timeout) = 0;
+  // Ends a ProgressOrWait early; safe from any thread.
+  virtual void Wake() = 0;
+};
+
+}  // namespace packfeed::transport
+
+#endif  // PACKFEED_TRANSPORT_SLOT_SENDER_H_
