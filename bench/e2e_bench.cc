@@ -124,9 +124,9 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   client::ClientOptions options;
   options.socket_path = dir + "/bench.sock";
   options.job = "bench";
-  options.placement = args.ring == "device"   ? transport::RingPlacement::kDevice
-                      : args.ring == "staged" ? transport::RingPlacement::kStagedDevice
-                                              : transport::RingPlacement::kHost;
+  options.placement = args.ring == "device"   ? packfeed::RingPlacement::kDevice
+                      : args.ring == "staged" ? packfeed::RingPlacement::kStagedDevice
+                                              : packfeed::RingPlacement::kHost;
 
   // Throughput: every rank as fast as it can.
   std::atomic<int64_t> tokens{0};

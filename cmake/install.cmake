@@ -4,21 +4,21 @@
 # find_package(packfeed) finds them:
 #   find_package(packfeed CONFIG REQUIRED)
 #   target_link_libraries(trainer PRIVATE packfeed::client)
+# Only the client's public API is installed: its headers and the few of
+# common/ they include, which need Abseil and nothing else. The transport,
+# the protocol and gRPC live inside libpackfeed_client.so.
 include(CMakePackageConfigHelpers)
 
 set(PF_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/packfeed)
-install(TARGETS packfeed_common packfeed_proto packfeed_transport packfeed_client
+install(TARGETS packfeed_client_shared
         EXPORT packfeedTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-foreach(folder common transport client)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/include/
-          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-endforeach()
-install(FILES ${PROJECT_BINARY_DIR}/common/include/packfeed/common/version.h
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/common/include/packfeed/common/data_types.h
+              ${PROJECT_SOURCE_DIR}/common/include/packfeed/common/defaults.h
+              ${PROJECT_BINARY_DIR}/common/include/packfeed/common/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/packfeed/common)
-install(DIRECTORY ${PROJECT_BINARY_DIR}/proto/packfeed/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/packfeed
-        FILES_MATCHING PATTERN "*.pb.h")
 install(EXPORT packfeedTargets NAMESPACE packfeed:: DESTINATION ${PF_CMAKE_DIR})
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/packfeedConfig.cmake.in

@@ -48,19 +48,18 @@ absl::Duration Timeout(std::optional<double> seconds) {
   return seconds.has_value() ? absl::Seconds(*seconds) : absl::InfiniteDuration();
 }
 
-absl::StatusOr<transport::RingPlacement> Placement(const std::string& name) {
-  if (name == "auto") return transport::RingPlacement::kAuto;
-  if (name == "host") return transport::RingPlacement::kHost;
-  if (name == "device") return transport::RingPlacement::kDevice;
-  if (name == "staged") return transport::RingPlacement::kStagedDevice;
+absl::StatusOr<RingPlacement> Placement(const std::string& name) {
+  if (name == "auto") return RingPlacement::kAuto;
+  if (name == "host") return RingPlacement::kHost;
+  if (name == "device") return RingPlacement::kDevice;
+  if (name == "staged") return RingPlacement::kStagedDevice;
   return absl::InvalidArgumentError("placement '" + name +
                                     "': expected 'auto', 'host', 'device' or 'staged'");
 }
 
 // DLPack 0.6 has no bool: bools travel as uint8 and Python views them back.
-DLDataType DlType(transport::ElementType type) {
-  using transport::ElementType;
-  const uint8_t bits = static_cast<uint8_t>(transport::ElementSize(type) * 8);
+DLDataType DlType(ElementType type) {
+  const uint8_t bits = static_cast<uint8_t>(ElementSize(type) * 8);
   switch (type) {
     case ElementType::kInt8:
     case ElementType::kInt16:
@@ -86,13 +85,12 @@ struct ExportedField {
   std::shared_ptr<Client> owner;
 };
 
-py::capsule ToCapsule(const FieldView& field, transport::MemoryKind kind, int cuda_device,
+py::capsule ToCapsule(const FieldView& field, MemoryKind kind, int cuda_device,
                       std::shared_ptr<Client> owner) {
   auto* exported = new ExportedField{{}, field.shape, std::move(owner)};
   DLTensor& tensor = exported->managed.dl_tensor;
   tensor.data = const_cast<void*>(field.data);
-  tensor.device =
-      kind == transport::MemoryKind::kCuda ? DLDevice{kDLCUDA, cuda_device} : DLDevice{kDLCPU, 0};
+  tensor.device = kind == MemoryKind::kCuda ? DLDevice{kDLCUDA, cuda_device} : DLDevice{kDLCPU, 0};
   tensor.ndim = static_cast<int32_t>(exported->shape.size());
   tensor.dtype = DlType(field.dtype);
   tensor.shape = exported->shape.data();
@@ -182,7 +180,7 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
   for (const FieldView& field : microbatch.fields) {
     if (!field.host_copy.empty()) host_copies[py::str(field.name)] = py::bytes(field.host_copy);
     fields.append(py::make_tuple(
-        field.name, std::string(transport::ElementTypeName(field.dtype)),
+        field.name, std::string(ElementTypeName(field.dtype)),
         ToCapsule(field, microbatch.memory_kind, client->options().cuda_device, client)));
   }
   py::dict out;
@@ -236,46 +234,45 @@ py::dict Put(Producer& producer, int64_t step, const std::vector<std::string>& f
       s.fields.push_back(BytesOf(held.emplace_back(field.cast<py::buffer>().request())));
     }
   }
-  absl::StatusOr<v1::PutReply> reply;
+  absl::StatusOr<PutResult> reply;
   {
     py::gil_scoped_release release;
     reply = producer.Put(step, fields, out, absl::Seconds(wait_seconds));
   }
-  const v1::PutReply put = ValueOrRaise(std::move(reply));
+  const PutResult put = ValueOrRaise(std::move(reply));
   py::dict result;
-  result["samples_held"] = put.samples_held();
-  result["bytes_held"] = put.bytes_held();
+  result["samples_held"] = put.samples_held;
+  result["bytes_held"] = put.bytes_held;
   return result;
 }
 
-py::dict StreamStats(const v1::IngestStreamStats& stats) {
+py::dict StreamStats(const IngestStreamStatus& stats) {
   py::dict out;
-  out["name"] = stats.name();
-  out["bytes_held"] = stats.bytes_held();
-  out["peak_bytes_held"] = stats.peak_bytes_held();
-  out["budget_bytes"] = stats.budget_bytes();
-  out["samples_put"] = stats.samples_put();
-  out["bytes_put"] = stats.bytes_put();
-  out["puts_waited"] = stats.puts_waited();
-  out["puts_refused"] = stats.puts_refused();
+  out["name"] = stats.name;
+  out["bytes_held"] = stats.bytes_held;
+  out["peak_bytes_held"] = stats.peak_bytes_held;
+  out["budget_bytes"] = stats.budget_bytes;
+  out["samples_put"] = stats.samples_put;
+  out["bytes_put"] = stats.bytes_put;
+  out["puts_waited"] = stats.puts_waited;
+  out["puts_refused"] = stats.puts_refused;
   py::list steps;
-  for (const v1::IngestStepStats& step : stats.steps()) {
+  for (const IngestStreamStatus::Step& step : stats.steps) {
     py::dict s;
-    s["step"] = step.step();
-    s["sealed"] = step.sealed();
-    s["samples"] = step.samples();
-    s["bytes"] = step.bytes();
-    s["consumed_by"] =
-        std::vector<std::string>(step.consumed_by().begin(), step.consumed_by().end());
+    s["step"] = step.step;
+    s["sealed"] = step.sealed;
+    s["samples"] = step.samples;
+    s["bytes"] = step.bytes;
+    s["consumed_by"] = step.consumed_by;
     steps.append(s);
   }
   out["steps"] = steps;
   py::list consumers;
-  for (const v1::IngestConsumerStats& consumer : stats.consumers()) {
+  for (const IngestStreamStatus::Consumer& consumer : stats.consumers) {
     py::dict c;
-    c["job"] = consumer.job();
-    c["consumed_before"] = consumer.consumed_before();
-    c["bytes_pending"] = consumer.bytes_pending();
+    c["job"] = consumer.job;
+    c["consumed_before"] = consumer.consumed_before;
+    c["bytes_pending"] = consumer.bytes_pending;
     consumers.append(c);
   }
   out["consumers"] = consumers;
@@ -320,27 +317,27 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("fingerprint", &Client::fingerprint)
       .def_property_readonly("num_chunks", &Client::num_chunks)
       .def_property_readonly("memory_kind", [](const Client& client) {
-        return client.memory_kind() == packfeed::transport::MemoryKind::kCuda ? "cuda" : "host";
+        return client.memory_kind() == packfeed::MemoryKind::kCuda ? "cuda" : "host";
       });
   py::class_<Producer, std::shared_ptr<Producer>>(m, "Producer")
       .def("put", &Put, py::arg("step"), py::arg("fields"), py::arg("samples"),
            py::arg("wait_seconds"))
       .def("seal",
            [](Producer& producer, int64_t step) {
-             absl::StatusOr<packfeed::v1::SealReply> sealed;
+             absl::StatusOr<packfeed::client::SealResult> sealed;
              {
                py::gil_scoped_release release;
                sealed = producer.Seal(step);
              }
-             const packfeed::v1::SealReply reply = ValueOrRaise(std::move(sealed));
+             const packfeed::client::SealResult reply = ValueOrRaise(std::move(sealed));
              py::dict out;
-             out["samples"] = reply.samples();
-             out["groups"] = reply.groups();
+             out["samples"] = reply.samples;
+             out["groups"] = reply.groups;
              return out;
            })
       .def("status",
            [](Producer& producer) {
-             absl::StatusOr<packfeed::v1::IngestStreamStats> stats;
+             absl::StatusOr<packfeed::client::IngestStreamStatus> stats;
              {
                py::gil_scoped_release release;
                stats = producer.Status();

@@ -2,23 +2,71 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "grpc_status.h"
+#include "client/src/grpc_status.h"
+#include "client/src/watch_stream.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/transport/receiver.h"
 #include "packfeed/v1/service.grpc.pb.h"
-#include "watch_stream.h"
 
 namespace packfeed::client {
 
-struct Client::Control {
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Control::Stub> control;
-  std::unique_ptr<v1::Admin::Stub> admin;
-  std::unique_ptr<WatchStream> watch;  // while attached
+// The client's state behind the public API: the ring (transport), the
+// daemon's stubs (gRPC) and where the rank stands in the serving order.
+class Client::Impl {
+ public:
+  explicit Impl(const ClientOptions& options) : options_(options) {}
+  ~Impl() { Detach().IgnoreError(); }  // Detaches (best effort) unless Detach() did.
+
+  // Opens the channel and the ring, and attaches at the options' start.
+  absl::Status Open();
+  absl::Status Detach();
+  absl::StatusOr<StepInfo> NextStep(absl::Duration timeout);
+  absl::StatusOr<Microbatch> Next(absl::Duration timeout, void* cuda_stream);
+  absl::Status Release();
+  ClientState State() const;
+  const std::string& fingerprint() const { return fingerprint_; }
+  const ClientOptions& options() const { return options_; }
+  MemoryKind memory_kind() const { return receiver_->memory_kind(); }
+  int num_chunks() const { return num_chunks_; }
+
+ private:
+  struct Control {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Control::Stub> control;
+    std::unique_ptr<v1::Admin::Stub> admin;
+    std::unique_ptr<WatchStream> watch;  // while attached
+  };
+  // The next slot, re-attaching once when the daemon went away.
+  absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
+  absl::Status AttachAt(int64_t start_step, int start_microbatch);
+  // Re-attaches after `cause` (Unavailable), trying until `give_up`;
+  // returns `cause` when it does not apply (another code, or no time left).
+  absl::Status Reattach(const absl::Status& cause, absl::Time give_up);
+
+  const ClientOptions options_;
+  std::unique_ptr<Control> control_;
+  std::unique_ptr<transport::Receiver> receiver_;
+  uint64_t connection_id_ = 0;
+  uint64_t slot_bytes_ = 0;
+  std::string fingerprint_;
+  int num_chunks_ = 1;
+  std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
+  std::optional<uint64_t> held_;                    // seq of the slot Next handed out
+  void* held_stream_ = nullptr;                     // and the stream reading it
+  std::optional<StepInfo> step_;
+  int taken_ = 0;          // microbatches of step_ handed out
+  int64_t next_step_ = 0;  // for State()
+  // Where the ring begins after an attach inside a step: NextStep of that
+  // step starts at this microbatch.
+  int64_t resume_step_ = -1;
+  int resume_microbatch_ = 0;
 };
 
 namespace {
@@ -68,10 +116,31 @@ Microbatch Microbatch::Chunk(int chunk) const {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& options) {
   if (options.job.empty()) return absl::InvalidArgumentError("ClientOptions.job is required");
-  std::unique_ptr<Client> client(new Client());
-  client->options_ = options;
-  client->control_ = std::make_unique<Control>();
-  Control& control = *client->control_;
+  auto impl = std::make_unique<Impl>(options);
+  PF_RETURN_IF_ERROR(impl->Open());
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+absl::Status Client::Detach() { return impl_->Detach(); }
+absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
+  return impl_->NextStep(timeout);
+}
+absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout, void* cuda_stream) {
+  return impl_->Next(timeout, cuda_stream);
+}
+absl::Status Client::Release() { return impl_->Release(); }
+ClientState Client::State() const { return impl_->State(); }
+const std::string& Client::fingerprint() const { return impl_->fingerprint(); }
+const ClientOptions& Client::options() const { return impl_->options(); }
+MemoryKind Client::memory_kind() const { return impl_->memory_kind(); }
+int Client::num_chunks() const { return impl_->num_chunks(); }
+
+absl::Status Client::Impl::Open() {
+  const ClientOptions& options = options_;
+  control_ = std::make_unique<Control>();
+  Control& control = *control_;
   // gRPC's own reconnect backoff (1 s growing to 2 min) would refuse calls
   // long after a restarted daemon is back: keep it at Reattach's pace.
   grpc::ChannelArguments arguments;
@@ -104,14 +173,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& opti
   receiver.slot_bytes = slot_bytes;
   receiver.placement = options.placement;
   receiver.cuda_device = options.cuda_device;
-  PF_ASSIGN_OR_RETURN(client->receiver_, transport::Receiver::Create(receiver));
-  client->slot_bytes_ = slot_bytes;
-  PF_RETURN_IF_ERROR(client->AttachAt(options.start_step, options.start_microbatch));
-  client->next_step_ = options.start_step;
-  return client;
+  PF_ASSIGN_OR_RETURN(receiver_, transport::Receiver::Create(receiver));
+  slot_bytes_ = slot_bytes;
+  PF_RETURN_IF_ERROR(AttachAt(options.start_step, options.start_microbatch));
+  next_step_ = options.start_step;
+  return absl::OkStatus();
 }
 
-absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
+absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch) {
   v1::AttachRequest request;
   request.set_job(options_.job);
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
@@ -134,12 +203,12 @@ absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
       FromGrpc(control_->control->Attach(&context, request, &reply),
                absl::StrCat("attach job ", options_.job, " rank ", options_.global_rank),
                options_.socket_path));
-  PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.epoch()));
-  epoch_ = reply.epoch();
+  PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.connection_id()));
+  connection_id_ = reply.connection_id();
   v1::WatchRequest watch;
   watch.set_job(options_.job);
   watch.set_global_rank(static_cast<uint32_t>(options_.global_rank));
-  watch.set_epoch(epoch_);
+  watch.set_connection_id(connection_id_);
   watch.set_auth_token(options_.auth_token);
   control_->watch.reset();
   control_->watch = std::make_unique<WatchStream>(*control_->control, std::move(watch));
@@ -150,7 +219,7 @@ absl::Status Client::AttachAt(int64_t start_step, int start_microbatch) {
   return absl::OkStatus();
 }
 
-absl::Status Client::Reattach(const absl::Status& cause, absl::Time give_up) {
+absl::Status Client::Impl::Reattach(const absl::Status& cause, absl::Time give_up) {
   const absl::Duration left = give_up - absl::Now();
   if (cause.code() != absl::StatusCode::kUnavailable || left <= absl::ZeroDuration()) {
     return cause;
@@ -162,7 +231,7 @@ absl::Status Client::Reattach(const absl::Status& cause, absl::Time give_up) {
   const int skip = in_step ? taken_ : 0;
   pending_.reset();
   held_.reset();
-  epoch_ = 0;  // that daemon is gone: nothing to detach from
+  connection_id_ = 0;  // that daemon is gone: nothing to detach from
   control_->watch.reset();
   // It may have died inside a write to the worker's shared-memory FIFO.
   PF_RETURN_IF_ERROR(receiver_->RenewWorker());
@@ -178,14 +247,12 @@ absl::Status Client::Reattach(const absl::Status& cause, absl::Time give_up) {
   return absl::OkStatus();
 }
 
-Client::~Client() { Detach().IgnoreError(); }
-
-absl::Status Client::Detach() {
-  if (control_ == nullptr || epoch_ == 0) return absl::OkStatus();
+absl::Status Client::Impl::Detach() {
+  if (control_ == nullptr || connection_id_ == 0) return absl::OkStatus();
   v1::DetachRequest request;
   request.set_job(options_.job);
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
-  request.set_epoch(std::exchange(epoch_, 0));
+  request.set_connection_id(std::exchange(connection_id_, 0));
   request.set_auth_token(options_.auth_token);
   // The held microbatch is consumed; its release may still be on its way.
   Release().IgnoreError();
@@ -211,7 +278,7 @@ absl::Status Client::Detach() {
   return detached;
 }
 
-absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) {
+absl::StatusOr<transport::ReceivedSlot> Client::Impl::Receive(absl::Duration timeout) {
   PF_RETURN_IF_ERROR(Release());
   absl::StatusOr<transport::ReceivedSlot> slot = receiver_->Next(timeout);
   // A restarted daemon may die again before its first slot arrives (the
@@ -225,14 +292,14 @@ absl::StatusOr<transport::ReceivedSlot> Client::Receive(absl::Duration timeout) 
   return slot;
 }
 
-absl::Status Client::Release() {
+absl::Status Client::Impl::Release() {
   if (!held_.has_value()) return absl::OkStatus();
   const uint64_t seq = *held_;
   held_.reset();
   return receiver_->Release(seq, held_stream_);
 }
 
-absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
+absl::StatusOr<StepInfo> Client::Impl::NextStep(absl::Duration timeout) {
   if (step_.has_value() && taken_ < step_->num_microbatches) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step_->step, ": ", taken_, " of ", step_->num_microbatches,
@@ -271,7 +338,7 @@ absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
   return info;
 }
 
-absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout, void* cuda_stream) {
+absl::StatusOr<Microbatch> Client::Impl::Next(absl::Duration timeout, void* cuda_stream) {
   if (!step_.has_value() || taken_ >= step_->num_microbatches) {
     return absl::OutOfRangeError("no microbatch left in this step; call NextStep()");
   }
@@ -306,7 +373,7 @@ absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout, void* cuda_strea
   return out;
 }
 
-ClientState Client::State() const {
+ClientState Client::Impl::State() const {
   const bool in_step = step_.has_value() && taken_ < step_->num_microbatches;
   if (in_step) return {options_.job, fingerprint_, step_->step, taken_};
   // Not inside a step: where the ring begins (a mid-step attach not yet

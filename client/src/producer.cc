@@ -1,12 +1,18 @@
 #include "packfeed/client/producer.h"
 
+#include <atomic>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "grpc_status.h"
+#include "client/src/grpc_status.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/transport/memory_region.h"
+#include "packfeed/transport/ucx_context.h"
 #include "packfeed/v1/service.grpc.pb.h"
 
 namespace packfeed::client {
@@ -18,9 +24,45 @@ uint64_t Aligned(uint64_t offset) { return (offset + 7) & ~uint64_t{7}; }
 
 }  // namespace
 
-struct Producer::Rpc {
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Ingest::Stub> ingest;
+// The producer's UCX worker and staging region, and its gRPC stub.
+class Producer::Impl {
+ public:
+  Impl(ProducerOptions options, transport::UcpContext context, transport::UcpWorker worker)
+      : options_(std::move(options)), context_(std::move(context)), worker_(std::move(worker)) {
+    channel_ =
+        grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
+    ingest_ = v1::Ingest::NewStub(channel_);
+  }
+  ~Impl() {
+    stop_ = true;
+    worker_.Signal();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Maps the first staging region and starts the progress thread.
+  absl::Status Start();
+  absl::StatusOr<PutResult> Put(int64_t step, absl::Span<const std::string> fields,
+                                absl::Span<const ProducerSample> samples, absl::Duration wait);
+  absl::StatusOr<SealResult> Seal(int64_t step);
+  absl::StatusOr<IngestStreamStatus> Status();
+  uint64_t staging_bytes() const;
+
+ private:
+  absl::Status EnsureStaging(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void Progress() {
+    while (!stop_) worker_.ProgressOrWait(absl::Milliseconds(100));
+  }
+
+  const ProducerOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Ingest::Stub> ingest_;
+  transport::UcpContext context_;
+  transport::UcpWorker worker_;  // progressed by thread_ only
+  std::string remote_key_ ABSL_GUARDED_BY(mutex_);
+  std::optional<transport::MemoryRegion> staging_ ABSL_GUARDED_BY(mutex_);
+  mutable absl::Mutex mutex_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions& options) {
@@ -30,39 +72,37 @@ absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions
   ucx.transports = options.ucx_transports;
   PF_ASSIGN_OR_RETURN(transport::UcpContext context, transport::UcpContext::Create(ucx));
   PF_ASSIGN_OR_RETURN(transport::UcpWorker worker, transport::UcpWorker::Create(context));
-  std::unique_ptr<Producer> producer(new Producer(options, std::move(context), std::move(worker)));
-  producer->rpc_ = std::make_unique<Rpc>();
-  producer->rpc_->channel =
-      grpc::CreateChannel("unix:" + options.socket_path, grpc::InsecureChannelCredentials());
-  producer->rpc_->ingest = v1::Ingest::NewStub(producer->rpc_->channel);
+  auto impl = std::make_unique<Impl>(options, std::move(context), std::move(worker));
+  PF_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Producer>(new Producer(std::move(impl)));
+}
+
+Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Producer::~Producer() = default;
+absl::StatusOr<PutResult> Producer::Put(int64_t step, absl::Span<const std::string> fields,
+                                        absl::Span<const ProducerSample> samples,
+                                        absl::Duration wait) {
+  return impl_->Put(step, fields, samples, wait);
+}
+absl::StatusOr<SealResult> Producer::Seal(int64_t step) { return impl_->Seal(step); }
+absl::StatusOr<IngestStreamStatus> Producer::Status() { return impl_->Status(); }
+uint64_t Producer::staging_bytes() const { return impl_->staging_bytes(); }
+
+absl::Status Producer::Impl::Start() {
   {
-    absl::MutexLock lock(&producer->mutex_);
-    PF_RETURN_IF_ERROR(producer->EnsureStaging(kMinStaging));
+    absl::MutexLock lock(&mutex_);
+    PF_RETURN_IF_ERROR(EnsureStaging(kMinStaging));
   }
-  producer->thread_ = std::thread([p = producer.get()] { p->Progress(); });
-  return producer;
+  thread_ = std::thread([this] { Progress(); });
+  return absl::OkStatus();
 }
 
-Producer::Producer(ProducerOptions options, transport::UcpContext context,
-                   transport::UcpWorker worker)
-    : options_(std::move(options)), context_(std::move(context)), worker_(std::move(worker)) {}
-
-Producer::~Producer() {
-  stop_ = true;
-  worker_.Signal();
-  if (thread_.joinable()) thread_.join();
-}
-
-void Producer::Progress() {
-  while (!stop_) worker_.ProgressOrWait(absl::Milliseconds(100));
-}
-
-uint64_t Producer::staging_bytes() const {
+uint64_t Producer::Impl::staging_bytes() const {
   absl::MutexLock lock(&mutex_);
   return staging_.has_value() ? staging_->length() : 0;
 }
 
-absl::Status Producer::EnsureStaging(uint64_t bytes) {
+absl::Status Producer::Impl::EnsureStaging(uint64_t bytes) {
   if (staging_.has_value() && staging_->length() >= bytes) return absl::OkStatus();
   const uint64_t size =
       std::max({bytes, kMinStaging, staging_.has_value() ? 2 * staging_->length() : 0});
@@ -74,9 +114,9 @@ absl::Status Producer::EnsureStaging(uint64_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::PutReply> Producer::Put(int64_t step, absl::Span<const std::string> fields,
-                                           absl::Span<const ProducerSample> samples,
-                                           absl::Duration wait) {
+absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std::string> fields,
+                                              absl::Span<const ProducerSample> samples,
+                                              absl::Duration wait) {
   absl::MutexLock lock(&mutex_);
   uint64_t total = 0;
   for (const ProducerSample& sample : samples) {
@@ -122,12 +162,12 @@ absl::StatusOr<v1::PutReply> Producer::Put(int64_t step, absl::Span<const std::s
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.call_timeout));
   v1::PutReply reply;
-  PF_RETURN_IF_ERROR(FromGrpc(rpc_->ingest->Put(&context, request, &reply),
+  PF_RETURN_IF_ERROR(FromGrpc(ingest_->Put(&context, request, &reply),
                               absl::StrCat("put into step ", step), options_.socket_path));
-  return reply;
+  return PutResult{reply.samples_held(), reply.bytes_held()};
 }
 
-absl::StatusOr<v1::SealReply> Producer::Seal(int64_t step) {
+absl::StatusOr<SealResult> Producer::Impl::Seal(int64_t step) {
   v1::SealRequest request;
   request.set_stream(options_.stream);
   request.set_auth_token(options_.auth_token);
@@ -135,20 +175,40 @@ absl::StatusOr<v1::SealReply> Producer::Seal(int64_t step) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
   v1::SealReply reply;
-  PF_RETURN_IF_ERROR(FromGrpc(rpc_->ingest->Seal(&context, request, &reply),
+  PF_RETURN_IF_ERROR(FromGrpc(ingest_->Seal(&context, request, &reply),
                               absl::StrCat("seal step ", step), options_.socket_path));
-  return reply;
+  return SealResult{reply.samples(), reply.groups()};
 }
 
-absl::StatusOr<v1::IngestStreamStats> Producer::Status() {
+absl::StatusOr<IngestStreamStatus> Producer::Impl::Status() {
   v1::IngestStatusRequest request;
   request.set_stream(options_.stream);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
   v1::IngestStatusReply reply;
-  PF_RETURN_IF_ERROR(FromGrpc(rpc_->ingest->Status(&context, request, &reply), "ingest status",
-                              options_.socket_path));
-  return reply.stream();
+  PF_RETURN_IF_ERROR(
+      FromGrpc(ingest_->Status(&context, request, &reply), "ingest status", options_.socket_path));
+  const v1::IngestStreamStats& stats = reply.stream();
+  IngestStreamStatus out;
+  out.name = stats.name();
+  out.bytes_held = stats.bytes_held();
+  out.peak_bytes_held = stats.peak_bytes_held();
+  out.budget_bytes = stats.budget_bytes();
+  out.samples_put = stats.samples_put();
+  out.bytes_put = stats.bytes_put();
+  out.puts_waited = stats.puts_waited();
+  out.puts_refused = stats.puts_refused();
+  for (const v1::IngestStepStats& step : stats.steps()) {
+    out.steps.push_back({step.step(),
+                         step.sealed(),
+                         step.samples(),
+                         step.bytes(),
+                         {step.consumed_by().begin(), step.consumed_by().end()}});
+  }
+  for (const v1::IngestConsumerStats& consumer : stats.consumers()) {
+    out.consumers.push_back({consumer.job(), consumer.consumed_before(), consumer.bytes_pending()});
+  }
+  return out;
 }
 
 }  // namespace packfeed::client

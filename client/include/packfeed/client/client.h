@@ -1,7 +1,7 @@
 #ifndef PACKFEED_CLIENT_CLIENT_H_
 #define PACKFEED_CLIENT_CLIENT_H_
 
-// The trainer's data iterator (DESIGN.md §1.6): attaches one global rank to
+// The trainer's data iterator (docs/ARCHITECTURE.md): attaches one global rank to
 // its node's packfeedd and hands out the rank's microbatches as typed views
 // of its ring. Every rank calls it — TP peers and every PP stage — so no
 // trainer-side broadcast is needed.
@@ -15,7 +15,9 @@
 //     }
 //   }
 //
-// Thread-compatible: one trainer thread drives a Client.
+// Thread-compatible: one trainer thread drives a Client. The transport (UCX)
+// and the control plane (gRPC) stay behind the implementation: this header
+// needs Abseil only.
 
 #include <cstdint>
 #include <memory>
@@ -26,9 +28,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "packfeed/common/data_types.h"
 #include "packfeed/common/defaults.h"
-#include "packfeed/transport/receiver.h"
-#include "packfeed/transport/wire.h"
 
 namespace packfeed::client {
 
@@ -53,7 +54,7 @@ struct ClientOptions {
   // Bytes per slot; 0 = exactly what the job's largest microbatch needs
   // (asked from the daemon at attach).
   uint64_t slot_bytes = 0;
-  transport::RingPlacement placement = transport::RingPlacement::kAuto;
+  RingPlacement placement = RingPlacement::kAuto;
   int cuda_device = 0;         // for a device ring
   std::string ucx_transports;  // "" = UCX's choice
   absl::Duration attach_timeout = absl::Seconds(30);
@@ -89,12 +90,12 @@ struct StepInfo {
 
 struct FieldView {
   std::string name;
-  transport::ElementType dtype = transport::ElementType::kUInt8;
+  ElementType dtype = ElementType::kUInt8;
   std::vector<int64_t> shape;
   const void* data = nullptr;  // in device memory when memory_kind is kCuda
   uint64_t bytes = 0;
-  // kStagedDevice: a small field's bytes (at most transport::kHostCopyBytes,
-  // such as max_seqlen) in host memory, readable at once.
+  // kStagedDevice: a small field's bytes (at most 64, such as max_seqlen) in
+  // host memory, readable at once.
   std::string host_copy;
 };
 
@@ -102,7 +103,7 @@ struct Microbatch {
   int64_t step = 0;
   int microbatch = 0;
   int num_microbatches = 0;
-  transport::MemoryKind memory_kind = transport::MemoryKind::kHost;
+  MemoryKind memory_kind = MemoryKind::kHost;
   std::vector<FieldView> fields;
   // kStagedDevice: the cudaEvent_t recorded after the copy into device
   // memory. Next's cuda_stream already waits on it; another stream reading
@@ -160,39 +161,17 @@ class Client {
   absl::Status Release();
 
   ClientState State() const;
-  const std::string& fingerprint() const { return fingerprint_; }
-  const ClientOptions& options() const { return options_; }
-  transport::MemoryKind memory_kind() const { return receiver_->memory_kind(); }
+  const std::string& fingerprint() const;
+  const ClientOptions& options() const;
+  MemoryKind memory_kind() const;
   // Model chunks per pipeline stage (the job's VPP size; 1 without).
-  int num_chunks() const { return num_chunks_; }
+  int num_chunks() const;
 
  private:
-  struct Control;
-  Client() = default;
-  // The next slot, re-attaching once when the daemon went away.
-  absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
-  absl::Status AttachAt(int64_t start_step, int start_microbatch);
-  // Re-attaches after `cause` (Unavailable), trying until `give_up`;
-  // returns `cause` when it does not apply (another code, or no time left).
-  absl::Status Reattach(const absl::Status& cause, absl::Time give_up);
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
 
-  ClientOptions options_;
-  std::unique_ptr<Control> control_;
-  std::unique_ptr<transport::Receiver> receiver_;
-  uint64_t epoch_ = 0;
-  uint64_t slot_bytes_ = 0;
-  std::string fingerprint_;
-  int num_chunks_ = 1;
-  std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
-  std::optional<uint64_t> held_;                    // seq of the slot Next handed out
-  void* held_stream_ = nullptr;                     // and the stream reading it
-  std::optional<StepInfo> step_;
-  int taken_ = 0;          // microbatches of step_ handed out
-  int64_t next_step_ = 0;  // for State()
-  // Where the ring begins after an attach inside a step: NextStep of that
-  // step starts at this microbatch.
-  int64_t resume_step_ = -1;
-  int resume_microbatch_ = 0;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace packfeed::client

@@ -13,24 +13,18 @@
 // where they need it (across nodes). Nothing is pickled or sent through
 // gRPC but the description.
 //
-// Thread-safe; puts are serialised (one staging region).
+// Thread-safe; puts are serialised (one staging region). UCX and gRPC stay
+// behind the implementation: this header needs Abseil only.
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "packfeed/common/defaults.h"
-#include "packfeed/transport/memory_region.h"
-#include "packfeed/transport/ucx_context.h"
-#include "packfeed/v1/service.pb.h"
 
 namespace packfeed::client {
 
@@ -52,6 +46,44 @@ struct ProducerSample {
   std::vector<absl::Span<const char>> fields;
 };
 
+// What the daemon holds after a put.
+struct PutResult {
+  uint64_t samples_held = 0;  // in the step, this put's included
+  uint64_t bytes_held = 0;    // by the stream
+};
+
+// What a sealed step holds.
+struct SealResult {
+  uint64_t samples = 0;
+  uint64_t groups = 0;
+};
+
+// An ingest stream as the daemon reports it (Producer::Status).
+struct IngestStreamStatus {
+  struct Step {
+    int64_t step = 0;
+    bool sealed = false;
+    uint64_t samples = 0;
+    uint64_t bytes = 0;                    // held for this step
+    std::vector<std::string> consumed_by;  // the consumer jobs done with it
+  };
+  struct Consumer {
+    std::string job;
+    int64_t consumed_before = 0;  // every local rank consumed all steps before it
+    uint64_t bytes_pending = 0;   // held steps this job has still to consume
+  };
+  std::string name;
+  uint64_t bytes_held = 0;
+  uint64_t peak_bytes_held = 0;
+  uint64_t budget_bytes = 0;  // 0 = unbounded
+  uint64_t samples_put = 0;
+  uint64_t bytes_put = 0;
+  uint64_t puts_waited = 0;   // puts that waited for room
+  uint64_t puts_refused = 0;  // refused for room after their wait
+  std::vector<Step> steps;
+  std::vector<Consumer> consumers;
+};
+
 class Producer {
  public:
   // InvalidArgument without a stream; UCX errors as they come. The daemon
@@ -66,33 +98,22 @@ class Producer {
   // field, a length that disagrees with the tokens, a sample no rank can
   // hold, a sealed step, a group in another step, a wrong token) as it
   // words them; nothing of a refused put is kept.
-  absl::StatusOr<v1::PutReply> Put(int64_t step, absl::Span<const std::string> fields,
-                                   absl::Span<const ProducerSample> samples,
-                                   absl::Duration wait = absl::ZeroDuration());
+  absl::StatusOr<PutResult> Put(int64_t step, absl::Span<const std::string> fields,
+                                absl::Span<const ProducerSample> samples,
+                                absl::Duration wait = absl::ZeroDuration());
   // Closes step `step`: the consumer jobs plan and serve it. AlreadyExists
   // when it was sealed before.
-  absl::StatusOr<v1::SealReply> Seal(int64_t step);
+  absl::StatusOr<SealResult> Seal(int64_t step);
   // What the stream holds and how far each consumer got.
-  absl::StatusOr<v1::IngestStreamStats> Status();
-
+  absl::StatusOr<IngestStreamStatus> Status();
   // The staging region's size (grows with the largest put).
   uint64_t staging_bytes() const;
 
  private:
-  struct Rpc;
-  Producer(ProducerOptions options, transport::UcpContext context, transport::UcpWorker worker);
-  absl::Status EnsureStaging(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void Progress();
+  class Impl;
+  explicit Producer(std::unique_ptr<Impl> impl);
 
-  const ProducerOptions options_;
-  std::unique_ptr<Rpc> rpc_;
-  transport::UcpContext context_;
-  transport::UcpWorker worker_;  // progressed by thread_ only
-  std::string remote_key_ ABSL_GUARDED_BY(mutex_);
-  std::optional<transport::MemoryRegion> staging_ ABSL_GUARDED_BY(mutex_);
-  mutable absl::Mutex mutex_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace packfeed::client
