@@ -1,0 +1,418 @@
+// The runner driven step by step in one process: a real job over a
+// generated dataset, the node's real Storage, and a fake SlotSender in place
+// of UCX, so each rule of the runner is seen at the slot it applies to:
+// credits, read-ahead bounded by the slowest rank, re-attach, a failed
+// connection, and an ingest job woken by a seal. End-to-end daemons run in
+// tests/integration/ and tests/python/.
+#include "server/pipeline/job_runner.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "packfeed/dataset/dataset_generator.h"
+#include "packfeed/transport/slot_sender.h"
+#include "server/config/daemon_config.h"
+#include "server/ingest/ingest_stream.h"
+#include "server/pipeline/plan.h"
+#include "test_paths.h"
+
+namespace packfeed::server {
+namespace {
+
+using ::testing::ElementsAreArray;
+
+// One pushed slot, its fields copied.
+struct PushedSlot {
+  int64_t step = 0;
+  uint32_t microbatch = 0;
+  std::map<std::string, std::string> fields;
+
+  std::vector<int64_t> Tokens() const {
+    const std::string& bytes = fields.at("tokens");
+    std::vector<int64_t> tokens(bytes.size() / sizeof(int64_t));
+    std::memcpy(tokens.data(), bytes.data(), bytes.size());
+    return tokens;
+  }
+};
+
+// Rings kept in memory: a connection's ring descriptor is its slot count
+// as text. Credits are the ring's slots less those pushed and not released;
+// the test releases slots (or lets a ring release everything it is given).
+class FakeSlotSender : public transport::SlotSender {
+ public:
+  std::string worker_address() const override { return "fake"; }
+
+  absl::StatusOr<uint64_t> Connect(absl::string_view, absl::string_view ring) override {
+    absl::MutexLock lock(&mutex_);
+    const uint64_t id = ++last_id_;
+    rings_[id].slots = static_cast<uint64_t>(std::stoul(std::string(ring)));
+    return id;
+  }
+  absl::Status Disconnect(uint64_t id, absl::string_view reason) override {
+    absl::MutexLock lock(&mutex_);
+    if (rings_.count(id) == 0) return absl::NotFoundError("no such connection");
+    rings_[id].closed = true;
+    rings_[id].reason = std::string(reason);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint32_t> Credits(uint64_t id) const override {
+    absl::MutexLock lock(&mutex_);
+    const Ring* ring = Find(id);
+    if (ring == nullptr) return absl::NotFoundError("no such connection");
+    if (ring->failed) return absl::UnavailableError("receiver failed");
+    return static_cast<uint32_t>(ring->slots - (ring->pushed.size() - ring->released));
+  }
+  absl::Status Push(uint64_t id, const transport::SlotContent& content) override {
+    absl::MutexLock lock(&mutex_);
+    Ring* ring = Find(id);
+    if (ring == nullptr) return absl::NotFoundError("no such connection");
+    if (ring->failed) return absl::UnavailableError("receiver failed");
+    if (ring->pushed.size() - ring->released >= ring->slots) {
+      ++pushes_without_credit_;  // the runner asks Credits first
+      return absl::ResourceExhaustedError("no free slot");
+    }
+    PushedSlot slot{content.step, content.microbatch, {}};
+    for (const transport::FieldBuffer& field : content.fields) {
+      uint64_t bytes = ElementSize(field.spec.type);
+      for (int64_t dim : field.spec.shape) bytes *= static_cast<uint64_t>(dim);
+      slot.fields[field.spec.name].assign(static_cast<const char*>(field.data), bytes);
+      ring->bytes += bytes;
+    }
+    ring->pushed.push_back(std::move(slot));
+    if (ring->release_all) ring->released = ring->pushed.size();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<transport::ConnectionStats> Stats(uint64_t id) const override {
+    absl::MutexLock lock(&mutex_);
+    const Ring* ring = Find(id);
+    if (ring == nullptr) return absl::NotFoundError("no such connection");
+    transport::ConnectionStats stats;
+    stats.pushed = ring->pushed.size();
+    stats.released = ring->released;
+    stats.bytes = ring->bytes;
+    stats.credits = static_cast<uint32_t>(ring->slots - (ring->pushed.size() - ring->released));
+    return stats;
+  }
+  void ProgressOrWait(absl::Duration timeout) override {
+    absl::MutexLock lock(&mutex_);
+    mutex_.AwaitWithTimeout(absl::Condition(&woken_), timeout);
+    woken_ = false;
+  }
+  void Wake() override {
+    absl::MutexLock lock(&mutex_);
+    woken_ = true;
+  }
+
+  // The test's side.
+  void Release(uint64_t id, uint64_t count) {
+    absl::MutexLock lock(&mutex_);
+    rings_[id].released += count;
+    woken_ = true;
+  }
+  void ReleaseEverything(uint64_t id) {
+    absl::MutexLock lock(&mutex_);
+    rings_[id].release_all = true;
+    rings_[id].released = rings_[id].pushed.size();
+    woken_ = true;
+  }
+  void Fail(uint64_t id) {
+    absl::MutexLock lock(&mutex_);
+    rings_[id].failed = true;
+    woken_ = true;
+  }
+  // Waits up to 10 s for connection `id` to have been pushed `count` slots.
+  std::vector<PushedSlot> WaitForPushes(uint64_t id, size_t count) {
+    absl::MutexLock lock(&mutex_);
+    auto enough = [&] { return rings_[id].pushed.size() >= count; };
+    mutex_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return rings_[id].pushed;
+  }
+  std::vector<PushedSlot> Pushed(uint64_t id) const {
+    absl::MutexLock lock(&mutex_);
+    return Find(id)->pushed;
+  }
+  int pushes_without_credit() const {
+    absl::MutexLock lock(&mutex_);
+    return pushes_without_credit_;
+  }
+  std::string ClosedWith(uint64_t id) const {
+    absl::MutexLock lock(&mutex_);
+    const Ring* ring = Find(id);
+    return ring->closed ? ring->reason : "<open>";
+  }
+
+ private:
+  struct Ring {
+    uint64_t slots = 0;
+    std::vector<PushedSlot> pushed;
+    uint64_t released = 0;
+    uint64_t bytes = 0;
+    bool release_all = false;
+    bool failed = false;
+    bool closed = false;
+    std::string reason;
+  };
+  const Ring* Find(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    auto ring = rings_.find(id);
+    return ring == rings_.end() ? nullptr : &ring->second;
+  }
+  Ring* Find(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    auto ring = rings_.find(id);
+    return ring == rings_.end() ? nullptr : &ring->second;
+  }
+
+  mutable absl::Mutex mutex_;
+  std::map<uint64_t, Ring> rings_ ABSL_GUARDED_BY(mutex_);
+  uint64_t last_id_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool woken_ ABSL_GUARDED_BY(mutex_) = false;
+  int pushes_without_credit_ ABSL_GUARDED_BY(mutex_) = 0;
+};
+
+// `body` is the job's configuration without its name.
+v1::JobConfig ParseJob(const std::string& body, const std::string& extra = "") {
+  absl::StatusOr<v1::DaemonConfig> config =
+      ParseDaemonConfig("jobs { name: \"j\" " + body + " }" + extra, "test");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config->jobs(0);
+}
+
+class JobRunnerTest : public ::testing::Test {
+ protected:
+  // A job of `dp` DP ranks over 400 generated documents of 20-200 tokens.
+  void StartDatasetJob(int dp, int prefetch_steps) {
+    prefix_ = temp_.Prefix("data");
+    std::vector<int64_t> lengths;
+    for (int i = 0; i < 400; ++i) lengths.push_back(20 + (i * 37) % 181);
+    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, lengths, {}).ok());
+    Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_, "\" } topology { dp: ", dp,
+                                " } global_batch: 16 seq_length: 256 eod_id: 0 seed: 3 "
+                                "scheduler { kind: \"balanced\" max_tokens_per_rank: 256 }")),
+          nullptr, prefetch_steps);
+  }
+
+  void Start(const v1::JobConfig& config, IngestStream* stream, int prefetch_steps) {
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, OpenDatasetAlone, stream);
+    ASSERT_TRUE(job.ok()) << job.status();
+    job_ = *std::move(job);
+    JobRunnerOptions options;
+    options.prefetch_steps = prefetch_steps;
+    options.make_sender = [this]() -> absl::StatusOr<std::unique_ptr<transport::SlotSender>> {
+      auto sender = std::make_unique<FakeSlotSender>();
+      sender_ = sender.get();
+      return sender;
+    };
+    absl::StatusOr<std::unique_ptr<JobRunner>> runner = JobRunner::Start(*job_, storage_, options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    runner_ = *std::move(runner);
+  }
+
+  // Attaches `rank` with a ring of `slots`; returns the connection id.
+  uint64_t Attach(int rank, uint32_t slots, int64_t start_step = 0, int start_microbatch = 0) {
+    AttachArgs args;
+    args.global_rank = rank;
+    args.worker_address = "rank";
+    args.ring_descriptor = std::to_string(slots);
+    args.start_step = start_step;
+    args.start_microbatch = start_microbatch;
+    args.ring_slots = slots;
+    absl::Notification attached;
+    absl::StatusOr<uint64_t> id;
+    runner_->Attach(args, [&](absl::StatusOr<uint64_t> result) {
+      id = std::move(result);
+      attached.Notify();
+    });
+    attached.WaitForNotification();
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
+  }
+
+  absl::Status Detach(int rank, uint64_t id, int64_t step, int microbatch, uint32_t slots) {
+    absl::Notification detached;
+    absl::Status status;
+    runner_->Detach(rank, id, JobRunner::DetachPosition{{step, microbatch}, slots},
+                    [&](absl::Status result) {
+                      status = std::move(result);
+                      detached.Notify();
+                    });
+    detached.WaitForNotification();
+    return status;
+  }
+
+  // Microbatches of `step` in the job's plan.
+  int MicrobatchesOf(int64_t step) {
+    absl::StatusOr<StepPlan> plan = PlanStep(*job_, step);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? plan->plan.num_microbatches() : -1;
+  }
+
+  testing::ScopedTempDir temp_;
+  std::string prefix_;
+  Storage storage_{StorageOptions{}};
+  std::unique_ptr<IngestStream> stream_;  // an ingest job's; outlives the runner
+  std::unique_ptr<Job> job_;
+  FakeSlotSender* sender_ = nullptr;  // owned by runner_
+  std::unique_ptr<JobRunner> runner_;
+};
+
+// The slots pushed to one rank, in order, as (step, microbatch).
+std::vector<std::pair<int64_t, uint32_t>> Positions(const std::vector<PushedSlot>& slots) {
+  std::vector<std::pair<int64_t, uint32_t>> out;
+  for (const PushedSlot& slot : slots) out.emplace_back(slot.step, slot.microbatch);
+  return out;
+}
+
+// What the plan says rank 0 of a one-rank job receives, in order.
+std::vector<std::pair<int64_t, uint32_t>> Expected(const std::vector<int>& microbatches) {
+  std::vector<std::pair<int64_t, uint32_t>> out;
+  for (size_t step = 0; step < microbatches.size(); ++step) {
+    for (int m = 0; m < microbatches[step]; ++m) out.emplace_back(step, m);
+  }
+  return out;
+}
+
+TEST_F(JobRunnerTest, PushesNoMoreSlotsThanTheRingHasFreeAndMoreAsTheyAreReleased) {
+  StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/2);
+  const uint64_t id = Attach(0, /*slots=*/2);
+  EXPECT_EQ(sender_->WaitForPushes(id, 2).size(), 2u);
+  // The runner goes round its loop at least every 100 ms: three rounds
+  // without a credit must not push a third slot.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(sender_->Pushed(id).size(), 2u);
+  sender_->Release(id, 1);
+  EXPECT_EQ(sender_->WaitForPushes(id, 3).size(), 3u);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(sender_->Pushed(id).size(), 3u);
+  // Every slot in the plan's order: step by step, microbatch by microbatch.
+  sender_->ReleaseEverything(id);
+  const std::vector<int> microbatches = {MicrobatchesOf(0), MicrobatchesOf(1), MicrobatchesOf(2)};
+  const std::vector<std::pair<int64_t, uint32_t>> want = Expected(microbatches);
+  std::vector<PushedSlot> pushed = sender_->WaitForPushes(id, want.size());
+  pushed.resize(want.size());
+  EXPECT_THAT(Positions(pushed), ElementsAreArray(want));
+  EXPECT_EQ(sender_->pushes_without_credit(), 0);
+}
+
+TEST_F(JobRunnerTest, ARankBehindHoldsTheOthersWithinPrefetchSteps) {
+  StartDatasetJob(/*dp=*/2, /*prefetch_steps=*/1);
+  const uint64_t fast = Attach(0, /*slots=*/4);
+  const uint64_t slow = Attach(1, /*slots=*/1);
+  sender_->ReleaseEverything(fast);
+  // The slow rank holds its one slot of step 0: the fast one may run one
+  // step ahead of it, and no further.
+  sender_->WaitForPushes(slow, 1);
+  sender_->WaitForPushes(fast, static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1)));
+  absl::SleepFor(absl::Milliseconds(300));
+  int64_t furthest = -1;
+  for (const PushedSlot& slot : sender_->Pushed(fast)) furthest = std::max(furthest, slot.step);
+  EXPECT_EQ(furthest, 1) << "the fast rank ran to step " << furthest
+                         << " while the slow one was in step 0";
+  // Once the slow rank takes its slots, both go on.
+  sender_->ReleaseEverything(slow);
+  const size_t want = static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1) +
+                                          MicrobatchesOf(2) + MicrobatchesOf(3));
+  EXPECT_GE(sender_->WaitForPushes(fast, want).size(), want);
+  EXPECT_GE(sender_->WaitForPushes(slow, want).size(), want);
+}
+
+TEST_F(JobRunnerTest, AReattachedRankGetsTheSameBytesFromWhereItStopped) {
+  StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/2);
+  const uint64_t first = Attach(0, /*slots=*/2);
+  sender_->ReleaseEverything(first);
+  const size_t through_step_2 =
+      static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1) + MicrobatchesOf(2));
+  std::vector<PushedSlot> before = sender_->WaitForPushes(first, through_step_2);
+  ASSERT_GE(before.size(), through_step_2);
+  // The rank stops after step 0 and microbatch 0 of step 1 and comes back.
+  const size_t resume_at = static_cast<size_t>(MicrobatchesOf(0)) + 1;
+  ASSERT_TRUE(Detach(0, first, 1, 1, 2).ok());
+  EXPECT_EQ(sender_->ClosedWith(first), "");
+  const uint64_t second = Attach(0, /*slots=*/2, /*start_step=*/1, /*start_microbatch=*/1);
+  EXPECT_NE(second, first);
+  sender_->ReleaseEverything(second);
+  const std::vector<PushedSlot> after = sender_->WaitForPushes(second, through_step_2 - resume_at);
+  ASSERT_GE(after.size(), through_step_2 - resume_at);
+  for (size_t i = 0; i < through_step_2 - resume_at; ++i) {
+    const PushedSlot& want = before[resume_at + i];
+    EXPECT_EQ(after[i].step, want.step);
+    EXPECT_EQ(after[i].microbatch, want.microbatch);
+    EXPECT_EQ(after[i].fields, want.fields) << "slot " << i << " after the re-attach";
+  }
+}
+
+TEST_F(JobRunnerTest, AFailedConnectionIsDroppedAndTheOtherRanksAreServed) {
+  StartDatasetJob(/*dp=*/2, /*prefetch_steps=*/1);
+  const uint64_t healthy = Attach(0, /*slots=*/2);
+  const uint64_t doomed = Attach(1, /*slots=*/2);
+  sender_->WaitForPushes(doomed, 2);
+  sender_->Fail(doomed);
+  // The failed rank no longer holds the others back.
+  sender_->ReleaseEverything(healthy);
+  const size_t want = static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1) +
+                                          MicrobatchesOf(2) + MicrobatchesOf(3));
+  EXPECT_GE(sender_->WaitForPushes(healthy, want).size(), want);
+  EXPECT_EQ(runner_->attached_ranks(), 1);
+  // The same rank attaches again: a new connection, served at once.
+  const uint64_t back = Attach(1, /*slots=*/2);
+  EXPECT_EQ(sender_->WaitForPushes(back, 2).size(), 2u);
+  EXPECT_EQ(runner_->attached_ranks(), 2);
+}
+
+TEST_F(JobRunnerTest, AnIngestJobIsWokenWhenItsStepIsSealed) {
+  stream_ = std::make_unique<IngestStream>("rollouts", "", std::vector<SideFieldInfo>{}, 0);
+  IngestStream& stream = *stream_;
+  Start(ParseJob("ingest_stream: \"rollouts\" global_batch: 8 seq_length: 64 eod_id: 0 "
+                 "scheduler { kind: \"balanced\" max_tokens_per_rank: 64 }",
+                 " ingest_streams { name: \"rollouts\" }"),
+        &stream, /*prefetch_steps=*/1);
+  stream.AddConsumer(IngestConsumerOf(*job_), [r = runner_.get()] { r->Wake(); });
+  const uint64_t id = Attach(0, /*slots=*/4);
+  sender_->ReleaseEverything(id);
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(sender_->Pushed(id).empty()) << "a slot of a step not sealed";
+
+  // Four samples of 10..13 tokens; sample i's tokens are all i + 1 (pads
+  // are 0).
+  std::vector<IngestedSample> samples;
+  uint64_t bytes = 0;
+  for (int64_t i = 0; i < 4; ++i) {
+    IngestedSample sample;
+    sample.group = i;
+    sample.num_tokens = 10 + i;
+    sample.data_bytes = static_cast<uint64_t>(sample.num_tokens) * sizeof(int64_t);
+    auto data = std::make_shared<char[]>(sample.data_bytes);
+    const int64_t token = i + 1;
+    for (int64_t t = 0; t < sample.num_tokens; ++t) {
+      std::memcpy(data.get() + t * sizeof(int64_t), &token, sizeof(token));
+    }
+    sample.data = std::move(data);
+    bytes += sample.bytes();
+    samples.push_back(std::move(sample));
+  }
+  ASSERT_TRUE(stream.Reserve(bytes).ok());
+  ASSERT_TRUE(stream.Commit(0, std::move(samples), bytes).ok());
+  ASSERT_TRUE(stream.Seal(0).ok());
+
+  absl::StatusOr<StepPlan> plan = PlanStep(*job_, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const size_t microbatches = static_cast<size_t>(plan->plan.num_microbatches());
+  const std::vector<PushedSlot> pushed = sender_->WaitForPushes(id, microbatches);
+  ASSERT_EQ(pushed.size(), microbatches);
+  // Every token served once; a sample's tokens stay together (the last
+  // token of each is not an input: it is the label of the one before).
+  std::map<int64_t, int> served;
+  for (const PushedSlot& slot : pushed) {
+    for (int64_t token : slot.Tokens()) ++served[token];
+  }
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(served[i + 1], 9 + i) << "sample " << i;
+}
+
+}  // namespace
+}  // namespace packfeed::server
