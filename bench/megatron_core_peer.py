@@ -43,7 +43,8 @@ import plan_optimum  # noqa: E402
 WHEEL = "megatron-core==0.16.1"
 SOURCE = "megatron/core/pipeline_parallel/hybrid_cp_schedule.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED_TRACES = os.path.join(HERE, "..", "..", "shared", "bench", "traces")
+# Megatron's lognormal traces are generated, not stored (traces/megatron_lognormal.py).
+LOGNORMAL_TRACES = os.path.expanduser("~/.cache/packfeed/traces")
 
 # name, trace, ranks, max tokens per rank, global batch
 CONFIGS = [
@@ -159,10 +160,13 @@ def main():
     parser.add_argument("--packfeedctl", default=os.path.join(HERE, "..", "build", "server",
                                                               "packfeedctl"))
     parser.add_argument("--traces", action="append",
-                        default=[os.path.join(HERE, "traces"), SHARED_TRACES])
+                        default=[os.path.join(HERE, "traces"), LOGNORMAL_TRACES])
     parser.add_argument("--steps", type=int, default=4, help="global batches per configuration")
     parser.add_argument("--quick", action="store_true", help="one batch, small configurations")
     args = parser.parse_args()
+    sys.path.insert(0, os.path.join(HERE, "traces"))
+    import megatron_lognormal
+    megatron_lognormal.write_traces(LOGNORMAL_TRACES)
     scheduler_class = load_megatron_scheduler()
 
     print("step/ideal (lower is better) under s²/c and under the calibrated llama8b model; "

@@ -21,6 +21,9 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
 import plan_optimum  # noqa: E402
+sys.path.insert(0, str(HERE / "traces"))
+import megatron_lognormal  # noqa: E402
+CACHE = pathlib.Path.home() / ".cache" / "packfeed"
 
 RANKS, CAP, SEQUENCES = 4, 1024, 8
 S2 = {"alpha": 1.0, "beta": 0.0, "kappa": 0.0, "lambda": 0.0, "microbatch": 0.0, "bubble": 0.0}
@@ -47,10 +50,8 @@ def main():
     args = parser.parse_args()
     traces = [HERE / "traces" / f"{n}.txt"
               for n in ("trace_code_files", "trace_chat_longdoc", "trace_doc_paragraphs")]
-    shared = HERE.parent.parent / "shared" / "bench" / "traces"
-    traces += [shared / f"{n}.txt" for n in ("trace_sft_lognormal_1024_8192",
-                                              "trace_dcp_lognormal_512_49152")
-               if (shared / f"{n}.txt").exists()]
+    lognormal = megatron_lognormal.write_traces(CACHE / "traces")
+    traces += [lognormal[n] for n in ("sft_lognormal_1024_8192", "dcp_lognormal_512_49152")]
     print(f"{'family':34} {'model':9} any-size optimum / power-of-two optimum: "
           "median, p5 (the best 5 %), share of instances that gain > 1 %")
     models = {"s2": ("s2/c", S2), "llama8b": ("llama8b", None)}

@@ -1,6 +1,6 @@
 // Replays the bench traces through every planner on every configuration of
-// ../shared/bench/README.md and prints packfeed's figures beside the ones
-// measured there by running Megatron-LM's own schedulers.
+// docs/SCHEDULER.md and prints packfeed's figures beside the ones measured by
+// running Megatron-LM's own schedulers on the same traces.
 //   scheduler_bench [--traces DIR]
 // Megatron's figures are quoted from that README (they come from running
 // its code, not from this program); ours are measured in this run,
@@ -35,7 +35,7 @@ struct Config {
   bool own_trace = false;
 };
 
-// ../shared/bench/README.md, "Megatron-LM's own schedulers on these traces".
+// Megatron-LM's own schedulers on these traces (docs/SCHEDULER.md).
 const std::vector<Config>& Configs() {
   static const std::vector<Config> configs = {
       {"SFT, 8 ranks (DP8), 8192, 256",
@@ -141,7 +141,7 @@ std::string Fixed(double value, int digits) {
 
 int main(int argc, char** argv) {
   CLI::App app("Scheduler figures beside Megatron-LM's");
-  std::string traces = std::string(PF_SOURCE_DIR) + "/../shared/bench/traces";
+  std::string traces = PF_LOGNORMAL_TRACES;  // made at build time
   std::string own_traces = std::string(PF_SOURCE_DIR) + "/bench/traces";
   app.add_option("--traces", traces, "Folder of the public trace_*.txt length files")
       ->capture_default_str();

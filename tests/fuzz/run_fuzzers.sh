@@ -14,12 +14,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
 
-shared=${PACKFEED_SHARED_DIR:-$root/../shared}
-if [[ -d $shared/fixtures ]]; then
-  find "$shared/fixtures" -name '*.idx' -exec cp {} "$corpus/" \;
-else
-  echo "run_fuzzers: $shared/fixtures not found; seeding with generated indexes only"
-fi
+find "$root/tests/fixtures" -name '*.idx' -exec cp {} "$corpus/" \;
 ctl=$root/build/server/packfeedctl
 if [[ -x $ctl ]]; then
   for dtype in uint8 int16 int32 int64 float32 uint16; do

@@ -5,10 +5,17 @@ import subprocess
 import sys
 
 
-def shared_dir(source_root):
-    """$PACKFEED_SHARED_DIR, else the shared/ beside the source tree."""
-    return pathlib.Path(os.environ.get(
-        "PACKFEED_SHARED_DIR", pathlib.Path(source_root).resolve().parent / "shared"))
+def fixtures_dir(source_root):
+    """The repository's test fixtures (tests/fixtures/README.md)."""
+    return pathlib.Path(source_root).resolve() / "tests" / "fixtures"
+
+
+def lognormal_traces(source_root, out_dir):
+    """Megatron's three lognormal length traces, written under out_dir by
+    bench/traces/megatron_lognormal.py: name -> path."""
+    sys.path.insert(0, str(pathlib.Path(source_root).resolve() / "bench" / "traces"))
+    import megatron_lognormal
+    return megatron_lognormal.write_traces(out_dir)
 
 
 class Checks:

@@ -1,4 +1,4 @@
-"""Golden: packfeedd serving ../shared/fixtures/golden/E1 and E4 (Megatron's
+"""Golden: packfeedd serving tests/fixtures/golden/E1 and E4 (Megatron's
 dp_balanced, sequential sampler, Megatron padding) hands every global rank
 exactly what Megatron-LM handed it, field by field, microbatch by microbatch.
 
@@ -6,7 +6,7 @@ usage: daemon_golden_test.py BIN_DIR SOURCE_ROOT"""
 import json
 import sys
 
-from ctl_checks import Checks, shared_dir
+from ctl_checks import Checks, fixtures_dir
 from daemon_harness import Daemon
 
 FIELDS = ["tokens", "labels", "loss_mask", "position_ids", "padding_mask", "cu_seqlens",
@@ -66,10 +66,7 @@ def check_case(checks, bin_dir, fixtures, case):
 
 def main():
     bin_dir, source_root = sys.argv[1], sys.argv[2]
-    fixtures = shared_dir(source_root) / "fixtures" / "golden"
-    if not fixtures.is_dir():
-        print(f"SKIP: {fixtures} not found (set PACKFEED_SHARED_DIR)")
-        sys.exit(77)
+    fixtures = fixtures_dir(source_root) / "golden"
     checks = Checks(None)
     for case in ("E1", "E4"):
         check_case(checks, bin_dir, fixtures, case)

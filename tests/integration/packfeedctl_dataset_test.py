@@ -8,10 +8,9 @@ import pathlib
 import sys
 import tempfile
 
-from ctl_checks import Checks, shared_dir
+from ctl_checks import Checks, fixtures_dir
 
 checks = Checks(sys.argv[1])
-SHARED = shared_dir(sys.argv[2])
 check = checks.check
 run = checks.run
 
@@ -64,17 +63,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check("vocab too large for dtype", "does not fit dtype uint16" in bad.stderr,
           bad.stderr)
 
-fixture = SHARED / "fixtures" / "megatron"
-if fixture.is_dir():
-    expected = json.loads((fixture / "megatron_written_expected.json").read_text())
-    for name, want in expected["datasets"].items():
-        got = json.loads(run("dataset-info", str(fixture / want["prefix"]),
-                             "--json").stdout)
-        check(f"fixture {name}", got["token_sum"] == want["token_sum_all"] and
-              got["total_tokens"] == want["total_tokens"] and
-              got["sequences"] == want["num_sequences"] and
-              got["documents"] == want["num_documents"], got)
-else:
-    print(f"skipping Megatron fixture checks: {fixture} not found")
+fixture = fixtures_dir(sys.argv[2]) / "megatron"
+expected = json.loads((fixture / "megatron_written_expected.json").read_text())
+for name, want in expected["datasets"].items():
+    got = json.loads(run("dataset-info", str(fixture / want["prefix"]),
+                         "--json").stdout)
+    check(f"fixture {name}", got["token_sum"] == want["token_sum_all"] and
+          got["total_tokens"] == want["total_tokens"] and
+          got["sequences"] == want["num_sequences"] and
+          got["documents"] == want["num_documents"], got)
 
 checks.finish()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """packfeedctl plan, megatron_dp_balanced on the bench traces: our replay of
 Megatron's scheduler and our plan statistics must reproduce the figures
-measured by running Megatron-LM's own code (../shared/bench/README.md).
+measured by running Megatron-LM's own code (docs/SCHEDULER.md).
 
 Usage: packfeedctl_plan_test.py PATH_TO_PACKFEEDCTL SOURCE_ROOT
 """
@@ -10,11 +10,12 @@ import pathlib
 import sys
 import tempfile
 
-from ctl_checks import Checks, shared_dir
+from ctl_checks import Checks, lognormal_traces
 
 checks = Checks(sys.argv[1])
-SHARED = shared_dir(sys.argv[2])
-TRACES = SHARED / "bench" / "traces"
+TRACES_DIR = tempfile.TemporaryDirectory()
+TRACES = pathlib.Path(TRACES_DIR.name)
+lognormal_traces(sys.argv[2], TRACES)
 check = checks.check
 
 
@@ -23,7 +24,7 @@ def plan(*args, ok=True):
 
 
 # (trace, DP, CP, max tokens/rank, GBS) -> Megatron's M, lower bound,
-# step/ideal (s²), padding % as printed in bench/README.md.
+# step/ideal (s²), padding % as measured by running Megatron-LM's code.
 MEGATRON = [
     ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, 16.5, 13.1, 2.04, 0.0),
     ("trace_sft_lognormal_1024_8192", 4, 2, 4096, 256, 32.5, 25.7, 1.84, 0.03),
@@ -32,41 +33,38 @@ MEGATRON = [
     ("trace_dcp_lognormal_512_49152", 64, 16, 3072, 8192, 18, 15, 3.55, 0.25),
 ]
 
-if TRACES.is_dir():
-    for trace, dp, cp, cap, gbs, m, lower, step_ideal, padding in MEGATRON:
-        name = f"{trace} DP{dp}xCP{cp} cap {cap} GBS {gbs}"
-        got = json.loads(plan("--lengths", str(TRACES / f"{trace}.txt"),
-                              "--scheduler", "megatron_dp_balanced",
-                              "--dp", str(dp), "--cp", str(cp),
-                              "--max-tokens-per-rank", str(cap),
-                              "--global-batch", str(gbs), "--json").stdout)
-        check(name + " M", abs(got["microbatches_mean"] - m) < 0.051, got)
-        check(name + " lower bound",
-              abs(got["microbatches_lower_bound_mean"] - lower) < 0.051, got)
-        check(name + " step/ideal", abs(got["step_over_ideal"] - step_ideal) < 0.006, got)
-        check(name + " padding", abs(got["padding_pct"] - padding) < 0.006, got)
-    # packfeed's planners on the same traces: better balanced than
-    # Megatron's best scheduler there, within a microbatch of the bound.
-    OURS = [  # trace, DP, CP, cap, GBS, scheduler, Megatron's best step/ideal
-        ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, "balanced", 1.035),
-        ("trace_sft_lognormal_1024_8192", 4, 2, 4096, 256, "balanced", 1.022),
-        ("trace_sft_lognormal_1024_8192", 4, 2, 8192, 256, "balanced", 1.40),
-        ("trace_dcp_lognormal_512_49152", 2, 16, 3072, 256, "balanced", 1.061),
-        ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, "dynamic_cp", 1.035),
-    ]
-    for trace, dp, cp, cap, gbs, scheduler, megatron_best in OURS:
-        name = f"{scheduler} {trace} DP{dp}xCP{cp} cap {cap}"
-        got = json.loads(plan("--lengths", str(TRACES / f"{trace}.txt"),
-                              "--scheduler", scheduler, "--dp", str(dp),
-                              "--cp", str(cp), "--max-tokens-per-rank", str(cap),
-                              "--global-batch", str(gbs), "--json").stdout)
-        check(name + " beats Megatron", got["step_over_ideal"] < megatron_best, got)
-        check(name + " M within one of its bound", got["microbatches_mean"] <=
-              got["microbatches_lower_bound_mean"] + 1, got)
-        check(name + " padding <= 0.5 %", got["padding_pct"] <= 0.5, got)
-        check(name + " tokens within the cap", got["max_tokens_on_a_rank"] <= cap, got)
-else:
-    print(f"skipping Megatron figure checks: {TRACES} not found")
+for trace, dp, cp, cap, gbs, m, lower, step_ideal, padding in MEGATRON:
+    name = f"{trace} DP{dp}xCP{cp} cap {cap} GBS {gbs}"
+    got = json.loads(plan("--lengths", str(TRACES / f"{trace}.txt"),
+                          "--scheduler", "megatron_dp_balanced",
+                          "--dp", str(dp), "--cp", str(cp),
+                          "--max-tokens-per-rank", str(cap),
+                          "--global-batch", str(gbs), "--json").stdout)
+    check(name + " M", abs(got["microbatches_mean"] - m) < 0.051, got)
+    check(name + " lower bound",
+          abs(got["microbatches_lower_bound_mean"] - lower) < 0.051, got)
+    check(name + " step/ideal", abs(got["step_over_ideal"] - step_ideal) < 0.006, got)
+    check(name + " padding", abs(got["padding_pct"] - padding) < 0.006, got)
+# packfeed's planners on the same traces: better balanced than
+# Megatron's best scheduler there, within a microbatch of the bound.
+OURS = [  # trace, DP, CP, cap, GBS, scheduler, Megatron's best step/ideal
+    ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, "balanced", 1.035),
+    ("trace_sft_lognormal_1024_8192", 4, 2, 4096, 256, "balanced", 1.022),
+    ("trace_sft_lognormal_1024_8192", 4, 2, 8192, 256, "balanced", 1.40),
+    ("trace_dcp_lognormal_512_49152", 2, 16, 3072, 256, "balanced", 1.061),
+    ("trace_sft_lognormal_1024_8192", 8, 1, 8192, 256, "dynamic_cp", 1.035),
+]
+for trace, dp, cp, cap, gbs, scheduler, megatron_best in OURS:
+    name = f"{scheduler} {trace} DP{dp}xCP{cp} cap {cap}"
+    got = json.loads(plan("--lengths", str(TRACES / f"{trace}.txt"),
+                          "--scheduler", scheduler, "--dp", str(dp),
+                          "--cp", str(cp), "--max-tokens-per-rank", str(cap),
+                          "--global-batch", str(gbs), "--json").stdout)
+    check(name + " beats Megatron", got["step_over_ideal"] < megatron_best, got)
+    check(name + " M within one of its bound", got["microbatches_mean"] <=
+          got["microbatches_lower_bound_mean"] + 1, got)
+    check(name + " padding <= 0.5 %", got["padding_pct"] <= 0.5, got)
+    check(name + " tokens within the cap", got["max_tokens_on_a_rank"] <= cap, got)
 
 with tempfile.TemporaryDirectory() as tmp:
     lengths = pathlib.Path(tmp) / "l.txt"

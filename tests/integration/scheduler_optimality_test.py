@@ -28,7 +28,7 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ctl_checks import Checks, shared_dir  # noqa: E402
+from ctl_checks import Checks, lognormal_traces  # noqa: E402
 import plan_optimum  # noqa: E402
 
 checks = Checks(sys.argv[1])
@@ -38,12 +38,9 @@ INSTANCES = {"llama8b": int(sys.argv[3]) if len(sys.argv) > 3 else 200,
 RANKS, CAP, SEQUENCES, BUDGET = 4, 1024, 8, 0.05
 FAMILIES = [ROOT / "bench" / "traces" / f"{name}.txt"
             for name in ("trace_code_files", "trace_chat_longdoc", "trace_doc_paragraphs")]
-SHARED_TRACES = shared_dir(ROOT) / "bench" / "traces"
-if SHARED_TRACES.is_dir():
-    FAMILIES += [SHARED_TRACES / f"{name}.txt"
-                 for name in ("trace_sft_lognormal_1024_8192", "trace_dcp_lognormal_512_49152")]
-else:
-    print(f"note: {SHARED_TRACES} is missing: the public lognormal families are left out")
+TRACES_DIR = tempfile.TemporaryDirectory()
+FAMILIES += [path for name, path in lognormal_traces(ROOT, TRACES_DIR.name).items()
+             if name in ("sft_lognormal_1024_8192", "dcp_lognormal_512_49152")]
 
 
 def instances(trace, count):

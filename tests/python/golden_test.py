@@ -1,5 +1,5 @@
 """Golden through Python: packfeed.Client, one per global rank, on
-../shared/fixtures/golden/E1 and E4 yields torch tensors equal to what
+tests/fixtures/golden/E1 and E4 yields torch tensors equal to what
 Megatron-LM handed each rank, with Megatron's dtypes and shapes."""
 import json
 import unittest

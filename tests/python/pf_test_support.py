@@ -1,4 +1,4 @@
-"""What the Python tests share: where the binaries and the shared fixtures
+"""What the Python tests share: where the binaries and the fixtures
 are, and the daemon harness of the integration tests.
 
 Environment (set by tests/CMakeLists.txt): PF_BIN_DIR (packfeedd,
@@ -9,7 +9,7 @@ import pathlib
 import sys
 import unittest
 
-from ctl_checks import shared_dir
+from ctl_checks import fixtures_dir
 from daemon_harness import Daemon  # noqa: F401  (re-exported for the tests)
 
 BIN_DIR = pathlib.Path(os.environ["PF_BIN_DIR"])
@@ -18,12 +18,8 @@ SKIP_EXIT_CODE = 77  # ctest's SKIP_RETURN_CODE for these tests
 
 
 def golden_fixtures():
-    """The golden fixture folder; the calling test is skipped (with the
-    reason) when the shared data is absent, as on a user's machine."""
-    fixtures = shared_dir(SOURCE_ROOT) / "fixtures" / "golden"
-    if not fixtures.is_dir():
-        raise unittest.SkipTest(f"{fixtures} not found (set PACKFEED_SHARED_DIR)")
-    return fixtures
+    """The golden fixture folder (tests/fixtures/golden)."""
+    return fixtures_dir(SOURCE_ROOT) / "golden"
 
 
 def main():

@@ -1,14 +1,11 @@
 #ifndef PACKFEED_TESTS_TESTING_TEST_PATHS_H_
 #define PACKFEED_TESTS_TESTING_TEST_PATHS_H_
 
-// Paths for tests: a scratch directory per test, and the read-only
-// ../shared fixtures (absent on a user's machine: tests that need them skip
-// with a message saying so).
+// Paths for tests: a scratch directory per test, and the fixtures under
+// tests/fixtures/.
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <sstream>
 #include <string>
 
@@ -16,25 +13,12 @@
 
 namespace packfeed::testing {
 
-// The folder holding DESIGN.md's fixtures: $PACKFEED_SHARED_DIR, else the
-// `shared/` beside the source tree. nullopt when neither exists.
-inline std::optional<std::filesystem::path> SharedDir() {
-  if (const char* env = std::getenv("PACKFEED_SHARED_DIR")) {
-    if (std::filesystem::is_directory(env)) return std::filesystem::path(env);
-  }
-  std::filesystem::path beside = std::filesystem::path(PF_SOURCE_DIR).parent_path() / "shared";
-  if (std::filesystem::is_directory(beside / "fixtures")) return beside;
-  return std::nullopt;
+// The repository's test fixtures (tests/fixtures/: Megatron-written
+// datasets and golden cases; tests/fixtures/README.md says where each came
+// from).
+inline std::filesystem::path FixturesDir() {
+  return std::filesystem::path(PF_SOURCE_DIR) / "tests" / "fixtures";
 }
-
-// Skips the calling test when the shared fixtures are missing.
-#define PF_REQUIRE_SHARED_DIR(var)                                                         \
-  const std::optional<std::filesystem::path> var##_opt = ::packfeed::testing::SharedDir(); \
-  if (!var##_opt) {                                                                        \
-    GTEST_SKIP() << "shared fixtures not found (set PACKFEED_SHARED_DIR or "               \
-                    "place shared/ beside the source tree)";                               \
-  }                                                                                        \
-  const std::filesystem::path var = *var##_opt
 
 // A fresh directory removed when the object goes away.
 class ScopedTempDir {

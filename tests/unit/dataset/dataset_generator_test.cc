@@ -27,7 +27,8 @@ TEST(DatasetGeneratorTest, LengthsAreDeterministicAndClipped) {
 }
 
 TEST(DatasetGeneratorTest, MatchesTheSftTraceStatistics) {
-  // ../shared/bench/traces_meta.json, numpy's draws of the same rule:
+  // Megatron's SFT trace (bench/traces/megatron_lognormal.py), numpy's
+  // draws of the same rule:
   // 23.8 % at the lower clip, 11.6 % at the upper, median 2200.
   LengthDistribution dist;
   std::vector<int64_t> lengths = *GenerateLengths(dist, 100000, 1);

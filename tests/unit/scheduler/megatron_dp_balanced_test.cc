@@ -1,5 +1,5 @@
 // All 157 cases Megatron-LM's own dp_balanced scheduler produced
-// (../shared/fixtures/golden/dp_balanced_vectors.json), plus edge cases.
+// (tests/fixtures/golden/dp_balanced_vectors.json), plus edge cases.
 
 #include "packfeed/scheduler/megatron_dp_balanced.h"
 
@@ -42,8 +42,8 @@ bool HasEmptyPack(const nlohmann::json& expected) {
 }
 
 TEST(MegatronDpBalancedTest, ReproducesEveryMegatronVector) {
-  PF_REQUIRE_SHARED_DIR(shared);
-  std::ifstream in(shared / "fixtures/golden/dp_balanced_vectors.json");
+  std::ifstream in(::packfeed::testing::FixturesDir() / "golden" / "dp_balanced_vectors.json");
+  ASSERT_TRUE(in) << "tests/fixtures/golden/dp_balanced_vectors.json is missing";
   const nlohmann::json cases = nlohmann::json::parse(in)["cases"];
   ASSERT_EQ(cases.size(), 157u);
   int matched = 0, errors = 0, empty_packs = 0;

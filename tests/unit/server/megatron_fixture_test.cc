@@ -1,5 +1,5 @@
 // Checks the reader and writer against files written by Megatron-LM's own
-// IndexedDatasetBuilder (../shared/fixtures/megatron).
+// IndexedDatasetBuilder (tests/fixtures/megatron).
 
 #include <fstream>
 #include <numeric>
@@ -21,9 +21,9 @@ using nlohmann::json;
 class MegatronFixtureTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    PF_REQUIRE_SHARED_DIR(shared);
-    dir_ = shared / "fixtures" / "megatron";
+    dir_ = ::packfeed::testing::FixturesDir() / "megatron";
     std::ifstream in(dir_ / "megatron_written_expected.json");
+    ASSERT_TRUE(in) << dir_ << "/megatron_written_expected.json is missing";
     expected_ = json::parse(in)["datasets"][GetParam()];
     prefix_ = (dir_ / expected_["prefix"].get<std::string>()).string();
   }
