@@ -1,4 +1,4 @@
-"""Side fields, SFT loss masks and MTP stages end to end (DESIGN.md §3): a
+"""Side fields, SFT loss masks and MTP stages end to end (docs/CONTRACT.md): a
 real packfeedd serving datasets made by `packfeedctl make-dataset
 --side-field`, every rank dumped by a real client, each compared with
 thd_reference.py's independent reading of the files, the plan and the

@@ -1,4 +1,4 @@
-"""An independent reference for DESIGN.md §3, written from the contract and
+"""An independent reference for docs/CONTRACT.md, written from the contract and
 not from packfeed's code: reads a Megatron indexed dataset with Python's
 struct/array modules and, given a plan from `packfeedctl plan-step --json`,
 builds the fields a global rank must receive."""
@@ -111,7 +111,7 @@ def coords(rank, tp, cp, dp):
     return rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp)
 
 
-# --- side fields (DESIGN.md §3; config.proto SideField, ModelLayers) -------
+# --- side fields (docs/CONTRACT.md; config.proto SideField, ModelLayers) -------
 
 def values(dataset, d):
     """Document d's stored values as Python numbers (floats stay floats)."""

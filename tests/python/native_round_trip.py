@@ -71,7 +71,7 @@ def main():
             rank.release()  # the slot's memory goes back to the daemon: read it first
         rank.detach()
     # A sample of T tokens is T - 1 positions: tokens without the last, labels
-    # without the first, side fields aligned to tokens (DESIGN.md §3).
+    # without the first, side fields aligned to tokens (docs/CONTRACT.md).
     want = [(s["tokens"][:-1].tolist(), s["tokens"][1:].tolist(), s["logprobs"][:-1].tolist())
             for s in samples]
     if sorted(got) != sorted(want):

@@ -15,7 +15,7 @@ MASK = (1 << 64) - 1
 
 
 def sample_digest(dataset, index):
-    """SampleDigest of server/src/ledger.cc: splitmix64's finalizer."""
+    """SampleDigest of server/storage/ledger.cc: splitmix64's finalizer."""
     z = ((dataset << 40) + index) & MASK
     z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK
     z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK

@@ -19,7 +19,7 @@ class MemoryRegion {
   // Host memory allocated by UCX itself. On one node this makes the region a
   // shared-memory segment whose remote key lets a peer's put be a single
   // one-sided copy (a malloc'd region is emulated over active messages at half
-  // the speed, notes/UCX.md §6.2).
+  // the speed; docs/TRANSPORT.md).
   static absl::StatusOr<MemoryRegion> Allocate(ucp_context_h context, size_t length);
   // Registers memory the caller owns (host, or CUDA device memory when
   // `memory_type` says so). Fails when UCX reports another memory type than

@@ -2,7 +2,7 @@
 #define PACKFEED_TRANSPORT_UCX_CONTEXT_H_
 
 // RAII owners of a UCP context and a UCP worker, configured the way packfeed
-// needs them (notes/UCX.md): peer-failure detection on *with* shared memory
+// needs them (docs/TRANSPORT.md): peer-failure detection on *with* shared memory
 // kept, and a short keepalive so a dead peer is noticed in about a second.
 
 #include <ucp/api/ucp.h>
