@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for a bounded time over a seed corpus.
 #   tests/fuzz/run_fuzzers.sh BUILD_DIR SECONDS_PER_TARGET
-# index_parser_fuzz is seeded with Megatron's fixture indexes (when ../shared
-# is present) and indexes made by packfeedctl; wire_fuzz starts from nothing
+# index_parser_fuzz is seeded with Megatron's fixture indexes
+# (tests/fixtures) and indexes made by packfeedctl; wire_fuzz starts from nothing
 # (libFuzzer's comparison tracing finds the magic and the version);
 # config_fuzz from one configuration using every field; attach_fuzz from
 # nothing (half its inputs are merged over a valid request). Longer runs: pass more seconds, or run the binary
