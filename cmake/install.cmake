@@ -12,8 +12,7 @@ include(CMakePackageConfigHelpers)
 set(PF_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/packfeed)
 install(TARGETS packfeed_client_shared
         EXPORT packfeedTargets
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/common/include/packfeed/common/data_types.h
               ${PROJECT_SOURCE_DIR}/common/include/packfeed/common/defaults.h

@@ -1,4 +1,4 @@
-#include "admin_commands.h"
+#include "server/ctl/admin_commands.h"
 
 #include <cmath>
 #include <cstdio>
@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "exit_code.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel.h"
 #include "nlohmann/json.hpp"
@@ -17,6 +16,7 @@
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/config/admin_tls.h"
 #include "server/config/daemon_config.h"
+#include "server/ctl/exit_code.h"
 
 namespace packfeed::server::ctl {
 namespace {

@@ -1,4 +1,4 @@
-#include "dataset_commands.h"
+#include "server/ctl/dataset_commands.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,11 +10,11 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "exit_code.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/dataset/dataset_generator.h"
 #include "packfeed/dataset/indexed_dataset.h"
+#include "server/ctl/exit_code.h"
 
 namespace packfeed::server::ctl {
 namespace {

@@ -3,10 +3,10 @@
 #include <cstdio>
 
 #include "CLI/CLI.hpp"
-#include "admin_commands.h"
-#include "dataset_commands.h"
 #include "packfeed/common/version.h"
-#include "plan_command.h"
+#include "server/ctl/admin_commands.h"
+#include "server/ctl/dataset_commands.h"
+#include "server/ctl/plan_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"packfeedctl: datasets, plans and admin queries for packfeed"};

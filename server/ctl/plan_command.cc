@@ -1,4 +1,4 @@
-#include "plan_command.h"
+#include "server/ctl/plan_command.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,7 +13,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "exit_code.h"
 #include "google/protobuf/text_format.h"
 #include "nlohmann/json.hpp"
 #include "packfeed/common/status_macros.h"
@@ -24,6 +23,7 @@
 #include "packfeed/scheduler/sampler.h"
 #include "server/config/daemon_config.h"
 #include "server/config/job_config.h"
+#include "server/ctl/exit_code.h"
 #include "server/ctl/plan_replay.h"
 
 namespace packfeed::server::ctl {

@@ -11,8 +11,8 @@
 #include "packfeed/common/version.h"
 #include "server/config/daemon_config.h"
 #include "server/control/daemon.h"
+#include "server/daemon/systemd_notifier.h"
 #include "spdlog/spdlog.h"
-#include "systemd_notifier.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"packfeedd: the per-node packfeed data daemon"};

@@ -1,4 +1,4 @@
-#include "systemd_notifier.h"
+#include "server/daemon/systemd_notifier.h"
 
 #include <systemd/sd-daemon.h>
 
