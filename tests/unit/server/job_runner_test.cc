@@ -199,7 +199,10 @@ class JobRunnerTest : public ::testing::Test {
   }
 
   void Start(const v1::JobConfig& config, IngestStream* stream, int prefetch_steps) {
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, OpenDatasetAlone, stream);
+    // As the daemon does: the storage opens the datasets (and keeps them
+    // while its reader threads may still use them).
+    const DatasetOpener open = [this](const std::string& prefix) { return storage_.Open(prefix); };
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, open, stream);
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
     JobRunnerOptions options;
