@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "packfeed/common/status_macros.h"
+
 namespace packfeed::dataset {
 
 namespace {
@@ -33,13 +35,15 @@ int64_t PiecesOfDocument(int64_t stored_tokens, const SampleRules& rules) {
   return std::max<int64_t>(1, (inputs + rules.seq_length - 1) / rules.seq_length);
 }
 
-SampleTable SampleTable::Build(const IndexView& index, const SampleRules& rules) {
+absl::StatusOr<SampleTable> SampleTable::Build(const IndexView& index, const SampleRules& rules,
+                                               absl::string_view file_name) {
   SampleTable table;
   table.seq_length_ = rules.seq_length;
   const auto documents = static_cast<int64_t>(index.num_documents());
   table.num_samples_ = documents;
   if (!Splits(rules)) return table;
   for (int64_t d = 0; d < documents; ++d) {
+    PF_RETURN_IF_ERROR(CheckDocument(index, static_cast<uint64_t>(d), file_name));
     const int64_t pieces = PiecesOfDocument(DocumentTokens(index, d), rules);
     if (pieces > 1) {
       table.split_.push_back({d + table.num_samples_ - documents, d, pieces});

@@ -176,7 +176,9 @@ absl::StatusOr<ConfiguredBatches> LoadConfiguredBatches(const PlanArgs& args) {
   for (const v1::DatasetSpec& spec : job->datasets()) {
     PF_ASSIGN_OR_RETURN(dataset::IndexedDataset opened,
                         dataset::IndexedDataset::Open(spec.prefix()));
-    tables.push_back(dataset::SampleTable::Build(opened.index(), rules));
+    PF_ASSIGN_OR_RETURN(dataset::SampleTable table,
+                        dataset::SampleTable::Build(opened.index(), rules, spec.prefix() + ".idx"));
+    tables.push_back(std::move(table));
     num_samples.push_back(tables.back().num_samples());
     datasets.push_back(std::move(opened));
   }

@@ -82,7 +82,10 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     }
     absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";", dataset->bin_bytes(),
                     ";", spec.kind(), ";", spec.weight(), "|");
-    job->sample_tables_.push_back(dataset::SampleTable::Build(dataset->index(), job->rules_));
+    PF_ASSIGN_OR_RETURN(
+        dataset::SampleTable table,
+        dataset::SampleTable::Build(dataset->index(), job->rules_, dataset->prefix() + ".idx"));
+    job->sample_tables_.push_back(std::move(table));
     num_documents.push_back(job->sample_tables_.back().num_samples());
     std::vector<std::shared_ptr<const dataset::IndexedDataset>> sides;
     for (const SideFieldInfo& field : job->side_fields_) {
@@ -159,6 +162,9 @@ absl::Status Job::CheckEverySampleFits() const {
     const dataset::IndexView& index = datasets_[i]->index();
     for (int64_t s = 0; s < sample_tables_[i].num_samples(); ++s) {
       const dataset::SampleTable::Piece piece = sample_tables_[i].Locate(s);
+      if (piece.first_token == 0) {
+        PF_RETURN_IF_ERROR(datasets_[i]->CheckDocument(static_cast<uint64_t>(piece.document)));
+      }
       const int64_t length = dataset::PlannedLength(index, piece, rules_);
       absl::Status fits = scheduler::CheckSequenceFits(length, planner_);
       if (!fits.ok()) {

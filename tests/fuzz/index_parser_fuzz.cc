@@ -3,12 +3,15 @@
 // without touching memory outside the input (ASan checks that). The two
 // validation modes must agree: an index passes kFull exactly when it passes
 // kOnUse and every one of its documents passes CheckDocument, with the same
-// totals.
+// totals. What the daemon does at start-up with an on-use index, building
+// the sample table and planning every document, must refuse a corrupt one
+// with a status, never read outside it.
 
 #include <cstddef>
 #include <cstdint>
 
 #include "packfeed/dataset/index_format.h"
+#include "packfeed/dataset/sample_rules.h"
 
 namespace {
 
@@ -16,6 +19,8 @@ using packfeed::dataset::CheckDocument;
 using packfeed::dataset::IndexValidation;
 using packfeed::dataset::IndexView;
 using packfeed::dataset::ParseIndex;
+using packfeed::dataset::SampleRules;
+using packfeed::dataset::SampleTable;
 
 bool AllDocumentsPass(const IndexView& view) {
   for (uint64_t d = 0; d < view.num_documents(); ++d) {
@@ -32,6 +37,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<IndexView> on_use = ParseIndex(bytes, "fuzz.idx", IndexValidation::kOnUse);
   const bool lazily_valid = on_use.ok() && AllDocumentsPass(*on_use);
   if (full.ok() != lazily_valid) __builtin_trap();
+  if (on_use.ok()) {
+    // Long documents split into pieces of 64 inputs, as the daemon's
+    // default does; the table is built exactly when every document passes.
+    SampleRules rules;
+    rules.seq_length = 64;
+    rules.append_eod = true;
+    rules.split_long_documents = true;
+    absl::StatusOr<SampleTable> table = SampleTable::Build(*on_use, rules, "fuzz.idx");
+    if (table.ok() != lazily_valid) __builtin_trap();
+    if (table.ok()) {
+      int64_t planned = 0;
+      for (int64_t s = 0; s < table->num_samples() && s < 4096; ++s) {
+        planned += packfeed::dataset::PlannedLength(*on_use, table->Locate(s), rules);
+      }
+      static volatile int64_t planned_sink;
+      planned_sink = planned;
+    }
+  }
   if (!full.ok()) return 0;
   if (full->data_bytes() != on_use->data_bytes() ||
       full->total_tokens() != on_use->total_tokens()) {

@@ -95,9 +95,21 @@ def test_startup_errors(checks, bin_dir, work, prefix):
     truncated = pathlib.Path(work, "truncated")
     pathlib.Path(f"{truncated}.idx").write_bytes(pathlib.Path(f"{prefix}.idx").read_bytes()[:20])
     pathlib.Path(f"{truncated}.bin").write_bytes(pathlib.Path(f"{prefix}.bin").read_bytes())
+    # A document index entry in the middle set to 10^12: opened with on-use
+    # validation, it is caught when the sample table is built (it crashed the
+    # daemon with SIGSEGV before).
+    corrupt = pathlib.Path(work, "corrupt_documents")
+    index = bytearray(pathlib.Path(f"{prefix}.idx").read_bytes())
+    sequences = int.from_bytes(index[18:26], "little")
+    entry = 34 + 12 * sequences + 8 * 25
+    index[entry:entry + 8] = (10**12).to_bytes(8, "little")
+    pathlib.Path(f"{corrupt}.idx").write_bytes(bytes(index))
+    pathlib.Path(f"{corrupt}.bin").write_bytes(pathlib.Path(f"{prefix}.bin").read_bytes())
     cases = {
         "dataset missing": (config_text(f"{work}/a.sock", f"{work}/nothing"), "nothing.idx"),
         "dataset index truncated": (config_text(f"{work}/a.sock", truncated), "truncated header"),
+        "document index corrupt": (config_text(f"{work}/a.sock", corrupt),
+                                   "corrupt_documents.idx"),
         "socket directory impossible": (config_text(f"{a_file}/sub/a.sock", prefix),
                                         "cannot be created"),
         "config invalid": (config_text(f"{work}/a.sock", prefix).replace('"balanced"', '"bogus"'),

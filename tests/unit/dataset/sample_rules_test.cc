@@ -2,6 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "index_test_util.h"
 #include "packfeed/dataset/indexed_dataset.h"
 #include "packfeed/dataset/indexed_dataset_writer.h"
 #include "test_paths.h"
@@ -10,6 +11,7 @@ namespace packfeed::dataset {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 SampleRules Varlen() { return {SampleKind::kVarlen, 8, 99, 98, false}; }
 SampleRules Sft() { return {SampleKind::kSft, 8, 99, 98, false}; }
@@ -79,7 +81,9 @@ TEST(SampleRulesTest, SampleTableNumbersEveryPieceAfterItsDocument) {
   ASSERT_TRUE(writer->Finish().ok());
   absl::StatusOr<IndexedDataset> data = IndexedDataset::Open(dir.Prefix("d"));
   ASSERT_TRUE(data.ok()) << data.status();
-  const SampleTable table = SampleTable::Build(data->index(), Split());
+  const absl::StatusOr<SampleTable> built = SampleTable::Build(data->index(), Split(), "d.idx");
+  ASSERT_TRUE(built.ok()) << built.status();
+  const SampleTable& table = *built;
   EXPECT_EQ(table.num_samples(), 1 + 3 + 1 + 3);
   EXPECT_EQ(table.split_documents(), 2);
   std::vector<std::pair<int64_t, int64_t>> located;
@@ -90,7 +94,23 @@ TEST(SampleRulesTest, SampleTableNumbersEveryPieceAfterItsDocument) {
   EXPECT_THAT(located,
               ElementsAre(std::pair{0, 0}, std::pair{1, 0}, std::pair{1, 8}, std::pair{1, 16},
                           std::pair{2, 0}, std::pair{3, 0}, std::pair{3, 8}, std::pair{3, 16}));
-  EXPECT_EQ(SampleTable::Build(data->index(), Varlen()).num_samples(), 4);
+  EXPECT_EQ(SampleTable::Build(data->index(), Varlen(), "d.idx")->num_samples(), 4);
+}
+
+// A document index entry far past the sequences (10^12) must be refused by
+// name when the table is built, not followed: opened with on-use
+// validation, only the index's first and last entries were checked.
+TEST(SampleRulesTest, SampleTableRefusesACorruptDocumentIndexByName) {
+  RawIndex raw = RawIndex::Contiguous(DType::kInt32, {3, 20, 4, 17}, {0, 1, 2, 3, 4});
+  raw.documents[2] = 1'000'000'000'000;
+  const std::string bytes = raw.Serialize();
+  absl::StatusOr<IndexView> index =
+      ParseIndex(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+                 "corrupt.idx", IndexValidation::kOnUse);
+  ASSERT_TRUE(index.ok()) << index.status();
+  absl::StatusOr<SampleTable> table = SampleTable::Build(*index, Split(), "corrupt.idx");
+  EXPECT_EQ(table.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(table.status().message(), HasSubstr("corrupt.idx"));
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "packfeed/dataset/index_format.h"
 
@@ -57,8 +59,12 @@ class SampleTable {
     int64_t document = 0;
     int64_t first_token = 0;  // where the sample starts in the document
   };
-  // Scans the index's document lengths once when rules split documents.
-  static SampleTable Build(const IndexView& index, const SampleRules& rules);
+  // Scans the index's document lengths once when rules split documents,
+  // each document's entries checked (CheckDocument) before they are used:
+  // DataLoss naming `file_name`, the document and the entry for a corrupt
+  // one, never a read outside the index.
+  static absl::StatusOr<SampleTable> Build(const IndexView& index, const SampleRules& rules,
+                                           absl::string_view file_name);
   int64_t num_samples() const { return num_samples_; }
   int64_t split_documents() const { return static_cast<int64_t>(split_.size()); }
   // REQUIRES: 0 <= sample < num_samples().
