@@ -102,6 +102,17 @@ absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data) 
   return absl::OkStatus();
 }
 
+absl::Status SyncDirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string folder =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open", folder);
+  ScopedFd owned(fd);
+  if (::fsync(owned.get()) != 0) return ErrnoToStatus(errno, "fsync", folder);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path) {
   absl::StatusOr<ScopedFd> fd = OpenForRead(path);
   if (!fd.ok()) return fd.status();

@@ -108,6 +108,8 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_
   if (!existing.ok()) {
     PF_RETURN_IF_ERROR(
         WriteFully(ledger->journal_.get(), journal_path, absl::StrCat(kHeader, "\n")));
+    // A new journal's name must outlive a crash as its lines do.
+    PF_RETURN_IF_ERROR(SyncDirectoryOf(journal_path));
   }
   return ledger;
 }
@@ -280,6 +282,8 @@ absl::Status Ledger::Compact() {
   if (::rename(aside.c_str(), journal_path_.c_str()) != 0) {
     return ErrnoToStatus(errno, "rename", aside);
   }
+  // Until the folder is synced the rename itself may be lost in a crash.
+  PF_RETURN_IF_ERROR(SyncDirectoryOf(journal_path_));
   const int fd = ::open(journal_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, "open", journal_path_);
   journal_ = ScopedFd(fd);

@@ -76,5 +76,14 @@ TEST(PosixFileTest, ScopedFdClosesOnDestruction) {
   EXPECT_EQ(::fcntl(raw, F_GETFD), -1);
 }
 
+TEST(PosixFileTest, SyncsTheFolderOfAPathAndNamesAMissingOne) {
+  testing::ScopedTempDir dir;
+  EXPECT_TRUE(SyncDirectoryOf(dir.Prefix("journal")).ok());
+  EXPECT_TRUE(SyncDirectoryOf("relative-name").ok());  // the working folder
+  const absl::Status missing = SyncDirectoryOf(dir.Prefix("gone/journal"));
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("gone"));
+}
+
 }  // namespace
 }  // namespace packfeed

@@ -56,6 +56,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 // Writes all of `data`, retrying short writes and EINTR.
 absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data);
 
+// Makes the directory entries of the folder holding `path` durable (fsync
+// of the folder): a file created or renamed there survives a crash only
+// then, not when its own data is synced.
+absl::Status SyncDirectoryOf(const std::string& path);
+
 // A read-only, private memory map of a whole file. An empty file maps to an
 // empty span (mmap refuses length 0). Move-only. Thread-compatible; the bytes
 // may be read from any thread.
