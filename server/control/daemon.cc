@@ -53,7 +53,8 @@ constexpr int kRankPingTimeoutMs = 2000;
 // Peers start at about the same time: each listens before it checks, and
 // an unanswered peer is asked again until the timeout.
 absl::Status CheckPeers(const v1::DaemonConfig& config,
-                        const std::vector<std::unique_ptr<Job>>& jobs) {
+                        const std::vector<std::unique_ptr<Job>>& jobs,
+                        const std::function<void(const std::string&)>& on_wait) {
   const absl::Time deadline = absl::Now() + absl::Seconds(config.peer_timeout_seconds());
   const v1::AdminTls& tls = config.admin_tls();
   PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
@@ -69,6 +70,12 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
     v1::ListJobsReply reply;
     grpc::Status status;
     do {
+      if (on_wait) {
+        on_wait(absl::StrCat(
+            "waiting for peer ", peer, " (until ",
+            absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1))),
+            " from now)"));
+      }
       grpc::ClientContext context;
       context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
       context.AddMetadata(kAdminTokenMetadata, config.admin_tcp_token());
@@ -230,7 +237,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                           return self->CollectStats(absl::Seconds(5));
                         }));
   }
-  PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_));
+  PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_, options.on_peer_wait));
   daemon->started_ = true;
   spdlog::info(
       "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), socket,

@@ -5,6 +5,7 @@
 // Control and Admin services (callback API) on a Unix socket.
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,11 @@ namespace packfeed::server {
 struct DaemonOptions {
   // Passed to every job's sender: UCX transports ("" = UCX's choice).
   std::string ucx_transports;
+  // Called while start-up waits for the peer daemons, before each attempt
+  // to reach one (they are at most 2.25 s apart), with a line saying which
+  // peer it waits for: a supervisor extends its start timeout on it
+  // (systemd's EXTEND_TIMEOUT_USEC). Null: nobody is told.
+  std::function<void(const std::string& status)> on_peer_wait;
 };
 
 class Daemon {

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
 
   packfeed::server::DaemonOptions options;
   options.ucx_transports = ucx_tls;
+  options.on_peer_wait = packfeed::server::NotifyStillStarting;
   absl::StatusOr<std::unique_ptr<packfeed::server::Daemon>> daemon =
       packfeed::server::Daemon::Start(*config, options);
   if (!daemon.ok()) {

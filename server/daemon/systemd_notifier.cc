@@ -7,6 +7,12 @@
 
 namespace packfeed::server {
 
+void NotifyStillStarting(const std::string& status) {
+  const std::string message = absl::StrCat(
+      "EXTEND_TIMEOUT_USEC=", absl::ToInt64Microseconds(kStartExtension), "\nSTATUS=", status);
+  sd_notify(0, message.c_str());
+}
+
 SystemdNotifier::SystemdNotifier(const Daemon& daemon) : daemon_(daemon) {
   uint64_t usec = 0;
   // Keeps WATCHDOG_USEC in the environment for the threads that follow.

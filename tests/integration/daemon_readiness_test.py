@@ -2,7 +2,10 @@
 its own NOTIFY_SOCKET (a Unix datagram socket) and checks that READY=1 comes
 only once the gRPC socket answers (packfeedctl health succeeds the moment
 READY arrives), that WATCHDOG=1 pings follow at WATCHDOG_USEC/2, and that
-SIGTERM sends STOPPING=1 and exits 0. Also: start-up errors are one clear
+SIGTERM sends STOPPING=1 and exits 0; that while start-up waits for a peer
+daemon, EXTEND_TIMEOUT_USEC comes every few seconds with a STATUS naming the
+peer (systemd's start timeout would otherwise end a long wait), and READY
+never comes for a start-up that failed. Also: start-up errors are one clear
 line and a non-zero exit.
 
 usage: daemon_readiness_test.py BIN_DIR SOURCE_ROOT"""
@@ -81,6 +84,42 @@ def test_notify(checks, bin_dir, work, prefix):
     print(f"notify: READY then health answered, {pings} watchdog pings in 1 s, STOPPING on SIGTERM")
 
 
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_peer_wait(checks, bin_dir, work, prefix):
+    peer = f"127.0.0.1:{free_port()}"  # nobody listens there
+    config = pathlib.Path(work, "peers.textproto")
+    config.write_text(config_text(f"{work}/peers.sock", prefix) +
+                      f'admin_tcp_address: "127.0.0.1:{free_port()}"\n'
+                      f'admin_tcp_token: "t"\npeers: "{peer}"\npeer_timeout_seconds: 6\n')
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(f"{work}/notify-peers")
+    env = dict(os.environ, NOTIFY_SOCKET=f"{work}/notify-peers")
+    daemon = subprocess.Popen([f"{bin_dir}/packfeedd", "--config", str(config)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    messages = []
+    while daemon.poll() is None or (messages and messages[-1] is not None):
+        messages.append(receive(notify, 1.0))
+    output = daemon.communicate(timeout=20)[0]
+    messages = [m for m in messages if m]
+    extensions = [m for m in messages if "EXTEND_TIMEOUT_USEC=15000000" in m]
+    checks.check("start-up extends its timeout while it waits for a peer (>= 2 in 6 s)",
+                 len(extensions) >= 2, messages)
+    checks.check("each extension's STATUS names the peer",
+                 bool(extensions) and all(f"STATUS=waiting for peer {peer}" in m
+                                          for m in extensions), extensions)
+    checks.check("no READY for a start-up that failed",
+                 not any("READY=1" in m for m in messages), messages)
+    checks.check("the unanswered peer fails start-up by name",
+                 daemon.returncode != 0 and f"peer {peer} did not answer" in output, output)
+    notify.close()
+    print(f"peer wait: {len(extensions)} start timeout extensions in 6 s, then one error line")
+
+
 def test_startup_errors(checks, bin_dir, work, prefix):
     """Each start-up error: a non-zero exit and one error line naming the cause."""
     readonly = pathlib.Path(work, "readonly")
@@ -138,6 +177,7 @@ def main():
                    check=True, capture_output=True)
     checks = Checks(None)
     test_notify(checks, bin_dir, work, prefix)
+    test_peer_wait(checks, bin_dir, work, prefix)
     test_startup_errors(checks, bin_dir, work, prefix)
     checks.finish()
 
