@@ -19,6 +19,9 @@ namespace {
 // Version 2 seals every record with a checksum; version 1 journals (before
 // checksums) are still read, and records appended to them are sealed.
 constexpr absl::string_view kHeader = "packfeed-ledger 2";
+
+// Where a compaction writes the new journal before renaming it over.
+std::string AsidePath(const std::string& journal_path) { return journal_path + ".compacting"; }
 constexpr absl::string_view kHeaderV1 = "packfeed-ledger 1";
 
 uint32_t RecordChecksum(absl::string_view record) {
@@ -88,6 +91,12 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_
                                                      const LedgerOptions& options) {
   std::unique_ptr<Ledger> ledger(new Ledger(journal_path, options));
   if (journal_path.empty()) return ledger;
+  // A compaction that crashed before its rename left the new journal aside;
+  // the old one, still in place, holds every record.
+  if (::unlink(AsidePath(journal_path).c_str()) == 0) {
+    spdlog::warn("ledger {}: removed {} left by a compaction that did not finish", journal_path,
+                 AsidePath(journal_path));
+  }
   absl::StatusOr<MappedFile> existing = MappedFile::Open(journal_path);
   if (existing.ok()) {
     const auto bytes = existing->bytes();
@@ -271,22 +280,30 @@ absl::Status Ledger::Compact() {
   }
   // Written aside, made durable, then renamed over: a crash leaves the old
   // journal or the new one, whole.
-  const std::string aside = journal_path_ + ".compacting";
+  const auto step_done = [this](const char* point) {
+    if (options_.compaction_step) options_.compaction_step(point);
+  };
+  const std::string aside = AsidePath(journal_path_);
   {
     const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (fd < 0) return ErrnoToStatus(errno, "open", aside);
     ScopedFd file(fd);
+    step_done("aside created");
     PF_RETURN_IF_ERROR(WriteFully(file.get(), aside, text));
     if (::fdatasync(file.get()) != 0) return ErrnoToStatus(errno, "fdatasync", aside);
+    step_done("aside synced");
   }
   if (::rename(aside.c_str(), journal_path_.c_str()) != 0) {
     return ErrnoToStatus(errno, "rename", aside);
   }
+  step_done("renamed");
   // Until the folder is synced the rename itself may be lost in a crash.
   PF_RETURN_IF_ERROR(SyncDirectoryOf(journal_path_));
+  step_done("folder synced");
   const int fd = ::open(journal_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, "open", journal_path_);
   journal_ = ScopedFd(fd);
+  step_done("reopened");
   spdlog::info("ledger {}: compacted {} lines into {}", journal_path_, journal_lines_, lines);
   journal_lines_ = lines;
   unsynced_ = false;

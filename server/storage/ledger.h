@@ -42,6 +42,7 @@
 // at re-attach restore (Claim).
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -78,6 +79,10 @@ std::vector<EpochShare> SharesOf(const std::vector<scheduler::SampleRef>& sample
 struct LedgerOptions {
   int64_t keep_steps = 1000;
   uint64_t compact_after_lines = uint64_t{1} << 16;
+  // Tests only: called at each step of a compaction by the step's name
+  // ("aside created", "aside synced", "renamed", "folder synced",
+  // "reopened"), so that a crash test can end the process there.
+  std::function<void(const char* point)> compaction_step;
 };
 
 class Ledger {
