@@ -333,6 +333,7 @@ PYBIND11_MODULE(_native, m) {
              py::dict out;
              out["samples"] = reply.samples;
              out["groups"] = reply.groups;
+             out["peers_behind"] = reply.peers_behind;
              return out;
            })
       .def("status",

@@ -177,7 +177,8 @@ absl::StatusOr<SealResult> Producer::Impl::Seal(int64_t step) {
   v1::SealReply reply;
   PF_RETURN_IF_ERROR(FromGrpc(ingest_->Seal(&context, request, &reply),
                               absl::StrCat("seal step ", step), options_.socket_path));
-  return SealResult{reply.samples(), reply.groups()};
+  return SealResult{
+      reply.samples(), reply.groups(), {reply.peers_behind().begin(), reply.peers_behind().end()}};
 }
 
 absl::StatusOr<IngestStreamStatus> Producer::Impl::Status() {

@@ -131,6 +131,30 @@ void FillDefaults(v1::JobConfig& job) {
   }
 }
 
+// IngestPeerTimes: the defaults config.proto names, then the ranges.
+absl::Status FillIngestPeerTimes(v1::IngestPeerTimes& times, absl::string_view source) {
+  if (times.room_wait_ms() == 0) times.set_room_wait_ms(30'000);
+  if (times.forward_timeout_ms() == 0) times.set_forward_timeout_ms(times.room_wait_ms() + 30'000);
+  if (times.seal_wait_ms() == 0) times.set_seal_wait_ms(10'000);
+  if (times.sync_interval_ms() == 0) times.set_sync_interval_ms(500);
+  struct Range {
+    const char* field;
+    uint32_t value, least, most;
+  };
+  for (const Range& range : {Range{"room_wait_ms", times.room_wait_ms(), 1, 3'600'000},
+                             Range{"forward_timeout_ms", times.forward_timeout_ms(),
+                                   times.room_wait_ms() + 1, 3'900'000},
+                             Range{"seal_wait_ms", times.seal_wait_ms(), 1, 3'600'000},
+                             Range{"sync_interval_ms", times.sync_interval_ms(), 50, 60'000}}) {
+    if (range.value < range.least || range.value > range.most) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ingest_peers.", range.field, ": ",
+                                                     range.value, " is out of [", range.least, ", ",
+                                                     range.most, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where) {
@@ -321,6 +345,7 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
     }
   }
   PF_RETURN_IF_ERROR(ValidateIngest(config, source));
+  PF_RETURN_IF_ERROR(FillIngestPeerTimes(*config.mutable_ingest_peers(), source));
   return config;
 }
 

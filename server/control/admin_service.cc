@@ -172,6 +172,25 @@ class AdminService final : public v1::Admin::CallbackService {
     return reactor;
   }
 
+  // From the peer daemon that forwards this one steps: what the stream holds
+  // here and how far its consumer jobs got.
+  grpc::ServerUnaryReactor* IngestStatus(grpc::CallbackServerContext* context,
+                                         const v1::IngestStatusRequest* request,
+                                         v1::IngestStatusReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream =
+        daemon_.ingest() != nullptr ? daemon_.ingest()->stream(request->stream()) : nullptr;
+    if (stream == nullptr) {
+      reactor->Finish(ToGrpcStatus(absl::NotFoundError(
+          absl::StrCat("no ingest stream '", request->stream(), "' on this daemon"))));
+      return reactor;
+    }
+    *reply->mutable_stream() = stream->Stats();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
   // Drain needs the token of every job that has one: it stops them all.
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const v1::DrainRequest* request, v1::DrainReply*) override {

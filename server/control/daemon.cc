@@ -312,8 +312,9 @@ absl::Status Daemon::StartIngest(const DaemonOptions& options) {
 Daemon::~Daemon() {
   metrics_.reset();  // no scrape asks the runners once they stop
   Shutdown();
-  // Puts still waiting are answered before the server stops.
+  // Puts and seals still waiting are answered before the server stops.
   if (ingest_ != nullptr) ingest_->Stop();
+  if (forwarder_ != nullptr) forwarder_->Stop();
   // The ranks' Watch streams end here, not by the server's deadline; the
   // ranks still get their goodbyes below.
   watches_.FinishAll();

@@ -36,40 +36,41 @@ class IngestService final : public v1::Ingest::CallbackService {
     absl::Status status = Check(*context, request->stream(), request->auth_token(),
                                 absl::StrCat("seal step ", request->step()), stream);
     PeerForwarder* forwarder = daemon_.forwarder();
-    if (status.ok()) {
-      // With peers, the step stays here until every peer has its bytes.
-      absl::StatusOr<v1::SealReply> sealed = stream->Seal(request->step(), forwarder != nullptr);
-      if (sealed.ok()) {
-        *reply = *std::move(sealed);
-        spdlog::info("ingest stream {}: step {} sealed with {} samples in {} groups",
-                     stream->name(), request->step(), reply->samples(), reply->groups());
-      } else {
-        spdlog::warn("ingest: seal refused: {}", std::string(sealed.status().message()));
-      }
-      status = sealed.status();
-    }
-    const int64_t step = request->step();
-    // Sealing again a step a peer did not take (it was down) forwards it
-    // again; still AlreadyExists once every peer has it.
-    const bool forward = forwarder != nullptr &&
-                         (status.ok() || (absl::IsAlreadyExists(status) && stream->Pin(step)));
-    if (!forward) {
+    if (!status.ok()) {
       reactor->Finish(ToGrpcStatus(status));
       return reactor;
     }
-    absl::StatusOr<v1::ForwardStepRequest> to_peers =
-        ForwardRequestOf(*stream, **stream->Sealed(step), request->auth_token());
-    if (!to_peers.ok()) {
-      stream->Unpin(step);
-      spdlog::warn("ingest: seal refused: {}", std::string(to_peers.status().message()));
-      reactor->Finish(ToGrpcStatus(to_peers.status()));
+    // With peers, the step stays here until every peer's ranks consumed it.
+    const int64_t step = request->step();
+    absl::StatusOr<v1::SealReply> sealed = stream->Seal(step, forwarder != nullptr);
+    if (!sealed.ok()) {
+      status = sealed.status();
+      if (forwarder != nullptr && absl::IsAlreadyExists(status)) {
+        status = forwarder->SealedAgain(*stream, step, status);
+      }
+      spdlog::warn("ingest: seal refused: {}", std::string(status.message()));
+      reactor->Finish(ToGrpcStatus(status));
       return reactor;
     }
-    forwarder->Forward(std::make_shared<v1::ForwardStepRequest>(*std::move(to_peers)),
-                       [reactor, stream, step, status](absl::Status forwarded) {
-                         stream->Unpin(step);
-                         reactor->Finish(ToGrpcStatus(forwarded.ok() ? status : forwarded));
-                       });
+    *reply = *std::move(sealed);
+    spdlog::info("ingest stream {}: step {} sealed with {} samples in {} groups", stream->name(),
+                 step, reply->samples(), reply->groups());
+    if (forwarder == nullptr) {
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    status = forwarder->Hand(*stream, step, request->auth_token(),
+                             [reactor, reply](std::vector<std::string> behind) {
+                               for (std::string& peer : behind) {
+                                 reply->add_peers_behind(std::move(peer));
+                               }
+                               reactor->Finish(grpc::Status::OK);
+                             });
+    if (!status.ok()) {
+      spdlog::warn("ingest: step {} sealed but not forwarded: {}", step,
+                   std::string(status.message()));
+      reactor->Finish(ToGrpcStatus(status));
+    }
     return reactor;
   }
 

@@ -81,6 +81,28 @@ SampleLayout LayoutOf(const v1::IngestSample& sample, const std::vector<int>& st
 // Each sample's buffer starts aligned for its int64 tokens (and any field).
 uint64_t AlignedToSample(uint64_t bytes) { return (bytes + 15) & ~uint64_t{15}; }
 
+// The put's fields by their index in the stream.
+std::vector<int> StreamFieldsOf(const v1::PutRequest& put, const IngestStream& stream) {
+  std::vector<int> stream_field;
+  for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
+  return stream_field;
+}
+
+// The memory the samples of `put` that are kept (`wanted`; all when null)
+// take as Transfer allocates them, padding included: what the budget
+// counts.
+uint64_t HeldBytes(const v1::PutRequest& put, const IngestStream& stream,
+                   const std::vector<bool>* wanted) {
+  const std::vector<int> stream_field = StreamFieldsOf(put, stream);
+  uint64_t total = 0;
+  for (int i = 0; i < put.samples_size(); ++i) {
+    if (wanted == nullptr || (*wanted)[static_cast<size_t>(i)]) {
+      total += AlignedToSample(LayoutOf(put.samples(i), stream_field).bytes);
+    }
+  }
+  return total;
+}
+
 absl::Status InForward(const v1::ForwardStepRequest& forward, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("forwarded step ", forward.step(), " of stream ",
                                                   forward.stream(), ": ", status.message()));
@@ -134,13 +156,13 @@ void IngestServer::Put(const v1::PutRequest& put,
     done(absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream(), "'")));
     return;
   }
-  absl::StatusOr<uint64_t> bytes = target->CheckPut(put);
-  if (!bytes.ok()) {
-    spdlog::warn("ingest: put refused: {}", std::string(bytes.status().message()));
-    done(bytes.status());
+  if (absl::Status valid = target->CheckPut(put).status(); !valid.ok()) {
+    spdlog::warn("ingest: put refused: {}", std::string(valid.message()));
+    done(valid);
     return;
   }
-  auto run = [this, &put, target, bytes = *bytes, done](absl::Status room) {
+  const uint64_t bytes = HeldBytes(put, *target, nullptr);
+  auto run = [this, &put, target, bytes, done](absl::Status room) {
     absl::StatusOr<v1::PutReply> reply = absl::UnknownError("not run");
     if (!room.ok()) {
       reply = room;
@@ -156,7 +178,7 @@ void IngestServer::Put(const v1::PutRequest& put,
     if (!reply.ok()) spdlog::warn("ingest: put refused: {}", std::string(reply.status().message()));
     done(std::move(reply));
   };
-  Enqueue({target, *bytes, put.timeout_ms(), {}, false, std::move(run)});
+  Enqueue({target, bytes, put.timeout_ms(), {}, false, std::move(run)});
 }
 
 void IngestServer::Forward(const v1::ForwardStepRequest& forward,
@@ -204,10 +226,8 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
   size_t next = 0;
   for (const v1::PutRequest& put : forward.puts()) {
     std::vector<bool>& of_put = wanted->emplace_back();
-    for (int i = 0; i < put.samples_size(); ++i, ++next) {
-      of_put.push_back((*local)[next]);
-      if ((*local)[next]) bytes += SampleBytes(put.samples(i));
-    }
+    for (int i = 0; i < put.samples_size(); ++i, ++next) of_put.push_back((*local)[next]);
+    bytes += HeldBytes(put, *target, &of_put);
   }
   reply.set_samples(step->samples.size());
   reply.set_samples_fetched(static_cast<uint64_t>(std::count(local->begin(), local->end(), true)));
@@ -355,9 +375,7 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
   auto is_wanted = [wanted](int i) {
     return wanted == nullptr || (*wanted)[static_cast<size_t>(i)];
   };
-  // Put order of the fields -> stream order.
-  std::vector<int> stream_field;
-  for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
+  const std::vector<int> stream_field = StreamFieldsOf(put, stream);
   // Every wanted sample in one allocation, each at an aligned start.
   std::vector<SampleLayout> layouts(static_cast<size_t>(put.samples_size()));
   uint64_t total = 0;

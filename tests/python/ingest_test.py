@@ -167,7 +167,7 @@ class IngestTest(unittest.TestCase):
                 producer.put(step, samples[:16])
                 producer.put(step, samples[16:])
                 sealed = producer.seal(step)
-                self.assertEqual(sealed, {"samples": 32, "groups": 8})
+                self.assertEqual(sealed, {"samples": 32, "groups": 8, "peers_behind": []})
             # The plans, while the steps are held (consumed, they are freed).
             plans = {(job, step): daemon.ctl_json("plan-step", "--job", job, str(step))
                      for job in ("actor", "ref") for step in range(steps)}
@@ -393,7 +393,7 @@ class IngestTest(unittest.TestCase):
                         who.put(step, samples)
                     self.assertIn(words, str(raised.exception))
             producer.put(0, good[4:])
-            self.assertEqual(producer.seal(0), {"samples": 8, "groups": 2})
+            self.assertEqual(producer.seal(0), {"samples": 8, "groups": 2, "peers_behind": []})
             with self.assertRaises(packfeed.AlreadyExistsError):
                 producer.seal(0)
             with self.assertRaises(packfeed.FailedPreconditionError) as sealed:

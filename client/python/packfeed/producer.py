@@ -59,7 +59,9 @@ class Producer:
 
     def seal(self, step):
         """Closes `step`: the consumer jobs plan and serve it. Returns its
-        sample and group counts."""
+        sample and group counts, and ``peers_behind``: with peer daemons,
+        those that had not taken the step within the daemon's seal wait
+        (the daemon keeps forwarding it to them)."""
         return self._native.seal(step)
 
     def status(self):

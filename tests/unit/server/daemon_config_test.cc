@@ -164,6 +164,27 @@ TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddressWithAToken) {
                   .ok());
 }
 
+TEST(DaemonConfigTest, IngestPeerTimesHaveDefaultsAndRanges) {
+  absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig(kJob, "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->ingest_peers().room_wait_ms(), 30'000u);
+  EXPECT_EQ(config->ingest_peers().forward_timeout_ms(), 60'000u);
+  EXPECT_EQ(config->ingest_peers().seal_wait_ms(), 10'000u);
+  EXPECT_EQ(config->ingest_peers().sync_interval_ms(), 500u);
+  config = ParseDaemonConfig(absl::StrCat("ingest_peers { room_wait_ms: 1000 }\n", kJob), "c");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->ingest_peers().forward_timeout_ms(), 31'000u);  // follows the room wait
+  for (const auto& [field, message] : std::vector<std::pair<std::string, std::string>>{
+           {"room_wait_ms: 3600001", "ingest_peers.room_wait_ms: 3600001 is out of [1, 3600000]"},
+           {"room_wait_ms: 5000 forward_timeout_ms: 5000",
+            "ingest_peers.forward_timeout_ms: 5000 is out of [5001, 3900000]"},
+           {"seal_wait_ms: 4000000", "ingest_peers.seal_wait_ms: 4000000 is out of"},
+           {"sync_interval_ms: 10", "ingest_peers.sync_interval_ms: 10 is out of [50, 60000]"}}) {
+    EXPECT_THAT(Message(absl::StrCat("ingest_peers { ", field, " }\n", kJob)), HasSubstr(message))
+        << field;
+  }
+}
+
 TEST(DaemonConfigTest, AdminTlsNeedsTheTcpListenerAndAllThreeFiles) {
   EXPECT_THAT(Message(absl::StrCat(
                   "admin_tls { cert_file: \"c\" key_file: \"k\" ca_file: \"a\" }\n", kJob)),

@@ -56,6 +56,9 @@ struct PutResult {
 struct SealResult {
   uint64_t samples = 0;
   uint64_t groups = 0;
+  // With peer daemons: those that had not taken the step within the
+  // daemon's seal wait. The step is sealed; the daemon goes on forwarding it.
+  std::vector<std::string> peers_behind;
 };
 
 // An ingest stream as the daemon reports it (Producer::Status).
