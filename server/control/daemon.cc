@@ -131,6 +131,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                                                       const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = config;
+  if (config.memory_budget_bytes() == 0) {
+    daemon->config_.set_memory_budget_bytes(DefaultMemoryBudget());
+    spdlog::info(
+        "memory budget {} MiB: a quarter of this node's memory (memory_budget_bytes "
+        "unset)",
+        daemon->config_.memory_budget_bytes() >> 20);
+  }
   if (!config.state_dir().empty() && mkdir(config.state_dir().c_str(), 0750) != 0 &&
       errno != EEXIST) {
     return ErrnoToStatus(errno, "state_dir: mkdir", config.state_dir());
@@ -139,7 +146,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   if (config.read_threads() > 0) {
     storage_options.read_threads = static_cast<int>(config.read_threads());
   }
-  storage_options.memory_budget_bytes = config.memory_budget_bytes();
+  storage_options.memory_budget_bytes = daemon->config_.memory_budget_bytes();
   daemon->storage_ = std::make_unique<Storage>(storage_options);
   Storage& storage = *daemon->storage_;
   const DatasetOpener open = [&storage](const std::string& prefix) { return storage.Open(prefix); };

@@ -1,20 +1,68 @@
 #include "server/storage/storage.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <list>
 #include <optional>
 #include <set>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
+
+namespace {
+
+// The memory limit of this process's cgroup, if any: v2's memory.max or
+// v1's memory.limit_in_bytes ("max", or a huge number, when unlimited).
+std::optional<uint64_t> CgroupMemoryLimit() {
+  absl::StatusOr<std::string> groups = ReadWholeFile("/proc/self/cgroup");
+  if (!groups.ok()) return std::nullopt;
+  std::optional<uint64_t> least;
+  for (absl::string_view line : absl::StrSplit(*groups, '\n', absl::SkipEmpty())) {
+    // hierarchy-id:controllers:path
+    std::vector<absl::string_view> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    std::string file;
+    if (parts[0] == "0" && parts[1].empty()) {
+      file = absl::StrCat("/sys/fs/cgroup", parts[2], "/memory.max");
+    } else if (absl::StrContains(parts[1], "memory")) {
+      file = absl::StrCat("/sys/fs/cgroup/memory", parts[2], "/memory.limit_in_bytes");
+    } else {
+      continue;
+    }
+    absl::StatusOr<std::string> text = ReadWholeFile(file);
+    uint64_t limit = 0;
+    if (text.ok() && absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &limit) &&
+        limit < (uint64_t{1} << 60)) {
+      least = std::min(least.value_or(limit), limit);
+    }
+  }
+  return least;
+}
+
+}  // namespace
+
+uint64_t DefaultMemoryBudget() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  uint64_t usable = pages > 0 && page_size > 0
+                        ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size)
+                        : uint64_t{4} << 30;
+  if (std::optional<uint64_t> limit = CgroupMemoryLimit()) usable = std::min(usable, *limit);
+  return usable / 4;
+}
 namespace {
 
 constexpr size_t kLatencyWindow = 4096;

@@ -61,6 +61,14 @@
 
 namespace packfeed::server {
 
+// The memory budget when the configuration sets none: a quarter of what
+// this process may use, the node's physical memory or its cgroup's limit
+// (v1 or v2), whichever is less. Large enough that another job reading the
+// same files a few steps behind (or the same job after a restart) reads
+// nothing again; small enough to leave the trainers their page cache and
+// pinned buffers.
+uint64_t DefaultMemoryBudget();
+
 struct StorageOptions {
   int read_threads = 8;
   // Adjacent samples are read with one request up to this size.

@@ -1,6 +1,7 @@
 """packfeedd end to end on generated datasets, against thd_reference.py:
 TP2×PP2×CP2×DP2 with balanced and dynamic_cp; two daemons hosting halves of
-the ranks; two jobs of different topologies on one daemon; every attach
+the ranks; two jobs of different topologies on one daemon; two jobs on one
+dataset at different times read it once (the default budget); every attach
 error; a client killed mid-stream.
 
 usage: daemon_serving_test.py BIN_DIR SOURCE_ROOT"""
@@ -144,6 +145,38 @@ def test_two_jobs(checks, bin_dir, prefix, dataset):
                 expected_dumps(daemon, "wide", dataset, (2, 1, 1, 4), True, 2))
 
 
+def test_two_jobs_read_once(checks, bin_dir, prefix):
+    """Two jobs on one dataset (same seed: the same samples), the second
+    started only after the first consumed its steps, as a second job on the
+    node or an evaluation run would: with the default budget (a quarter of
+    the node's memory) the second reads nothing again. With a budget of
+    1 byte nothing is kept and it reads the samples a second time, which
+    shows what the default buys."""
+    text = (job_text("early", prefix, tp=1, pp=1, cp=1, dp=2, scheduler="balanced") +
+            job_text("late", prefix, tp=1, pp=1, cp=1, dp=2, scheduler="balanced"))
+    figures = {}
+    for label, budget in (("default budget", ""), ("1-byte budget", "memory_budget_bytes: 1\n")):
+        with Daemon(bin_dir, budget + text, name=f"readonce{len(budget)}") as daemon:
+            early = {r: d["steps"] for r, d in daemon.dump_ranks("early", range(2), 4).items()}
+            late = {r: d["steps"] for r, d in daemon.dump_ranks("late", range(2), 4).items()}
+            checks.check(f"read once ({label}): both jobs served the same batches",
+                         early == late and len(early) == 2, (len(early), len(late)))
+            storage = daemon.ctl_json("stats")["storage"]
+        figures[label] = (float(storage["io_amplification"]), int(storage["bytes_read"]),
+                          int(storage.get("bytes_kept", 0)), int(storage["memory_budget_bytes"]))
+    amplification, read, kept, budget = figures["default budget"]
+    checks.check("read once: the default budget is set (not unbounded)", budget > 1 << 20, budget)
+    checks.check("read once: the late job read nothing again (amplification 1.00)",
+                 amplification == 1.0, figures)
+    checks.check("read once: samples no step needs are kept for it", kept > 0, figures)
+    # Not exactly 2: a request that reads adjacent samples for the late job
+    # may also cover what the early one still held.
+    checks.check("read once: with nothing kept the late job reads again (amplification > 1.5)",
+                 figures["1-byte budget"][0] > 1.5, figures)
+    print(f"two jobs read once: amplification {amplification} ({read} bytes read, {kept} kept, "
+          f"budget {budget >> 20} MiB); with a 1-byte budget {figures['1-byte budget'][0]}")
+
+
 def test_attach_errors(checks, bin_dir, prefix):
     text = job_text("job", prefix, tp=1, pp=1, token="s3cret", local_ranks=[0, 1, 2])
     with Daemon(bin_dir, text, name="errors") as daemon:
@@ -227,6 +260,7 @@ def main():
         test_reference(checks, bin_dir, prefix, dataset, scheduler)
     test_two_daemons(checks, bin_dir, prefix, dataset, workdir)
     test_two_jobs(checks, bin_dir, prefix, dataset)
+    test_two_jobs_read_once(checks, bin_dir, prefix)
     test_attach_errors(checks, bin_dir, prefix)
     test_client_killed(checks, bin_dir, prefix, dataset)
     checks.finish()
