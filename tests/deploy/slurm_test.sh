@@ -3,16 +3,18 @@
 # munged, slurmctld and two slurmd (nodes n1 and n2 on this host) with a
 # minimal config made here, and runs deploy/slurm/packfeed_srun.sh inside
 # `salloc -N2 -n4` (block and cyclic task layouts) and through the example
-# sbatch file, with print_batches as the training command: every rank gets
-# its data from the daemon of the node it runs on, the daemons check each
+# sbatch file, with `packfeedctl dump` as the training command: every rank
+# gets its data from the daemon of the node it runs on, and its fields (every
+# byte, every step) must equal the reference built from the plan and the
+# files (slurm_reference.py, after the runs), whatever the layout; the daemons check each
 # other (fingerprints, and that their ranks partition the job) over TCP, both
 # serve and stop cleanly, and no packfeedd is left behind. A deliberately
 # broken layout (a rank on two nodes, one on none) is refused by name. The
 # Slurm and munge daemons this test started are stopped at the end.
 # Skips (exit 77) only where the machine forbids it (neither root nor sudo).
-# usage: slurm_test.sh SOURCE_ROOT BIN_DIR CLIENT_BIN_DIR
+# usage: slurm_test.sh SOURCE_ROOT BIN_DIR
 set -euo pipefail
-source_root=$1 bin_dir=$2 client_bin=$3
+source_root=$1 bin_dir=$2
 sudo=""
 if [[ $(id -u) -ne 0 ]]; then
   sudo -n true 2>/dev/null || { echo "SKIP: Slurm needs root or passwordless sudo"; exit 77; }
@@ -88,16 +90,17 @@ jobs {
   datasets { prefix: "$work/data" }
   topology { tp: 1 cp: 2 dp: 2 }
   global_batch: 8
-  seq_length: 256
+  seq_length: 400
   eod_id: 32000
   append_eod: true
-  scheduler { kind: "dynamic_cp" max_tokens_per_rank: 256 }
+  scheduler { kind: "dynamic_cp" max_tokens_per_rank: 512 }
 }
 JOBS
-# The "training command": each task prints what its rank received.
+# The "training command": each task writes what its rank received.
 cat >"$work/train.sh" <<TRAIN
 #!/usr/bin/env bash
-exec "$client_bin/print_batches" --socket "\$PACKFEED_SOCKET" --job job --rank "\$SLURM_PROCID" --steps 2
+exec "$bin_dir/packfeedctl" dump --socket "\$PACKFEED_SOCKET" --job job --rank "\$SLURM_PROCID" \\
+  --steps 2 --json >"\$PACKFEED_RUN_DIR/rank-\$SLURM_PROCID.json"
 TRAIN
 chmod +x "$work/train.sh"
 
@@ -105,9 +108,7 @@ fail=0
 check() {  # check NAME OUTPUT_FILE [RANKS_OF_N1 RANKS_OF_N2]
   local name=$1 out=$2 failed_before=$fail
   for rank in 0 1 2 3; do
-    local lines
-    lines=$(grep -c "^rank  *$rank step [01]:" "$out" || true)
-    if [[ $lines -ne 2 ]]; then echo "FAILED $name: rank $rank printed $lines of 2 steps"; fail=1; fi
+    [[ -s $run_dir/rank-$rank.json ]] || { echo "FAILED $name: rank $rank wrote nothing"; fail=1; }
   done
   grep -q "daemons stopped; training exited 0" "$out" || { echo "FAILED $name: no clean stop"; fail=1; }
   for node in n1 n2; do
@@ -170,4 +171,8 @@ run_dir=$work/run-sbatch
   timeout 300 sbatch --wait --nodes=2 --ntasks-per-node=2 --output="$work/sbatch.out" \
   deploy/slurm/packfeed.sbatch >/dev/null) || { cat "$work/sbatch.out"; echo "FAILED: sbatch run"; fail=1; }
 check sbatch "$work/sbatch.out" 0,1 2,3
+
+# Every rank's bytes in the three served runs against the reference.
+python3 "$source_root/tests/deploy/slurm_reference.py" "$bin_dir" "$work/jobs.textproto" \
+  "$work/data" "$work"/run-{salloc,cyclic,sbatch} || fail=1
 exit $fail

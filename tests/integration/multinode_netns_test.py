@@ -1,13 +1,15 @@
 """Two "hosts" in network namespaces the test makes (veth, 10.213.7.0/30):
 a packfeedd in each hosting half of the ranks, checking the other's
 fingerprint over TCP at start-up, and clients in each namespace receiving
-their ranks' data. A daemon whose job differs from its peer's, one with another admin
+their ranks' data, each rank's fields equal to the reference built from the
+plan and the files. A daemon whose job differs from its peer's, one with another admin
 token, and one whose peer never answers, fail start-up with one clear line.
 
 Skips (exit 77, with the reason) where the machine forbids network
 namespaces (not root, or `ip netns add` refused).
 
 usage: multinode_netns_test.py BIN_DIR SOURCE_ROOT"""
+import json
 import os
 import pathlib
 import subprocess
@@ -16,7 +18,8 @@ import tempfile
 import time
 
 from ctl_checks import Checks
-from daemon_serving_test import job_text
+from daemon_serving_test import compare, expected_dumps, job_text
+from thd_reference import Dataset
 
 SUFFIX = str(os.getpid())
 HOSTS = {"a": "10.213.7.1", "b": "10.213.7.2"}
@@ -80,6 +83,19 @@ def wait_healthy(bin_dir, socket, process, log):
     raise RuntimeError(f"packfeedd did not become ready: {pathlib.Path(log).read_text()}")
 
 
+class Ctl:
+    """packfeedctl against one daemon's socket (reachable from any network
+    namespace: it is a file)."""
+
+    def __init__(self, bin_dir, socket):
+        self.bin_dir, self.socket = bin_dir, socket
+
+    def ctl_json(self, *args):
+        result = subprocess.run([f"{self.bin_dir}/packfeedctl", *args, "--socket", self.socket,
+                                 "--json"], capture_output=True, text=True, check=True)
+        return json.loads(result.stdout)
+
+
 def failed_start(checks, bin_dir, names, work, name, path, expected):
     result = subprocess.run(["ip", "netns", "exec", names["b"], f"{bin_dir}/packfeedd",
                              "--config", str(path)], capture_output=True, text=True, timeout=60)
@@ -117,10 +133,20 @@ def main():
              f"{work}/{h}-{PORT}.sock", "--job", "job", "--rank", str(r), "--steps", "2", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for h in HOSTS for r in halves[h]}
+        dumps = {}
         for (host, rank), process in clients.items():
             stdout, stderr = process.communicate(timeout=120)
             checks.check(f"host {host} rank {rank} served in its namespace",
-                         process.returncode == 0 and '"steps"' in stdout, stderr)
+                         process.returncode == 0, stderr)
+            if process.returncode == 0:
+                dumps[rank] = json.loads(stdout)
+        # Every rank's bytes, from either host, equal the reference built
+        # from the plan and the files (the plan asked of host a).
+        expected = expected_dumps(Ctl(bin_dir, f"{work}/a-{PORT}.sock"), "job",
+                                  Dataset(f"{work}/data"), (2, 2, 2, 2), True, 2)
+        checks.check("every rank of both hosts served", sorted(dumps) == list(range(16)),
+                     sorted(dumps))
+        compare(checks, "two hosts", dumps, expected)
         failed_start(checks, bin_dir, names, work, "a peer with another seed",
                      config(work, "b", halves["b"], [f"{HOSTS['a']}:{PORT}"], seed=8, port=7071),
                      ["fingerprint", "sampler differ", f"{HOSTS['a']}:{PORT}"])
@@ -135,7 +161,8 @@ def main():
         failed_start(checks, bin_dir, names, work, "a peer that never answers",
                      config(work, "b", halves["b"], [f"{HOSTS['a']}:7999"], port=7072, timeout=2),
                      [f"peer {HOSTS['a']}:7999 did not answer within 2 s"])
-        print(f"two hosts: {len(clients)} ranks served across namespaces; fingerprints and the "
+        print(f"two hosts: {len(clients)} ranks served across namespaces, each equal to the "
+              "reference; fingerprints and the "
               "rank partition checked over TCP; a mismatched, an overlapping, a wrong-token and "
               "a silent peer refused")
     finally:
