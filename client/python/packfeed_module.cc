@@ -314,6 +314,16 @@ PYBIND11_MODULE(_native, m) {
              out["next_microbatch"] = state.next_microbatch;
              return out;
            })
+      .def("times",
+           [](const Client& client) {
+             const packfeed::client::TrainerTimes times = client.Times();
+             py::dict out;
+             out["wait_seconds"] = absl::ToDoubleSeconds(times.waited);
+             out["busy_seconds"] = absl::ToDoubleSeconds(times.busy);
+             out["calls"] = times.calls;
+             out["input_bound"] = times.input_bound();
+             return out;
+           })
       .def_property_readonly("fingerprint", &Client::fingerprint)
       .def_property_readonly("num_chunks", &Client::num_chunks)
       .def_property_readonly("memory_kind", [](const Client& client) {

@@ -31,6 +31,11 @@ class Client::Impl {
   absl::StatusOr<Microbatch> Next(absl::Duration timeout, void* cuda_stream);
   absl::Status Release();
   ClientState State() const;
+  TrainerTimes Times() const { return times_; }
+  // Counts a NextStep or Next call that began at `entered` as waiting, the
+  // time since the previous one returned as busy, and reports them to the
+  // daemon when a report is due.
+  void Measured(absl::Time entered);
   const std::string& fingerprint() const { return fingerprint_; }
   const ClientOptions& options() const { return options_; }
   MemoryKind memory_kind() const { return receiver_->memory_kind(); }
@@ -43,6 +48,8 @@ class Client::Impl {
     std::unique_ptr<v1::Admin::Stub> admin;
     std::unique_ptr<WatchStream> watch;  // while attached
   };
+  v1::RankTimes RankTimesNow() const;
+  void ReportTimes();  // without waiting for the daemon's answer
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
   absl::Status AttachAt(int64_t start_step, int start_microbatch);
@@ -67,7 +74,13 @@ class Client::Impl {
   // step starts at this microbatch.
   int64_t resume_step_ = -1;
   int resume_microbatch_ = 0;
+  TrainerTimes times_;
+  std::optional<absl::Time> returned_;  // when the last NextStep/Next returned
+  absl::Time reported_ = absl::InfinitePast();
 };
+
+// How often the trainer's times are reported while it takes microbatches.
+constexpr absl::Duration kReportEvery = absl::Seconds(1);
 
 namespace {
 
@@ -125,13 +138,20 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 absl::Status Client::Detach() { return impl_->Detach(); }
 absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
-  return impl_->NextStep(timeout);
+  const absl::Time entered = absl::Now();
+  absl::StatusOr<StepInfo> step = impl_->NextStep(timeout);
+  impl_->Measured(entered);
+  return step;
 }
 absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout, void* cuda_stream) {
-  return impl_->Next(timeout, cuda_stream);
+  const absl::Time entered = absl::Now();
+  absl::StatusOr<Microbatch> microbatch = impl_->Next(timeout, cuda_stream);
+  impl_->Measured(entered);
+  return microbatch;
 }
 absl::Status Client::Release() { return impl_->Release(); }
 ClientState Client::State() const { return impl_->State(); }
+TrainerTimes Client::Times() const { return impl_->Times(); }
 const std::string& Client::fingerprint() const { return impl_->fingerprint(); }
 const ClientOptions& Client::options() const { return impl_->options(); }
 MemoryKind Client::memory_kind() const { return impl_->memory_kind(); }
@@ -260,6 +280,7 @@ absl::Status Client::Impl::Detach() {
   request.mutable_consumed_to()->set_step(state.next_step);
   request.mutable_consumed_to()->set_microbatch(static_cast<uint32_t>(state.next_microbatch));
   request.set_ring_slots(options_.slots);
+  *request.mutable_times() = RankTimesNow();
   // A daemon that is away (restarting) is waited for a while: what this rank
   // took from its ring after the daemon died reaches the ledger only this way.
   absl::Status detached = RetryWithBackoff(
@@ -276,6 +297,46 @@ absl::Status Client::Impl::Detach() {
   // After the detach: the stream's end is then no news to the daemon.
   control_->watch.reset();
   return detached;
+}
+
+void Client::Impl::Measured(absl::Time entered) {
+  const absl::Time now = absl::Now();
+  if (returned_.has_value()) times_.busy += entered - *returned_;
+  times_.waited += now - entered;
+  ++times_.calls;
+  returned_ = now;
+  if (now - reported_ >= kReportEvery) {
+    reported_ = now;
+    ReportTimes();
+  }
+}
+
+v1::RankTimes Client::Impl::RankTimesNow() const {
+  v1::RankTimes times;
+  times.set_wait_seconds(absl::ToDoubleSeconds(times_.waited));
+  times.set_busy_seconds(absl::ToDoubleSeconds(times_.busy));
+  times.set_calls(times_.calls);
+  return times;
+}
+
+void Client::Impl::ReportTimes() {
+  if (control_ == nullptr || connection_id_ == 0) return;
+  // The call owns what it needs: a report may be answered after this
+  // client is gone. A lost report is replaced by the next (they are sums).
+  struct Call {
+    grpc::ClientContext context;
+    v1::ReportRequest request;
+    v1::ReportReply reply;
+  };
+  auto call = std::make_shared<Call>();
+  SetDeadline(call->context, absl::Seconds(5));
+  call->request.set_job(options_.job);
+  call->request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
+  call->request.set_connection_id(connection_id_);
+  call->request.set_auth_token(options_.auth_token);
+  *call->request.mutable_times() = RankTimesNow();
+  control_->control->async()->Report(&call->context, &call->request, &call->reply,
+                                     [call](grpc::Status) {});
 }
 
 absl::StatusOr<transport::ReceivedSlot> Client::Impl::Receive(absl::Duration timeout) {

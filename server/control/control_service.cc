@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "packfeed/common/status_macros.h"
 #include "server/control/attach_check.h"
 #include "server/control/services.h"
 #include "spdlog/spdlog.h"
@@ -25,6 +26,20 @@ absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
         "no job '", request.job(), "' on this daemon (jobs: ", absl::StrJoin(names, ", "), ")"));
   }
   return CheckAttachRequest(runner->job(), request);
+}
+
+// The runner of `job` for a call of an attached rank's (detach, report):
+// the caller's uid is allowed, the job exists and `token` is its own.
+absl::StatusOr<JobRunner*> RankCallRunner(const Daemon& daemon,
+                                          const grpc::CallbackServerContext& context,
+                                          const std::string& job, const std::string& token,
+                                          const std::string& action) {
+  PF_RETURN_IF_ERROR(daemon.CheckCaller(context, absl::StrCat(action, " job ", job)));
+  JobRunner* runner = daemon.runner(job);
+  if (runner == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job, "'"));
+  PF_RETURN_IF_ERROR(CheckToken(token, runner->job().config().auth_token(),
+                                absl::StrCat("auth token for job ", job)));
+  return runner;
 }
 
 // A Watch call refused before it starts.
@@ -87,30 +102,39 @@ class ControlService final : public v1::Control::CallbackService {
                                    const v1::DetachRequest* request,
                                    v1::DetachReply* /*reply*/) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    JobRunner* runner = daemon_.runner(request->job());
-    if (absl::Status caller =
-            daemon_.CheckCaller(*context, absl::StrCat("detach from job ", request->job()));
-        !caller.ok()) {
-      reactor->Finish(ToGrpcStatus(caller));
-    } else if (runner == nullptr) {
-      reactor->Finish(
-          ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'"))));
-    } else if (absl::Status token =
-                   CheckToken(request->auth_token(), runner->job().config().auth_token(),
-                              absl::StrCat("auth token for job ", request->job()));
-               !token.ok()) {
-      reactor->Finish(ToGrpcStatus(token));
-    } else {
-      std::optional<JobRunner::DetachPosition> consumed_to;
-      if (request->has_consumed_to()) {
-        consumed_to = JobRunner::DetachPosition{
-            {request->consumed_to().step(), static_cast<int>(request->consumed_to().microbatch())},
-            request->ring_slots()};
-      }
-      runner->Detach(static_cast<int>(request->global_rank()), request->connection_id(),
-                     consumed_to,
-                     [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+    absl::StatusOr<JobRunner*> runner =
+        RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "detach from");
+    if (!runner.ok()) {
+      reactor->Finish(ToGrpcStatus(runner.status()));
+      return reactor;
     }
+    std::optional<JobRunner::DetachPosition> consumed_to;
+    if (request->has_consumed_to()) {
+      consumed_to = JobRunner::DetachPosition{
+          {request->consumed_to().step(), static_cast<int>(request->consumed_to().microbatch())},
+          request->ring_slots()};
+    }
+    std::optional<v1::RankTimes> times;
+    if (request->has_times()) times = request->times();
+    (*runner)->Detach(static_cast<int>(request->global_rank()), request->connection_id(),
+                      consumed_to, std::move(times),
+                      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Report(grpc::CallbackServerContext* context,
+                                   const v1::ReportRequest* request,
+                                   v1::ReportReply* /*reply*/) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::StatusOr<JobRunner*> runner =
+        RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "report to");
+    if (!runner.ok()) {
+      reactor->Finish(ToGrpcStatus(runner.status()));
+      return reactor;
+    }
+    (*runner)->Report(static_cast<int>(request->global_rank()), request->connection_id(),
+                      request->times(),
+                      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
     return reactor;
   }
 

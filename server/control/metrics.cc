@@ -135,6 +135,12 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
       {"packfeed_job_slowest_rank_steps_behind", "gauge",
        "Steps between the local ranks that consumed most and least.",
        [](const v1::JobStats& j) { return static_cast<double>(j.slowest_rank_steps_behind()); }},
+      {"packfeed_job_wait_seconds_total", "counter",
+       "Time the job's local trainers spent blocked waiting for data, summed over ranks.",
+       [](const v1::JobStats& j) { return j.wait_seconds(); }},
+      {"packfeed_job_input_bound", "gauge",
+       "The largest share of step time a local rank's trainer spent waiting for data.",
+       [](const v1::JobStats& j) { return j.input_bound(); }},
   };
   for (const JobFigure& figure : job_figures) {
     Family family(&out, figure.name, figure.type, figure.help);
@@ -159,6 +165,15 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
        [](const v1::RankStats& r, int64_t) { return static_cast<double>(r.slots_in_flight()); }},
       {"packfeed_rank_consumed_step", "gauge", "The step of the next microbatch to consume.",
        [](const v1::RankStats& r, int64_t) { return static_cast<double>(r.consumed_step()); }},
+      {"packfeed_rank_wait_seconds_total", "counter",
+       "Time the rank's trainer spent blocked in NextStep/Next waiting for data.",
+       [](const v1::RankStats& r, int64_t) { return r.wait_seconds(); }},
+      {"packfeed_rank_busy_seconds_total", "counter",
+       "Time the rank's trainer spent between its calls for data (its own work).",
+       [](const v1::RankStats& r, int64_t) { return r.busy_seconds(); }},
+      {"packfeed_rank_input_bound", "gauge",
+       "The share of the rank's step time its trainer spent waiting for data.",
+       [](const v1::RankStats& r, int64_t) { return r.input_bound(); }},
       {"packfeed_rank_steps_behind", "gauge",
        "Steps the rank has consumed fewer than the job's most advanced local rank.",
        [](const v1::RankStats& r, int64_t most) {

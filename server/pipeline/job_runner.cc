@@ -34,8 +34,19 @@ struct JobRunner::RankState {
   std::deque<InFlight> in_flight;
   uint64_t ledgered = 0;  // releases moved into the ledger
   uint32_t ring_slots = 0;
+  // The trainer's time as its client reported it: this connection's latest
+  // figures, and the sum of the rank's earlier connections'.
+  v1::RankTimes times;
+  v1::RankTimes earlier_times;
 
   bool live() const { return !failed && !detached; }
+  v1::RankTimes all_times() const {
+    v1::RankTimes all = earlier_times;
+    all.set_wait_seconds(all.wait_seconds() + times.wait_seconds());
+    all.set_busy_seconds(all.busy_seconds() + times.busy_seconds());
+    all.set_calls(all.calls() + times.calls());
+    return all;
+  }
 };
 
 // A step being fetched or held: its samples stay in the storage while the
@@ -144,9 +155,11 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
                        plan.plan.num_microbatches(), " microbatches"));
     }
   }
+  v1::RankTimes earlier_times;
   if (existing != ranks_.end()) {
     AccountReleases(existing->second);
     sender_->Disconnect(existing->second.connection_id).IgnoreError();
+    earlier_times = existing->second.all_times();
     ranks_.erase(existing);
   }
   PF_ASSIGN_OR_RETURN(Ledger::AttachResult resume, ledger_->Attach(args.global_rank, at));
@@ -173,6 +186,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   state.next_step = at.step;
   state.next_microbatch = at.microbatch;
   state.ring_slots = args.ring_slots;
+  state.earlier_times = std::move(earlier_times);
   ranks_.emplace(args.global_rank, std::move(state));
   if (!first_start_.has_value()) {
     first_start_ = at.step;
@@ -241,8 +255,9 @@ void JobRunner::GetLedger(std::function<void(v1::JobLedger)> done) {
 
 void JobRunner::Detach(int global_rank, uint64_t connection_id,
                        std::optional<DetachPosition> consumed_to,
-                       std::function<void(absl::Status)> done) {
-  Post([this, global_rank, connection_id, consumed_to, done = std::move(done)] {
+                       std::optional<v1::RankTimes> times, std::function<void(absl::Status)> done) {
+  Post([this, global_rank, connection_id, consumed_to, times = std::move(times),
+        done = std::move(done)] {
     auto rank = ranks_.find(global_rank);
     const bool connected = rank != ranks_.end() && rank->second.connection_id == connection_id &&
                            !rank->second.detached;
@@ -265,10 +280,31 @@ void JobRunner::Detach(int global_rank, uint64_t connection_id,
     if (consumed_to.has_value()) {
       RecordConsumedTo(global_rank, consumed_to->at, rank->second.ring_slots);
     }
+    if (times.has_value()) TakeTimes(rank->second, *times);
     sender_->Disconnect(connection_id).IgnoreError();
     rank->second.detached = true;
     UpdateAttached();
     spdlog::info("job {} rank {}: detached", job_.name(), global_rank);
+    done(absl::OkStatus());
+  });
+}
+
+void JobRunner::TakeTimes(RankState& rank, const v1::RankTimes& times) {
+  // Figures only grow over a connection: an older report arriving late
+  // changes nothing.
+  if (times.calls() >= rank.times.calls()) rank.times = times;
+}
+
+void JobRunner::Report(int global_rank, uint64_t connection_id, v1::RankTimes times,
+                       std::function<void(absl::Status)> done) {
+  Post([this, global_rank, connection_id, times = std::move(times), done = std::move(done)] {
+    auto rank = ranks_.find(global_rank);
+    if (rank == ranks_.end() || rank->second.connection_id != connection_id) {
+      done(absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
+                                            " has no connection ", connection_id)));
+      return;
+    }
+    TakeTimes(rank->second, times);
     done(absl::OkStatus());
   });
 }
@@ -320,6 +356,8 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
     // Slowest and fastest by what the ranks consumed (the ledger's position),
     // not by what was pushed to them: a stalled rank's ring is full too.
     std::optional<std::pair<LedgerPosition, int>> slowest, fastest;
+    std::optional<std::pair<double, int>> most_waiting;
+    double wait_seconds = 0;
     for (int global_rank : job_.local_ranks()) {
       v1::RankStats* out = stats.add_ranks();
       out->set_global_rank(global_rank);
@@ -338,6 +376,16 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
       out->set_bytes_sent(rank.bytes_sent);
       out->set_slots_released(rank.released);
       if (attached) out->set_slots_in_flight(static_cast<uint32_t>(rank.pushed - rank.released));
+      const v1::RankTimes times = rank.all_times();
+      out->set_wait_seconds(times.wait_seconds());
+      out->set_busy_seconds(times.busy_seconds());
+      wait_seconds += times.wait_seconds();
+      if (const double total = times.wait_seconds() + times.busy_seconds(); total > 0) {
+        out->set_input_bound(times.wait_seconds() / total);
+        if (!most_waiting.has_value() || out->input_bound() > most_waiting->first) {
+          most_waiting = {out->input_bound(), global_rank};
+        }
+      }
       served = std::min(served, rank.next_step);
       const std::optional<LedgerPosition> consumed = ledger_->next(global_rank);
       if (!consumed.has_value()) continue;
@@ -348,6 +396,11 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
       if (!fastest.has_value() || *fastest < here) fastest = here;
     }
     stats.set_steps_served(served == INT64_MAX ? 0 : served);
+    stats.set_wait_seconds(wait_seconds);
+    if (most_waiting.has_value()) {
+      stats.set_input_bound(most_waiting->first);
+      stats.set_most_waiting_rank(static_cast<uint32_t>(most_waiting->second));
+    }
     stats.set_cached_bytes(CachedBytes());
     if (slowest.has_value()) {
       stats.set_slowest_rank(static_cast<uint32_t>(slowest->second));

@@ -82,7 +82,12 @@ class JobRunner {
     LedgerPosition at;
     uint32_t ring_slots = 0;
   };
+  // `times`: the rank's final RankTimes, when its client sent them.
   void Detach(int global_rank, uint64_t connection_id, std::optional<DetachPosition> consumed_to,
+              std::optional<v1::RankTimes> times, std::function<void(absl::Status)> done);
+  // A rank's client reports where its trainer spends its time (RankTimes).
+  // NotFound when `connection_id` is not the rank's connection.
+  void Report(int global_rank, uint64_t connection_id, v1::RankTimes times,
               std::function<void(absl::Status)> done);
   void Stats(std::function<void(v1::JobStats)> done);
   // The rank's process is gone (its Watch stream broke): ends connection
@@ -109,6 +114,8 @@ class JobRunner {
   // Moves the microbatches the rank released since the last call into the
   // ledger.
   void AccountReleases(RankState& rank);
+  // Keeps `times` as the rank's connection's latest figures.
+  void TakeTimes(RankState& rank, const v1::RankTimes& times);
   // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
   absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
   void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);

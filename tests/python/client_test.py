@@ -1,14 +1,18 @@
 """packfeed.Client against a real packfeedd: checkpoints reproduce the
 following batches, views are zero-copy slots of the ring, errors arrive as
 the exception classes of packfeed.errors with the daemon's message, the GIL
-is free while a client waits, and a killed daemon is an exception, not a
-hang."""
+is free while a client waits, a killed daemon is an exception, not a
+hang, and where each rank's training loop spends its time reaches the
+daemon's stats and metrics as the rank measured it."""
 import dataclasses
 import os
 import signal
 import sys
+import re
+import socket
 import types
 import subprocess
+import urllib.request
 import tempfile
 import threading
 import time
@@ -227,6 +231,60 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(got == expected, "batches after the restart differ")
         print(f"restart: killed after {taken} of {len(expected)} microbatches (mid-step); "
               "all received once, bit-identical")
+
+    def test_time_spent_waiting_for_data_is_measured_and_reported(self):
+        """Rank 0's loop works 30 ms per microbatch, rank 1's not at all:
+        rank 1 waits for data (the daemon keeps it within prefetch_steps of
+        rank 0), rank 0 hardly. The daemon's stats and Prometheus figures
+        equal what each rank measured (its final report comes with its
+        detach)."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        text = f'metrics_address: "127.0.0.1:{port}"\n' + job_text()
+        with self.daemon(text, name="times") as daemon:
+            clients = {rank: packfeed.Client("job", rank=rank, socket_path=daemon.socket)
+                       for rank in (0, 1)}
+            work = {0: 0.03, 1: 0.0}
+            slept = {0: 0.0, 1: 0.0}
+
+            def train(rank):
+                for _ in range(20):  # more than the ring and prefetch_steps hold
+                    for _ in clients[rank].next_step(timeout=30)[0]:
+                        time.sleep(work[rank])
+                        slept[rank] += work[rank]
+
+            threads = [threading.Thread(target=train, args=(rank,)) for rank in (0, 1)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            measured = {rank: client.times() for rank, client in clients.items()}
+            for client in clients.values():
+                client.close()
+            stats = daemon.ctl_json("stats")["jobs"][0]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+                metrics = page.read().decode()
+        ranks = {int(r.get("global_rank", 0)): r for r in stats["ranks"]}
+        for rank in (0, 1):
+            for key in ("wait_seconds", "busy_seconds", "input_bound"):
+                self.assertAlmostEqual(float(ranks[rank].get(key, 0)), measured[rank][key],
+                                       places=9, msg=f"rank {rank} {key}")
+            exported = re.search(rf'packfeed_rank_wait_seconds_total{{[^}}]*rank="{rank}"[^}}]*}} '
+                                 r"(\S+)", metrics)
+            self.assertIsNotNone(exported, metrics)
+            self.assertAlmostEqual(float(exported.group(1)), measured[rank]["wait_seconds"],
+                                   places=6)
+        # Busy time is counted at the next call: the last microbatch's work
+        # is followed by none.
+        self.assertGreaterEqual(measured[0]["busy_seconds"], slept[0] - work[0])
+        self.assertGreater(measured[1]["input_bound"], 0.5)
+        self.assertLess(measured[0]["input_bound"], 0.5)
+        self.assertEqual(int(stats.get("most_waiting_rank", 0)), 1)
+        self.assertAlmostEqual(float(stats["input_bound"]), measured[1]["input_bound"], places=9)
+        print(f"rank 0 (30 ms of work per microbatch): {measured[0]['input_bound']:.1%} waiting; "
+              f"rank 1 (none): {measured[1]['input_bound']:.1%} waiting, "
+              f"{measured[1]['wait_seconds']:.2f} s")
 
     def test_a_killed_daemon_is_an_exception_not_a_hang(self):
         # reconnect_timeout=0: at once; 2 s: after trying for that long.

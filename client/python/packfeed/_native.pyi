@@ -18,6 +18,8 @@ class Client:
     def release(self) -> None: ...
     def state(self) -> Dict[str, Any]:
         """job, fingerprint, next_step, next_microbatch."""
+    def times(self) -> Dict[str, Any]:
+        """wait_seconds, busy_seconds, calls, input_bound."""
     @property
     def fingerprint(self) -> str: ...
     @property

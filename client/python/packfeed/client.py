@@ -139,6 +139,15 @@ class Client:
         """Frees the current microbatch's slot now (its views become invalid)."""
         self._live().release()
 
+    def times(self) -> Dict[str, Any]:
+        """Where this rank's training loop spent its time since attach:
+        ``wait_seconds`` blocked in next_step()/next() waiting for data,
+        ``busy_seconds`` between one call's return and the next (the
+        training itself), ``calls``, and ``input_bound``, the share of the
+        time spent waiting. The daemon gets the same figures (packfeedctl
+        stats, Prometheus)."""
+        return self._live().times()
+
     # --- checkpoints -----------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """Where this rank stands; load_state_dict (or Client(state=...)) on a

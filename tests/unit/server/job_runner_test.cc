@@ -240,7 +240,7 @@ class JobRunnerTest : public ::testing::Test {
   absl::Status Detach(int rank, uint64_t id, int64_t step, int microbatch, uint32_t slots) {
     absl::Notification detached;
     absl::Status status;
-    runner_->Detach(rank, id, JobRunner::DetachPosition{{step, microbatch}, slots},
+    runner_->Detach(rank, id, JobRunner::DetachPosition{{step, microbatch}, slots}, std::nullopt,
                     [&](absl::Status result) {
                       status = std::move(result);
                       detached.Notify();

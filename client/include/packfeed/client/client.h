@@ -131,6 +131,22 @@ struct ClientState {
   int next_microbatch = 0;  // microbatches of next_step already taken
 };
 
+// Where the trainer's time went, as this client measured it since attach:
+// blocked in NextStep/Next waiting for data, and busy between the return of
+// one call and the next (its own forward, backward, optimizer step). The
+// daemon gets the same figures about once a second and at detach
+// (`packfeedctl stats`: wait_seconds, busy_seconds, input_bound).
+struct TrainerTimes {
+  absl::Duration waited;
+  absl::Duration busy;
+  uint64_t calls = 0;  // NextStep and Next calls measured
+  // The share of its time the trainer spent waiting for data.
+  double input_bound() const {
+    const absl::Duration total = waited + busy;
+    return total > absl::ZeroDuration() ? absl::FDivDuration(waited, total) : 0.0;
+  }
+};
+
 class Client {
  public:
   // Attaches to the daemon; errors carry the daemon's message (unknown job,
@@ -161,6 +177,7 @@ class Client {
   absl::Status Release();
 
   ClientState State() const;
+  TrainerTimes Times() const;
   const std::string& fingerprint() const;
   const ClientOptions& options() const;
   MemoryKind memory_kind() const;
