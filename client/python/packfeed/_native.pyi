@@ -38,7 +38,8 @@ class Producer:
     def put(self, step: int, fields: List[str],
             samples: List[Tuple[int, int, Any, List[Any]]], wait_seconds: float) -> Dict[str, int]:
         """samples: (group, tag, int64 tokens, field buffers in `fields` order)."""
-    def seal(self, step: int) -> Dict[str, int]: ...
+    def seal(self, step: int) -> Dict[str, Any]:
+        """samples, groups, peers_behind."""
     def status(self) -> Dict[str, Any]: ...
     @property
     def staging_bytes(self) -> int: ...

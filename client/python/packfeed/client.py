@@ -11,7 +11,7 @@ try:
     import torch
     import torch.utils.dlpack
 except ImportError:  # a driver that only puts (packfeed.Producer) needs no torch
-    torch = None
+    torch = None  # type: ignore[assignment]
 
 from . import _native, errors
 
@@ -39,7 +39,7 @@ Step = Tuple[Union["StepIterator", List["ChunkIterator"]], int, int, int]
 def _env_int(*names: str, default: Optional[int]) -> Optional[int]:
     for name in names:
         value = os.environ.get(name)
-        if value not in (None, ""):
+        if value:
             return int(value)
     return default
 
@@ -88,7 +88,8 @@ class Client:
         if torch is None:
             raise ImportError("packfeed.Client yields torch tensors: install torch")
         self.job = job or os.environ.get("PACKFEED_JOB") or ""
-        self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
+        self.rank: int = rank if rank is not None else (
+            _env_int("RANK", "SLURM_PROCID", default=0) or 0)
         world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", default=None)
         if world_size is not None and not 0 <= self.rank < world_size:
             raise ValueError(f"rank {self.rank} is outside WORLD_SIZE {world_size}")
@@ -97,10 +98,10 @@ class Client:
             "PACKFEED_TOKEN", "")
         self._copy = copy
         self._device = _resolve_device(device)
-        self._options = dict(slots=slots, slot_bytes=slot_bytes, ucx_transports=ucx_transports,
-                             attach_timeout=attach_timeout, reconnect_timeout=reconnect_timeout)
-        self._native = None
-        self._last_step = None
+        self._slots, self._slot_bytes, self._ucx_transports = slots, slot_bytes, ucx_transports
+        self._attach_timeout, self._reconnect_timeout = attach_timeout, reconnect_timeout
+        self._native: Optional[_native.Client] = None
+        self._last_step: Optional[Dict[str, int]] = None
         if state is not None:
             self.load_state_dict(state, elastic=elastic)
         else:
@@ -213,13 +214,16 @@ class Client:
     # --- internals -------------------------------------------------------
     def _attach(self, fingerprint: str, start_step: int, start_microbatch: int = 0,
                 elastic: bool = False) -> None:
-        on_gpu = self._device is not None and self._device.type == "cuda"
+        cuda_device = (self._device.index or 0) if (
+            self._device is not None and self._device.type == "cuda") else None
         self._native = _native.attach(
             socket_path=self.socket_path, job=self.job, global_rank=self.rank,
             fingerprint=fingerprint, auth_token=self._auth_token, start_step=start_step,
             start_microbatch=start_microbatch, elastic=elastic,
-            placement="staged" if on_gpu else "host",
-            cuda_device=self._device.index if on_gpu else 0, **self._options)
+            placement="host" if cuda_device is None else "staged",
+            cuda_device=cuda_device or 0, slots=self._slots, slot_bytes=self._slot_bytes,
+            ucx_transports=self._ucx_transports, attach_timeout=self._attach_timeout,
+            reconnect_timeout=self._reconnect_timeout)
 
     def _live(self) -> _native.Client:
         if self._native is None:

@@ -64,6 +64,6 @@ _BY_CODE = {
 }
 
 
-def class_for(code_name):
+def class_for(code_name: str) -> type:
     """The exception class for an absl status code name ("UNAVAILABLE", ...)."""
     return _BY_CODE.get(code_name, Error)

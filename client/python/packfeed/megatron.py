@@ -9,7 +9,9 @@ def packed_seq_params(batch: Dict[str, Any], cp_group: Any = None) -> Any:
     """Megatron's PackedSeqParams for `batch` (a dict from packfeed.Client).
     Only the arguments the installed Megatron-LM knows are passed; cp_group is
     the dynamic-CP group of size batch["local_cp_size"], which the trainer owns."""
-    from megatron.core.packed_seq_params import PackedSeqParams  # the trainer's Megatron
+    from megatron.core.packed_seq_params import (  # type: ignore[import-not-found]
+        PackedSeqParams,  # the trainer's Megatron
+    )
 
     known = {field.name for field in dataclasses.fields(PackedSeqParams)}
     kwargs = dict(batch["packed_seq_params"], cp_group=cp_group)

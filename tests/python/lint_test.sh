@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The Python package's hygiene: mypy --strict and ruff pass on it (both from
+# PyPI, pinned, in a virtual environment kept in the build folder), and it
+# imports without torch (a driver that only puts needs none: torch is the
+# optional extra packfeed[torch]) while Client then says what is missing.
+# usage: lint_test.sh SOURCE_ROOT PYTHON_PACKAGE_DIR WORK_DIR
+set -euo pipefail
+source_root=$1 package_dir=$2 work=$3
+venv=$work/venv
+if [[ ! -x $venv/bin/ruff || ! -x $venv/bin/mypy ]]; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q "mypy==1.13.0" "ruff==0.8.4"
+fi
+cd "$source_root/client/python"
+"$venv/bin/mypy" --strict --config-file "$source_root/pyproject.toml" --cache-dir "$work/mypy" \
+  packfeed
+"$venv/bin/ruff" check --config "$source_root/pyproject.toml" --no-cache packfeed
+# torch made unimportable: the package imports, Producer is there, Client
+# refuses by name. From the work folder: the source tree's packfeed has no
+# native module.
+cd "$work"
+PYTHONPATH=$package_dir /usr/bin/python3 - <<'PY'
+import sys
+sys.modules["torch"] = None  # `import torch` now raises ImportError
+import packfeed
+assert packfeed.Producer is not None
+try:
+    packfeed.Client("job", rank=0, socket_path="/nonexistent")
+except ImportError as error:
+    assert "install torch" in str(error), error
+else:
+    raise SystemExit("Client without torch did not raise ImportError")
+print("imports without torch: Producer available, Client raises ImportError")
+PY
