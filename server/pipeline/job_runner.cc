@@ -53,6 +53,10 @@ struct JobRunner::RankState {
 // slot lives.
 struct JobRunner::StepSlot {
   uint64_t generation = 0;
+  // Waiting for its plan (StepPlanner), for `rank`'s need, urgent or not.
+  bool planning = false;
+  int rank = 0;
+  bool urgent = false;
   absl::Time fetched;
   std::unique_ptr<FetchPin> pin;
   std::shared_ptr<const StepData> data;  // once every sample is held
@@ -90,6 +94,17 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job, Stor
     PF_ASSIGN_OR_RETURN(runner->sender_, transport::Sender::Create(options.sender));
   }
   runner->sender_address_ = runner->sender_->worker_address();
+  if (job.ingest() == nullptr) {
+    JobRunner* self = runner.get();
+    runner->planner_ = std::make_unique<StepPlanner>(
+        job,
+        [self](int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took) {
+          auto shared = std::make_shared<absl::StatusOr<StepPlan>>(std::move(plan));
+          self->Post(
+              [self, step, shared, took] { self->OnStepPlanned(step, std::move(*shared), took); });
+        },
+        options.plan_step);
+  }
   // From here on only the runner thread touches the sender.
   runner->thread_ = std::thread([r = runner.get()] { r->Loop(); });
   return runner;
@@ -107,6 +122,7 @@ JobRunner::~JobRunner() {
     sender_->Wake();
   }
   thread_.join();
+  planner_.reset();  // its last plan Posts to a stopped runner: dropped
   // Before the mutex goes: a fetch completing now Posts to this runner
   // (FetchPin's destructor waits for that).
   steps_.clear();
@@ -452,6 +468,10 @@ const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
   auto slot = steps_.find(step);
   if (slot != steps_.end()) {
     StepSlot& held = slot->second;
+    if (held.planning) {
+      held.urgent = held.urgent || urgent;
+      return nullptr;
+    }
     // A failure read ahead may be stale (an NFS server back since, a
     // transient EIO): a rank is told only once a fetch made for it fails.
     if (held.data != nullptr && !held.data->failed.empty() && !held.retried) {
@@ -463,31 +483,56 @@ const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
     }
     return held.data.get();
   }
+  if (planner_ != nullptr) {
+    StepSlot& planned = steps_[step];
+    planned.generation = ++fetches_;
+    planned.planning = true;
+    planned.rank = rank;
+    planned.urgent = urgent;
+    planner_->Request(step);
+    return nullptr;
+  }
+  // An ingest job's step: its samples are in memory already, so it is
+  // planned here and served at once.
   const absl::Time start = absl::Now();
   absl::StatusOr<StepPlan> plan = PlanStep(job_, step);
   plan_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
-  // An ingest step not sealed yet: the seal wakes this runner.
-  if (job_.ingest() != nullptr && absl::IsUnavailable(plan.status())) return nullptr;
+  // Not sealed yet: the seal wakes this runner.
+  if (absl::IsUnavailable(plan.status())) return nullptr;
   if (!plan.ok()) {
-    if (failed_step_ != step) {
-      spdlog::error("job {} step {}: {}", job_.name(), step, plan.status().ToString());
-      failed_step_ = step;
-    }
-    failure_ = plan.status();
+    KeepPlanFailure(step, plan.status());
     return nullptr;
   }
-  if (job_.ingest() != nullptr) {
-    // Held in memory already: nothing to fetch.
-    StepSlot& slot = steps_[step];
-    slot.generation = ++fetches_;
-    slot.fetched = start;
-    OnStepRead(
-        step, slot.generation,
-        std::make_shared<StepData>(AssembleIngestStep(job_, *std::move(plan), job_.local_ranks())));
-    return slot.data.get();
+  StepSlot& held = steps_[step];
+  held.generation = ++fetches_;
+  held.fetched = start;
+  OnStepRead(
+      step, held.generation,
+      std::make_shared<StepData>(AssembleIngestStep(job_, *std::move(plan), job_.local_ranks())));
+  return held.data.get();
+}
+
+void JobRunner::KeepPlanFailure(int64_t step, const absl::Status& status) {
+  if (failed_step_ != step) {
+    spdlog::error("job {} step {}: {}", job_.name(), step, status.ToString());
+    failed_step_ = step;
   }
-  StartFetch(step, steps_[step], std::make_shared<StepPlan>(*std::move(plan)), rank, urgent);
-  return nullptr;
+  failure_ = status;
+}
+
+void JobRunner::OnStepPlanned(int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took) {
+  plan_seconds_ += absl::ToDoubleSeconds(took);
+  auto slot = steps_.find(step);
+  if (slot == steps_.end() || !slot->second.planning) return;  // evicted since
+  if (!plan.ok()) {
+    // Planned again when a rank next needs the step.
+    steps_.erase(slot);
+    KeepPlanFailure(step, plan.status());
+    return;
+  }
+  slot->second.planning = false;
+  StartFetch(step, slot->second, std::make_shared<StepPlan>(*std::move(plan)), slot->second.rank,
+             slot->second.urgent);
 }
 
 void JobRunner::ReportConsumed() {

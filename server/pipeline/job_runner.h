@@ -33,6 +33,7 @@
 #include "server/pipeline/job.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
+#include "server/pipeline/step_planner.h"
 #include "server/storage/ledger.h"
 #include "server/storage/storage.h"
 
@@ -44,6 +45,9 @@ struct JobRunnerOptions {
   // with `sender`. Tests give a fake here to drive the runner in one process.
   std::function<absl::StatusOr<std::unique_ptr<transport::SlotSender>>()> make_sender;
   int prefetch_steps = 2;  // steps ahead of the slowest attached rank
+  // How a dataset job's step is planned (on the planner thread); empty =
+  // PlanStep. Tests wrap it to hold a plan back.
+  std::function<absl::StatusOr<StepPlan>(const Job&, int64_t)> plan_step;
   // The consumption ledger's journal; empty = in memory only. A journal
   // that cannot be read back is set aside (".corrupt") with one error line
   // and a new one begun: serving never waits on bookkeeping.
@@ -132,6 +136,11 @@ class JobRunner {
   void StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const StepPlan> plan, int rank,
                   bool urgent);
   void OnStepRead(int64_t step, uint64_t generation, std::shared_ptr<const StepData> data);
+  // Logs a step's plan failure once and keeps it for the ranks (failure_).
+  void KeepPlanFailure(int64_t step, const absl::Status& status);
+  // A plan from the planner thread: its fetch begins (or the failure is
+  // kept, and the step planned again when next needed).
+  void OnStepPlanned(int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took);
   int64_t SlowestStep() const;
   int SlowestRank() const;
   uint64_t CachedBytes() const;
@@ -169,6 +178,9 @@ class JobRunner {
   int64_t reported_consumed_ = -1;  // ReportConsumed's last
   int64_t failed_step_ = -1;        // the step whose plan or read failed last, logged once
   absl::Status failure_;            // and why
+
+  // Dataset jobs' steps are planned there, not on the runner thread.
+  std::unique_ptr<StepPlanner> planner_;
 
   mutable absl::Mutex mutex_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);

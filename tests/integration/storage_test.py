@@ -81,8 +81,19 @@ def read_once(checks, work, mount):
               f"{float(a['read_latency_p50_ms']):.2f} ms, p99 "
               f"{float(a['read_latency_p99_ms']):.2f} ms")
 
-        # Every rank has left, so the node holds nothing: rank 0 restarting at
-        # step 0 (from a checkpoint) makes the node read step 0 again.
+        # Every rank has left; the default budget keeps what was read, so
+        # rank 0 restarting at step 0 (from a checkpoint) reads nothing.
+        dump(daemon, "a", [0], 1)
+        checks.check("a restart from a checkpoint reads nothing (kept)",
+                     mount.bytes_read("a.bin") == counted, mount.bytes_read("a.bin"))
+
+    # With a 1-byte budget nothing no step needs is kept: the restart reads
+    # step 0 again, and the re-read is reported.
+    mount.tell("reset")
+    with Daemon(BIN, "memory_budget_bytes: 1\n" + job("a", prefix, tp=2, cp=2, dp=2),
+                name="reread", workdir=work) as daemon:
+        dump(daemon, "a", range(8), 1)
+        first = mount.bytes_read("a.bin")
         dump(daemon, "a", [0], 1)
         storage = storage_of(daemon)
         a = file_of(storage, "a.bin")
@@ -92,7 +103,7 @@ def read_once(checks, work, mount):
                      any(r["job"] == "a" and int(r.get("rank", 0)) == 0 and
                          int(r.get("step", 0)) == 0 for r in rereads), rereads)
         checks.check("the filesystem saw the re-read",
-                     mount.bytes_read("a.bin") == int(a["bytes_read"]) > counted,
+                     mount.bytes_read("a.bin") == int(a["bytes_read"]) > first,
                      f"{mount.bytes_read('a.bin')} vs {a['bytes_read']}")
         text = daemon.ctl_run("stats").stdout
         checks.check("packfeedctl stats names it", "job a rank 0 step 0" in text, text)

@@ -187,7 +187,7 @@ v1::JobConfig ParseJob(const std::string& body, const std::string& extra = "") {
 class JobRunnerTest : public ::testing::Test {
  protected:
   // A job of `dp` DP ranks over 400 generated documents of 20-200 tokens.
-  void StartDatasetJob(int dp, int prefetch_steps) {
+  void StartDatasetJob(int dp, int prefetch_steps, JobRunnerOptions options = {}) {
     prefix_ = temp_.Prefix("data");
     std::vector<int64_t> lengths;
     for (int i = 0; i < 400; ++i) lengths.push_back(20 + (i * 37) % 181);
@@ -195,17 +195,17 @@ class JobRunnerTest : public ::testing::Test {
     Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_, "\" } topology { dp: ", dp,
                                 " } global_batch: 16 seq_length: 256 eod_id: 0 seed: 3 "
                                 "scheduler { kind: \"balanced\" max_tokens_per_rank: 256 }")),
-          nullptr, prefetch_steps);
+          nullptr, prefetch_steps, std::move(options));
   }
 
-  void Start(const v1::JobConfig& config, IngestStream* stream, int prefetch_steps) {
+  void Start(const v1::JobConfig& config, IngestStream* stream, int prefetch_steps,
+             JobRunnerOptions options = {}) {
     // As the daemon does: the storage opens the datasets (and keeps them
     // while its reader threads may still use them).
     const DatasetOpener open = [this](const std::string& prefix) { return storage_.Open(prefix); };
     absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, open, stream);
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
-    JobRunnerOptions options;
     options.prefetch_steps = prefetch_steps;
     options.make_sender = [this]() -> absl::StatusOr<std::unique_ptr<transport::SlotSender>> {
       auto sender = std::make_unique<FakeSlotSender>();
@@ -323,6 +323,33 @@ TEST_F(JobRunnerTest, ARankBehindHoldsTheOthersWithinPrefetchSteps) {
                                           MicrobatchesOf(2) + MicrobatchesOf(3));
   EXPECT_GE(sender_->WaitForPushes(fast, want).size(), want);
   EXPECT_GE(sender_->WaitForPushes(slow, want).size(), want);
+}
+
+// Plans are made on the planner thread, never on the runner thread that
+// pushes: with the plan of step 2 held back (as a 16 384-rank plan takes
+// ~170 ms), steps 0 and 1 are pushed in full and the runner answers a stats
+// call, and step 2 follows once its plan is let go. Inline planning would
+// hang here.
+TEST_F(JobRunnerTest, APlanUnderWayHoldsNoPushOfTheStepsPlannedBefore) {
+  absl::Notification let_go;
+  JobRunnerOptions options;
+  options.plan_step = [&let_go](const Job& job, int64_t step) {
+    if (step >= 2) let_go.WaitForNotification();
+    return PlanStep(job, step);
+  };
+  StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/2, std::move(options));
+  const uint64_t id = Attach(0, /*slots=*/64);
+  sender_->ReleaseEverything(id);
+  const size_t first_two = static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1));
+  EXPECT_EQ(sender_->WaitForPushes(id, first_two).size(), first_two);
+  absl::Notification answered;
+  runner_->Stats([&answered](v1::JobStats) { answered.Notify(); });
+  EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << "the runner thread is stuck behind a plan";
+  EXPECT_EQ(sender_->Pushed(id).size(), first_two);  // step 2 is not planned yet
+  let_go.Notify();
+  const size_t three = first_two + static_cast<size_t>(MicrobatchesOf(2));
+  EXPECT_GE(sender_->WaitForPushes(id, three).size(), three);
 }
 
 TEST_F(JobRunnerTest, AReattachedRankGetsTheSameBytesFromWhereItStopped) {
