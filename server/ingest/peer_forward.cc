@@ -174,6 +174,7 @@ void PeerForwarder::SendForward(size_t p, std::shared_ptr<const v1::ForwardStepR
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mutex_);
+    if (stop_) return;  // Stop cancelled the calls under way; none begins after
     id = next_call_++;
     calls_[id] = call->context;
   }
