@@ -117,7 +117,7 @@ int RunReceiver(const Flags& flags) {
         uint64_t stamp = 0;
         std::memcpy(&stamp, slot.inline_metadata.data(), sizeof(stamp));
         latencies.push_back(now - stamp);
-        Check(receiver->Release(slot.seq));
+        Check(receiver->Release(slot.lease));
       }
       Check(testing::SendFrame(testing::kControlFd,
                                absl::string_view(reinterpret_cast<const char*>(latencies.data()),

@@ -77,17 +77,18 @@ DLDataType DlType(ElementType type) {
   }
 }
 
-// A field's DLPack tensor; owns a reference to the client so the ring it
-// points into outlives every tensor made from it.
+// A field's DLPack tensor. It holds its microbatch: the slot goes back to the
+// daemon when the last tensor of every field is freed (DLPack's deleter).
 struct ExportedField {
   DLManagedTensor managed{};
   std::vector<int64_t> shape;
-  std::shared_ptr<Client> owner;
+  std::shared_ptr<const Microbatch> microbatch;
 };
 
-py::capsule ToCapsule(const FieldView& field, MemoryKind kind, int cuda_device,
-                      std::shared_ptr<Client> owner) {
-  auto* exported = new ExportedField{{}, field.shape, std::move(owner)};
+py::capsule ToCapsule(const FieldView& field, int cuda_device,
+                      std::shared_ptr<const Microbatch> microbatch) {
+  const MemoryKind kind = microbatch->memory_kind;
+  auto* exported = new ExportedField{{}, field.shape, std::move(microbatch)};
   DLTensor& tensor = exported->managed.dl_tensor;
   tensor.data = const_cast<void*>(field.data);
   tensor.device = kind == MemoryKind::kCuda ? DLDevice{kDLCUDA, cuda_device} : DLDevice{kDLCPU, 0};
@@ -164,7 +165,8 @@ py::dict NextStep(Client& client, std::optional<double> timeout) {
 }
 
 // {"step", "microbatch", "fields": [(name, dtype name, capsule), ...],
-//  "host_copies": {name: bytes} (a staged ring's small fields)}.
+//  "host_copies": {name: bytes} (a staged ring's small fields),
+//  "copied_out": the tensors are a private copy, not the ring's memory}.
 // `cuda_stream`: the cudaStream_t (torch's Stream.cuda_stream) that reads a
 // staged microbatch.
 py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeout,
@@ -174,20 +176,20 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
     py::gil_scoped_release release;
     next = client->Next(Timeout(timeout), reinterpret_cast<void*>(cuda_stream));
   }
-  const Microbatch microbatch = ValueOrRaise(std::move(next));
+  auto microbatch = std::make_shared<const Microbatch>(ValueOrRaise(std::move(next)));
   py::list fields;
   py::dict host_copies;
-  for (const FieldView& field : microbatch.fields) {
+  for (const FieldView& field : microbatch->fields) {
     if (!field.host_copy.empty()) host_copies[py::str(field.name)] = py::bytes(field.host_copy);
-    fields.append(py::make_tuple(
-        field.name, std::string(ElementTypeName(field.dtype)),
-        ToCapsule(field, microbatch.memory_kind, client->options().cuda_device, client)));
+    fields.append(py::make_tuple(field.name, std::string(ElementTypeName(field.dtype)),
+                                 ToCapsule(field, client->options().cuda_device, microbatch)));
   }
   py::dict out;
-  out["step"] = microbatch.step;
-  out["microbatch"] = microbatch.microbatch;
+  out["step"] = microbatch->step;
+  out["microbatch"] = microbatch->microbatch;
   out["fields"] = std::move(fields);
   out["host_copies"] = std::move(host_copies);
+  out["copied_out"] = microbatch->copied_out;
   return out;
 }
 
@@ -300,9 +302,15 @@ PYBIND11_MODULE(_native, m) {
              }
              if (!status.ok()) Raise(status);
            })
-      .def("release",
-           [](Client& client) {
-             if (absl::Status status = client.Release(); !status.ok()) Raise(status);
+      .def("ring",
+           [](const Client& client) {
+             const RingUse use = client.Ring();
+             py::dict out;
+             out["slots"] = use.slots;
+             out["held"] = use.held;
+             out["handed_out"] = use.handed_out;
+             out["copied_out"] = use.copied_out;
+             return out;
            })
       .def("state",
            [](const Client& client) {

@@ -1,21 +1,76 @@
 #include "packfeed/client/client.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/src/grpc_status.h"
 #include "client/src/watch_stream.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/receiver.h"
+#include "packfeed/transport/transport_logger.h"
 #include "packfeed/v1/service.grpc.pb.h"
 
 namespace packfeed::client {
+
+// What the client and its leases count together (leases may outlive it).
+struct LeaseCounts {
+  std::atomic<uint32_t> held{0};  // ring slots (or device buffers) leased
+  std::atomic<uint64_t> handed_out{0};
+  std::atomic<uint64_t> copied_out{0};
+};
+
+// Either a ring slot of the receiver, released when the last handle goes,
+// or the private copy of one. Holds the receiver, so the ring outlives it.
+class MicrobatchLease {
+ public:
+  MicrobatchLease(std::shared_ptr<transport::Receiver> receiver, uint64_t lease, void* stream,
+                  std::shared_ptr<LeaseCounts> counts)
+      : receiver_(std::move(receiver)), lease_(lease), counts_(std::move(counts)) {
+    streams_.push_back(stream);
+    counts_->held.fetch_add(1);
+  }
+  // A copy: owns `host` or `device` memory, and holds no slot.
+  MicrobatchLease(std::unique_ptr<uint8_t[]> host,
+                  std::optional<transport::CudaDeviceBuffer> device)
+      : host_(std::move(host)), device_(std::move(device)) {}
+  MicrobatchLease(const MicrobatchLease&) = delete;
+  MicrobatchLease& operator=(const MicrobatchLease&) = delete;
+
+  ~MicrobatchLease() {
+    if (receiver_ == nullptr) return;
+    counts_->held.fetch_sub(1);
+    absl::MutexLock lock(&mutex_);
+    if (absl::Status status = receiver_->Release(lease_, streams_); !status.ok()) {
+      transport::Logger().warn("releasing a microbatch: {}", std::string(status.message()));
+    }
+  }
+
+  void RecordStream(void* stream) {
+    absl::MutexLock lock(&mutex_);
+    if (std::find(streams_.begin(), streams_.end(), stream) == streams_.end()) {
+      streams_.push_back(stream);
+    }
+  }
+
+ private:
+  std::shared_ptr<transport::Receiver> receiver_;
+  uint64_t lease_ = 0;
+  absl::Mutex mutex_;
+  std::vector<void*> streams_ ABSL_GUARDED_BY(mutex_);
+  std::unique_ptr<uint8_t[]> host_;
+  std::optional<transport::CudaDeviceBuffer> device_;
+  std::shared_ptr<LeaseCounts> counts_;
+};
 
 // The client's state behind the public API: the ring (transport), the
 // daemon's stubs (gRPC) and where the rank stands in the serving order.
@@ -29,9 +84,12 @@ class Client::Impl {
   absl::Status Detach();
   absl::StatusOr<StepInfo> NextStep(absl::Duration timeout);
   absl::StatusOr<Microbatch> Next(absl::Duration timeout, void* cuda_stream);
-  absl::Status Release();
   ClientState State() const;
   TrainerTimes Times() const { return times_; }
+  RingUse Ring() const {
+    return {options_.slots, counts_->held.load(), counts_->handed_out.load(),
+            counts_->copied_out.load()};
+  }
   // Counts a NextStep or Next call that began at `entered` as waiting, the
   // time since the previous one returned as busy, and reports them to the
   // daemon when a report is due.
@@ -53,20 +111,23 @@ class Client::Impl {
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
   absl::Status AttachAt(int64_t start_step, int start_microbatch);
+  // Hands the slot to the trainer: its own views, or a private copy when
+  // the trainer holds every slot but this one.
+  absl::StatusOr<Microbatch> HandOut(const transport::ReceivedSlot& slot, void* cuda_stream);
+  void DropPending();  // gives a slot NextStep took back to the ring
   // Re-attaches after `cause` (Unavailable), trying until `give_up`;
   // returns `cause` when it does not apply (another code, or no time left).
   absl::Status Reattach(const absl::Status& cause, absl::Time give_up);
 
   const ClientOptions options_;
   std::unique_ptr<Control> control_;
-  std::unique_ptr<transport::Receiver> receiver_;
+  std::shared_ptr<transport::Receiver> receiver_;
+  std::shared_ptr<LeaseCounts> counts_ = std::make_shared<LeaseCounts>();
   uint64_t connection_id_ = 0;
   uint64_t slot_bytes_ = 0;
   std::string fingerprint_;
   int num_chunks_ = 1;
   std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
-  std::optional<uint64_t> held_;                    // seq of the slot Next handed out
-  void* held_stream_ = nullptr;                     // and the stream reading it
   std::optional<StepInfo> step_;
   int taken_ = 0;          // microbatches of step_ handed out
   int64_t next_step_ = 0;  // for State()
@@ -103,6 +164,16 @@ absl::Status RetryWithBackoff(absl::Duration timeout, const std::function<absl::
 }
 
 }  // namespace
+
+void Microbatch::RecordStream(void* cuda_stream) const {
+  if (lease != nullptr) lease->RecordStream(cuda_stream);
+}
+
+void Microbatch::Release() {
+  fields.clear();
+  ready_event = nullptr;
+  lease.reset();
+}
 
 const FieldView* Microbatch::Field(absl::string_view name) const {
   for (const FieldView& field : fields) {
@@ -149,9 +220,9 @@ absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout, void* cuda_strea
   impl_->Measured(entered);
   return microbatch;
 }
-absl::Status Client::Release() { return impl_->Release(); }
 ClientState Client::State() const { return impl_->State(); }
 TrainerTimes Client::Times() const { return impl_->Times(); }
+RingUse Client::Ring() const { return impl_->Ring(); }
 const std::string& Client::fingerprint() const { return impl_->fingerprint(); }
 const ClientOptions& Client::options() const { return impl_->options(); }
 MemoryKind Client::memory_kind() const { return impl_->memory_kind(); }
@@ -193,7 +264,9 @@ absl::Status Client::Impl::Open() {
   receiver.slot_bytes = slot_bytes;
   receiver.placement = options.placement;
   receiver.cuda_device = options.cuda_device;
-  PF_ASSIGN_OR_RETURN(receiver_, transport::Receiver::Create(receiver));
+  PF_ASSIGN_OR_RETURN(std::unique_ptr<transport::Receiver> created,
+                      transport::Receiver::Create(receiver));
+  receiver_ = std::move(created);
   slot_bytes_ = slot_bytes;
   PF_RETURN_IF_ERROR(AttachAt(options.start_step, options.start_microbatch));
   next_step_ = options.start_step;
@@ -249,8 +322,7 @@ absl::Status Client::Impl::Reattach(const absl::Status& cause, absl::Time give_u
   const bool in_step = step_.has_value() && taken_ < step_->num_microbatches;
   const int64_t step = in_step ? step_->step : next_step_;
   const int skip = in_step ? taken_ : 0;
-  pending_.reset();
-  held_.reset();
+  DropPending();
   connection_id_ = 0;  // that daemon is gone: nothing to detach from
   control_->watch.reset();
   // It may have died inside a write to the worker's shared-memory FIFO.
@@ -274,8 +346,6 @@ absl::Status Client::Impl::Detach() {
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
   request.set_connection_id(std::exchange(connection_id_, 0));
   request.set_auth_token(options_.auth_token);
-  // The held microbatch is consumed; its release may still be on its way.
-  Release().IgnoreError();
   const ClientState state = State();
   request.mutable_consumed_to()->set_step(state.next_step);
   request.mutable_consumed_to()->set_microbatch(static_cast<uint32_t>(state.next_microbatch));
@@ -340,7 +410,6 @@ void Client::Impl::ReportTimes() {
 }
 
 absl::StatusOr<transport::ReceivedSlot> Client::Impl::Receive(absl::Duration timeout) {
-  PF_RETURN_IF_ERROR(Release());
   absl::StatusOr<transport::ReceivedSlot> slot = receiver_->Next(timeout);
   // A restarted daemon may die again before its first slot arrives (the
   // soak test kills daemons every second or so): re-attach again, as long as
@@ -353,11 +422,10 @@ absl::StatusOr<transport::ReceivedSlot> Client::Impl::Receive(absl::Duration tim
   return slot;
 }
 
-absl::Status Client::Impl::Release() {
-  if (!held_.has_value()) return absl::OkStatus();
-  const uint64_t seq = *held_;
-  held_.reset();
-  return receiver_->Release(seq, held_stream_);
+void Client::Impl::DropPending() {
+  if (!pending_.has_value()) return;
+  receiver_->Release(pending_->lease).IgnoreError();
+  pending_.reset();
 }
 
 absl::StatusOr<StepInfo> Client::Impl::NextStep(absl::Duration timeout) {
@@ -381,7 +449,7 @@ absl::StatusOr<StepInfo> Client::Impl::NextStep(absl::Duration timeout) {
     const absl::Status error = absl::DataLossError(
         absl::StrCat("slot ", pending_->seq, ": expected microbatch ", first, " of step ",
                      pending_->step, ", received microbatch ", pending_->microbatch));
-    pending_.reset();
+    DropPending();
     return error;
   }
   StepInfo info;
@@ -405,32 +473,80 @@ absl::StatusOr<Microbatch> Client::Impl::Next(absl::Duration timeout, void* cuda
   }
   transport::ReceivedSlot slot;
   if (pending_.has_value()) {
-    PF_RETURN_IF_ERROR(Release());
     slot = *std::move(pending_);
     pending_.reset();
   } else {
     PF_ASSIGN_OR_RETURN(slot, Receive(timeout));
   }
-  held_ = slot.seq;
-  held_stream_ = cuda_stream;
   if (slot.step != step_->step || static_cast<int>(slot.microbatch) != taken_) {
+    receiver_->Release(slot.lease).IgnoreError();
     return absl::DataLossError(absl::StrCat("expected step ", step_->step, " microbatch ", taken_,
                                             ", received step ", slot.step, " microbatch ",
                                             slot.microbatch));
   }
   ++taken_;
   if (taken_ == step_->num_microbatches) next_step_ = step_->step + 1;
+  return HandOut(slot, cuda_stream);
+}
+
+absl::StatusOr<Microbatch> Client::Impl::HandOut(const transport::ReceivedSlot& slot,
+                                                 void* cuda_stream) {
   Microbatch out;
   out.step = slot.step;
   out.microbatch = static_cast<int>(slot.microbatch);
   out.num_microbatches = step_->num_microbatches;
   out.memory_kind = receiver_->memory_kind();
   out.ready_event = slot.ready_event;
-  PF_RETURN_IF_ERROR(receiver_->StreamWaitsFor(slot, cuda_stream));
   for (const transport::FieldView& field : slot.fields) {
     out.fields.push_back({field.descriptor.name, field.descriptor.type, field.descriptor.shape,
                           field.data, field.descriptor.bytes, field.host_copy});
   }
+  counts_->handed_out.fetch_add(1);
+  absl::Status waits = receiver_->StreamWaitsFor(slot, cuda_stream);
+  // The daemon must keep a slot to fill: with this one, the trainer would
+  // hold them all.
+  if (!waits.ok() || counts_->held.load() + 1 < options_.slots) {
+    // Before any return: the lease is what gives the slot back.
+    out.lease = std::make_shared<MicrobatchLease>(receiver_, slot.lease, cuda_stream, counts_);
+    PF_RETURN_IF_ERROR(waits);
+    return out;
+  }
+  uint64_t extent = 0;
+  for (const transport::FieldView& field : slot.fields) {
+    extent = std::max(extent, field.descriptor.offset + field.descriptor.bytes);
+  }
+  std::unique_ptr<uint8_t[]> host;
+  std::optional<transport::CudaDeviceBuffer> device;
+  uint8_t* base = nullptr;
+  absl::Status copied;
+  if (out.memory_kind == MemoryKind::kCuda) {
+    absl::StatusOr<transport::CudaDeviceBuffer> buffer =
+        transport::CudaDeviceBuffer::Allocate(options_.cuda_device, std::max<uint64_t>(extent, 1));
+    copied = buffer.status();
+    if (buffer.ok()) base = static_cast<uint8_t*>(device.emplace(*std::move(buffer)).data());
+  } else {
+    // new[] aligns to 16 bytes, more than any element type needs.
+    host.reset(new uint8_t[std::max<uint64_t>(extent, 1)]);
+    base = host.get();
+  }
+  for (size_t i = 0; copied.ok() && i < slot.fields.size(); ++i) {
+    const transport::FieldDescriptor& field = slot.fields[i].descriptor;
+    if (out.memory_kind == MemoryKind::kCuda) {
+      copied = transport::CudaCopyAsync(base + field.offset, slot.fields[i].data, field.bytes,
+                                        cuda_stream);
+    } else {
+      std::memcpy(base + field.offset, slot.fields[i].data, field.bytes);
+    }
+    out.fields[i].data = base + field.offset;
+  }
+  // The copy was queued on cuda_stream: the device buffer waits for it.
+  void* const streams[] = {cuda_stream};
+  PF_RETURN_IF_ERROR(receiver_->Release(slot.lease, streams));
+  PF_RETURN_IF_ERROR(copied);
+  out.ready_event = nullptr;
+  out.copied_out = true;
+  out.lease = std::make_shared<MicrobatchLease>(std::move(host), std::move(device));
+  counts_->copied_out.fetch_add(1);
   return out;
 }
 

@@ -24,15 +24,18 @@ struct JobRunner::RankState {
   int next_microbatch = 0;
   uint64_t pushed = 0;
   uint64_t bytes_sent = 0;
-  uint64_t released = 0;  // as last seen from its connection
-  // Pushed and not yet released, oldest first, with what the ledger needs.
+  // As last seen from its connection: microbatches its trainer took
+  // (consumed, for the ledger) and released (no tensor of them alive).
+  uint64_t taken = 0;
+  uint64_t released = 0;
+  // Pushed and not yet taken, oldest first, with what the ledger needs.
   struct InFlight {
     LedgerPosition at;
     int num_microbatches = 0;
     std::vector<EpochShare> shares;
   };
   std::deque<InFlight> in_flight;
-  uint64_t ledgered = 0;  // releases moved into the ledger
+  uint64_t ledgered = 0;  // microbatches taken and moved into the ledger
   uint32_t ring_slots = 0;
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
@@ -173,7 +176,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   }
   v1::RankTimes earlier_times;
   if (existing != ranks_.end()) {
-    AccountReleases(existing->second);
+    AccountTaken(existing->second);
     sender_->Disconnect(existing->second.connection_id).IgnoreError();
     earlier_times = existing->second.all_times();
     ranks_.erase(existing);
@@ -245,10 +248,13 @@ absl::Status JobRunner::ClaimUpTo(int global_rank, LedgerPosition from, LedgerPo
   return absl::OkStatus();
 }
 
-void JobRunner::AccountReleases(RankState& rank) {
+void JobRunner::AccountTaken(RankState& rank) {
   absl::StatusOr<transport::ConnectionStats> stats = sender_->Stats(rank.connection_id);
-  if (stats.ok()) rank.released = stats->released;
-  while (rank.ledgered < rank.released && !rank.in_flight.empty()) {
+  if (stats.ok()) {
+    rank.taken = stats->taken;
+    rank.released = stats->released;
+  }
+  while (rank.ledgered < rank.taken && !rank.in_flight.empty()) {
     RankState::InFlight& done = rank.in_flight.front();
     absl::Status status =
         ledger_->Consume(rank.global_rank, done.at, done.num_microbatches, std::move(done.shares));
@@ -263,7 +269,7 @@ void JobRunner::AccountReleases(RankState& rank) {
 void JobRunner::GetLedger(std::function<void(v1::JobLedger)> done) {
   Post([this, done = std::move(done)] {
     for (auto& [_, rank] : ranks_) {
-      if (rank.live()) AccountReleases(rank);
+      if (rank.live()) AccountTaken(rank);
     }
     done(ledger_->Snapshot(job_.name()));
   });
@@ -292,7 +298,7 @@ void JobRunner::Detach(int global_rank, uint64_t connection_id,
                                             " has no connection ", connection_id)));
       return;
     }
-    AccountReleases(rank->second);
+    AccountTaken(rank->second);
     if (consumed_to.has_value()) {
       RecordConsumedTo(global_rank, consumed_to->at, rank->second.ring_slots);
     }
@@ -332,7 +338,7 @@ void JobRunner::RankGone(int global_rank, uint64_t connection_id, std::string wh
       return;
     spdlog::warn("job {} rank {}: {}: its connection {:#x} is ended", job_.name(), global_rank, why,
                  connection_id);
-    AccountReleases(rank->second);
+    AccountTaken(rank->second);
     sender_->Disconnect(connection_id, why).IgnoreError();
     rank->second.failed = true;
     UpdateAttached();
@@ -383,7 +389,7 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
         continue;
       }
       RankState& rank = it->second;
-      if (rank.live()) AccountReleases(rank);
+      if (rank.live()) AccountTaken(rank);
       absl::StatusOr<transport::ConnectionStats> connection = sender_->Stats(rank.connection_id);
       const bool attached = rank.live() && connection.ok();
       out->set_attached(attached);
@@ -599,7 +605,7 @@ void JobRunner::FetchAhead() {
 
 bool JobRunner::ServeRank(RankState& rank) {
   bool pushed = false;
-  if (rank.live()) AccountReleases(rank);
+  if (rank.live()) AccountTaken(rank);
   while (rank.live()) {
     absl::StatusOr<uint32_t> credits = sender_->Credits(rank.connection_id);
     if (!credits.ok()) {
@@ -665,7 +671,7 @@ void JobRunner::EndRank(RankState& rank, const absl::Status& cause) {
   const std::string reason = absl::StrCat("job ", job_.name(), " step ", rank.next_step,
                                           " cannot be served: ", cause.ToString());
   spdlog::error("job {} rank {}: connection ended: {}", job_.name(), rank.global_rank, reason);
-  AccountReleases(rank);
+  AccountTaken(rank);
   sender_->Disconnect(rank.connection_id, reason).IgnoreError();
   rank.failed = true;
   UpdateAttached();

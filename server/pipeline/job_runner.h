@@ -115,9 +115,9 @@ class JobRunner {
   void Post(std::function<void()> task);
   void Loop();
   absl::Status AttachOnThread(const AttachArgs& args, uint64_t& connection_id);
-  // Moves the microbatches the rank released since the last call into the
-  // ledger.
-  void AccountReleases(RankState& rank);
+  // Moves the microbatches the rank's trainer took since the last call into
+  // the ledger (taken is consumed; a held one may be released much later).
+  void AccountTaken(RankState& rank);
   // Keeps `times` as the rank's connection's latest figures.
   void TakeTimes(RankState& rank, const v1::RankTimes& times);
   // Ledger bookkeeping for a rank re-attaching ahead of the ledger.

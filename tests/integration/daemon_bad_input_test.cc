@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -340,6 +341,56 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
   EXPECT_EQ(rank0.gaps(), 0u);
   EXPECT_EQ(rank0.rewinds(), 1u);  // the reference run, then again from step 0
   EXPECT_EQ(rank0.next_step(), static_cast<int64_t>(cases.size()));
+}
+
+// Not a bad request, but the C++ side of a trainer's fault that must not
+// become wrong bytes: a Microbatch handle holds its slot, whatever the
+// trainer takes meanwhile, and holding more than the ring leaves the daemon
+// a slot to fill (the client copies) instead of waiting forever.
+TEST_F(DaemonBadInputTest, HeldMicrobatchesKeepTheirBytesAndTheRingNeverRunsDry) {
+  client::ClientOptions options = Options(2);
+  options.slots = 3;
+  auto client = client::Client::Attach(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto hashes = [](const client::Microbatch& mb) {
+    std::vector<uint64_t> out;
+    for (const client::FieldView& field : mb.fields) {
+      out.push_back(
+          server::StableHash(absl::string_view(static_cast<const char*>(field.data), field.bytes)));
+    }
+    return out;
+  };
+  std::deque<std::pair<client::Microbatch, std::vector<uint64_t>>> held;  // the last 4
+  uint64_t taken = 0;
+  while (taken < 16) {
+    absl::StatusOr<client::StepInfo> step = (*client)->NextStep(absl::Seconds(30));
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (int m = 0; m < step->num_microbatches; ++m, ++taken) {
+      absl::StatusOr<client::Microbatch> mb = (*client)->Next(absl::Seconds(30));
+      ASSERT_TRUE(mb.ok()) << mb.status();
+      EXPECT_LE((*client)->Ring().held, 2u) << "the daemon must keep a slot to fill";
+      held.emplace_back(*mb, hashes(*mb));
+      if (held.size() > 4) {
+        EXPECT_EQ(hashes(held.front().first), held.front().second) << "changed while held";
+        held.pop_front();
+      }
+    }
+  }
+  for (const auto& [mb, arrived] : held) EXPECT_EQ(hashes(mb), arrived) << "changed while held";
+  const client::RingUse use = (*client)->Ring();
+  EXPECT_EQ(use.handed_out, taken);
+  EXPECT_GT(use.copied_out, 0u) << "4 held in a 3-slot ring";
+  EXPECT_LT(use.copied_out, taken);
+
+  // A chunk shares its microbatch's hold; Release drops a handle and its views.
+  while (!held.empty() && held.back().first.copied_out) held.pop_back();
+  ASSERT_FALSE(held.empty());
+  client::Microbatch chunk = held.back().first.Chunk(0);
+  held.clear();
+  EXPECT_EQ((*client)->Ring().held, 1u);
+  chunk.Release();
+  EXPECT_TRUE(chunk.fields.empty());
+  EXPECT_EQ((*client)->Ring().held, 0u);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@ the exception classes of packfeed.errors with the daemon's message, the GIL
 is free while a client waits, a killed daemon is an exception, not a
 hang, and where each rank's training loop spends its time reaches the
 daemon's stats and metrics as the rank measured it."""
+import collections
 import dataclasses
 import os
 import signal
@@ -92,14 +93,16 @@ class ClientTest(unittest.TestCase):
 
     def test_views_are_slots_of_the_ring_and_copies_are_owned(self):
         with self.daemon(name="views") as daemon:
-            client = packfeed.Client("job", rank=0, socket_path=daemon.socket, slots=2)
+            client = packfeed.Client("job", rank=0, socket_path=daemon.socket, slots=3)
             pointers = []
-            while len(pointers) < 4:
+            while len(pointers) < 12:
                 for batch in client.next_step()[0]:
                     pointers.append(batch["tokens"].data_ptr())
-            self.assertEqual(pointers[0], pointers[2])  # two slots, reused in turn
-            self.assertEqual(pointers[1], pointers[3])
-            self.assertNotEqual(pointers[0], pointers[1])
+            # The loop holds one microbatch while it takes the next: three
+            # slots serve it zero-copy, each reused once its tensors are gone.
+            self.assertLessEqual(len(set(pointers)), 3)
+            self.assertGreater(len(set(pointers)), 1)
+            self.assertEqual(client.ring()["copied_out"], 0, client.ring())
             client.close()
             owned = packfeed.Client("job", rank=0, socket_path=daemon.socket, copy=True)
             iterator = owned.next_step()[0]
@@ -109,6 +112,74 @@ class ClientTest(unittest.TestCase):
                                 for b in again.next_step()[0]))
             owned.close()
             again.close()
+
+    def test_held_tensors_never_change_and_holding_more_than_the_ring_copies(self):
+        """A trainer keeps the tensors of its last K microbatches alive, as
+        autograd keeps every in-flight microbatch's inputs until its backward
+        (1F1B holds up to PP of them), and takes more. Each held tensor must
+        stay what it was on arrival, with the default options (4 slots,
+        zero-copy); beyond the ring the client copies, and says so. With a
+        GPU, non-blocking copies (and, on the staged ring, an embedding's
+        forward and backward) read the held tensors while more arrive."""
+        devices = [None] + (["cuda"] if torch.cuda.is_available() else [])
+        with self.daemon(name="held") as daemon:
+            for device, k in [(d, k) for d in devices for k in range(1, 9)]:
+                client = packfeed.Client("job", rank=0, socket_path=daemon.socket, device=device)
+                window = collections.deque()
+                taken = 0
+                while taken < 40:
+                    for batch in client.next_step(timeout=30)[0]:
+                        window.append(self.hold(taken, batch))
+                        taken += 1
+                        if len(window) > k:
+                            self.assert_unchanged(window.popleft(), k)
+                        self.assertLessEqual(client.ring()["held"], 3, client.ring())
+                    del batch
+                for entry in window:
+                    self.assert_unchanged(entry, k)
+                ring = client.ring()
+                self.assertEqual(ring["handed_out"], taken)
+                # With K held and one being taken, the ring must keep a slot
+                # to fill: K + 1 >= 4 slots means copies, fewer means none.
+                if k + 1 < 4:
+                    self.assertEqual(ring["copied_out"], 0, (device, k, ring))
+                else:
+                    self.assertGreater(ring["copied_out"], 0, (device, k, ring))
+                del entry
+                window.clear()
+                if device is not None:
+                    torch.cuda.synchronize()
+                self.assertEqual(client.ring()["held"], 0, "a slot outlived its tensors")
+                client.close()
+
+    @staticmethod
+    def hold(taken, batch):
+        """What the trainer keeps of a microbatch: its views, their clones
+        taken on arrival, and, with a GPU, work in flight that reads them."""
+        views = {n: batch[n] for n in ("tokens", "labels", "position_ids", "cu_seqlens")}
+        clones = {n: v.clone() for n, v in views.items()}
+        inflight = {}
+        if torch.cuda.is_available():
+            inflight = {n: v.to("cuda", non_blocking=True) for n, v in views.items()}
+            if views["tokens"].is_cuda:
+                weight = torch.randn(EOD + 1, 8, device="cuda", requires_grad=True)
+                torch.nn.functional.embedding(views["tokens"], weight).sum().backward()
+                inflight["embedding_grad_rows"] = weight.grad.abs().sum(dim=1).ne(0).sum()
+                clones["embedding_grad_rows"] = torch.unique(clones["tokens"]).numel()
+        return taken, views, clones, inflight
+
+    def assert_unchanged(self, entry, k):
+        taken, views, clones, inflight = entry
+        for name, view in views.items():
+            self.assertTrue(torch.equal(view, clones[name]),
+                            f"K={k}: {name} of microbatch {taken} changed while held")
+        if inflight:
+            torch.cuda.synchronize()
+        for name, value in inflight.items():
+            self.assertTrue(torch.equal(torch.as_tensor(value).cpu(),
+                                        torch.as_tensor(clones[name]).cpu()),
+                            f"K={k}: work in flight on {name} of microbatch {taken} read "
+                            "changed bytes")
 
     def test_side_fields_arrive_shaped_and_vpp_gives_one_iterator_per_chunk(self):
         prefix = f"{self.workdir}/moe"

@@ -238,9 +238,8 @@ class IngestTest(unittest.TestCase):
             clients = [packfeed.Client("ref", rank=r, socket_path=daemon.socket) for r in range(4)]
             for client in clients:
                 microbatches, _, _, _ = client.next_step(timeout=30)
-                for _ in microbatches:
+                for _ in microbatches:  # taken is consumed, held or not
                     pass
-                client.release()  # the step's last microbatch: now it is consumed
             waiter.join(timeout=30)
             self.assertIn("reply", done, "the waiting put never proceeded")
             producer.seal(1)

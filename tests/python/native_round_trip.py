@@ -68,7 +68,7 @@ def main():
                 begin, length = int(cu_padded[s]), int(cu[s + 1] - cu[s])
                 got.append(tuple(fields[name][begin:begin + length].tolist()
                                  for name in ("tokens", "labels", "logprobs")))
-            rank.release()  # the slot's memory goes back to the daemon: read it first
+            del fields  # the slot goes back to the daemon once no array views it
         rank.detach()
     # A sample of T tokens is T - 1 positions: tokens without the last, labels
     # without the first, side fields aligned to tokens (docs/CONTRACT.md).

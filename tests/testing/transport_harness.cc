@@ -93,7 +93,7 @@ absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_s
     PF_RETURN_IF_ERROR(CheckTestMessage(slot, seq, max_payload_bytes));
     for (const auto& field : slot.fields) *bytes += field.descriptor.bytes;
     if (hold > absl::ZeroDuration()) absl::SleepFor(hold);
-    PF_RETURN_IF_ERROR(receiver.Release(slot.seq));
+    PF_RETURN_IF_ERROR(receiver.Release(slot.lease));
   }
   return absl::OkStatus();
 }

@@ -75,8 +75,10 @@ struct CudaSlotCopier::Handles {
   cudaStream_t stream = nullptr;
   bool own_stream = false;
   std::vector<cudaEvent_t> copied;
-  std::vector<cudaEvent_t> consumed;
-  std::vector<bool> consumed_recorded;
+  // Per slot: events recorded on the streams that last read it (created as
+  // needed, kept for reuse), and how many of them the next copy waits for.
+  std::vector<std::vector<cudaEvent_t>> consumed;
+  std::vector<size_t> consumed_recorded;
   void (*on_copied)(void*) = nullptr;
   void* argument = nullptr;
 
@@ -86,7 +88,9 @@ struct CudaSlotCopier::Handles {
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
     for (cudaEvent_t event : copied) cudaEventDestroy(event);
-    for (cudaEvent_t event : consumed) cudaEventDestroy(event);
+    for (const std::vector<cudaEvent_t>& events : consumed) {
+      for (cudaEvent_t event : events) cudaEventDestroy(event);
+    }
     if (own_stream && stream != nullptr) cudaStreamDestroy(stream);
     if (buffer != nullptr) cudaFree(buffer);
   }
@@ -114,14 +118,13 @@ absl::StatusOr<std::unique_ptr<CudaSlotCopier>> CudaSlotCopier::Create(int devic
     handles->stream = static_cast<cudaStream_t>(stream);
   }
   for (uint32_t i = 0; i < slots; ++i) {
-    for (std::vector<cudaEvent_t>* events : {&handles->copied, &handles->consumed}) {
-      cudaEvent_t event = nullptr;
-      PF_RETURN_IF_ERROR(
-          CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
-      events->push_back(event);
-    }
+    cudaEvent_t event = nullptr;
+    PF_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
+    handles->copied.push_back(event);
   }
-  handles->consumed_recorded.assign(slots, false);
+  handles->consumed.resize(slots);
+  handles->consumed_recorded.assign(slots, 0);
   return std::unique_ptr<CudaSlotCopier>(new CudaSlotCopier(std::move(handles)));
 }
 
@@ -134,9 +137,9 @@ void* CudaSlotCopier::copied_event(uint32_t index) const { return handles_->copi
 absl::Status CudaSlotCopier::Copy(uint32_t index, const void* source, uint64_t bytes) {
   Handles& h = *handles_;
   PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(h.device), "cudaSetDevice"));
-  if (h.consumed_recorded[index]) {
+  for (size_t i = 0; i < h.consumed_recorded[index]; ++i) {
     PF_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamWaitEvent(h.stream, h.consumed[index], 0), "cudaStreamWaitEvent"));
+        CudaStatus(cudaStreamWaitEvent(h.stream, h.consumed[index][i], 0), "cudaStreamWaitEvent"));
   }
   PF_RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(slot(index), source, bytes, cudaMemcpyHostToDevice, h.stream),
@@ -159,13 +162,32 @@ absl::Status CudaSlotCopier::WaitCopied(uint32_t index, void* consumer_stream) c
       "cudaStreamWaitEvent");
 }
 
-absl::Status CudaSlotCopier::Consumed(uint32_t index, void* consumer_stream) {
-  PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(handles_->device), "cudaSetDevice"));
-  PF_RETURN_IF_ERROR(CudaStatus(
-      cudaEventRecord(handles_->consumed[index], static_cast<cudaStream_t>(consumer_stream)),
-      "cudaEventRecord"));
-  handles_->consumed_recorded[index] = true;
+absl::Status CudaSlotCopier::Consumed(uint32_t index, absl::Span<void* const> consumer_streams) {
+  Handles& h = *handles_;
+  PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(h.device), "cudaSetDevice"));
+  void* const legacy_default = nullptr;
+  if (consumer_streams.empty()) consumer_streams = absl::MakeConstSpan(&legacy_default, 1);
+  std::vector<cudaEvent_t>& events = h.consumed[index];
+  h.consumed_recorded[index] = 0;
+  for (void* consumer : consumer_streams) {
+    if (events.size() == h.consumed_recorded[index]) {
+      cudaEvent_t event = nullptr;
+      PF_RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
+      events.push_back(event);
+    }
+    PF_RETURN_IF_ERROR(CudaStatus(
+        cudaEventRecord(events[h.consumed_recorded[index]], static_cast<cudaStream_t>(consumer)),
+        "cudaEventRecord"));
+    ++h.consumed_recorded[index];
+  }
   return absl::OkStatus();
+}
+
+absl::Status CudaCopyAsync(void* destination, const void* source, size_t length, void* stream) {
+  return CudaStatus(cudaMemcpyAsync(destination, source, length, cudaMemcpyDefault,
+                                    static_cast<cudaStream_t>(stream)),
+                    "cudaMemcpyAsync");
 }
 
 #else  // !PF_HAVE_CUDA
@@ -184,6 +206,7 @@ CudaHostRegistration::~CudaHostRegistration() = default;
 absl::StatusOr<CudaDeviceBuffer> CudaDeviceBuffer::Allocate(int, size_t) { return NoCuda(); }
 CudaDeviceBuffer::~CudaDeviceBuffer() = default;
 absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
+absl::Status CudaCopyAsync(void*, const void*, size_t, void*) { return NoCuda(); }
 
 struct CudaSlotCopier::Handles {};
 absl::StatusOr<std::unique_ptr<CudaSlotCopier>> CudaSlotCopier::Create(int, uint32_t, uint64_t,
@@ -196,7 +219,7 @@ void* CudaSlotCopier::copied_event(uint32_t) const { return nullptr; }
 absl::Status CudaSlotCopier::Copy(uint32_t, const void*, uint64_t) { return NoCuda(); }
 absl::StatusOr<bool> CudaSlotCopier::Copied(uint32_t) const { return NoCuda(); }
 absl::Status CudaSlotCopier::WaitCopied(uint32_t, void*) const { return NoCuda(); }
-absl::Status CudaSlotCopier::Consumed(uint32_t, void*) { return NoCuda(); }
+absl::Status CudaSlotCopier::Consumed(uint32_t, absl::Span<void* const>) { return NoCuda(); }
 
 #endif  // PF_HAVE_CUDA
 

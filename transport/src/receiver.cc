@@ -18,11 +18,11 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
     options.slot_bytes =
         (options.slot_bytes + kFieldAlignment - 1) / kFieldAlignment * kFieldAlignment;
   }
-  if (options.slots == 0 || options.slot_bytes == 0 ||
+  if (options.slots == 0 || options.slots > kMaxSlots || options.slot_bytes == 0 ||
       options.slot_bytes > UINT64_MAX / options.slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a ring of ", options.slots, " slots of ", options.slot_bytes,
-                     " bytes: both must be positive and their product fit 64 bits"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ring of ", options.slots, " slots of ", options.slot_bytes,
+        " bytes: both must be positive, at most ", kMaxSlots, " slots, their product fit 64 bits"));
   }
   PF_ASSIGN_OR_RETURN(UcpContext context, UcpContext::Create(options.ucx));
   PF_ASSIGN_OR_RETURN(UcpWorker worker, UcpWorker::Create(context));
@@ -124,6 +124,10 @@ absl::Status Receiver::CreateRing() {
       device_busy_.assign(options_.slots, false);
     }
   }
+  {
+    absl::MutexLock lock(&mutex_);
+    occupied_.assign(options_.slots, false);
+  }
   PF_ASSIGN_OR_RETURN(std::string key, ring_->PackRemoteKey());
   ring_descriptor_ = EncodeRingDescriptor({options_.slots, options_.slot_bytes,
                                            reinterpret_cast<uint64_t>(ring_->address()),
@@ -194,6 +198,11 @@ absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t con
     connected_ = false;
     connection_id_ = connection_id;
     failure_ = absl::OkStatus();
+    // What the old sender announced and the trainer never took is dropped;
+    // what the trainer holds stays occupied until released.
+    for (const ReceivedSlot& slot : ready_) {
+      if (copier_ == nullptr) occupied_[slot.slot] = false;
+    }
     ResetStaging();
     ready_.clear();
     received_ = handed_out_ = released_ = 0;
@@ -206,10 +215,10 @@ absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t con
     absl::MutexLock lock(&mutex_);
     connected_ = true;
   }
-  // The first credit (0 released) tells the sender the ring is ready: it
-  // holds no credit before, so it cannot notify a receiver that would drop
-  // the notification as being of an unknown connection.
-  credit_sent_ = UINT64_MAX;
+  // The first credit tells the sender the ring is ready: it holds no credit
+  // before, so it cannot notify a receiver that would drop the notification
+  // as being of an unknown connection.
+  credit_sent_.reset();
   SendCredit();
   absl::MutexLock lock(&mutex_);
   return failure_;
@@ -229,18 +238,17 @@ bool Receiver::SendCredit() {
       return false;
     }
   }
-  uint64_t released;
-  uint64_t connection_id;
+  Credit credit;
   {
     absl::MutexLock lock(&mutex_);
-    // A staged slot's host memory is free once its copy is done.
-    released = copier_ != nullptr ? copied_ : released_;
-    if (!connected_ || !failure_.ok() || released == credit_sent_) return false;
-    connection_id = connection_id_;
+    if (!connected_ || !failure_.ok()) return false;
+    credit = CreditNow();
   }
-  credit_message_ = EncodeMessage(Credit{connection_id, released});
+  if (credit == credit_sent_) return false;
+  const uint64_t connection_id = credit.connection_id;
+  credit_message_ = EncodeMessage(credit);
   ucs_status_ptr_t request = endpoint_->SendEager(kActiveMessageId, credit_message_);
-  credit_sent_ = released;
+  credit_sent_ = std::move(credit);
   if (UCS_PTR_IS_ERR(request)) {
     absl::MutexLock lock(&mutex_);
     FailConnection(absl::UnavailableError(
@@ -250,6 +258,15 @@ bool Receiver::SendCredit() {
     credit_request_ = request;
   }
   return true;
+}
+
+Credit Receiver::CreditNow() const {
+  Credit credit{connection_id_, received_, handed_out_, released_, {}};
+  credit.free_slots.assign((options_.slots + 63) / 64, 0);
+  for (uint32_t slot = 0; slot < options_.slots; ++slot) {
+    if (!occupied_[slot]) credit.set_free(slot);
+  }
+  return credit;
 }
 
 void Receiver::DropCreditRequest() {
@@ -281,22 +298,29 @@ void Receiver::FailConnection(absl::Status cause) {
 }
 
 absl::StatusOr<ReceivedSlot> Receiver::Next(absl::Duration timeout) {
-  absl::MutexLock lock(&mutex_);
-  auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    return !ready_.empty() || !failure_.ok() || !connected_;
-  };
-  mutex_.AwaitWithTimeout(absl::Condition(&news), timeout);
-  if (!ready_.empty()) {
-    ReceivedSlot slot = std::move(ready_.front());
+  absl::StatusOr<ReceivedSlot> next;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto news = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+      return !ready_.empty() || !failure_.ok() || !connected_;
+    };
+    mutex_.AwaitWithTimeout(absl::Condition(&news), timeout);
+    if (ready_.empty()) {
+      if (!connected_) return absl::FailedPreconditionError("not connected to a sender");
+      if (!failure_.ok()) return failure_;
+      return absl::DeadlineExceededError(
+          absl::StrCat("no slot within ", absl::FormatDuration(timeout)));
+    }
+    next = std::move(ready_.front());
     ready_.pop_front();
     ++handed_out_;
-    if (copier_ != nullptr) held_device_slots_.push_back(slot.device_slot);
-    return slot;
+    next->lease = next_lease_++;
+    held_[next->lease] = Held{copier_ != nullptr ? next->device_slot : next->slot, connection_id_};
   }
-  if (!connected_) return absl::FailedPreconditionError("not connected to a sender");
-  if (!failure_.ok()) return failure_;
-  return absl::DeadlineExceededError(
-      absl::StrCat("no slot within ", absl::FormatDuration(timeout)));
+  // No wake-up: the progress thread sends the new count with the next
+  // release, or at its idle wake-up (`idle_wakeup`) at the latest; the ledger
+  // can wait that long, Next's latency should not pay for it.
+  return next;
 }
 
 bool Receiver::StageArrived() {
@@ -304,7 +328,8 @@ bool Receiver::StageArrived() {
   bool progressed = false;
   absl::MutexLock lock(&mutex_);
   while (!copying_.empty()) {
-    absl::StatusOr<bool> done = copier_->Copied(copying_.front());
+    const auto [device_slot, host_slot] = copying_.front();
+    absl::StatusOr<bool> done = copier_->Copied(device_slot);
     if (!done.ok()) {
       FailConnection(absl::InternalError(absl::StrCat(
           "connection ", connection_id_, ": copy to the device: ", done.status().message())));
@@ -312,12 +337,15 @@ bool Receiver::StageArrived() {
     }
     if (!*done) break;
     copying_.pop_front();
+    occupied_[host_slot] = false;  // the host slot is free once copied
     ++copied_;
     progressed = true;
   }
-  while (!arrived_.empty() && failure_.ok() && !device_busy_[next_device_slot_]) {
+  while (!arrived_.empty() && failure_.ok()) {
+    const auto free_buffer = std::find(device_busy_.begin(), device_busy_.end(), false);
+    if (free_buffer == device_busy_.end()) break;
+    const auto device_slot = static_cast<uint32_t>(free_buffer - device_busy_.begin());
     ReceivedSlot& slot = arrived_.front();
-    const uint32_t device_slot = next_device_slot_;
     const uint8_t* host = static_cast<uint8_t*>(ring_->address()) + slot.slot * options_.slot_bytes;
     uint64_t extent = 0;
     for (const FieldView& field : slot.fields) {
@@ -338,8 +366,7 @@ bool Receiver::StageArrived() {
     slot.device_slot = device_slot;
     slot.ready_event = copier_->copied_event(device_slot);
     device_busy_[device_slot] = true;
-    next_device_slot_ = (device_slot + 1) % options_.slots;
-    copying_.push_back(device_slot);
+    copying_.emplace_back(device_slot, slot.slot);
     ready_.push_back(std::move(slot));
     arrived_.pop_front();
     progressed = true;
@@ -351,7 +378,7 @@ void Receiver::ResetStaging() {
   if (copier_ == nullptr) return;
   // The new sender starts with every host slot free: the copies still
   // reading them must finish first.
-  for (uint32_t device_slot : copying_) {
+  for (const auto& [device_slot, host_slot] : copying_) {
     absl::StatusOr<bool> done;
     while ((done = copier_->Copied(device_slot)).ok() && !*done)
       absl::SleepFor(absl::Microseconds(20));
@@ -359,14 +386,10 @@ void Receiver::ResetStaging() {
   copying_.clear();
   copied_ = 0;
   arrived_.clear();
-  // Slots handed out and never released (the client dropped them with the
-  // connection): their reader's stream is unknown; the legacy default stream
-  // waits for every blocking stream's work.
-  for (uint32_t device_slot : held_device_slots_) {
-    copier_->Consumed(device_slot, nullptr).IgnoreError();
-  }
-  held_device_slots_.clear();
-  device_busy_.assign(options_.slots, false);
+  occupied_.assign(options_.slots, false);
+  // Device buffers copied into and never handed out are free; those the
+  // trainer holds stay its own until released.
+  for (const ReceivedSlot& slot : ready_) device_busy_[slot.device_slot] = false;
 }
 
 absl::Status Receiver::StreamWaitsFor(const ReceivedSlot& slot, void* cuda_stream) const {
@@ -374,24 +397,22 @@ absl::Status Receiver::StreamWaitsFor(const ReceivedSlot& slot, void* cuda_strea
   return copier_->WaitCopied(slot.device_slot, cuda_stream);
 }
 
-absl::Status Receiver::Release(uint64_t seq, void* cuda_stream) {
+absl::Status Receiver::Release(uint64_t lease, absl::Span<void* const> cuda_streams) {
   {
     absl::MutexLock lock(&mutex_);
-    if (released_ == handed_out_) {
+    auto it = held_.find(lease);
+    if (it == held_.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("release of message ", seq, ": no slot is held"));
+          absl::StrCat("release of lease ", lease, ": not held (released before?)"));
     }
-    if (seq != released_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("release of message ", seq,
-                       ": slots are released in order, the oldest held is ", released_));
-    }
-    ++released_;
-    if (copier_ != nullptr && !held_device_slots_.empty()) {
-      const uint32_t device_slot = held_device_slots_.front();
-      held_device_slots_.pop_front();
-      PF_RETURN_IF_ERROR(copier_->Consumed(device_slot, cuda_stream));
-      device_busy_[device_slot] = false;
+    const Held held = it->second;
+    held_.erase(it);
+    if (held.connection_id == connection_id_) ++released_;
+    if (copier_ != nullptr) {
+      device_busy_[held.slot] = false;
+      PF_RETURN_IF_ERROR(copier_->Consumed(held.slot, cuda_streams));
+    } else {
+      occupied_[held.slot] = false;
     }
   }
   Wake();
@@ -400,7 +421,7 @@ absl::Status Receiver::Release(uint64_t seq, void* cuda_stream) {
 
 ReceiverStats Receiver::stats() const {
   absl::MutexLock lock(&mutex_);
-  return ReceiverStats{received_, released_, stale_, copied_};
+  return ReceiverStats{received_, released_, static_cast<uint32_t>(held_.size()), stale_, copied_};
 }
 
 void Receiver::OnEndpointError(void* arg, ucp_ep_h endpoint, ucs_status_t status) {
@@ -487,6 +508,10 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
   }
   if (!failure_.ok()) return;
   absl::Status valid = ValidateSlotReady(*ready, options_.slots, options_.slot_bytes, received_);
+  if (valid.ok() && occupied_[ready->slot]) {
+    valid = absl::DataLossError(absl::StrCat("slot-ready for message ", ready->seq, " names slot ",
+                                             ready->slot, ", which is not free"));
+  }
   if (!valid.ok()) {
     FailConnection(
         absl::DataLossError(absl::StrCat("connection ", connection_id_, ": ", valid.message())));
@@ -509,6 +534,7 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
   for (const FieldDescriptor& field : ready->fields) {
     slot.fields.push_back(FieldView{field, base + field.offset, {}});
   }
+  occupied_[ready->slot] = true;
   (copier_ != nullptr ? arrived_ : ready_).push_back(std::move(slot));
   ++received_;
 }

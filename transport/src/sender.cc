@@ -32,21 +32,35 @@ struct Sender::Connection {
   // notifications (see kSlotDataMessageId) instead of as puts.
   bool slots_as_messages = false;
   uint64_t pushed = 0;
-  uint64_t released = 0;
   uint64_t bytes = 0;
-  bool accepted = false;             // the receiver's first credit has arrived
-  absl::Status failure;              // set once; the connection is then closed
-  std::string notification;          // alive until its send completes (UCX 1.13)
-  uint64_t notification_length = 0;  // the header of a kSlotDataMessageId
-  std::vector<ucp_dt_iov_t> pieces;  // its data; alive like `notification`
+  bool accepted = false;  // the receiver's first credit has arrived
+  Credit credit;          // the receiver's latest
+  // Per slot: 1 + the message last pushed into it, 0 when none was.
+  std::vector<uint64_t> filled;
+  std::optional<uint32_t> mapped_slot;  // MapNextSlot's, until CommitMapped
+  absl::Status failure;                 // set once; the connection is then closed
+  std::string notification;             // alive until its send completes (UCX 1.13)
+  uint64_t notification_length = 0;     // the header of a kSlotDataMessageId
+  std::vector<ucp_dt_iov_t> pieces;     // its data; alive like `notification`
 
+  // Free per the latest credit, and not filled since the receiver took it.
+  bool free(uint32_t slot) const { return credit.is_free(slot) && filled[slot] <= credit.seen; }
   uint32_t credits() const {
     if (!failure.ok() || !accepted) return 0;
-    return static_cast<uint32_t>(ring.slots - (pushed - released));
+    uint32_t count = 0;
+    for (uint32_t slot = 0; slot < ring.slots; ++slot) count += free(slot) ? 1 : 0;
+    return count;
   }
-  uint64_t slot_address(uint64_t seq) const {
-    return ring.base_address + (seq % ring.slots) * ring.slot_bytes;
+  // The slot the next push fills: MapNextSlot's, else the lowest free one.
+  std::optional<uint32_t> next_slot() const {
+    if (mapped_slot.has_value()) return mapped_slot;
+    if (!failure.ok() || !accepted) return std::nullopt;
+    for (uint32_t slot = 0; slot < ring.slots; ++slot) {
+      if (free(slot)) return slot;
+    }
+    return std::nullopt;
   }
+  uint64_t slot_address(uint32_t slot) const { return ring.base_address + slot * ring.slot_bytes; }
 };
 
 namespace {
@@ -96,6 +110,7 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
   auto connection = std::make_unique<Connection>();
   connection->connection_id = next_connection_id_++;
   connection->ring = std::move(ring);
+  connection->filled.assign(connection->ring.slots, 0);
   PF_ASSIGN_OR_RETURN(
       UcpEndpoint endpoint,
       UcpEndpoint::Connect(worker_, *address, &Sender::OnEndpointError, connection.get()));
@@ -188,7 +203,8 @@ absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
   PF_RETURN_IF_ERROR(CheckInline(content));
   PF_ASSIGN_OR_RETURN(std::vector<FieldDescriptor> layout,
                       LayoutFields(Specs(content), connection->ring.slot_bytes));
-  if (connection->credits() == 0) {
+  const std::optional<uint32_t> slot = connection->next_slot();
+  if (!slot.has_value()) {
     return absl::ResourceExhaustedError(
         connection->accepted
             ? absl::StrCat("connection ", connection_id, ": all ", connection->ring.slots,
@@ -201,13 +217,13 @@ absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
     // All puts in flight at once, then one flush: remote completion of every
     // put before the notification leaves (flush, not fence: UCX 1.13's fence
     // does not order across lanes).
-    const uint64_t slot = connection->slot_address(connection->pushed);
+    const uint64_t address = connection->slot_address(*slot);
     std::vector<ucs_status_ptr_t> requests;
     ucp_request_param_t put = {};
     for (size_t i = 0; i < layout.size(); ++i) {
       if (layout[i].bytes == 0) continue;
       requests.push_back(ucp_put_nbx(connection->endpoint->get(), content.fields[i].data,
-                                     layout[i].bytes, slot + layout[i].offset,
+                                     layout[i].bytes, address + layout[i].offset,
                                      connection->remote_key.get(), &put));
     }
     requests.push_back(connection->endpoint->Flush());
@@ -216,7 +232,7 @@ absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
       status.Update(Wait(*connection, request, "ucp_put_nbx/ucp_ep_flush_nbx", deadline));
     }
   }
-  if (status.ok()) status = Notify(*connection, layout, content, deadline);
+  if (status.ok()) status = Notify(*connection, *slot, layout, content, deadline);
   if (!status.ok()) return Fail(*connection, std::move(status));
   return absl::OkStatus();
 }
@@ -229,19 +245,21 @@ absl::StatusOr<MappedSlot> Sender::MapNextSlot(uint64_t connection_id) {
                      ": the receiver's ring is not mapped into this process "
                      "(not same-node shared memory); use Push"));
   }
-  if (connection->credits() == 0) {
+  const std::optional<uint32_t> slot = connection->next_slot();
+  if (!slot.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("connection ", connection_id, ": no free slot"));
   }
-  const uint64_t offset =
-      connection->slot_address(connection->pushed) - connection->ring.base_address;
-  return MappedSlot{connection->mapped + offset, connection->ring.slot_bytes, connection->pushed};
+  // Kept until CommitMapped: a credit arriving in between may free a lower slot.
+  connection->mapped_slot = slot;
+  return MappedSlot{connection->mapped + *slot * connection->ring.slot_bytes,
+                    connection->ring.slot_bytes, connection->pushed};
 }
 
 absl::Status Sender::CommitMapped(uint64_t connection_id, const SlotContent& content) {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   PF_RETURN_IF_ERROR(CheckInline(content));
-  if (connection->mapped == nullptr || connection->credits() == 0) {
+  if (connection->mapped == nullptr || !connection->mapped_slot.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("connection ", connection_id, ": CommitMapped without a mapped slot"));
   }
@@ -250,18 +268,20 @@ absl::Status Sender::CommitMapped(uint64_t connection_id, const SlotContent& con
   // The slot was written with plain stores: make them visible before the
   // notification can be seen.
   std::atomic_thread_fence(std::memory_order_release);
+  const uint32_t slot = *std::exchange(connection->mapped_slot, std::nullopt);
   absl::Status status =
-      Notify(*connection, layout, content, absl::Now() + options_.operation_timeout);
+      Notify(*connection, slot, layout, content, absl::Now() + options_.operation_timeout);
   if (!status.ok()) return Fail(*connection, std::move(status));
   return absl::OkStatus();
 }
 
-absl::Status Sender::Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
-                            const SlotContent& content, absl::Time deadline) {
+absl::Status Sender::Notify(Connection& connection, uint32_t slot,
+                            const std::vector<FieldDescriptor>& layout, const SlotContent& content,
+                            absl::Time deadline) {
   SlotReady ready;
   ready.connection_id = connection.connection_id;
   ready.seq = connection.pushed;
-  ready.slot = static_cast<uint32_t>(connection.pushed % connection.ring.slots);
+  ready.slot = slot;
   ready.step = content.step;
   ready.microbatch = content.microbatch;
   ready.fields = layout;
@@ -287,7 +307,7 @@ absl::Status Sender::Notify(Connection& connection, const std::vector<FieldDescr
     request = connection.endpoint->SendEager(kActiveMessageId, connection.notification);
   }
   PF_RETURN_IF_ERROR(Wait(connection, request, "ucp_am_send_nbx(slot-ready)", deadline));
-  ++connection.pushed;
+  connection.filled[slot] = ++connection.pushed;
   for (const FieldDescriptor& field : layout) connection.bytes += field.bytes;
   return absl::OkStatus();
 }
@@ -335,8 +355,9 @@ void Sender::ProgressOrWait(absl::Duration timeout) {
 
 absl::StatusOr<ConnectionStats> Sender::Stats(uint64_t connection_id) const {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
-  return ConnectionStats{connection->pushed, connection->released, connection->bytes,
-                         connection->credits(), connection->mapped != nullptr};
+  return ConnectionStats{connection->pushed,          connection->credit.taken,
+                         connection->credit.released, connection->bytes,
+                         connection->credits(),       connection->mapped != nullptr};
 }
 
 absl::StatusOr<std::string> Sender::Transports(uint64_t connection_id) const {
@@ -382,15 +403,38 @@ void Sender::OnMessage(absl::string_view bytes) {
     return;
   }
   Connection& connection = *it->second;
-  if (credit->released > connection.pushed) {
-    connection.failure = absl::UnavailableError(
-        absl::StrCat("connection ", connection.connection_id, ": receiver released ",
-                     credit->released, " slots of ", connection.pushed, " pushed"));
+  if (absl::Status valid = CheckCredit(connection, *credit); !valid.ok()) {
+    connection.failure = absl::UnavailableError(absl::StrCat(
+        "connection ", connection.connection_id, ": a malformed credit: ", valid.message()));
     Logger().warn("{}", std::string(connection.failure.message()));
     return;
   }
   connection.accepted = true;
-  connection.released = std::max(connection.released, credit->released);
+  connection.credit = *credit;
+}
+
+absl::Status Sender::CheckCredit(const Connection& connection, const Credit& credit) {
+  if (credit.seen > connection.pushed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("it has seen ", credit.seen, " of ", connection.pushed, " slots pushed"));
+  }
+  // One credit is in flight at a time and UCX keeps an endpoint's messages
+  // in order: a snapshot older than the last is a receiver's fault.
+  if (connection.accepted &&
+      (credit.seen < connection.credit.seen || credit.taken < connection.credit.taken ||
+       credit.released < connection.credit.released)) {
+    return absl::InvalidArgumentError("it is older than the credit before it");
+  }
+  const uint32_t slots = connection.ring.slots;
+  for (size_t word = 0; word < credit.free_slots.size(); ++word) {
+    const uint64_t beyond = word * 64 + 64 <= slots ? 0
+                            : word * 64 >= slots    ? ~uint64_t{0}
+                                                    : ~uint64_t{0} << (slots - word * 64);
+    if ((credit.free_slots[word] & beyond) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("it frees a slot beyond the ring's ", slots));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace packfeed::transport

@@ -219,6 +219,30 @@ absl::Status ExpectEmpty(const Reader& reader, absl::string_view what) {
       absl::StrCat(reader.remaining(), " bytes after the ", what, " message"));
 }
 
+absl::StatusOr<Credit> DecodeCredit(uint64_t connection_id, Reader& reader) {
+  Credit credit;
+  credit.connection_id = connection_id;
+  PF_ASSIGN_OR_RETURN(credit.seen, reader.Get<uint64_t>("credit"));
+  PF_ASSIGN_OR_RETURN(credit.taken, reader.Get<uint64_t>("credit"));
+  PF_ASSIGN_OR_RETURN(credit.released, reader.Get<uint64_t>("credit"));
+  PF_ASSIGN_OR_RETURN(uint32_t words, reader.Get<uint32_t>("credit"));
+  if (words > kMaxSlots / 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("credit with ", words, " words of free slots (at most ", kMaxSlots / 64, ")"));
+  }
+  for (uint32_t i = 0; i < words; ++i) {
+    PF_ASSIGN_OR_RETURN(uint64_t word, reader.Get<uint64_t>("credit free slots"));
+    credit.free_slots.push_back(word);
+  }
+  PF_RETURN_IF_ERROR(ExpectEmpty(reader, "credit"));
+  if (credit.released > credit.taken || credit.taken > credit.seen) {
+    return absl::InvalidArgumentError(absl::StrCat("credit of ", credit.released, " released, ",
+                                                   credit.taken, " taken of ", credit.seen,
+                                                   " seen: released <= taken <= seen"));
+  }
+  return credit;
+}
+
 }  // namespace
 
 std::string EncodeMessage(const Message& message) {
@@ -229,7 +253,11 @@ std::string EncodeMessage(const Message& message) {
                                     ready->connection_id);
   }
   if (const auto* credit = std::get_if<Credit>(&message)) {
+    writer.Put(credit->seen);
+    writer.Put(credit->taken);
     writer.Put(credit->released);
+    writer.Put(static_cast<uint32_t>(credit->free_slots.size()));
+    for (uint64_t word : credit->free_slots) writer.Put(word);
     return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kCredit),
                                     credit->connection_id);
   }
@@ -248,11 +276,8 @@ absl::StatusOr<Message> DecodeMessage(absl::string_view bytes) {
   switch (static_cast<MessageKind>(header.kind)) {
     case MessageKind::kSlotReady:
       return DecodeSlotReady(header.connection_id, reader);
-    case MessageKind::kCredit: {
-      PF_ASSIGN_OR_RETURN(uint64_t released, reader.Get<uint64_t>("credit"));
-      PF_RETURN_IF_ERROR(ExpectEmpty(reader, "credit"));
-      return Credit{header.connection_id, released};
-    }
+    case MessageKind::kCredit:
+      return DecodeCredit(header.connection_id, reader);
     case MessageKind::kGoodbye: {
       if (reader.remaining() == 0) return Goodbye{header.connection_id, ""};
       PF_ASSIGN_OR_RETURN(uint32_t length, reader.Get<uint32_t>("goodbye reason"));
@@ -273,7 +298,7 @@ absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots, uint64_t 
     return absl::DataLossError(
         absl::StrCat("slot-ready for message ", ready.seq, ", expected message ", expected_seq));
   }
-  if (ready.slot >= slots || ready.slot != ready.seq % slots) {
+  if (ready.slot >= slots) {
     return absl::DataLossError(absl::StrCat("slot-ready names slot ", ready.slot, " for message ",
                                             ready.seq, " of a ", slots, "-slot ring"));
   }
@@ -335,10 +360,10 @@ absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
   }
   ring.memory_kind = static_cast<MemoryKind>(kind);
   ring.remote_key = std::string(key);
-  if (ring.slots == 0 || ring.slot_bytes == 0 || key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("ring of ", ring.slots, " slots of ",
-                                                   ring.slot_bytes, " bytes with a ", key.size(),
-                                                   "-byte key: all must be positive"));
+  if (ring.slots == 0 || ring.slots > kMaxSlots || ring.slot_bytes == 0 || key.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring of ", ring.slots, " slots of ", ring.slot_bytes, " bytes with a ", key.size(),
+        "-byte key: all must be positive, and at most ", kMaxSlots, " slots"));
   }
   if (ring.slot_bytes > UINT64_MAX / ring.slots ||
       ring.base_address > UINT64_MAX - ring.slots * ring.slot_bytes) {

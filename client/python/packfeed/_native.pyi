@@ -13,9 +13,11 @@ class Client:
         """step, num_microbatches, first_microbatch, padded_sum,
         padded_squared_sum, real_sum, real_squared_sum."""
     def next(self, timeout: Optional[float] = ..., cuda_stream: int = ...) -> Dict[str, Any]:
-        """step, microbatch, fields: [(name, dtype name, DLPack capsule)]."""
+        """step, microbatch, fields: [(name, dtype name, DLPack capsule)],
+        host_copies, copied_out."""
     def detach(self) -> None: ...
-    def release(self) -> None: ...
+    def ring(self) -> Dict[str, int]:
+        """slots, held, handed_out, copied_out."""
     def state(self) -> Dict[str, Any]:
         """job, fingerprint, next_step, next_microbatch."""
     def times(self) -> Dict[str, Any]:

@@ -55,9 +55,13 @@ class Client:
       device       "cuda" means cuda:LOCAL_RANK (else SLURM_LOCALID, else 0)
     and WORLD_SIZE (else SLURM_NTASKS), when set, must exceed the rank.
 
-    Tensors are zero-copy views of the ring slot: valid until the next
-    microbatch is taken (or release()), after which the daemon reuses the slot.
-    copy=True hands out owned copies instead and frees the slot at once.
+    Tensors are zero-copy views of the ring slot, and the slot is the
+    trainer's for as long as any tensor of the microbatch lives (views and
+    slices included): the daemon reuses it only once they are all freed, in
+    any order, so holding microbatches (1F1B keeps up to PP in flight) is
+    safe. When the trainer holds slots - 1 microbatches, the next ones come
+    as private copies, so the daemon keeps a slot to fill (ring() counts
+    them). copy=True always hands out owned copies and frees the slot at once.
     elastic: with fingerprint and start_step (or state), accept a job whose
     topology or scheduler changed since (another DP size) as long as its data
     did not; start at a step boundary (docs/RELIABILITY.md).
@@ -70,8 +74,9 @@ class Client:
     is copied from the (page-locked) host ring into device memory by the
     copy engine as soon as it arrives, before the trainer asks; its tensors
     are device tensors the current stream (at next()) waits for on the GPU,
-    never on the trainer's thread, and the device buffer is reused once that
-    stream is past its work of the microbatch (docs/TRANSPORT.md).
+    never on the trainer's thread, and the device buffer is reused once its
+    tensors are freed and that stream is past its work of the microbatch
+    (docs/TRANSPORT.md). Reading them on another stream: clone them there.
 
     Iterating a Client yields its steps, each what next_step() returns:
         for microbatches, num_microbatches, seqlen_sum, _ in client:
@@ -136,9 +141,12 @@ class Client:
         padded_squared_sum, real_sum, real_squared_sum."""
         return self._last_step
 
-    def release(self) -> None:
-        """Frees the current microbatch's slot now (its views become invalid)."""
-        self._live().release()
+    def ring(self) -> Dict[str, int]:
+        """How this rank uses its ring since attach: ``slots``, ``held``
+        (slots held now by microbatches with a tensor alive), ``handed_out``, and
+        ``copied_out``, those handed out as private copies because the
+        trainer held every slot but one."""
+        return self._live().ring()
 
     def times(self) -> Dict[str, Any]:
         """Where this rank's training loop spent its time since attach:
@@ -271,13 +279,13 @@ class Client:
             chunks.append(batch)
         return chunks
 
-    def _own(self, batch: Dict[str, Any]) -> None:
+    @staticmethod
+    def _own(batch: Dict[str, Any]) -> None:
         """Replaces the views by copies (on the current stream, for device
-        tensors, which then no longer read the slot) and frees the slot."""
+        tensors); the slot goes back once the views are freed."""
         for k, v in batch.items():
             if isinstance(v, torch.Tensor):
                 batch[k] = v.clone()
-        self.release()
 
 
 class _ChunkedStep:
@@ -322,7 +330,7 @@ class ChunkIterator:
 
 
 class StepIterator:
-    """The microbatches of one step; taking one frees the previous one's slot."""
+    """The microbatches of one step."""
 
     def __init__(self, client: Client, count: int, timeout: Optional[float]) -> None:
         self._client, self._count, self._timeout, self._taken = client, count, timeout, 0

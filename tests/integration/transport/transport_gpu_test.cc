@@ -106,7 +106,7 @@ TEST_P(TransportGpuTest, DeliversIntoTheDeviceOrAPageLockedRing) {
     }
     absl::Status check = CheckTestMessage(host, seq, kMaxPayload);
     EXPECT_TRUE(check.ok()) << check;
-    ASSERT_TRUE((*receiver)->Release(slot->seq).ok());
+    ASSERT_TRUE((*receiver)->Release(slot->lease).ok());
   }
   EXPECT_EQ(*child->Receive(), "ok");
 }
@@ -184,7 +184,7 @@ TEST(StagedRingTest, ReadsAndCreditsWaitForTheCopy) {
     ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
     absl::Status check = CheckTestMessage(view, 0, kMaxPayload);
     EXPECT_TRUE(check.ok()) << check;
-    ASSERT_TRUE((*receiver)->Release(first->seq, consumer).ok());
+    ASSERT_TRUE((*receiver)->Release(first->lease, {consumer}).ok());
     for (uint64_t seq = 1; seq < kMessages; ++seq) {
       auto slot = (*receiver)->Next(absl::Seconds(20));
       ASSERT_TRUE(slot.ok()) << slot.status();
@@ -192,7 +192,7 @@ TEST(StagedRingTest, ReadsAndCreditsWaitForTheCopy) {
       ASSERT_EQ(cudaStreamSynchronize(consumer), cudaSuccess);
       check = CheckTestMessage(view, seq, kMaxPayload);
       EXPECT_TRUE(check.ok()) << check;
-      ASSERT_TRUE((*receiver)->Release(slot->seq, consumer).ok());
+      ASSERT_TRUE((*receiver)->Release(slot->lease, {consumer}).ok());
     }
     EXPECT_EQ(*child->Receive(), "ok");
   }

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -200,7 +201,7 @@ TEST_P(TransportTest, DeadSenderEndsNextWithUnavailableAndANewSenderReconnects) 
   absl::StatusOr<ReceivedSlot> slot;
   while ((slot = receiver->Next(absl::Seconds(10))).ok()) {
     ASSERT_TRUE(CheckTestMessage(*slot, seq++, kSmall).ok());
-    ASSERT_TRUE(receiver->Release(slot->seq).ok());
+    ASSERT_TRUE(receiver->Release(slot->lease).ok());
   }
   EXPECT_EQ(slot.status().code(), absl::StatusCode::kUnavailable) << slot.status();
   EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
@@ -221,6 +222,68 @@ TEST_P(TransportTest, DeadSenderEndsNextWithUnavailableAndANewSenderReconnects) 
       ReceiveTestMessages(*receiver, 0, 9, kSmall, absl::ZeroDuration(), &bytes);
   EXPECT_TRUE(received.ok()) << received;
   EXPECT_EQ(Receive(reborn), "ok");
+}
+
+// A trainer keeps microbatches alive (1F1B holds up to PP of them) while it
+// takes more: the sender fills only the slots released, in any order, and
+// never writes one still held.
+TEST_P(TransportTest, HeldSlotsAreNeverOverwrittenAndOthersAreReusedInAnyOrder) {
+  std::unique_ptr<Receiver> receiver = MakeReceiver(3, kSmall);
+  ChildProcess child = Spawn("sender", 3, kSmall);
+  const uint64_t connection_id = ConnectSender(*receiver, child);
+  constexpr uint64_t kMessages = 40;
+  ASSERT_TRUE(child.Send(absl::StrCat("push ", connection_id, " 0 ", kMessages)).ok());
+  // Message 0 is held to the end; of the rest, every other one is held until
+  // the one after it arrives, so releases come out of order.
+  std::vector<ReceivedSlot> held;
+  std::optional<ReceivedSlot> previous;
+  for (uint64_t seq = 0; seq < kMessages; ++seq) {
+    auto slot = receiver->Next(absl::Seconds(20));
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    ASSERT_TRUE(CheckTestMessage(*slot, seq, kSmall).ok()) << seq;
+    if (seq == 0) {
+      held.push_back(*slot);
+    } else if (seq % 2 == 1) {
+      previous = *slot;
+    } else {
+      ASSERT_TRUE(receiver->Release(slot->lease).ok());
+      ASSERT_TRUE(receiver->Release(previous->lease).ok());  // the older one, later
+      EXPECT_TRUE(CheckTestMessage(held[0], 0, kSmall).ok()) << "held slot overwritten at " << seq;
+    }
+  }
+  EXPECT_EQ(Receive(child), "ok");
+  EXPECT_TRUE(CheckTestMessage(held[0], 0, kSmall).ok());
+  EXPECT_EQ(receiver->stats().held, 2u);  // message 0, and the last odd one
+  EXPECT_EQ(receiver->Release(held[0].lease).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(receiver->Release(held[0].lease).code(), absl::StatusCode::kInvalidArgument)
+      << "a second release of one lease";
+  EXPECT_EQ(receiver->Release(12345).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The daemon restarts while the trainer holds a microbatch: the new sender
+// is not told that slot is free, and the old lease still releases it.
+TEST_P(TransportTest, ASlotHeldAcrossAReconnectStaysTheTrainers) {
+  std::unique_ptr<Receiver> receiver = MakeReceiver(2, kSmall);
+  ChildProcess first = Spawn("sender", 2, kSmall);
+  const uint64_t first_connection = ConnectSender(*receiver, first);
+  ASSERT_TRUE(first.Send(absl::StrCat("push ", first_connection, " 0 1")).ok());
+  auto kept = receiver->Next(absl::Seconds(20));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(Receive(first), "ok");
+  first.Kill(SIGKILL);
+  ASSERT_TRUE(first.Wait(absl::Seconds(5)).ok());
+
+  ASSERT_TRUE(receiver->RenewWorker().ok());
+  ChildProcess second = Spawn("sender", 2, kSmall);
+  const uint64_t second_connection = ConnectSender(*receiver, second);
+  ASSERT_TRUE(second.Send(absl::StrCat("push ", second_connection, " 0 12")).ok());
+  uint64_t bytes = 0;
+  ASSERT_TRUE(ReceiveTestMessages(*receiver, 0, 12, kSmall, absl::ZeroDuration(), &bytes).ok());
+  EXPECT_EQ(Receive(second), "ok");
+  EXPECT_TRUE(CheckTestMessage(*kept, 0, kSmall).ok()) << "the held slot was overwritten";
+  ASSERT_TRUE(receiver->Release(kept->lease).ok());
+  EXPECT_EQ(receiver->stats().released, 12u) << "the old lease counts for its own connection";
+  EXPECT_EQ(receiver->stats().held, 0u);
 }
 
 TEST_P(TransportTest, RefusesAPayloadLargerThanASlotAndStaysUsable) {
@@ -315,11 +378,12 @@ class RogueSenderTest : public TransportTest {
     ready.fields.push_back({"tokens", transport::ElementType::kInt64, {1, 4}, 256, 32});
     return transport::EncodeMessage(ready);
   }
-  static std::string Ready(uint64_t connection_id, uint64_t seq, std::string text) {
+  static std::string Ready(uint64_t connection_id, uint64_t seq, std::string text,
+                           std::optional<uint32_t> slot = std::nullopt) {
     transport::SlotReady ready;
     ready.connection_id = connection_id;
     ready.seq = seq;
-    ready.slot = static_cast<uint32_t>(seq % 2);
+    ready.slot = slot.value_or(static_cast<uint32_t>(seq % 2));
     ready.inline_metadata = std::move(text);
     return transport::EncodeMessage(ready);
   }
@@ -337,6 +401,18 @@ TEST_P(RogueSenderTest, DropsNotificationsOfAnotherConnection) {
   ASSERT_TRUE(slot.ok()) << slot.status();
   EXPECT_EQ(slot->inline_metadata, "fresh");
   EXPECT_EQ(receiver_->stats().stale_messages, 1u);
+}
+
+TEST_P(RogueSenderTest, RefusesANotificationIntoASlotNotFree) {
+  Accept(8);
+  Send(Ready(8, 0, "first", 1));
+  Send(Ready(8, 1, "into the same slot", 1));
+  auto first = receiver_->Next(absl::Seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->inline_metadata, "first");
+  auto second = receiver_->Next(absl::Seconds(5));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(second.status().message(), HasSubstr("slot 1, which is not free"));
 }
 
 TEST_P(RogueSenderTest, RefusesAnotherProtocolVersionByName) {
@@ -448,12 +524,13 @@ TEST(TransportProtocolTest, SenderRefusesARingOfAnotherProtocolVersion) {
   ASSERT_TRUE(sender.ok()) << sender.status();
   std::string ring =
       transport::EncodeRingDescriptor({2, 4096, 0x10000, transport::MemoryKind::kHost, "key"});
-  const uint16_t version = 2;
+  const uint16_t version = transport::kWireVersion + 1;
   std::memcpy(ring.data() + 4, &version, sizeof(version));
   auto connection_id = (*sender)->Connect("some address", ring);
   EXPECT_EQ(connection_id.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(connection_id.status().message(), HasSubstr("v2"));
-  EXPECT_THAT(connection_id.status().message(), HasSubstr("v1"));
+  EXPECT_THAT(connection_id.status().message(), HasSubstr(absl::StrCat("v", version)));
+  EXPECT_THAT(connection_id.status().message(),
+              HasSubstr(absl::StrCat("v", transport::kWireVersion)));
 }
 
 INSTANTIATE_TEST_SUITE_P(OverSharedMemoryAndTcp, RogueSenderTest,

@@ -96,6 +96,7 @@ class FakeSlotSender : public transport::SlotSender {
     if (ring == nullptr) return absl::NotFoundError("no such connection");
     transport::ConnectionStats stats;
     stats.pushed = ring->pushed.size();
+    stats.taken = ring->released;
     stats.released = ring->released;
     stats.bytes = ring->bytes;
     stats.credits = static_cast<uint32_t>(ring->slots - (ring->pushed.size() - ring->released));

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,9 +27,17 @@ SlotReady SampleReady() {
 
 absl::Status DecodeStatus(const std::string& bytes) { return DecodeMessage(bytes).status(); }
 
+// Slots 0 and 65 of a 70-slot ring free.
+Credit SampleCredit() {
+  Credit credit{7, 12, 10, 9, {}};
+  credit.set_free(0);
+  credit.set_free(65);
+  return credit;
+}
+
 TEST(WireTest, RoundTripsEveryMessage) {
   for (const Message& message :
-       {Message(SampleReady()), Message(Credit{7, 12}), Message(Goodbye{7, ""}),
+       {Message(SampleReady()), Message(SampleCredit()), Message(Goodbye{7, ""}),
         Message(Goodbye{7, "step 3 cannot be served"})}) {
     absl::StatusOr<Message> decoded = DecodeMessage(EncodeMessage(message));
     ASSERT_TRUE(decoded.ok()) << decoded.status();
@@ -41,13 +50,35 @@ TEST(WireTest, RoundTripsEveryMessage) {
 }
 
 TEST(WireTest, RefusesAnotherVersionByName) {
-  std::string bytes = EncodeMessage(Credit{1, 2});
+  std::string bytes = EncodeMessage(SampleCredit());
   const uint16_t version = 7;
   std::memcpy(bytes.data() + 4, &version, 2);
   absl::Status status = DecodeStatus(bytes);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("v7"));
-  EXPECT_THAT(status.message(), HasSubstr("v1"));
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("v", kWireVersion)));
+}
+
+TEST(WireTest, ACreditNamesItsFreeSlotsAndKeepsItsCountsInOrder) {
+  const Credit credit = SampleCredit();
+  for (uint32_t slot = 0; slot < 70; ++slot) {
+    EXPECT_EQ(credit.is_free(slot), slot == 0 || slot == 65) << slot;
+  }
+  EXPECT_FALSE(credit.is_free(200));  // beyond its words
+  Credit wrong = credit;
+  wrong.released = wrong.taken + 1;  // released more than it took
+  EXPECT_THAT(DecodeStatus(EncodeMessage(wrong)).message(), HasSubstr("released <= taken"));
+  wrong = credit;
+  wrong.taken = wrong.seen + 1;  // took more than it saw
+  EXPECT_THAT(DecodeStatus(EncodeMessage(wrong)).message(), HasSubstr("taken <= seen"));
+  wrong = credit;
+  wrong.free_slots.resize(kMaxSlots / 64 + 1);
+  EXPECT_THAT(DecodeStatus(EncodeMessage(wrong)).message(), HasSubstr("words of free slots"));
+  const std::string bytes = EncodeMessage(credit);
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    EXPECT_EQ(DecodeStatus(bytes.substr(0, length)).code(), absl::StatusCode::kInvalidArgument)
+        << "prefix of " << length << " bytes";
+  }
 }
 
 TEST(WireTest, RefusesEveryTruncationAndTrailingBytes) {
@@ -119,7 +150,9 @@ TEST(WireTest, ValidatesAgainstTheRing) {
   const SlotReady ready = SampleReady();  // seq 9, slot 1
   EXPECT_TRUE(ValidateSlotReady(ready, 2, 4096, 9).ok());
   EXPECT_THAT(ValidateSlotReady(ready, 2, 4096, 8).message(), HasSubstr("expected message 8"));
-  EXPECT_THAT(ValidateSlotReady(ready, 3, 4096, 9).message(), HasSubstr("slot 1"));
+  // Slots are reused in any order: message 9 may fill any slot in range.
+  EXPECT_TRUE(ValidateSlotReady(ready, 3, 4096, 9).ok());
+  EXPECT_THAT(ValidateSlotReady(ready, 1, 4096, 9).message(), HasSubstr("slot 1"));
   absl::Status outside = ValidateSlotReady(ready, 2, 1030, 9);
   EXPECT_EQ(outside.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(outside.message(), HasSubstr("cu_seqlens"));
@@ -132,6 +165,9 @@ TEST(WireTest, RingDescriptorRefusesNonsense) {
   RingDescriptor ring{0, 4096, 0, MemoryKind::kHost, "k"};
   EXPECT_THAT(DecodeRingDescriptor(EncodeRingDescriptor(ring)).status().message(),
               HasSubstr("must be positive"));
+  ring = {kMaxSlots + 1, 4096, 0, MemoryKind::kHost, "k"};
+  EXPECT_THAT(DecodeRingDescriptor(EncodeRingDescriptor(ring)).status().message(),
+              HasSubstr("at most"));
   ring = {2, UINT64_MAX / 2 + 1, 0, MemoryKind::kHost, "k"};
   EXPECT_THAT(DecodeRingDescriptor(EncodeRingDescriptor(ring)).status().message(),
               HasSubstr("overflows"));

@@ -10,7 +10,7 @@
 //   for (;;) {
 //     StepInfo step = *(*client)->NextStep();       // M and the FLOPs inputs
 //     for (int m = 0; m < step.num_microbatches; ++m) {
-//       Microbatch mb = *(*client)->Next();         // views, valid until the next Next()
+//       Microbatch mb = *(*client)->Next();         // views, valid while mb lives
 //       ... mb.Field("tokens") ...
 //     }
 //   }
@@ -99,6 +99,16 @@ struct FieldView {
   std::string host_copy;
 };
 
+// Holds a microbatch's memory (its ring slot, or a staged ring's device
+// buffer, or a copy) for the Microbatch handles that share it.
+class MicrobatchLease;
+
+// A microbatch: views of memory that stays the trainer's while this
+// Microbatch, or any copy of it (Chunk()s included), lives. When the last one
+// is gone the memory goes back to the daemon (for device memory, once the
+// streams that read it are past their reads), in any order: a trainer may
+// hold as many as it likes (1F1B keeps up to PP in flight). Views must not be
+// used after the last handle is gone.
 struct Microbatch {
   int64_t step = 0;
   int microbatch = 0;
@@ -107,8 +117,22 @@ struct Microbatch {
   std::vector<FieldView> fields;
   // kStagedDevice: the cudaEvent_t recorded after the copy into device
   // memory. Next's cuda_stream already waits on it; another stream reading
-  // the views must wait on it too.
+  // the views must wait on it too. nullptr for a copy (copied_out), which is
+  // ready in Next's cuda_stream order.
   void* ready_event = nullptr;
+  // The client handed out a private copy, not the ring's memory: the trainer
+  // held so many microbatches that the ring had no slot left to fill.
+  bool copied_out = false;
+  std::shared_ptr<MicrobatchLease> lease;
+
+  // Device memory: `cuda_stream` (a cudaStream_t) reads these views too, so
+  // the memory is reused only once it is past what it was given before the
+  // last handle goes (Next's cuda_stream is recorded already), as
+  // torch.Tensor.record_stream does.
+  void RecordStream(void* cuda_stream) const;
+  // Drops this handle: its views are cleared, and the memory goes back when
+  // no other handle holds it.
+  void Release();
 
   // nullptr when this rank's stage does not receive the field.
   const FieldView* Field(absl::string_view name) const;
@@ -147,6 +171,16 @@ struct TrainerTimes {
   }
 };
 
+// How the trainer uses its ring, since attach.
+struct RingUse {
+  uint32_t slots = 0;
+  // Ring slots held now by microbatches with a live handle (copies hold none).
+  uint32_t held = 0;
+  uint64_t handed_out = 0;
+  // Of those, handed out as private copies (the trainer held slots - 1).
+  uint64_t copied_out = 0;
+};
+
 class Client {
  public:
   // Attaches to the daemon; errors carry the daemon's message (unknown job,
@@ -157,27 +191,29 @@ class Client {
 
   // Tells the daemon this rank is gone, so the same rank may attach again at
   // once, and what it consumed (for the ledger); the ring stays mapped
-  // (views remain readable) until destruction. With reconnect_timeout, a
-  // daemon that is away is waited for that long.
+  // (views remain readable) until the client and every Microbatch are gone. With reconnect_timeout,
+  // a daemon that is away is waited for that long.
   absl::Status Detach();
 
   // Begins the next step: waits for its first microbatch. FailedPrecondition
   // when the previous step's microbatches were not all taken.
   absl::StatusOr<StepInfo> NextStep(absl::Duration timeout = absl::InfiniteDuration());
-  // The next microbatch of the current step; releases the previous one.
-  // OutOfRange after the step's last microbatch (call NextStep).
+  // The next microbatch of the current step. OutOfRange after the step's
+  // last microbatch (call NextStep). When the trainer already holds
+  // slots - 1 microbatches, this one is a private copy (copied_out) and its
+  // slot goes back at once, so the daemon always has a slot to fill and a
+  // trainer holding more than the ring never deadlocks.
   // kStagedDevice: `cuda_stream` (a cudaStream_t; nullptr is the legacy
   // default stream) is the stream that reads the microbatch: it waits, on
   // the GPU, for the copy into device memory (the trainer's thread never
   // waits for it), and the device buffer is reused only after that stream
-  // has done what it was given before the next Next or Release.
+  // has done what it was given before the last handle went.
   absl::StatusOr<Microbatch> Next(absl::Duration timeout = absl::InfiniteDuration(),
                                   void* cuda_stream = nullptr);
-  // Returns the current microbatch's slot to the daemon early.
-  absl::Status Release();
 
   ClientState State() const;
   TrainerTimes Times() const;
+  RingUse Ring() const;
   const std::string& fingerprint() const;
   const ClientOptions& options() const;
   MemoryKind memory_kind() const;

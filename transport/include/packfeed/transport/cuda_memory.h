@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace packfeed::transport {
 
@@ -84,9 +85,9 @@ class CudaSlotCopier {
   // Makes `consumer_stream` (a cudaStream_t; nullptr: the legacy default
   // stream) wait for the last copy into `index` before its later work.
   absl::Status WaitCopied(uint32_t index, void* consumer_stream) const;
-  // `consumer_stream` has queued all its reads of `index`: the next copy
-  // into it waits for them.
-  absl::Status Consumed(uint32_t index, void* consumer_stream);
+  // `consumer_streams` (cudaStream_t; none: the legacy default stream) have
+  // queued all their reads of `index`: the next copy into it waits for them.
+  absl::Status Consumed(uint32_t index, absl::Span<void* const> consumer_streams);
 
  private:
   struct Handles;
@@ -97,6 +98,8 @@ class CudaSlotCopier {
 // Synchronous copy between any two pointers (host or device), for tests and
 // for callers that need a host view of device data.
 absl::Status CudaCopy(void* destination, const void* source, size_t length);
+// The same, queued on `stream` (a cudaStream_t).
+absl::Status CudaCopyAsync(void* destination, const void* source, size_t length, void* stream);
 
 }  // namespace packfeed::transport
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/memory_region.h"
 #include "packfeed/transport/ucx_context.h"
@@ -75,6 +77,9 @@ struct FieldView {
 inline constexpr uint64_t kHostCopyBytes = 64;
 
 struct ReceivedSlot {
+  // Names the slot to Release; unique for the receiver's life, across
+  // connections (seq restarts with each).
+  uint64_t lease = 0;
   uint64_t seq = 0;
   uint32_t slot = 0;
   int64_t step = 0;
@@ -91,12 +96,14 @@ struct ReceivedSlot {
 struct ReceiverStats {
   uint64_t received = 0;  // slot-ready notifications accepted
   uint64_t released = 0;
+  uint32_t held = 0;            // slots handed out and not released, of any connection
   uint64_t stale_messages = 0;  // messages of another connection, dropped
   uint64_t copied = 0;          // kStagedDevice: copies to the device completed
 };
 
-// Thread-safe: Next, Release and Connect may be called from any thread, but
-// slots are released in the order Next returned them.
+// Thread-safe: Next, Release and Connect may be called from any thread, and
+// slots are released in any order. A slot handed out stays the trainer's
+// until it is released, across reconnects: a new sender never writes it.
 class Receiver {
  public:
   static absl::StatusOr<std::unique_ptr<Receiver>> Create(const ReceiverOptions& options);
@@ -113,7 +120,7 @@ class Receiver {
 
   // Accepts connection `connection_id` (from Sender::Connect) of the sender at
   // `sender_address`. Drops any earlier connection and the slots it announced
-  // (views of them become invalid); the ring starts empty.
+  // that Next had not handed out; slots handed out stay held until released.
   absl::Status Connect(absl::string_view sender_address, uint64_t connection_id);
 
   // Replaces the UCX worker, and so worker_address(); call it before
@@ -134,12 +141,12 @@ class Receiver {
   // legacy default stream) wait, on the GPU, for the copy of `slot`.
   absl::Status StreamWaitsFor(const ReceivedSlot& slot, void* cuda_stream) const;
 
-  // Releases the oldest slot Next returned (`seq` names it) and returns its
-  // credit to the sender. InvalidArgument for any other seq. kStagedDevice:
-  // the credit returned when the copy completed; this frees the device
-  // buffer once `cuda_stream` has done what it was given so far (its reads
-  // of the slot).
-  absl::Status Release(uint64_t seq, void* cuda_stream = nullptr);
+  // Releases a slot Next returned (its `lease`) and returns it to the
+  // sender. InvalidArgument for a lease not held. kStagedDevice: the host
+  // slot went back when its copy completed; this frees the device buffer
+  // once every stream of `cuda_streams` (cudaStream_t; none: the legacy
+  // default stream) has done what it was given so far (its reads of it).
+  absl::Status Release(uint64_t lease, absl::Span<void* const> cuda_streams = {});
 
   ReceiverStats stats() const;
 
@@ -154,6 +161,7 @@ class Receiver {
   // Wakes the progress thread from any thread (the worker may be renewed).
   void Wake() ABSL_LOCKS_EXCLUDED(worker_mutex_);
   bool SendCredit();  // true when a credit was sent
+  Credit CreditNow() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void DropCreditRequest();
   void CloseFailedEndpoint();
   void CloseEndpoint();
@@ -190,7 +198,7 @@ class Receiver {
   MemoryKind memory_kind_ = MemoryKind::kHost;
   std::string ring_descriptor_;
   std::optional<UcpEndpoint> endpoint_;        // progress thread only
-  uint64_t credit_sent_ = 0;                   // progress thread only
+  std::optional<Credit> credit_sent_;          // progress thread only
   std::string credit_message_;                 // progress thread only; alive while
   ucs_status_ptr_t credit_request_ = nullptr;  // this send is in flight
 
@@ -205,16 +213,24 @@ class Receiver {
   uint64_t handed_out_ ABSL_GUARDED_BY(mutex_) = 0;  // returned by Next
   uint64_t released_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t stale_ ABSL_GUARDED_BY(mutex_) = 0;
-  // kStagedDevice: slots waiting for a device buffer; device buffers whose
-  // copy is in flight (in stream order); copies completed (the credit);
-  // which device buffers hold a slot not yet released; the next to use;
-  // the handed-out ones.
+  // Host slots announced and not yet free again (released, or for a staged
+  // ring copied to the device).
+  std::vector<bool> occupied_ ABSL_GUARDED_BY(mutex_);
+  // The slots handed out and not released, by lease: the ring slot (or a
+  // staged ring's device buffer) and the connection that filled it.
+  struct Held {
+    uint32_t slot = 0;
+    uint64_t connection_id = 0;
+  };
+  std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(mutex_);
+  uint64_t next_lease_ ABSL_GUARDED_BY(mutex_) = 1;
+  // kStagedDevice: slots waiting for a device buffer; copies in flight (in
+  // stream order: device buffer, host slot); copies completed; which device
+  // buffers hold a slot not yet released.
   std::deque<ReceivedSlot> arrived_ ABSL_GUARDED_BY(mutex_);
-  std::deque<uint32_t> copying_ ABSL_GUARDED_BY(mutex_);
+  std::deque<std::pair<uint32_t, uint32_t>> copying_ ABSL_GUARDED_BY(mutex_);
   uint64_t copied_ ABSL_GUARDED_BY(mutex_) = 0;
   std::vector<bool> device_busy_ ABSL_GUARDED_BY(mutex_);
-  uint32_t next_device_slot_ ABSL_GUARDED_BY(mutex_) = 0;
-  std::deque<uint32_t> held_device_slots_ ABSL_GUARDED_BY(mutex_);
 
   std::thread progress_thread_;  // last: started when all else is ready
 };

@@ -3,14 +3,14 @@
 
 // The daemon's side of the data plane: pushes slots into receivers' rings.
 //
-// Per connection the receiver's ring has K slots, so the sender holds K
-// credits. Push() puts every field into the next slot (one-sided), flushes so
-// the bytes are visible, and only then sends the SlotReady notification
-// (eager active message); a host ring it cannot map gets the bytes inside the
-// notification instead (kSlotDataMessageId). The receiver hands credits back
-// as cumulative counts when the trainer releases slots. A slow receiver therefore stops
-// its own stream after K slots and nobody else's; the sender's memory never
-// grows with it.
+// Per connection the receiver's ring has K slots. Push() puts every field
+// into a slot the receiver said is free (one-sided), flushes so the bytes are
+// visible, and only then sends the SlotReady notification (eager active
+// message); a host ring it cannot map gets the bytes inside the notification
+// instead (kSlotDataMessageId). The receiver's credits say which slots are
+// free: the trainer frees a slot when no tensor of its microbatch lives, in
+// any order. A slow receiver therefore stops its own stream after K slots and
+// nobody else's; the sender's memory never grows with it.
 
 #include <cstdint>
 #include <map>
@@ -118,8 +118,11 @@ class Sender : public SlotSender {
   // device memory with a transport (put_protocol.h): a put it emulated moved
   // 0.8 GiB/s on an H100, where a copy from page-locked memory moves 42-50.
   absl::Status CheckDeviceRingPuts(Connection& connection);
-  absl::Status Notify(Connection& connection, const std::vector<FieldDescriptor>& layout,
-                      const SlotContent& content, absl::Time deadline);
+  absl::Status Notify(Connection& connection, uint32_t slot,
+                      const std::vector<FieldDescriptor>& layout, const SlotContent& content,
+                      absl::Time deadline);
+  // InvalidArgument for a credit no correct receiver sends.
+  static absl::Status CheckCredit(const Connection& connection, const Credit& credit);
   absl::Status Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,
                     absl::Time deadline);
   absl::Status Fail(Connection& connection, absl::Status cause);

@@ -34,7 +34,8 @@ struct SlotContent {
 
 struct ConnectionStats {
   uint64_t pushed = 0;    // slots notified
-  uint64_t released = 0;  // slots the receiver has released
+  uint64_t taken = 0;     // handed to the trainer (the ledger's "consumed")
+  uint64_t released = 0;  // freed by the trainer (no tensor of them alive)
   uint64_t bytes = 0;     // field bytes pushed
   uint32_t credits = 0;   // free slots now
   bool mapped = false;    // MapNextSlot is available (same-node shared memory)

@@ -23,7 +23,8 @@
 namespace packfeed::transport {
 
 inline constexpr uint32_t kWireMagic = 0x00574650;  // "PFW\0"
-inline constexpr uint16_t kWireVersion = 1;
+// 2: slots are reused in any order (a credit names the free ones).
+inline constexpr uint16_t kWireVersion = 2;
 // The UCP active-message id of every packfeed message.
 inline constexpr unsigned kActiveMessageId = 0x7066;
 // A slot-ready notification that carries the slot's bytes with it: the
@@ -39,6 +40,8 @@ inline constexpr size_t kMaxFields = 32;
 inline constexpr size_t kMaxFieldNameBytes = 31;
 inline constexpr size_t kMaxDims = 4;
 inline constexpr size_t kMaxInlineBytes = 2048;
+// The most slots a ring may have (a credit carries one bit per slot).
+inline constexpr uint32_t kMaxSlots = 1024;
 // Fields start at multiples of this in a slot, which suits DLPack/torch and
 // vectorised device loads alike.
 inline constexpr uint64_t kFieldAlignment = 256;
@@ -62,8 +65,9 @@ struct FieldDescriptor {
   bool operator==(const FieldDescriptor&) const = default;
 };
 
-// Sender → receiver, after the slot's bytes are visible: slot `slot` holds
-// message number `seq` (0, 1, 2, … on this connection; slot = seq mod slots).
+// Sender → receiver, after the slot's bytes are visible: slot `slot` (one the
+// receiver's last credit named free) holds message number `seq` (0, 1, 2, …
+// on this connection).
 struct SlotReady {
   uint64_t connection_id = 0;
   uint64_t seq = 0;
@@ -76,12 +80,30 @@ struct SlotReady {
   bool operator==(const SlotReady&) const = default;
 };
 
-// Receiver → sender: `released` slots of this connection have been released
-// so far (cumulative, so credits coalesce and a repeat is harmless).
+// Receiver → sender: a snapshot of the ring, taken after the receiver had
+// accepted `seen` notifications. A trainer may hold a microbatch for as long
+// as a tensor of it lives, so slots come free in any order: `free_slots` has
+// bit s%64 of word s/64 set when slot s is free. A slot the sender filled
+// with message `seen` or later is not free whatever the bit says (the
+// snapshot predates it). Counts are cumulative, so a credit replaces the one
+// before and a repeat is harmless.
 struct Credit {
   uint64_t connection_id = 0;
+  uint64_t seen = 0;
+  // Microbatches handed to the trainer (what the ledger calls consumed),
+  // and released by it (no tensor of them alive).
+  uint64_t taken = 0;
   uint64_t released = 0;
+  std::vector<uint64_t> free_slots;
+
   bool operator==(const Credit&) const = default;
+  bool is_free(uint32_t slot) const {
+    return slot / 64 < free_slots.size() && (free_slots[slot / 64] >> (slot % 64) & 1) != 0;
+  }
+  void set_free(uint32_t slot) {
+    if (free_slots.size() <= slot / 64) free_slots.resize(slot / 64 + 1);
+    free_slots[slot / 64] |= uint64_t{1} << (slot % 64);
+  }
 };
 
 // Sender → receiver: the connection ends after the slots already announced.
@@ -102,8 +124,9 @@ std::string EncodeMessage(const Message& message);
 absl::StatusOr<Message> DecodeMessage(absl::string_view bytes);
 
 // Checks a decoded SlotReady against the receiver's ring and the sequence
-// number it expects: slot in range and equal to seq mod slots, fields inside
-// the slot and not overlapping. DataLoss naming the first violation.
+// number it expects: slot in range, fields inside the slot and not
+// overlapping. (Whether the slot was free is the receiver's to check.)
+// DataLoss naming the first violation.
 absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots, uint64_t slot_bytes,
                                uint64_t expected_seq);
 
