@@ -386,6 +386,7 @@ v1::RankTimes Client::Impl::RankTimesNow() const {
   times.set_wait_seconds(absl::ToDoubleSeconds(times_.waited));
   times.set_busy_seconds(absl::ToDoubleSeconds(times_.busy));
   times.set_calls(times_.calls);
+  times.set_copied_out(counts_->copied_out.load());
   return times;
 }
 

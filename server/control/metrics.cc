@@ -171,6 +171,10 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
       {"packfeed_rank_busy_seconds_total", "counter",
        "Time the rank's trainer spent between its calls for data (its own work).",
        [](const v1::RankStats& r, int64_t) { return r.busy_seconds(); }},
+      {"packfeed_rank_copied_out_total", "counter",
+       "Microbatches the rank's client handed out as private copies, its trainer holding "
+       "every ring slot but one.",
+       [](const v1::RankStats& r, int64_t) { return static_cast<double>(r.copied_out()); }},
       {"packfeed_rank_input_bound", "gauge",
        "The share of the rank's step time its trainer spent waiting for data.",
        [](const v1::RankStats& r, int64_t) { return r.input_bound(); }},

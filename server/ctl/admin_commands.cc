@@ -139,19 +139,20 @@ absl::Status Stats(const AdminArgs& args) {
         "  trainers waited %.3f s for data; most input-bound: rank %u, %.1f%% of its "
         "time\n",
         job.wait_seconds(), job.most_waiting_rank(), 100 * job.input_bound());
-    std::printf("  %6s %9s %14s %10s %8s %9s %14s %9s %9s %9s %7s\n", "rank", "attached",
+    std::printf("  %6s %9s %14s %10s %8s %9s %14s %9s %9s %9s %7s %10s\n", "rank", "attached",
                 "consumed_to", "next_step", "pushed", "released", "bytes_sent", "in_flight",
-                "waited_s", "busy_s", "input%");
+                "waited_s", "busy_s", "input%", "copied_out");
     for (const v1::RankStats& rank : job.ranks()) {
       const std::string consumed =
           absl::StrCat(rank.consumed_step(), ".", rank.consumed_microbatch());
-      std::printf("  %6u %9s %14s %10lld %8llu %9llu %14llu %9u %9.3f %9.3f %7.1f\n",
+      std::printf("  %6u %9s %14s %10lld %8llu %9llu %14llu %9u %9.3f %9.3f %7.1f %10llu\n",
                   rank.global_rank(), rank.attached() ? "yes" : "no", consumed.c_str(),
                   static_cast<long long>(rank.next_step()),
                   static_cast<unsigned long long>(rank.slots_pushed()),
                   static_cast<unsigned long long>(rank.slots_released()),
                   static_cast<unsigned long long>(rank.bytes_sent()), rank.slots_in_flight(),
-                  rank.wait_seconds(), rank.busy_seconds(), 100 * rank.input_bound());
+                  rank.wait_seconds(), rank.busy_seconds(), 100 * rank.input_bound(),
+                  static_cast<unsigned long long>(rank.copied_out()));
     }
   }
   const v1::StorageStats& storage = reply.storage();

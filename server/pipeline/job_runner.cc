@@ -48,6 +48,7 @@ struct JobRunner::RankState {
     all.set_wait_seconds(all.wait_seconds() + times.wait_seconds());
     all.set_busy_seconds(all.busy_seconds() + times.busy_seconds());
     all.set_calls(all.calls() + times.calls());
+    all.set_copied_out(all.copied_out() + times.copied_out());
     return all;
   }
 };
@@ -401,6 +402,7 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
       const v1::RankTimes times = rank.all_times();
       out->set_wait_seconds(times.wait_seconds());
       out->set_busy_seconds(times.busy_seconds());
+      out->set_copied_out(times.copied_out());
       wait_seconds += times.wait_seconds();
       if (const double total = times.wait_seconds() + times.busy_seconds(); total > 0) {
         out->set_input_bound(times.wait_seconds() / total);

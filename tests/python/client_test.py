@@ -122,6 +122,7 @@ class ClientTest(unittest.TestCase):
         GPU, non-blocking copies (and, on the staged ring, an embedding's
         forward and backward) read the held tensors while more arrive."""
         devices = [None] + (["cuda"] if torch.cuda.is_available() else [])
+        copied_out = 0
         with self.daemon(name="held") as daemon:
             for device, k in [(d, k) for d in devices for k in range(1, 9)]:
                 client = packfeed.Client("job", rank=0, socket_path=daemon.socket, device=device)
@@ -150,7 +151,11 @@ class ClientTest(unittest.TestCase):
                 if device is not None:
                     torch.cuda.synchronize()
                 self.assertEqual(client.ring()["held"], 0, "a slot outlived its tensors")
+                copied_out += ring["copied_out"]
                 client.close()
+            # Each detach reported its count: the operator sees them all.
+            rank = daemon.ctl_json("stats")["jobs"][0]["ranks"][0]
+            self.assertEqual(int(rank.get("copied_out", 0)), copied_out)
 
     @staticmethod
     def hold(taken, batch):
