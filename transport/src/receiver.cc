@@ -90,6 +90,9 @@ absl::Status Receiver::CreateRing() {
                      ") and a UCX built with CUDA (UCX ", UcpContext::LibraryVersion(), ": ",
                      context_.supports_cuda_memory() ? "has CUDA" : "no CUDA", ")"));
   }
+  if (options_.shared_by_fd && options_.placement == RingPlacement::kDevice) {
+    return absl::InvalidArgumentError("a ring shared by file descriptor is host memory");
+  }
   if (options_.placement == RingPlacement::kDevice) {
     PF_ASSIGN_OR_RETURN(CudaDeviceBuffer buffer,
                         CudaDeviceBuffer::Allocate(options_.cuda_device, length));
@@ -98,15 +101,23 @@ absl::Status Receiver::CreateRing() {
         MemoryRegion region,
         MemoryRegion::Register(context_.get(), device_ring_->data(), length, UCS_MEMORY_TYPE_CUDA));
     ring_.emplace(std::move(region));
+    ring_base_ = static_cast<uint8_t*>(ring_->address());
     memory_kind_ = MemoryKind::kCuda;
   } else {
-    PF_ASSIGN_OR_RETURN(MemoryRegion region, MemoryRegion::Allocate(context_.get(), length));
-    ring_.emplace(std::move(region));
-    // Touch every page now, so no put pays for page faults later.
-    std::memset(ring_->address(), 0, length);
+    if (options_.shared_by_fd) {
+      PF_ASSIGN_OR_RETURN(SharedRing shared, SharedRing::Create(length));
+      shared_ring_.emplace(std::move(shared));
+      ring_base_ = shared_ring_->data();
+    } else {
+      PF_ASSIGN_OR_RETURN(MemoryRegion region, MemoryRegion::Allocate(context_.get(), length));
+      ring_.emplace(std::move(region));
+      ring_base_ = static_cast<uint8_t*>(ring_->address());
+    }
+    // Touch every page now, so no write pays for page faults later.
+    std::memset(ring_base_, 0, length);
     if (devices > 0) {
       absl::StatusOr<CudaHostRegistration> registration =
-          CudaHostRegistration::Register(ring_->address(), length);
+          CudaHostRegistration::Register(ring_base_, length);
       if (registration.ok()) {
         host_registration_.emplace(std::move(*registration));
       } else {
@@ -128,10 +139,13 @@ absl::Status Receiver::CreateRing() {
     absl::MutexLock lock(&mutex_);
     occupied_.assign(options_.slots, false);
   }
-  PF_ASSIGN_OR_RETURN(std::string key, ring_->PackRemoteKey());
-  ring_descriptor_ = EncodeRingDescriptor({options_.slots, options_.slot_bytes,
-                                           reinterpret_cast<uint64_t>(ring_->address()),
-                                           memory_kind_, std::move(key)});
+  std::string key;  // none for a shared ring: its descriptor travels apart
+  if (ring_.has_value()) {
+    PF_ASSIGN_OR_RETURN(key, ring_->PackRemoteKey());
+  }
+  ring_descriptor_ =
+      EncodeRingDescriptor({options_.slots, options_.slot_bytes,
+                            reinterpret_cast<uint64_t>(ring_base_), memory_kind_, std::move(key)});
   return absl::OkStatus();
 }
 
@@ -346,7 +360,7 @@ bool Receiver::StageArrived() {
     if (free_buffer == device_busy_.end()) break;
     const auto device_slot = static_cast<uint32_t>(free_buffer - device_busy_.begin());
     ReceivedSlot& slot = arrived_.front();
-    const uint8_t* host = static_cast<uint8_t*>(ring_->address()) + slot.slot * options_.slot_bytes;
+    const uint8_t* host = ring_base_ + slot.slot * options_.slot_bytes;
     uint64_t extent = 0;
     for (const FieldView& field : slot.fields) {
       extent = std::max(extent, field.descriptor.offset + field.descriptor.bytes);
@@ -517,7 +531,7 @@ void Receiver::OnMessage(absl::string_view bytes, std::optional<absl::string_vie
         absl::DataLossError(absl::StrCat("connection ", connection_id_, ": ", valid.message())));
     return;
   }
-  uint8_t* base = static_cast<uint8_t*>(ring_->address()) + ready->slot * options_.slot_bytes;
+  uint8_t* base = ring_base_ + ready->slot * options_.slot_bytes;
   if (payload.has_value()) {
     absl::Status copied = CopyPayload(*ready, *payload, base);
     if (!copied.ok()) {

@@ -26,8 +26,9 @@ struct Sender::Connection {
   uint64_t connection_id = 0;
   RingDescriptor ring;
   std::optional<UcpEndpoint> endpoint;
-  RemoteKey remote_key;       // destroyed before the endpoint closes
-  uint8_t* mapped = nullptr;  // the ring in this process, when shared memory
+  RemoteKey remote_key;                // destroyed before the endpoint closes
+  uint8_t* mapped = nullptr;           // the ring in this process, when shared memory
+  std::shared_ptr<SharedRing> shared;  // a ring passed by file descriptor: no key
   // A host ring this process cannot map: slots travel inside their
   // notifications (see kSlotDataMessageId) instead of as puts.
   bool slots_as_messages = false;
@@ -101,7 +102,30 @@ Sender::~Sender() {
 
 absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
                                          absl::string_view ring_descriptor) {
+  return Open(receiver_address, ring_descriptor, nullptr);
+}
+
+absl::StatusOr<uint64_t> Sender::ConnectShared(absl::string_view receiver_address,
+                                               absl::string_view ring_descriptor,
+                                               std::shared_ptr<SharedRing> shared) {
+  if (shared == nullptr) return absl::InvalidArgumentError("ConnectShared without a ring");
+  return Open(receiver_address, ring_descriptor, std::move(shared));
+}
+
+absl::StatusOr<uint64_t> Sender::Open(absl::string_view receiver_address,
+                                      absl::string_view ring_descriptor,
+                                      std::shared_ptr<SharedRing> shared) {
   PF_ASSIGN_OR_RETURN(RingDescriptor ring, DecodeRingDescriptor(ring_descriptor));
+  if (ring.shared_by_fd() != (shared != nullptr)) {
+    return absl::InvalidArgumentError(
+        ring.shared_by_fd() ? "a ring shared by file descriptor, and none was given (ConnectShared)"
+                            : "a ring with a UCX key given a file descriptor too");
+  }
+  if (shared != nullptr && shared->bytes() != ring.slots * ring.slot_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a shared ring of ", shared->bytes(),
+                                                   " bytes for ", ring.slots, " slots of ",
+                                                   ring.slot_bytes));
+  }
   absl::StatusOr<std::string> address = DecodeWorkerAddress(receiver_address);
   if (!address.ok()) {
     return absl::InvalidArgumentError(
@@ -115,9 +139,14 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
       UcpEndpoint endpoint,
       UcpEndpoint::Connect(worker_, *address, &Sender::OnEndpointError, connection.get()));
   connection->endpoint.emplace(std::move(endpoint));
-  PF_ASSIGN_OR_RETURN(connection->remote_key,
-                      RemoteKey::Unpack(*connection->endpoint, connection->ring.remote_key));
-  if (connection->ring.memory_kind == MemoryKind::kHost) {
+  if (shared != nullptr) {
+    connection->mapped = shared->data();
+    connection->shared = std::move(shared);
+  } else {
+    PF_ASSIGN_OR_RETURN(connection->remote_key,
+                        RemoteKey::Unpack(*connection->endpoint, connection->ring.remote_key));
+  }
+  if (connection->shared == nullptr && connection->ring.memory_kind == MemoryKind::kHost) {
     absl::StatusOr<void*> mapped =
         connection->remote_key.LocalPointer(connection->ring.base_address);
     if (mapped.ok()) {
@@ -132,7 +161,8 @@ absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
   const uint64_t connection_id = connection->connection_id;
   Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", connection_id,
                  connection->ring.slots, connection->ring.slot_bytes,
-                 connection->mapped != nullptr   ? "mapped"
+                 connection->shared != nullptr   ? "shared by file descriptor"
+                 : connection->mapped != nullptr ? "mapped"
                  : connection->slots_as_messages ? "slots as messages"
                                                  : "puts",
                  connection->endpoint->TransportSummary());
@@ -213,7 +243,15 @@ absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
   }
   const absl::Time deadline = absl::Now() + options_.operation_timeout;
   absl::Status status;
-  if (!connection->slots_as_messages) {
+  if (connection->shared != nullptr) {
+    // A ring shared by file descriptor: plain copies, made visible before
+    // the notification can be seen.
+    uint8_t* base = connection->mapped + *slot * connection->ring.slot_bytes;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      std::memcpy(base + layout[i].offset, content.fields[i].data, layout[i].bytes);
+    }
+    std::atomic_thread_fence(std::memory_order_release);
+  } else if (!connection->slots_as_messages) {
     // All puts in flight at once, then one flush: remote completion of every
     // put before the notification leaves (flush, not fence: UCX 1.13's fence
     // does not order across lanes).

@@ -13,6 +13,12 @@
 //     "send" + <bytes>                          -> "sent" (one eager message)
 //   every role: "quit".
 
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -24,6 +30,7 @@
 #include "child_process.h"
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/sender.h"
+#include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/ucx_endpoint.h"
 #include "packfeed/transport/ucx_status.h"
 #include "transport_harness.h"
@@ -40,6 +47,8 @@ struct PeerFlags {
   uint64_t slot_bytes = 0;
   uint64_t max_payload = 0;
   int hold_ms = 0;
+  int uid = -1;             // run as this uid (and gid), from root
+  std::string ring_socket;  // receiver: share the ring's memfd through this socket
 };
 
 [[noreturn]] void Die(const absl::Status& status) {
@@ -74,10 +83,23 @@ void RunReceiver(const PeerFlags& flags) {
   options.slots = flags.slots;
   options.slot_bytes = flags.slot_bytes;
   options.placement = transport::RingPlacement::kHost;
+  options.shared_by_fd = !flags.ring_socket.empty();
   auto receiver = transport::Receiver::Create(options);
   if (!receiver.ok()) Die(receiver.status());
   Reply((*receiver)->worker_address());
   Reply((*receiver)->ring_descriptor());
+  if (options.shared_by_fd) {
+    ScopedFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    flags.ring_socket.copy(address.sun_path, sizeof(address.sun_path) - 1);
+    if (connect(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+      Die(ErrnoToStatus(errno, "connect", flags.ring_socket));
+    }
+    absl::Status sent =
+        transport::SendWithFd(socket.get(), "packfeed-ring", (*receiver)->ring_fd());
+    if (!sent.ok()) Die(sent);
+  }
   while (true) {
     const std::vector<std::string> command = absl::StrSplit(Next(), ' ');
     if (command[0] == "connect") {
@@ -182,7 +204,13 @@ int main(int argc, char** argv) {
   app.add_option("--slot-bytes", flags.slot_bytes);
   app.add_option("--max-payload", flags.max_payload);
   app.add_option("--hold-ms", flags.hold_ms);
+  app.add_option("--uid", flags.uid);
+  app.add_option("--ring-socket", flags.ring_socket);
   CLI11_PARSE(app, argc, argv);
+  if (flags.uid >= 0 &&
+      (setgroups(0, nullptr) != 0 || setgid(flags.uid) != 0 || setuid(flags.uid) != 0)) {
+    packfeed::testing::Die(packfeed::ErrnoToStatus(errno, "setuid", absl::StrCat(flags.uid)));
+  }
   if (flags.role == "receiver") packfeed::testing::RunReceiver(flags);
   if (flags.role == "sender") packfeed::testing::RunSender(flags);
   if (flags.role == "rogue") packfeed::testing::RunRogue(flags);

@@ -2,8 +2,14 @@
 // sender (or the receiver) and tests/integration/transport/transport_peer.cc
 // is the other side. Every test runs over shared memory and over TCP.
 
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/sender.h"
+#include "packfeed/transport/shared_ring.h"
 #include "payload_pattern.h"
 #include "transport_harness.h"
 
@@ -66,11 +73,22 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
   }
 
   ChildProcess Spawn(const std::string& role, uint32_t slots = 3, uint64_t max_payload = kLarge,
-                     int hold_ms = 0) {
-    auto child = ChildProcess::Spawn(
-        {PF_TRANSPORT_PEER, "--role", role, "--tls", transports(), "--slots", absl::StrCat(slots),
-         "--slot-bytes", absl::StrCat(SlotBytesFor(max_payload)), "--max-payload",
-         absl::StrCat(max_payload), "--hold-ms", absl::StrCat(hold_ms)});
+                     int hold_ms = 0, const std::vector<std::string>& more = {}) {
+    std::vector<std::string> argv = {PF_TRANSPORT_PEER,
+                                     "--role",
+                                     role,
+                                     "--tls",
+                                     transports(),
+                                     "--slots",
+                                     absl::StrCat(slots),
+                                     "--slot-bytes",
+                                     absl::StrCat(SlotBytesFor(max_payload)),
+                                     "--max-payload",
+                                     absl::StrCat(max_payload),
+                                     "--hold-ms",
+                                     absl::StrCat(hold_ms)};
+    argv.insert(argv.end(), more.begin(), more.end());
+    auto child = ChildProcess::Spawn(argv);
     EXPECT_TRUE(child.ok()) << child.status();
     return std::move(*child);
   }
@@ -284,6 +302,98 @@ TEST_P(TransportTest, ASlotHeldAcrossAReconnectStaysTheTrainers) {
   ASSERT_TRUE(receiver->Release(kept->lease).ok());
   EXPECT_EQ(receiver->stats().released, 12u) << "the old lease counts for its own connection";
   EXPECT_EQ(receiver->stats().held, 0u);
+}
+
+// A trainer of another uid than the daemon's: UCX's shared memory does not
+// connect the two, so its ring is a sealed memfd it hands over a Unix socket;
+// the sender writes it directly and only the notifications travel by UCX.
+TEST_P(TransportTest, ARingSharedByFileDescriptorServesAReceiverOfAnotherUid) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the receiver as nobody";
+  if (shared_memory()) GTEST_SKIP() << "UCX's shared memory does not connect two uids";
+  const std::string dir = ::testing::TempDir() + absl::StrCat("pf-shared-ring-", getpid());
+  std::filesystem::create_directories(dir);
+  std::filesystem::permissions(dir, std::filesystem::perms::all);
+  const std::string path = dir + "/rings.sock";
+  ScopedFd listening(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  path.copy(address.sun_path, sizeof(address.sun_path) - 1);
+  std::filesystem::remove(path);
+  ASSERT_EQ(bind(listening.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  std::filesystem::permissions(path, std::filesystem::perms::all);
+  ASSERT_EQ(listen(listening.get(), 4), 0);
+
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess child = Spawn("receiver", 2, kSmall, 0, {"--uid", "65534", "--ring-socket", path});
+  const std::string receiver_address = Receive(child);
+  const std::string ring = Receive(child);
+  EXPECT_EQ(sender->Connect(receiver_address, ring).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a keyless ring needs its file descriptor";
+  ScopedFd peer(accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(peer.valid());
+  absl::StatusOr<transport::PeerIdentity> who = transport::PeerOf(peer.get());
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->uid, 65534u);
+  auto received = transport::ReceiveWithFd(peer.get());
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->first, "packfeed-ring");
+  auto descriptor = transport::DecodeRingDescriptor(ring);
+  ASSERT_TRUE(descriptor.ok()) << descriptor.status();
+  EXPECT_TRUE(descriptor->shared_by_fd());
+  EXPECT_EQ(
+      transport::SharedRing::Map(ScopedFd(dup(received->second.get())), descriptor->slot_bytes)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument)
+      << "a ring of another size than its descriptor's";
+  auto shared = transport::SharedRing::Map(std::move(received->second),
+                                           descriptor->slots * descriptor->slot_bytes);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  auto connection_id = sender->ConnectShared(
+      receiver_address, ring, std::make_shared<transport::SharedRing>(*std::move(shared)));
+  ASSERT_TRUE(connection_id.ok()) << connection_id.status();
+  ASSERT_TRUE(child.Send(absl::StrCat("connect ", *connection_id)).ok());
+  ASSERT_TRUE(child.Send(sender->worker_address()).ok());
+  ASSERT_EQ(Receive(child), "ok");
+
+  ASSERT_TRUE(child.Send("receive 0 30").ok());
+  PushReport report;
+  ASSERT_TRUE(PushTestMessages(*sender, *connection_id, 0, 30, kSmall, &report).ok());
+  EXPECT_THAT(Receive(child), StartsWith("ok "));
+  EXPECT_TRUE(sender->Stats(*connection_id)->mapped);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SharedRingTest, RefusesARingThatCouldShrinkAndAMessageWithoutItsDescriptor) {
+  // Not sealed: a client could truncate it under the daemon (SIGBUS).
+  ScopedFd unsealed(memfd_create("unsealed", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(unsealed.get(), 4096), 0);
+  auto mapped = transport::SharedRing::Map(std::move(unsealed), 4096);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mapped.status().message(), HasSubstr("F_SEAL_SHRINK"));
+
+  auto ring = transport::SharedRing::Create(8192);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  EXPECT_NE(ftruncate(ring->fd(), 4096), 0) << "the client's own ring cannot shrink either";
+  ring->data()[8191] = 7;
+  auto again = transport::SharedRing::Map(ScopedFd(dup(ring->fd())), 8192);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data()[8191], 7) << "both maps see the same memory";
+  EXPECT_EQ(transport::SharedRing::Map(ScopedFd(dup(ring->fd())), 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+  ScopedFd a(pair[0]), b(pair[1]);
+  ASSERT_EQ(write(a.get(), "no fd", 5), 5);
+  auto received = transport::ReceiveWithFd(b.get());
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(received.status().message(), HasSubstr("0 descriptors"));
+  ASSERT_TRUE(transport::SendWithFd(a.get(), "ring", ring->fd()).ok());
+  received = transport::ReceiveWithFd(b.get());
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->first, "ring");
 }
 
 TEST_P(TransportTest, RefusesAPayloadLargerThanASlotAndStaysUsable) {

@@ -36,6 +36,7 @@
 #include "absl/types/span.h"
 #include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/memory_region.h"
+#include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/ucx_context.h"
 #include "packfeed/transport/ucx_endpoint.h"
 #include "packfeed/transport/wire.h"
@@ -62,6 +63,10 @@ struct ReceiverOptions {
   // so a release or a notification that follows soon costs no wake-up.
   // Default 50 µs.
   absl::Duration spin = absl::Microseconds(50);
+  // A host ring in a sealed memfd (SharedRing) rather than in UCX's shared
+  // memory, for a daemon of another uid: hand ring_fd() to it over its Unix
+  // socket (SendWithFd). Notifications and credits still travel over UCX.
+  bool shared_by_fd = false;
 };
 
 // A field of a received slot: its descriptor and where its bytes are (in
@@ -113,6 +118,8 @@ class Receiver {
   std::string worker_address() const;
   // The encoded RingDescriptor the sender connects with.
   const std::string& ring_descriptor() const { return ring_descriptor_; }
+  // The shared ring's memfd (ReceiverOptions::shared_by_fd), else -1.
+  int ring_fd() const { return shared_ring_.has_value() ? shared_ring_->fd() : -1; }
   // Where the views Next hands out are: kCuda for a device or staged ring.
   MemoryKind memory_kind() const { return copier_ != nullptr ? MemoryKind::kCuda : memory_kind_; }
   // True when the host ring is page-locked for asynchronous device copies.
@@ -193,6 +200,8 @@ class Receiver {
   mutable absl::Mutex worker_mutex_;
   std::optional<CudaDeviceBuffer> device_ring_;
   std::optional<MemoryRegion> ring_;
+  std::optional<SharedRing> shared_ring_;
+  uint8_t* ring_base_ = nullptr;  // the ring's first slot, whichever holds it
   std::optional<CudaHostRegistration> host_registration_;
   std::unique_ptr<CudaSlotCopier> copier_;  // kStagedDevice only
   MemoryKind memory_kind_ = MemoryKind::kHost;

@@ -66,6 +66,11 @@ class Sender : public SlotSender {
   // puts: see put_protocol.h); InvalidArgument for a malformed descriptor.
   absl::StatusOr<uint64_t> Connect(absl::string_view receiver_address,
                                    absl::string_view ring_descriptor) override;
+  // The same for a ring shared by file descriptor (a descriptor without a
+  // key), which `ring` maps here: slots are written with memcpy.
+  absl::StatusOr<uint64_t> ConnectShared(absl::string_view receiver_address,
+                                         absl::string_view ring_descriptor,
+                                         std::shared_ptr<SharedRing> ring) override;
   // Tells the receiver no slot follows those already pushed, closes the
   // connection and forgets it (a failed one too). NotFound for an unknown connection id.
   // A non-empty `reason` tells the receiver why it is no longer served (its
@@ -112,6 +117,9 @@ class Sender : public SlotSender {
  private:
   struct Connection;
   Sender(SenderOptions options, UcpContext context, UcpWorker worker);
+  absl::StatusOr<uint64_t> Open(absl::string_view receiver_address,
+                                absl::string_view ring_descriptor,
+                                std::shared_ptr<SharedRing> shared);
 
   absl::StatusOr<Connection*> Usable(uint64_t connection_id) const;
   // FailedPrecondition, logged, unless UCX writes the connection's ring in

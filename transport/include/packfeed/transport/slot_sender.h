@@ -7,6 +7,7 @@
 // tests drive it step by step in one process with a fake.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/wire.h"
 
 namespace packfeed::transport {
@@ -52,6 +54,12 @@ class SlotSender {
   // A new connection to the receiver's ring; returns its id.
   virtual absl::StatusOr<uint64_t> Connect(absl::string_view receiver_address,
                                            absl::string_view ring_descriptor) = 0;
+  // A connection to a ring shared by file descriptor, mapped by `ring`.
+  virtual absl::StatusOr<uint64_t> ConnectShared(absl::string_view receiver_address,
+                                                 absl::string_view ring_descriptor,
+                                                 std::shared_ptr<SharedRing> ring) {
+    return absl::UnimplementedError("this sender does not take shared rings");
+  }
   // No slot follows those pushed; `reason`, when not empty, tells why.
   virtual absl::Status Disconnect(uint64_t connection_id, absl::string_view reason = "") = 0;
   // Free slots now; Unavailable once the connection failed.

@@ -131,7 +131,8 @@ absl::Status ValidateSlotReady(const SlotReady& ready, uint32_t slots, uint64_t 
                                uint64_t expected_seq);
 
 // A receiver's ring, as its sender needs it: geometry, where it lives and the
-// packed UCX key to put into it.
+// packed UCX key to put into it. A host ring without a key is a SharedRing
+// (shared_ring.h), whose file descriptor travels on its own.
 struct RingDescriptor {
   uint32_t slots = 0;
   uint64_t slot_bytes = 0;
@@ -140,6 +141,7 @@ struct RingDescriptor {
   std::string remote_key;
 
   bool operator==(const RingDescriptor&) const = default;
+  bool shared_by_fd() const { return remote_key.empty(); }
 };
 
 // The remote key travels with an XXH3 checksum: UCX asserts (aborts the
