@@ -19,7 +19,12 @@
 //
 //   transport_bench [--tls sm,self] [--slots 4] [--ring host|device|staged] [--json] [--quick]
 
+#include <grp.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +41,7 @@
 #include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/sender.h"
+#include "packfeed/transport/shared_ring.h"
 #include "transport_harness.h"
 
 namespace packfeed {
@@ -56,13 +62,23 @@ struct Flags {
   bool quick = false;
   int spin_us = 50;
   std::string ring = "host";
-  bool device() const { return ring != "host"; }  // the bytes end in device memory
+  int receiver_uid = -1;    // run the receiver as this uid (from root)
+  std::string ring_socket;  // internal: where a shared ring's descriptor goes
+  // The bytes end in device memory.
+  bool device() const { return ring == "device" || ring == "staged"; }
   transport::RingPlacement placement() const {
     if (ring == "device") return transport::RingPlacement::kDevice;
     if (ring == "staged") return transport::RingPlacement::kStagedDevice;
     return transport::RingPlacement::kHost;
   }
 };
+
+sockaddr_un UnixAddress(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  path.copy(address.sun_path, sizeof(address.sun_path) - 1);
+  return address;
+}
 
 uint64_t NowNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -94,9 +110,22 @@ int RunReceiver(const Flags& flags) {
   options.slot_bytes = kMaxSlot;
   options.placement = flags.placement();
   options.spin = absl::Microseconds(flags.spin_us);
+  options.shared_by_fd = flags.ring == "shared";
+  if (flags.receiver_uid >= 0 && (setgroups(0, nullptr) != 0 || setgid(flags.receiver_uid) != 0 ||
+                                  setuid(flags.receiver_uid) != 0)) {
+    Die(ErrnoToStatus(errno, "setuid", absl::StrCat(flags.receiver_uid)));
+  }
   std::unique_ptr<Receiver> receiver = Check(Receiver::Create(options));
   Check(testing::SendFrame(testing::kControlFd, receiver->worker_address()));
   Check(testing::SendFrame(testing::kControlFd, receiver->ring_descriptor()));
+  if (options.shared_by_fd) {
+    ScopedFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const sockaddr_un address = UnixAddress(flags.ring_socket);
+    if (connect(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+      Die(ErrnoToStatus(errno, "connect", flags.ring_socket));
+    }
+    Check(transport::SendWithFd(socket.get(), "ring", receiver->ring_fd()));
+  }
   while (true) {
     absl::StatusOr<std::string> command =
         testing::ReceiveFrame(testing::kControlFd, absl::Minutes(10));
@@ -277,16 +306,41 @@ class Bench {
 };
 
 int RunSender(const Flags& flags, const std::string& self) {
+  // A shared ring's descriptor comes over a Unix socket (world-writable for
+  // a receiver of another uid), as a client hands it to its daemon.
+  const std::string socket_path = absl::StrCat("/tmp/pf-transport-bench-", getpid(), ".sock");
+  ScopedFd listening;
+  if (flags.ring == "shared") {
+    listening = ScopedFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    const sockaddr_un address = UnixAddress(socket_path);
+    unlink(socket_path.c_str());
+    if (bind(listening.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0 ||
+        chmod(socket_path.c_str(), 0666) != 0 || listen(listening.get(), 1) != 0) {
+      Die(ErrnoToStatus(errno, "bind", socket_path));
+    }
+  }
   ChildProcess child = Check(ChildProcess::Spawn(
       {self, "--role", "receiver", "--tls", flags.transports, "--slots", absl::StrCat(flags.slots),
-       "--spin-us", absl::StrCat(flags.spin_us), "--ring", flags.ring}));
+       "--spin-us", absl::StrCat(flags.spin_us), "--ring", flags.ring, "--receiver-uid",
+       absl::StrCat(flags.receiver_uid), "--ring-socket", socket_path}));
   transport::SenderOptions options;
   options.ucx.transports = flags.transports;
   options.spin = absl::Microseconds(flags.spin_us);
   std::unique_ptr<Sender> sender = Check(Sender::Create(options));
   const std::string address = Check(child.Receive());
   const std::string ring = Check(child.Receive());
-  const uint64_t connection_id = Check(sender->Connect(address, ring));
+  uint64_t connection_id = 0;
+  if (flags.ring == "shared") {
+    ScopedFd peer(accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    unlink(socket_path.c_str());
+    auto [message, fd] = Check(transport::ReceiveWithFd(peer.get()));
+    const transport::RingDescriptor descriptor = Check(transport::DecodeRingDescriptor(ring));
+    auto shared = std::make_shared<transport::SharedRing>(
+        Check(transport::SharedRing::Map(std::move(fd), descriptor.slots * descriptor.slot_bytes)));
+    connection_id = Check(sender->ConnectShared(address, ring, std::move(shared)));
+  } else {
+    connection_id = Check(sender->Connect(address, ring));
+  }
   Check(child.Send(absl::StrCat("connect ", connection_id)));
   Check(child.Send(sender->worker_address()));
   if (Check(child.Receive()) != "ok") Die(absl::InternalError("receiver did not connect"));
@@ -295,9 +349,10 @@ int RunSender(const Flags& flags, const std::string& self) {
   bench.Measure(kMaxSlot, flags.slots, 1, 1);  // warm-up: the sender maps every page once
   const transport::ConnectionStats stats = Check(sender->Stats(connection_id));
   if (!flags.json) {
-    printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s\n",
+    printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s, receiver uid %d\n",
            transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(), flags.slots,
-           flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped");
+           flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped",
+           flags.receiver_uid >= 0 ? flags.receiver_uid : static_cast<int>(getuid()));
     printf("%10s %12s %14s %13s %7s %9s %9s\n", "slot", "put GiB/s", "in-place GiB/s",
            flags.ring == "staged" ? "pinned H2D"
            : flags.device()       ? "H2D cpy GiB/s"
@@ -348,9 +403,13 @@ int main(int argc, char** argv) {
   app.add_option("--slots", flags.slots, "ring slots (credits)");
   app.add_option("--spin-us", flags.spin_us, "polling before sleeping, both sides");
   app.add_option("--ring", flags.ring,
-                 "where the receiver's ring lives: host, device (CUDA, written by UCX) or "
-                 "staged (host, copied to the device on arrival)")
-      ->check(CLI::IsMember({"host", "device", "staged"}));
+                 "where the receiver's ring lives: host, shared (host, a memfd handed over a "
+                 "Unix socket), device (CUDA, written by UCX) or staged (host, copied to the "
+                 "device on arrival)")
+      ->check(CLI::IsMember({"host", "shared", "device", "staged"}));
+  app.add_option("--receiver-uid", flags.receiver_uid,
+                 "run the receiver as this uid (from root; with --ring shared and --tls tcp,self)");
+  app.add_option("--ring-socket", flags.ring_socket, "internal");
   app.add_flag("--json", flags.json, "one JSON object per slot size");
   app.add_flag("--quick", flags.quick, "1/16 of the messages (a smoke run)");
   CLI11_PARSE(app, argc, argv);

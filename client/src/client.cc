@@ -1,7 +1,14 @@
 #include "packfeed/client/client.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -9,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/src/grpc_status.h"
@@ -17,6 +25,7 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/receiver.h"
+#include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/transport_logger.h"
 #include "packfeed/v1/service.grpc.pb.h"
 
@@ -145,6 +154,39 @@ constexpr absl::Duration kReportEvery = absl::Seconds(1);
 
 namespace {
 
+// Hands the ring's memfd to the daemon at `path` (its SOCKET.rings) and
+// returns the token its Attach names.
+absl::StatusOr<std::string> ShareRing(const std::string& path, int ring_fd, uint64_t bytes,
+                                      absl::Duration timeout) {
+  ScopedFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  path.copy(address.sun_path, sizeof(address.sun_path) - 1);
+  if (!socket.valid() ||
+      connect(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("sharing the ring with the daemon at ", path, ": ", std::strerror(errno)));
+  }
+  // A daemon that refuses this uid answers before it reads: its reply says
+  // why better than the broken pipe the send then meets.
+  const absl::Status sent =
+      transport::SendWithFd(socket.get(), absl::StrCat("packfeed-ring ", bytes), ring_fd);
+  pollfd readable{socket.get(), POLLIN, 0};
+  std::string reply(4096, '\0');
+  ssize_t got = 0;
+  if (poll(&readable, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0 ||
+      (got = recv(socket.get(), reply.data(), reply.size(), 0)) <= 0) {
+    PF_RETURN_IF_ERROR(sent);
+    return absl::UnavailableError(absl::StrCat("the daemon at ", path, " did not answer"));
+  }
+  reply.resize(static_cast<size_t>(got));
+  absl::string_view rest = reply;
+  if (absl::ConsumePrefix(&rest, "token ")) return std::string(rest);
+  absl::ConsumePrefix(&rest, "error ");
+  return absl::PermissionDeniedError(
+      absl::StrCat("the daemon at ", path, " refused the ring: ", rest));
+}
+
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
@@ -264,6 +306,13 @@ absl::Status Client::Impl::Open() {
   receiver.slot_bytes = slot_bytes;
   receiver.placement = options.placement;
   receiver.cuda_device = options.cuda_device;
+  struct stat socket_info {};
+  receiver.shared_by_fd =
+      options.sharing == RingSharing::kFileDescriptor ||
+      (options.sharing == RingSharing::kAuto && options.placement != RingPlacement::kDevice &&
+       stat(options.socket_path.c_str(), &socket_info) == 0 && socket_info.st_uid != geteuid());
+  // UCX's shared memory does not connect two uids: notifications go by TCP.
+  if (receiver.shared_by_fd && receiver.ucx.transports.empty()) receiver.ucx.transports = "tcp";
   PF_ASSIGN_OR_RETURN(std::unique_ptr<transport::Receiver> created,
                       transport::Receiver::Create(receiver));
   receiver_ = std::move(created);
@@ -285,6 +334,12 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch) {
   request.mutable_ring()->set_slots(options_.slots);
   request.mutable_ring()->set_slot_bytes(slot_bytes_);
   request.mutable_ring()->set_ring_descriptor(receiver_->ring_descriptor());
+  if (receiver_->ring_fd() >= 0) {
+    PF_ASSIGN_OR_RETURN(std::string token,
+                        ShareRing(options_.socket_path + ".rings", receiver_->ring_fd(),
+                                  receiver_->ring_bytes(), options_.attach_timeout));
+    request.mutable_ring()->set_shared_ring_token(token);
+  }
   request.set_start_step(start_step);
   request.set_start_microbatch(static_cast<uint32_t>(start_microbatch));
   // Elastic only for the first attach: a re-attach is to the same job.

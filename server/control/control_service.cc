@@ -74,6 +74,17 @@ class ControlService final : public v1::Control::CallbackService {
     args.start_step = request->start_step();
     args.start_microbatch = static_cast<int>(request->start_microbatch());
     args.ring_slots = request->ring().slots();
+    if (!request->ring().shared_ring_token().empty()) {
+      absl::StatusOr<std::shared_ptr<transport::SharedRing>> shared =
+          daemon_.TakeSharedRing(request->ring().shared_ring_token());
+      if (!shared.ok()) {
+        spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
+                     shared.status().ToString());
+        reactor->Finish(ToGrpcStatus(shared.status()));
+        return reactor;
+      }
+      args.shared_ring = *std::move(shared);
+    }
     runner->Attach(
         std::move(args), [reactor, reply, runner, request](absl::StatusOr<uint64_t> connection_id) {
           if (!connection_id.ok()) {

@@ -222,6 +222,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   daemon->unix_ = *std::move(unix);
   for (uint32_t uid : config.allowed_uids()) daemon->allowed_uids_.insert(uid);
   if (daemon->allowed_uids_.empty()) daemon->allowed_uids_ = {0, getuid()};
+  absl::StatusOr<std::unique_ptr<SharedRingListener>> shared_rings =
+      SharedRingListener::Start(socket + ".rings", daemon->allowed_uids_);
+  if (!shared_rings.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot take shared rings on unix:", socket,
+                                               ".rings: ", shared_rings.status().message()));
+  }
+  daemon->shared_rings_ = *std::move(shared_rings);
   if (!config.admin_tcp_address().empty()) {
     // A server of its own with the Admin service only: attaching (Control)
     // stays on the Unix socket, whose permissions say who may.
@@ -326,6 +333,7 @@ Daemon::~Daemon() {
   // ranks still get their goodbyes below.
   watches_.FinishAll();
   unix_.reset();  // no new connection
+  shared_rings_.reset();
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
   if (tcp_server_ != nullptr) tcp_server_->Shutdown(deadline);
   if (server_ != nullptr) server_->Shutdown(deadline);

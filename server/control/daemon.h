@@ -20,6 +20,7 @@
 #include "packfeed/v1/config.pb.h"
 #include "server/control/metrics.h"
 #include "server/control/rank_watches.h"
+#include "server/control/shared_ring_listener.h"
 #include "server/control/unix_listener.h"
 #include "server/ingest/ingest_server.h"
 #include "server/ingest/ingest_stream.h"
@@ -80,6 +81,12 @@ class Daemon {
   // PermissionDenied naming the caller when a call over the Unix socket
   // comes from a uid not in allowed_uids (`action`: what it asked).
   absl::Status CheckCaller(const grpc::ServerContextBase& context, absl::string_view action) const;
+  // The ring a client shared by file descriptor under `token`
+  // (SharedRingListener::Take).
+  absl::StatusOr<std::shared_ptr<transport::SharedRing>> TakeSharedRing(
+      absl::string_view token) const {
+    return shared_rings_->Take(token);
+  }
 
  private:
   Daemon() = default;
@@ -101,8 +108,9 @@ class Daemon {
   std::unique_ptr<grpc::Server> server_;  // Control + Admin, Unix socket
   std::unique_ptr<UnixListener> unix_;    // accepts server_'s connections
   std::set<uid_t> allowed_uids_;
-  std::unique_ptr<grpc::Server> tcp_server_;  // Admin only, admin_tcp_address
-  std::unique_ptr<MetricsServer> metrics_;    // metrics_address
+  std::unique_ptr<SharedRingListener> shared_rings_;  // SOCKET.rings
+  std::unique_ptr<grpc::Server> tcp_server_;          // Admin only, admin_tcp_address
+  std::unique_ptr<MetricsServer> metrics_;            // metrics_address
   std::atomic<bool> started_{false};
 };
 

@@ -37,6 +37,7 @@ struct JobRunner::RankState {
   std::deque<InFlight> in_flight;
   uint64_t ledgered = 0;  // microbatches taken and moved into the ledger
   uint32_t ring_slots = 0;
+  std::string ring;  // RankStats.ring
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
   v1::RankTimes times;
@@ -198,7 +199,11 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
     case Ledger::AttachKind::kContinue:
       break;
   }
-  PF_ASSIGN_OR_RETURN(connection_id, sender_->Connect(args.worker_address, args.ring_descriptor));
+  PF_ASSIGN_OR_RETURN(
+      connection_id,
+      args.shared_ring != nullptr
+          ? sender_->ConnectShared(args.worker_address, args.ring_descriptor, args.shared_ring)
+          : sender_->Connect(args.worker_address, args.ring_descriptor));
   RankState state;
   state.global_rank = args.global_rank;
   state.coords = job_.layout().Coords(args.global_rank);
@@ -206,6 +211,10 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   state.next_step = at.step;
   state.next_microbatch = at.microbatch;
   state.ring_slots = args.ring_slots;
+  if (absl::StatusOr<transport::ConnectionStats> stats = sender_->Stats(connection_id);
+      stats.ok()) {
+    state.ring = stats->shared ? "memfd" : stats->mapped ? "shm" : "ucx";
+  }
   state.earlier_times = std::move(earlier_times);
   ranks_.emplace(args.global_rank, std::move(state));
   if (!first_start_.has_value()) {
@@ -403,6 +412,7 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
       out->set_wait_seconds(times.wait_seconds());
       out->set_busy_seconds(times.busy_seconds());
       out->set_copied_out(times.copied_out());
+      out->set_ring(rank.ring);
       wait_seconds += times.wait_seconds();
       if (const double total = times.wait_seconds() + times.busy_seconds(); total > 0) {
         out->set_input_bound(times.wait_seconds() / total);

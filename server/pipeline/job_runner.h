@@ -62,6 +62,8 @@ struct AttachArgs {
   int64_t start_step = 0;
   int start_microbatch = 0;  // of start_step, already consumed
   uint32_t ring_slots = 0;   // how many microbatches it may hold unreleased
+  // A ring the client shared by file descriptor, mapped here.
+  std::shared_ptr<transport::SharedRing> shared_ring;
 };
 
 class JobRunner {

@@ -393,9 +393,10 @@ void Sender::ProgressOrWait(absl::Duration timeout) {
 
 absl::StatusOr<ConnectionStats> Sender::Stats(uint64_t connection_id) const {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
-  return ConnectionStats{connection->pushed,          connection->credit.taken,
-                         connection->credit.released, connection->bytes,
-                         connection->credits(),       connection->mapped != nullptr};
+  return ConnectionStats{connection->pushed,           connection->credit.taken,
+                         connection->credit.released,  connection->bytes,
+                         connection->credits(),        connection->mapped != nullptr,
+                         connection->shared != nullptr};
 }
 
 absl::StatusOr<std::string> Sender::Transports(uint64_t connection_id) const {

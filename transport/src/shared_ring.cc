@@ -50,8 +50,8 @@ absl::StatusOr<SharedRing> SharedRing::Map(ScopedFd fd, uint64_t bytes) {
   struct stat info {};
   if (fstat(fd.get(), &info) != 0) return ErrnoToStatus(errno, "fstat", "shared ring");
   if (static_cast<uint64_t>(info.st_size) != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a shared ring of ", info.st_size,
-                                                   " bytes for a ring descriptor of ", bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a shared ring of ", info.st_size, " bytes for a ring descriptor of ", bytes));
   }
   absl::StatusOr<uint8_t*> data = MapReadWrite(fd.get(), bytes);
   if (!data.ok()) return data.status();
@@ -78,8 +78,8 @@ absl::StatusOr<PeerIdentity> PeerOf(int unix_socket) {
 
 absl::Status SendWithFd(int unix_socket, absl::string_view message, int fd) {
   if (message.empty() || message.size() > kMaxMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a message of ", message.size(),
-                                                   " bytes (1 to ", kMaxMessageBytes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a message of ", message.size(), " bytes (1 to ", kMaxMessageBytes, ")"));
   }
   iovec data{const_cast<char*>(message.data()), message.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -131,10 +131,9 @@ absl::StatusOr<std::pair<std::string, ScopedFd>> ReceiveWithFd(int unix_socket) 
     }
   }
   if ((header.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 || fds.size() != 1 || received == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected one message with one descriptor, got ", received, " bytes and ",
-                     fds.size(), " descriptors",
-                     (header.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 ? " (truncated)" : ""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected one message with one descriptor, got ", received, " bytes and ", fds.size(),
+        " descriptors", (header.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 ? " (truncated)" : ""));
   }
   message.resize(static_cast<size_t>(received));
   return std::make_pair(std::move(message), std::move(fds.front()));

@@ -33,6 +33,19 @@
 
 namespace packfeed::client {
 
+// How the daemon writes a host ring.
+enum class RingSharing {
+  // kFileDescriptor when the daemon's socket belongs to another uid than
+  // this process's, else kUcx.
+  kAuto,
+  // UCX's shared memory (one node) or its network transports.
+  kUcx,
+  // A sealed memfd handed to the daemon over SOCKET.rings: shared memory
+  // for a trainer of another uid, which UCX 1.13 cannot give. UCX carries
+  // only the notifications, over TCP unless ucx_transports says otherwise.
+  kFileDescriptor,
+};
+
 struct ClientOptions {
   // The daemon's gRPC socket.
   std::string socket_path = kDefaultSocketPath;
@@ -55,6 +68,7 @@ struct ClientOptions {
   // (asked from the daemon at attach).
   uint64_t slot_bytes = 0;
   RingPlacement placement = RingPlacement::kAuto;
+  RingSharing sharing = RingSharing::kAuto;
   int cuda_device = 0;         // for a device ring
   std::string ucx_transports;  // "" = UCX's choice
   absl::Duration attach_timeout = absl::Seconds(30);

@@ -118,6 +118,8 @@ class Receiver {
   std::string worker_address() const;
   // The encoded RingDescriptor the sender connects with.
   const std::string& ring_descriptor() const { return ring_descriptor_; }
+  // The ring's length: slots × slot bytes (rounded up to kFieldAlignment).
+  uint64_t ring_bytes() const { return options_.slots * options_.slot_bytes; }
   // The shared ring's memfd (ReceiverOptions::shared_by_fd), else -1.
   int ring_fd() const { return shared_ring_.has_value() ? shared_ring_->fd() : -1; }
   // Where the views Next hands out are: kCuda for a device or staged ring.

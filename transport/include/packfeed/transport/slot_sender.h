@@ -41,6 +41,7 @@ struct ConnectionStats {
   uint64_t bytes = 0;     // field bytes pushed
   uint32_t credits = 0;   // free slots now
   bool mapped = false;    // MapNextSlot is available (same-node shared memory)
+  bool shared = false;    // the ring was shared by file descriptor (memfd)
 };
 
 // Thread-compatible: one thread owns it, except Wake (any thread). The
