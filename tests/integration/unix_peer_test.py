@@ -88,6 +88,7 @@ def main():
                      drain.stderr)
         root = ctl(daemon, 0, "dump", "--job", "job", "--rank", "0", "--steps", "1", "--json")
         checks.check("root (the daemon's uid) attaches", root.returncode == 0, root.stderr)
+        root_rank1 = ctl(daemon, 0, "dump", "--job", "job", "--rank", "1", "--steps", "1", "--json")
         log = daemon.log.read_text()
         refusals = [line for line in log.splitlines() if "uid 65534" in line]
         checks.check("the daemon logs one line per refusal, naming the uid",
@@ -104,13 +105,23 @@ def main():
         open_to_everyone(daemon)
         attach = ctl(daemon, NOBODY, "dump", "--job", "job", "--rank", "0", "--steps", "1", "--json")
         checks.check("an allowed uid attaches", attach.returncode == 0, attach.stderr)
-        checks.check("and gets the bytes a client of the daemon's own uid gets",
-                     attach.stdout == root.stdout and len(root.stdout) > 100,
+        rank1 = ctl(daemon, NOBODY, "dump", "--job", "job", "--rank", "1", "--steps", "1", "--json")
+        checks.check("both ranks get the bytes a client of the daemon's own uid gets",
+                     attach.stdout == root.stdout and rank1.stdout == root_rank1.stdout
+                     and len(root.stdout) > 100 and root.stdout != root_rank1.stdout,
                      f"{len(attach.stdout)} vs {len(root.stdout)} bytes")
         ranks = daemon.ctl_json("stats")["jobs"][0]["ranks"]
-        checks.check("through the ring it shared by file descriptor, not TCP messages",
-                     [r.get("ring") for r in ranks if r.get("global_rank", 0) == 0] == ["memfd"],
-                     ranks)
+        checks.check("through the rings they shared by file descriptor, not TCP messages",
+                     [r.get("ring") for r in ranks] == ["memfd", "memfd"], ranks)
+        # The same from a container beside the daemon: its own PID and mount
+        # namespaces, sharing the socket's directory.
+        boxed = subprocess.run(
+            ["unshare", "--pid", "--mount", "--fork", "setpriv", f"--reuid={NOBODY}",
+             f"--regid={NOBODY}", "--clear-groups", daemon.ctl, "dump", "--job", "job", "--rank",
+             "0", "--steps", "1", "--json", "--socket", daemon.socket],
+            capture_output=True, text=True, timeout=60)
+        checks.check("a trainer in other PID and mount namespaces gets the same bytes",
+                     boxed.returncode == 0 and boxed.stdout == root.stdout, boxed.stderr)
         leftovers = [p for p in pathlib.Path("/dev/shm").iterdir()
                      if p.name not in shm_before and p.stat().st_uid == NOBODY]
         checks.check("and no shared-memory file of its own that a third uid could open",
