@@ -4,7 +4,6 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "packfeed/common/status_macros.h"
+#include "server/control/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
@@ -38,24 +39,10 @@ absl::StatusOr<std::unique_ptr<SharedRingListener>> SharedRingListener::Start(
   std::unique_ptr<SharedRingListener> listener(new SharedRingListener());
   listener->path_ = path;
   listener->allowed_uids_ = std::move(allowed_uids);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": too long for a Unix socket path"));
-  }
-  path.copy(address.sun_path, sizeof(address.sun_path) - 1);
+  // A socket file left by a daemon that died is replaced, as the daemon's own.
   struct stat info {};
   if (lstat(path.c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) unlink(path.c_str());
-  listener->listening_ = ScopedFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listener->listening_.valid()) return ErrnoToStatus(errno, "socket", path);
-  if (bind(listener->listening_.get(), reinterpret_cast<const sockaddr*>(&address),
-           sizeof(address)) != 0) {
-    return ErrnoToStatus(errno, "bind", path);
-  }
-  if (chmod(path.c_str(), 0660) != 0) return ErrnoToStatus(errno, "chmod", path);
-  if (listen(listener->listening_.get(), SOMAXCONN) != 0) {
-    return ErrnoToStatus(errno, "listen", path);
-  }
+  PF_ASSIGN_OR_RETURN(listener->listening_, ListenOnUnixSocket(path));
   listener->wake_ = ScopedFd(eventfd(0, EFD_CLOEXEC));
   if (!listener->wake_.valid()) return ErrnoToStatus(errno, "eventfd", path);
   listener->acceptor_ = std::thread([raw = listener.get()] { raw->Accept(); });

@@ -15,14 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/server_posix.h"
+#include "packfeed/common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
 
-absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::string& path,
-                                                                  grpc::Server& server) {
-  std::unique_ptr<UnixListener> listener(new UnixListener());
-  listener->server_ = &server;
+absl::StatusOr<ScopedFd> ListenOnUnixSocket(const std::string& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof(address.sun_path)) {
@@ -31,17 +29,22 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::str
                                                    sizeof(address.sun_path) - 1, " bytes)"));
   }
   std::memcpy(address.sun_path, path.data(), path.size());
-  listener->listening_ = ScopedFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listener->listening_.valid()) return ErrnoToStatus(errno, "socket", path);
-  if (bind(listener->listening_.get(), reinterpret_cast<const sockaddr*>(&address),
-           sizeof(address)) != 0) {
+  ScopedFd listening(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listening.valid()) return ErrnoToStatus(errno, "socket", path);
+  if (bind(listening.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
     return ErrnoToStatus(errno, "bind", path);
   }
   // Only the owner and its group may attach or administer.
   if (chmod(path.c_str(), 0660) != 0) return ErrnoToStatus(errno, "chmod", path);
-  if (listen(listener->listening_.get(), SOMAXCONN) != 0) {
-    return ErrnoToStatus(errno, "listen", path);
-  }
+  if (listen(listening.get(), SOMAXCONN) != 0) return ErrnoToStatus(errno, "listen", path);
+  return listening;
+}
+
+absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Start(const std::string& path,
+                                                                  grpc::Server& server) {
+  std::unique_ptr<UnixListener> listener(new UnixListener());
+  listener->server_ = &server;
+  PF_ASSIGN_OR_RETURN(listener->listening_, ListenOnUnixSocket(path));
   listener->wake_ = ScopedFd(eventfd(0, EFD_CLOEXEC));
   if (!listener->wake_.valid()) return ErrnoToStatus(errno, "eventfd", path);
   listener->acceptor_ = std::thread([raw = listener.get()] { raw->Accept(); });

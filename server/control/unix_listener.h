@@ -27,6 +27,10 @@
 
 namespace packfeed::server {
 
+// Binds a Unix socket at `path` (mode 0660: the owner and its group may
+// connect), non-blocking, and listens on it.
+absl::StatusOr<ScopedFd> ListenOnUnixSocket(const std::string& path);
+
 struct PeerCredentials {
   pid_t pid = 0;
   uid_t uid = 0;
