@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -31,22 +30,13 @@
 
 namespace packfeed::client {
 
-// What the client and its leases count together (leases may outlive it).
-struct LeaseCounts {
-  std::atomic<uint32_t> held{0};  // ring slots (or device buffers) leased
-  std::atomic<uint64_t> handed_out{0};
-  std::atomic<uint64_t> copied_out{0};
-};
-
 // Either a ring slot of the receiver, released when the last handle goes,
 // or the private copy of one. Holds the receiver, so the ring outlives it.
 class MicrobatchLease {
  public:
-  MicrobatchLease(std::shared_ptr<transport::Receiver> receiver, uint64_t lease, void* stream,
-                  std::shared_ptr<LeaseCounts> counts)
-      : receiver_(std::move(receiver)), lease_(lease), counts_(std::move(counts)) {
+  MicrobatchLease(std::shared_ptr<transport::Receiver> receiver, uint64_t lease, void* stream)
+      : receiver_(std::move(receiver)), lease_(lease) {
     streams_.push_back(stream);
-    counts_->held.fetch_add(1);
   }
   // A copy: owns `host` or `device` memory, and holds no slot.
   MicrobatchLease(std::unique_ptr<uint8_t[]> host,
@@ -57,7 +47,6 @@ class MicrobatchLease {
 
   ~MicrobatchLease() {
     if (receiver_ == nullptr) return;
-    counts_->held.fetch_sub(1);
     absl::MutexLock lock(&mutex_);
     if (absl::Status status = receiver_->Release(lease_, streams_); !status.ok()) {
       transport::Logger().warn("releasing a microbatch: {}", std::string(status.message()));
@@ -78,7 +67,6 @@ class MicrobatchLease {
   std::vector<void*> streams_ ABSL_GUARDED_BY(mutex_);
   std::unique_ptr<uint8_t[]> host_;
   std::optional<transport::CudaDeviceBuffer> device_;
-  std::shared_ptr<LeaseCounts> counts_;
 };
 
 // The client's state behind the public API: the ring (transport), the
@@ -96,8 +84,7 @@ class Client::Impl {
   ClientState State() const;
   TrainerTimes Times() const { return times_; }
   RingUse Ring() const {
-    return {options_.slots, counts_->held.load(), counts_->handed_out.load(),
-            counts_->copied_out.load()};
+    return {options_.slots, receiver_->stats().held, handed_out_, copied_out_};
   }
   // Counts a NextStep or Next call that began at `entered` as waiting, the
   // time since the previous one returned as busy, and reports them to the
@@ -131,7 +118,8 @@ class Client::Impl {
   const ClientOptions options_;
   std::unique_ptr<Control> control_;
   std::shared_ptr<transport::Receiver> receiver_;
-  std::shared_ptr<LeaseCounts> counts_ = std::make_shared<LeaseCounts>();
+  uint64_t handed_out_ = 0;  // microbatches Next returned
+  uint64_t copied_out_ = 0;  // of those, private copies
   uint64_t connection_id_ = 0;
   uint64_t slot_bytes_ = 0;
   std::string fingerprint_;
@@ -441,7 +429,7 @@ v1::RankTimes Client::Impl::RankTimesNow() const {
   times.set_wait_seconds(absl::ToDoubleSeconds(times_.waited));
   times.set_busy_seconds(absl::ToDoubleSeconds(times_.busy));
   times.set_calls(times_.calls);
-  times.set_copied_out(counts_->copied_out.load());
+  times.set_copied_out(copied_out_);
   return times;
 }
 
@@ -557,13 +545,13 @@ absl::StatusOr<Microbatch> Client::Impl::HandOut(const transport::ReceivedSlot& 
     out.fields.push_back({field.descriptor.name, field.descriptor.type, field.descriptor.shape,
                           field.data, field.descriptor.bytes, field.host_copy});
   }
-  counts_->handed_out.fetch_add(1);
+  ++handed_out_;
   absl::Status waits = receiver_->StreamWaitsFor(slot, cuda_stream);
-  // The daemon must keep a slot to fill: with this one, the trainer would
-  // hold them all.
-  if (!waits.ok() || counts_->held.load() + 1 < options_.slots) {
+  // The daemon must keep a slot to fill: the receiver counts this one held
+  // already, so with all of them held the trainer would wait forever.
+  if (!waits.ok() || receiver_->stats().held < options_.slots) {
     // Before any return: the lease is what gives the slot back.
-    out.lease = std::make_shared<MicrobatchLease>(receiver_, slot.lease, cuda_stream, counts_);
+    out.lease = std::make_shared<MicrobatchLease>(receiver_, slot.lease, cuda_stream);
     PF_RETURN_IF_ERROR(waits);
     return out;
   }
@@ -602,7 +590,7 @@ absl::StatusOr<Microbatch> Client::Impl::HandOut(const transport::ReceivedSlot& 
   out.ready_event = nullptr;
   out.copied_out = true;
   out.lease = std::make_shared<MicrobatchLease>(std::move(host), std::move(device));
-  counts_->copied_out.fetch_add(1);
+  ++copied_out_;
   return out;
 }
 

@@ -214,8 +214,8 @@ absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t con
     failure_ = absl::OkStatus();
     // What the old sender announced and the trainer never took is dropped;
     // what the trainer holds stays occupied until released.
-    for (const ReceivedSlot& slot : ready_) {
-      if (copier_ == nullptr) occupied_[slot.slot] = false;
+    if (copier_ == nullptr) {
+      for (const ReceivedSlot& slot : ready_) occupied_[slot.slot] = false;
     }
     ResetStaging();
     ready_.clear();

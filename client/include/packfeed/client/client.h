@@ -188,7 +188,8 @@ struct TrainerTimes {
 // How the trainer uses its ring, since attach.
 struct RingUse {
   uint32_t slots = 0;
-  // Ring slots held now by microbatches with a live handle (copies hold none).
+  // Ring slots the trainer holds now: microbatches with a live handle
+  // (copies hold none), and a step's first one NextStep took.
   uint32_t held = 0;
   uint64_t handed_out = 0;
   // Of those, handed out as private copies (the trainer held slots - 1).
