@@ -1,6 +1,7 @@
 #include "server/config/daemon_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -11,6 +12,7 @@
 #include "google/protobuf/text_format.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/dataset/megatron_blend.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/transport/wire.h"
@@ -39,6 +41,35 @@ absl::Status FieldError(absl::string_view where, absl::string_view field,
 }
 
 bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// Megatron pretraining options: what Megatron itself would refuse, refused
+// here with the field named.
+absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view where) {
+  const v1::Pretraining& p = job.pretraining();
+  if (!job.ingest_stream().empty()) {
+    return FieldError(where, "pretraining", "an ingest job has no Megatron datasets");
+  }
+  absl::StatusOr<dataset::SplitMatrix> split = dataset::ParseMegatronSplit(p.split());
+  if (!split.ok()) return FieldError(where, "pretraining.split", split.status().message());
+  if (!(*split)[static_cast<size_t>(p.serve_split())].has_value()) {
+    return FieldError(where, "pretraining.serve_split",
+                      absl::StrCat("split \"", p.split(), "\" gives it no share"));
+  }
+  for (auto [field, value] : {std::pair{"train_samples", p.train_samples()},
+                              {"valid_samples", p.valid_samples()},
+                              {"test_samples", p.test_samples()},
+                              {"consumed_samples", p.consumed_samples()}}) {
+    if (value < 0) return FieldError(where, absl::StrCat("pretraining.", field), "is negative");
+  }
+  if (!(p.mid_level_dataset_surplus() >= 0) || !std::isfinite(p.mid_level_dataset_surplus())) {
+    return FieldError(where, "pretraining.mid_level_dataset_surplus", "must be >= 0");
+  }
+  if (job.seq_length() < 2) return FieldError(where, "seq_length", "must be at least 2");
+  if (job.seed() > UINT32_MAX) {
+    return FieldError(where, "seed", "Megatron's random_seed is below 2^32");
+  }
+  return absl::OkStatus();
+}
 
 bool IsName(const std::string& name) {
   return !name.empty() && name.find_first_not_of(
@@ -125,8 +156,21 @@ void FillDefaults(v1::JobConfig& job) {
   }
   if (job.sampler() == v1::SAMPLER_MODE_UNSPECIFIED) job.set_sampler(v1::SAMPLER_MODE_SHUFFLE);
   if (job.pad_id() == 0) job.set_pad_id(job.eod_id());
+  const bool pretraining = IsPretrainingJob(job);
+  if (pretraining) {
+    v1::Pretraining& p = *job.mutable_pretraining();
+    if (p.split().empty()) p.set_split("969,30,1");
+    if (!p.has_mid_level_dataset_surplus()) p.set_mid_level_dataset_surplus(0.005);
+    if (p.micro_batch_size() == 0) p.set_micro_batch_size(1);
+    // Megatron's batch is fixed: micro_batch_size samples per DP rank.
+    if (job.scheduler().max_tokens_per_rank() == 0) {
+      job.mutable_scheduler()->set_max_tokens_per_rank(p.micro_batch_size() * job.seq_length());
+    }
+  }
   for (v1::DatasetSpec& dataset : *job.mutable_datasets()) {
-    if (dataset.weight() == 0) dataset.set_weight(1);
+    // A pretraining job's weights stay 0 when none are given: Megatron
+    // blends differently without weights.
+    if (dataset.weight() == 0 && !pretraining) dataset.set_weight(1);
     if (dataset.kind() == v1::DATASET_KIND_UNSPECIFIED) dataset.set_kind(v1::DATASET_KIND_VARLEN);
   }
 }
@@ -177,8 +221,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
     const v1::DatasetSpec& dataset = job.datasets(i);
     const std::string at = absl::StrCat("datasets[", i, "]");
     if (dataset.prefix().empty()) return FieldError(where, at + ".prefix", "required");
-    if (!(dataset.weight() > 0)) {
-      return FieldError(where, at + ".weight", absl::StrCat(dataset.weight(), " is not positive"));
+    const bool no_weights = IsPretrainingJob(job) && job.datasets(0).weight() == 0;
+    if (no_weights ? dataset.weight() != 0 : !(dataset.weight() > 0)) {
+      return FieldError(where, at + ".weight",
+                        no_weights ? "give every dataset of a pretraining blend a weight, or none"
+                                   : absl::StrCat(dataset.weight(), " is not positive"));
     }
     if (dataset.kind() != job.datasets(0).kind()) {
       return FieldError(where, at + ".kind", "every dataset of a job must have the same kind");
@@ -201,6 +248,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
     return FieldError(where, "long_documents",
                       "LONG_DOCUMENTS_SPLIT is for varlen datasets (sft rows are truncated)");
   }
+  if (IsPretrainingJob(job)) PF_RETURN_IF_ERROR(ValidatePretraining(job, where));
   if (t.vpp() < 1 || t.vpp() > 1024) {
     return FieldError(where, "topology.vpp", absl::StrCat(t.vpp(), " is out of [1, 1024]"));
   }

@@ -117,4 +117,32 @@ scheduler::SamplerOptions SamplerOptionsOf(const v1::JobConfig& job,
   return options;
 }
 
+bool IsPretrainingJob(const v1::JobConfig& job) {
+  return !job.datasets().empty() && job.datasets(0).kind() == v1::DATASET_KIND_PRETRAINING;
+}
+
+dataset::PretrainingBlendOptions PretrainingOptionsOf(const v1::JobConfig& job) {
+  const v1::Pretraining& p = job.pretraining();
+  dataset::PretrainingBlendOptions options;
+  if (!job.datasets().empty() && job.datasets(0).weight() != 0) {
+    options.weights.emplace();
+    for (const v1::DatasetSpec& d : job.datasets()) options.weights->push_back(d.weight());
+  }
+  options.split = p.split();
+  const int64_t samples[] = {p.train_samples(), p.valid_samples(), p.test_samples()};
+  for (size_t s = 0; s < options.split_samples.size(); ++s) {
+    if (samples[s] > 0) options.split_samples[s] = samples[s];
+  }
+  options.mid_level_dataset_surplus = p.mid_level_dataset_surplus();
+  options.sequence_length = job.seq_length();
+  options.random_seed = static_cast<uint32_t>(job.seed());
+  options.add_extra_token = !p.no_extra_token();
+  options.drop_last_partial_validation_sequence = !p.keep_partial_validation_sequence();
+  return options;
+}
+
+dataset::MegatronSplit ServedSplitOf(const v1::JobConfig& job) {
+  return static_cast<dataset::MegatronSplit>(job.pretraining().serve_split());
+}
+
 }  // namespace packfeed::server

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "packfeed/dataset/pretraining_indices.h"
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
@@ -32,6 +33,16 @@ dataset::SampleRules SampleRulesOf(const v1::JobConfig& job);
 // `num_documents[i]`: documents of job.datasets(i).
 scheduler::SamplerOptions SamplerOptionsOf(const v1::JobConfig& job,
                                            const std::vector<int64_t>& num_documents);
+
+// Whether the job serves Megatron pretraining samples (its datasets are of
+// DATASET_KIND_PRETRAINING).
+bool IsPretrainingJob(const v1::JobConfig& job);
+
+// The blend a pretraining job names, as Megatron-Core's builder takes it:
+// split, sample counts (0 = one epoch), surplus, seq_length, seed, and the
+// datasets' weights (none when every weight is 0).
+dataset::PretrainingBlendOptions PretrainingOptionsOf(const v1::JobConfig& job);
+dataset::MegatronSplit ServedSplitOf(const v1::JobConfig& job);
 
 }  // namespace packfeed::server
 

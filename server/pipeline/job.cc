@@ -51,6 +51,14 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
                                                  const DatasetOpener& open, IngestStream* ingest) {
+  if (IsPretrainingJob(config)) {
+    // The indices, the sampler and `packfeedctl pretraining-samples` exist;
+    // serving these samples to ranks does not yet (docs/PRETRAINING.md).
+    return absl::UnimplementedError(
+        absl::StrCat("job ", config.name(),
+                     ": packfeedd does not serve DATASET_KIND_PRETRAINING yet; "
+                     "`packfeedctl pretraining-samples` reads it"));
+  }
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
   job->ingest_ = ingest;

@@ -48,6 +48,43 @@ TEST(DaemonConfigTest, FillsDefaults) {
   EXPECT_EQ(job.long_documents(), v1::JobConfig::LONG_DOCUMENTS_SPLIT);
 }
 
+std::string PretrainingJob(absl::string_view weights, absl::string_view pretraining) {
+  return absl::StrCat(R"(jobs { name: "gpt" seq_length: 64 global_batch: 8
+    datasets { prefix: "/a" kind: DATASET_KIND_PRETRAINING )",
+                      weights, R"( }
+    datasets { prefix: "/b" kind: DATASET_KIND_PRETRAINING )",
+                      weights, " }\n    pretraining { ", pretraining, " } }");
+}
+
+TEST(DaemonConfigTest, PretrainingKeepsNoWeightsAndChecksMegatronsOptions) {
+  absl::StatusOr<v1::DaemonConfig> config =
+      ParseDaemonConfig(PretrainingJob("", "micro_batch_size: 2"), "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const v1::JobConfig& job = config->jobs(0);
+  EXPECT_TRUE(IsPretrainingJob(job));
+  EXPECT_EQ(job.datasets(0).weight(), 0);  // no weights: Megatron blends by size
+  EXPECT_EQ(job.pretraining().split(), "969,30,1");
+  EXPECT_EQ(job.pretraining().mid_level_dataset_surplus(), 0.005);
+  EXPECT_EQ(job.scheduler().max_tokens_per_rank(), 128);
+  EXPECT_FALSE(PretrainingOptionsOf(job).weights.has_value());
+  absl::StatusOr<v1::DaemonConfig> weighted =
+      ParseDaemonConfig(PretrainingJob("weight: 2", "train_samples: 100"), "c.textproto");
+  ASSERT_TRUE(weighted.ok()) << weighted.status();
+  EXPECT_EQ(PretrainingOptionsOf(weighted->jobs(0)).weights, (std::vector<double>{2, 2}));
+  EXPECT_EQ(PretrainingOptionsOf(weighted->jobs(0)).split_samples[0], 100);
+
+  std::string mixed = PretrainingJob("", "");
+  mixed.replace(mixed.find(R"("/b" )"), 5, R"("/b" weight: 1 )");
+  EXPECT_THAT(Message(mixed), HasSubstr("jobs[0].datasets[1].weight"));
+  EXPECT_THAT(Message(PretrainingJob("", R"(split: "9x,1")")), HasSubstr("pretraining.split"));
+  EXPECT_THAT(Message(PretrainingJob("", R"(split: "1,0" serve_split: SPLIT_VALID)")),
+              HasSubstr("pretraining.serve_split"));
+  EXPECT_THAT(Message(PretrainingJob("", "train_samples: -1")),
+              HasSubstr("pretraining.train_samples"));
+  EXPECT_THAT(Message(PretrainingJob("", "mid_level_dataset_surplus: -0.5")),
+              HasSubstr("mid_level_dataset_surplus"));
+}
+
 TEST(DaemonConfigTest, ModelLayersAndSideFieldsAreCheckedByPath) {
   auto with = [](const std::string& extra) {
     std::string text(kJob);

@@ -1,0 +1,56 @@
+#ifndef PACKFEED_DATASET_NUMPY_COMPAT_H_
+#define PACKFEED_DATASET_NUMPY_COMPAT_H_
+
+// The few numerical routines whose exact bits decide which tokens Megatron's
+// GPTDataset and BlendedDataset serve, reproduced from numpy and Python so a
+// packfeed index equals Megatron's element for element:
+//   * numpy's legacy `RandomState(seed)` stream (MT19937 seeded by
+//     init_genrand) and its in-place `shuffle` of a 1-D array;
+//   * numpy's float64 `sum` (pairwise summation), which `normalize` uses;
+//   * Python's `round` to an integer (half to even).
+// Pure functions; NumpyRandomState is not thread-safe (one per shuffle).
+
+#include <cstdint>
+#include <random>
+#include <utility>
+
+#include "absl/types/span.h"
+
+namespace packfeed::dataset {
+
+class NumpyRandomState {
+ public:
+  // numpy.random.RandomState(seed) for an integer seed in [0, 2^32).
+  explicit NumpyRandomState(uint32_t seed) : mt_(seed) {}
+
+  // numpy's random_interval: uniform in [0, max] by masked rejection, from
+  // 32-bit draws when max < 2^32 and 64-bit draws (two 32-bit ones, high
+  // word first) above.
+  uint64_t Interval(uint64_t max);
+
+  // RandomState.shuffle of a 1-D array: Fisher-Yates from the end, element
+  // i swapped with Interval(i).
+  template <typename T>
+  void Shuffle(absl::Span<T> values) {
+    for (size_t i = values.size(); i > 1; --i) {
+      const uint64_t j = Interval(i - 1);
+      std::swap(values[i - 1], values[j]);
+    }
+  }
+
+ private:
+  // std::mt19937 seeded with one integer is MT19937's init_genrand, the same
+  // state numpy's legacy seeding builds; its output is the same 32-bit stream.
+  std::mt19937 mt_;
+};
+
+// numpy.sum of a float64 array, bit for bit (pairwise: 8 accumulators over
+// blocks of at most 128, halves above).
+double NumpySum(absl::Span<const double> values);
+
+// Python's int(round(x)) for a finite x: nearest integer, ties to even.
+int64_t PythonRound(double x);
+
+}  // namespace packfeed::dataset
+
+#endif  // PACKFEED_DATASET_NUMPY_COMPAT_H_

@@ -1,0 +1,131 @@
+#include "packfeed/dataset/pretraining_indices.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
+
+namespace packfeed::dataset {
+
+absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
+    std::vector<absl::Span<const int32_t>> sequence_lengths, const PretrainingBlendOptions& options,
+    MegatronSplit split) {
+  const auto num_datasets = static_cast<int>(sequence_lengths.size());
+  if (num_datasets < 1 || num_datasets >= 32767) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a blend holds 1 to 32766 datasets, not ", num_datasets));
+  }
+  const auto s = static_cast<size_t>(split);
+  const absl::string_view split_name = MegatronSplitName(split);
+  PF_ASSIGN_OR_RETURN(const SplitMatrix matrix, ParseMegatronSplit(options.split));
+  if (!matrix[s].has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split \"", options.split, "\" gives the ", split_name, " split no share"));
+  }
+  const std::optional<int64_t> requested = options.split_samples[s];
+  if (requested.has_value() && *requested < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(split_name, " samples ", *requested, " < 0"));
+  }
+
+  PretrainingIndices out;
+  out.lengths_ = std::move(sequence_lengths);
+  out.gpt_.sequence_length = options.sequence_length;
+  out.gpt_.random_seed = options.random_seed;
+  out.gpt_.add_extra_token = options.add_extra_token;
+  out.gpt_.drop_last_partial =
+      split != MegatronSplit::kValid || options.drop_last_partial_validation_sequence;
+
+  // What each dataset's GPTDataset is asked for (Megatron's builder).
+  std::optional<std::vector<double>> weights;
+  std::vector<std::optional<int64_t>> asked(static_cast<size_t>(num_datasets), requested);
+  int64_t blend_size = 0;
+  if (options.weights.has_value()) {
+    if (static_cast<int>(options.weights->size()) != num_datasets) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.weights->size(), " weights for ", num_datasets, " datasets"));
+    }
+    PF_ASSIGN_OR_RETURN(weights, NormalizeBlendWeights(*options.weights));
+    if (!requested.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a blend with weights needs the number of ", split_name, " samples"));
+    }
+    const std::vector<int64_t> target = SamplesPerDataset(*weights, *requested, 0.0);
+    const std::vector<int64_t> buffer =
+        SamplesPerDataset(*weights, *requested, options.mid_level_dataset_surplus);
+    for (int d = 0; d < num_datasets; ++d) {
+      asked[static_cast<size_t>(d)] = buffer[static_cast<size_t>(d)];
+      blend_size += target[static_cast<size_t>(d)];
+    }
+  } else if (num_datasets > 1) {
+    // Without weights each dataset builds one epoch and the blend follows
+    // their sizes.
+    for (auto& a : asked) a.reset();
+  }
+
+  for (int d = 0; d < num_datasets; ++d) {
+    const absl::Span<const int32_t> lengths = out.lengths_[static_cast<size_t>(d)];
+    const auto range = SplitSequences(*matrix[s], static_cast<int64_t>(lengths.size()));
+    auto built = BuildGptIndices(lengths, range.first, range.second, asked[static_cast<size_t>(d)],
+                                 out.gpt_);
+    if (!built.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset ", d, ", ", split_name, " split: ", built.status().message()));
+    }
+    out.ranges_.push_back(range);
+    out.datasets_.push_back(*std::move(built));
+  }
+
+  if (num_datasets == 1 && !weights.has_value()) {
+    out.num_samples_ = out.datasets_[0].num_samples();
+    return out;
+  }
+  if (weights.has_value()) {
+    out.blend_ = BuildBlendIndices(*weights, blend_size);
+  } else {
+    std::vector<double> sizes;
+    std::vector<int64_t> counts;
+    int64_t total = 0;
+    for (const GptIndices& g : out.datasets_) {
+      sizes.push_back(static_cast<double>(g.num_samples()));
+      counts.push_back(g.num_samples());
+      total += g.num_samples();
+    }
+    if (requested.has_value()) {
+      PF_ASSIGN_OR_RETURN(const std::vector<double> by_size, NormalizeBlendWeights(sizes));
+      out.blend_ = BuildBlendIndices(by_size, std::min(*requested, total));
+    } else {
+      out.blend_ = BuildExhaustiveBlendIndices(counts);
+    }
+  }
+  // BlendedDataset's check: no dataset is drawn beyond what it built.
+  std::vector<int64_t> drawn(static_cast<size_t>(num_datasets), 0);
+  for (int16_t d : out.blend_->dataset_index) ++drawn[static_cast<size_t>(d)];
+  for (int d = 0; d < num_datasets; ++d) {
+    const int64_t built = out.datasets_[static_cast<size_t>(d)].num_samples();
+    if (drawn[static_cast<size_t>(d)] > built) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", split_name, " blend draws ", drawn[static_cast<size_t>(d)],
+          " samples of dataset ", d, ", which built ", built,
+          "; raise mid_level_dataset_surplus (now ", options.mid_level_dataset_surplus, ")"));
+    }
+  }
+  out.num_samples_ = static_cast<int64_t>(out.blend_->dataset_index.size());
+  return out;
+}
+
+PretrainingIndices::Sample PretrainingIndices::Locate(int64_t i) const {
+  int d = 0;
+  int64_t sample = i;
+  if (blend_.has_value()) {
+    d = blend_->dataset_index[static_cast<size_t>(i)];
+    sample = blend_->dataset_sample_index[static_cast<size_t>(i)];
+  }
+  return {d, RunsOfSample(datasets_[static_cast<size_t>(d)], lengths_[static_cast<size_t>(d)], gpt_,
+                          sample)};
+}
+
+int64_t PretrainingIndices::sample_tokens() const {
+  return gpt_.sequence_length + (gpt_.add_extra_token ? 1 : 0);
+}
+
+}  // namespace packfeed::dataset

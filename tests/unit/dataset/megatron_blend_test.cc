@@ -1,0 +1,108 @@
+#include "packfeed/dataset/megatron_blend.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "packfeed/dataset/pretraining_indices.h"
+
+namespace packfeed::dataset {
+namespace {
+
+TEST(MegatronSplitTest, ParsesAndNormalizesLikeMegatron) {
+  auto matrix = ParseMegatronSplit("969, 30, 1");
+  ASSERT_TRUE(matrix.ok()) << matrix.status();
+  ASSERT_TRUE((*matrix)[0] && (*matrix)[1] && (*matrix)[2]);
+  EXPECT_EQ((*matrix)[0]->first, 0.0);
+  EXPECT_EQ((*matrix)[0]->second, 969.0 / 1000.0);
+  EXPECT_EQ((*matrix)[1]->first, 969.0 / 1000.0);
+  EXPECT_EQ((*matrix)[2]->second, 969.0 / 1000.0 + 30.0 / 1000.0 + 1.0 / 1000.0);
+  // Missing parts are 0 and a split of weight 0 is absent.
+  auto train_only = ParseMegatronSplit("1");
+  ASSERT_TRUE(train_only.ok());
+  EXPECT_TRUE((*train_only)[0].has_value());
+  EXPECT_FALSE((*train_only)[1].has_value());
+  EXPECT_FALSE((*train_only)[2].has_value());
+  // Python's round, half to even: 0.5 · 5 = 2.5 → 2.
+  EXPECT_EQ(SplitSequences({0.0, 0.5}, 5), std::make_pair(int64_t{0}, int64_t{2}));
+}
+
+TEST(MegatronSplitTest, RefusesWhatDoesNotParse) {
+  for (const char* bad : {"", "a,b", "99,-1", "1,2,3,4", "0,0,0", "1e3", "1,,2", "1.2.3"}) {
+    EXPECT_FALSE(ParseMegatronSplit(bad).ok()) << bad;
+  }
+}
+
+TEST(BlendWeightsTest, NormalizesAndRefusesNonPositive) {
+  auto w = NormalizeBlendWeights({30, 70});
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(*w, (std::vector<double>{0.3, 0.7}));
+  EXPECT_FALSE(NormalizeBlendWeights({1, 0}).ok());
+  EXPECT_FALSE(NormalizeBlendWeights({1, -2}).ok());
+  EXPECT_FALSE(NormalizeBlendWeights({}).ok());
+  EXPECT_EQ(SamplesPerDataset({0.3, 0.7}, 1000, 0.005), (std::vector<int64_t>{302, 704}));
+}
+
+TEST(BlendIndicesTest, FollowsTheWeightsAndNumbersEachDatasetsSamples) {
+  const BlendIndices b = BuildBlendIndices({0.25, 0.75}, 400);
+  std::vector<int64_t> next(2, 0);
+  for (size_t i = 0; i < b.dataset_index.size(); ++i) {
+    const int d = b.dataset_index[i];
+    EXPECT_EQ(b.dataset_sample_index[i], next[static_cast<size_t>(d)]++);
+  }
+  EXPECT_EQ(next[0], 100);
+  EXPECT_EQ(next[1], 300);
+  const BlendIndices e = BuildExhaustiveBlendIndices(std::vector<int64_t>{3, 5, 1});
+  std::vector<int64_t> drawn(3, 0);
+  for (int16_t d : e.dataset_index) ++drawn[static_cast<size_t>(d)];
+  EXPECT_EQ(drawn, (std::vector<int64_t>{3, 5, 1}));
+}
+
+TEST(PretrainingIndicesTest, ABlendDrawsItsSamplesFromEveryDataset) {
+  std::vector<int32_t> a(200, 30), b(300, 17);
+  PretrainingBlendOptions options;
+  options.weights = std::vector<double>{1, 3};
+  options.split_samples[0] = 500;
+  options.sequence_length = 16;
+  options.random_seed = 1234;
+  auto built = PretrainingIndices::Build({a, b}, options, MegatronSplit::kTrain);
+  ASSERT_TRUE(built.ok()) << built.status();
+  EXPECT_EQ(built->num_samples(), 125 + 375);
+  for (int64_t i = 0; i < built->num_samples(); ++i) {
+    const PretrainingIndices::Sample s = built->Locate(i);
+    int64_t tokens = 0;
+    for (const SampleRun& r : s.runs) tokens += r.length;
+    EXPECT_EQ(tokens, 17);
+    // The train split's sequences only (969/1000 of each dataset).
+    for (const SampleRun& r : s.runs) EXPECT_LT(r.sequence, s.dataset == 0 ? 194 : 291);
+  }
+}
+
+TEST(PretrainingIndicesTest, RefusesBadBlends) {
+  std::vector<int32_t> a(100, 30);
+  PretrainingBlendOptions options;
+  options.sequence_length = 16;
+  options.weights = std::vector<double>{1, 1};
+  options.split_samples[0] = 10;
+  EXPECT_THAT(PretrainingIndices::Build({a}, options, MegatronSplit::kTrain).status().message(),
+              testing::HasSubstr("2 weights for 1 datasets"));
+  options.weights = std::vector<double>{0, 1};
+  EXPECT_FALSE(PretrainingIndices::Build({a, a}, options, MegatronSplit::kTrain).ok());
+  options.weights = std::vector<double>{1, 1};
+  options.split_samples[0].reset();
+  EXPECT_THAT(PretrainingIndices::Build({a, a}, options, MegatronSplit::kTrain).status().message(),
+              testing::HasSubstr("needs the number of train samples"));
+  options.weights.reset();
+  options.split = "1,0,0";
+  EXPECT_THAT(PretrainingIndices::Build({a}, options, MegatronSplit::kValid).status().message(),
+              testing::HasSubstr("no share"));
+  // 99 % of 3 sequences of 5 tokens: too small for one 17-token sample.
+  std::vector<int32_t> tiny(3, 5);
+  options.split = "99,1";
+  EXPECT_THAT(PretrainingIndices::Build({tiny}, options, MegatronSplit::kTrain).status().message(),
+              testing::HasSubstr("dataset 0, train split"));
+}
+
+}  // namespace
+}  // namespace packfeed::dataset
