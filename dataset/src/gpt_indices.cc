@@ -60,6 +60,13 @@ std::vector<SampleStart> BuildSampleIndex(absl::Span<const int32_t> lengths,
       } else {
         ++position;
         offset = 0;
+        // The walk is sequential in the document index but random in the
+        // lengths: fetch a length a few sequences ahead (most of the build
+        // time on 10^7 sequences is otherwise this miss).
+        constexpr int64_t kAhead = 16;
+        if (position + kAhead <= last_position) {
+          __builtin_prefetch(&lengths[static_cast<size_t>(document_index[position + kAhead])]);
+        }
       }
     }
     index.push_back({position, offset});
@@ -161,6 +168,7 @@ std::vector<SampleRun> RunsOfSample(const GptIndices& indices,
   const auto j = static_cast<size_t>(indices.shuffle_index[static_cast<size_t>(i)]);
   const SampleStart begin = indices.sample_index[j];
   const SampleStart end = indices.sample_index[j + 1];
+  const auto per_pass = static_cast<int64_t>(indices.document_index.size()) / indices.num_epochs;
   std::vector<SampleRun> runs;
   for (int64_t p = begin.document_position; p <= end.document_position; ++p) {
     const int64_t sequence = indices.document_index[static_cast<size_t>(p)];
@@ -168,7 +176,7 @@ std::vector<SampleRun> RunsOfSample(const GptIndices& indices,
     const int64_t stop = p == end.document_position
                              ? end.offset + extra
                              : sequence_lengths[static_cast<size_t>(sequence)];
-    if (stop > offset) runs.push_back({sequence, offset, stop - offset});
+    if (stop > offset) runs.push_back({sequence, offset, stop - offset, p / per_pass});
   }
   return runs;
 }

@@ -1,5 +1,8 @@
 #include "packfeed/dataset/pretraining_indices.h"
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,7 +12,7 @@ namespace packfeed::dataset {
 
 absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
     std::vector<absl::Span<const int32_t>> sequence_lengths, const PretrainingBlendOptions& options,
-    MegatronSplit split) {
+    MegatronSplit split, int threads) {
   const auto num_datasets = static_cast<int>(sequence_lengths.size());
   if (num_datasets < 1 || num_datasets >= 32767) {
     return absl::InvalidArgumentError(
@@ -62,17 +65,32 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
     for (auto& a : asked) a.reset();
   }
 
-  for (int d = 0; d < num_datasets; ++d) {
-    const absl::Span<const int32_t> lengths = out.lengths_[static_cast<size_t>(d)];
-    const auto range = SplitSequences(*matrix[s], static_cast<int64_t>(lengths.size()));
-    auto built = BuildGptIndices(lengths, range.first, range.second, asked[static_cast<size_t>(d)],
-                                 out.gpt_);
-    if (!built.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dataset ", d, ", ", split_name, " split: ", built.status().message()));
+  // Each dataset's indices are independent (their own random stream):
+  // built on up to `threads` threads, results in dataset order.
+  out.ranges_.resize(static_cast<size_t>(num_datasets));
+  std::vector<absl::StatusOr<GptIndices>> built(static_cast<size_t>(num_datasets),
+                                                absl::UnknownError("not built"));
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int d = next++; d < num_datasets; d = next++) {
+      const absl::Span<const int32_t> lengths = out.lengths_[static_cast<size_t>(d)];
+      const auto range = SplitSequences(*matrix[s], static_cast<int64_t>(lengths.size()));
+      out.ranges_[static_cast<size_t>(d)] = range;
+      built[static_cast<size_t>(d)] = BuildGptIndices(lengths, range.first, range.second,
+                                                      asked[static_cast<size_t>(d)], out.gpt_);
     }
-    out.ranges_.push_back(range);
-    out.datasets_.push_back(*std::move(built));
+  };
+  std::vector<std::thread> workers;
+  for (int t = 1; t < std::min(threads, num_datasets); ++t) workers.emplace_back(work);
+  work();
+  for (std::thread& worker : workers) worker.join();
+  for (int d = 0; d < num_datasets; ++d) {
+    auto& result = built[static_cast<size_t>(d)];
+    if (!result.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset ", d, ", ", split_name, " split: ", result.status().message()));
+    }
+    out.datasets_.push_back(*std::move(result));
   }
 
   if (num_datasets == 1 && !weights.has_value()) {

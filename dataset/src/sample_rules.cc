@@ -85,6 +85,20 @@ int64_t DocumentTokens(const IndexView& index, int64_t document) {
   return tokens;
 }
 
+int64_t DocumentOfSequence(const IndexView& index, int64_t sequence) {
+  uint64_t low = 0;  // first sequence of `low` <= sequence
+  uint64_t high = index.num_documents();
+  while (high - low > 1) {
+    const uint64_t mid = low + (high - low) / 2;
+    if (index.document_index(mid) <= sequence) {
+      low = mid;
+    } else {
+      high = mid;
+    }
+  }
+  return static_cast<int64_t>(low);
+}
+
 int64_t PlannedLength(const IndexView& index, SampleTable::Piece piece, const SampleRules& rules) {
   return RealLength(
       ShapeOfSample(DocumentTokens(index, piece.document), rules, piece.first_token).run_length,

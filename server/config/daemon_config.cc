@@ -65,6 +65,26 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
     return FieldError(where, "pretraining.mid_level_dataset_surplus", "must be >= 0");
   }
   if (job.seq_length() < 2) return FieldError(where, "seq_length", "must be at least 2");
+  const v1::Topology& t = job.topology();
+  const int64_t per_microbatch = int64_t{p.micro_batch_size()} * t.dp();
+  if (job.global_batch() % per_microbatch != 0) {
+    return FieldError(
+        where, "global_batch",
+        absl::StrCat(job.global_batch(),
+                     " is not a multiple of micro_batch_size x dp = ", per_microbatch));
+  }
+  if (t.cp() > 1 && job.seq_length() % (2 * int64_t{t.cp()}) != 0) {
+    return FieldError(where, "seq_length",
+                      absl::StrCat(job.seq_length(), " does not split into 2 x cp = ", 2 * t.cp(),
+                                   " chunks (Megatron's CP split)"));
+  }
+  if (job.side_fields_size() > 0) {
+    return FieldError(where, "side_fields", "are not served with Megatron pretraining samples");
+  }
+  if (p.reset_attention_mask()) {
+    return FieldError(where, "pretraining.reset_attention_mask",
+                      "document-masked attention (the THD layout) is not served yet");
+  }
   if (job.seed() > UINT32_MAX) {
     return FieldError(where, "seed", "Megatron's random_seed is below 2^32");
   }

@@ -100,6 +100,14 @@ dataset::SampleRules SampleRulesOf(const v1::JobConfig& job) {
   rules.seq_length = job.seq_length();
   rules.eod_id = job.eod_id();
   rules.pad_id = job.pad_id();
+  if (IsPretrainingJob(job)) {
+    const v1::Pretraining& p = job.pretraining();
+    rules.kind = dataset::SampleKind::kPretraining;
+    rules.pad_id = p.has_tokenizer_pad_id() ? p.tokenizer_pad_id() : -1;
+    rules.eod_mask_loss = p.eod_mask_loss();
+    rules.reset_position_ids = p.reset_position_ids();
+    return rules;
+  }
   rules.append_eod = job.append_eod();
   rules.split_long_documents = job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT;
   return rules;

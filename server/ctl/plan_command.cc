@@ -162,6 +162,13 @@ absl::StatusOr<ConfiguredBatches> LoadConfiguredBatches(const PlanArgs& args) {
     return absl::NotFoundError(absl::StrCat(args.config, ": no job '", args.job,
                                             "' (--job is required with several jobs)"));
   }
+  if (IsPretrainingJob(*job)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job ", job->name(),
+        " serves Megatron pretraining batches, whose layout is Megatron's and not planned; "
+        "`packfeedctl pretraining-samples` shows its samples, `plan-step` a running "
+        "daemon's steps"));
+  }
   ConfiguredBatches out;
   PF_ASSIGN_OR_RETURN(out.options.planner, PlannerOptionsOf(*job));
   PF_ASSIGN_OR_RETURN(

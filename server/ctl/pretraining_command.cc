@@ -1,8 +1,10 @@
 #include "server/ctl/pretraining_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -111,7 +113,9 @@ absl::Status PretrainingSamples(const PretrainingArgs& args) {
   const dataset::MegatronSplit split = ServedSplitOf(job);
   const auto start = std::chrono::steady_clock::now();
   PF_ASSIGN_OR_RETURN(const dataset::PretrainingIndices built,
-                      dataset::PretrainingIndices::Build(spans, PretrainingOptionsOf(job), split));
+                      dataset::PretrainingIndices::Build(
+                          spans, PretrainingOptionsOf(job), split,
+                          static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("job %s, %s split: %lld samples of %lld tokens (indices built in %.3f s)\n",

@@ -1,6 +1,7 @@
 #include "server/pipeline/job.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -51,14 +52,6 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
                                                  const DatasetOpener& open, IngestStream* ingest) {
-  if (IsPretrainingJob(config)) {
-    // The indices, the sampler and `packfeedctl pretraining-samples` exist;
-    // serving these samples to ranks does not yet (docs/PRETRAINING.md).
-    return absl::UnimplementedError(
-        absl::StrCat("job ", config.name(),
-                     ": packfeedd does not serve DATASET_KIND_PRETRAINING yet; "
-                     "`packfeedctl pretraining-samples` reads it"));
-  }
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
   job->ingest_ = ingest;
@@ -90,6 +83,12 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     }
     absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";", dataset->bin_bytes(),
                     ";", spec.kind(), ";", spec.weight(), "|");
+    if (IsPretrainingJob(config)) {
+      std::vector<int32_t>& lengths = job->sequence_lengths_.emplace_back(dataset->num_sequences());
+      for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = dataset->sequence_length(i);
+      job->datasets_.push_back(std::move(dataset));
+      continue;
+    }
     PF_ASSIGN_OR_RETURN(
         dataset::SampleTable table,
         dataset::SampleTable::Build(dataset->index(), job->rules_, dataset->prefix() + ".idx"));
@@ -119,6 +118,18 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
       }
       job->ingest_fields_.push_back(f);
     }
+  } else if (IsPretrainingJob(config)) {
+    std::vector<absl::Span<const int32_t>> lengths(job->sequence_lengths_.begin(),
+                                                   job->sequence_lengths_.end());
+    absl::StatusOr<dataset::PretrainingIndices> indices = dataset::PretrainingIndices::Build(
+        std::move(lengths), PretrainingOptionsOf(config), ServedSplitOf(config),
+        static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    if (!indices.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job ", config.name(), ": ", indices.status().message()));
+    }
+    job->pretraining_ = *std::move(indices);
+    absl::StrAppend(&datasets_part, "pretraining:", config.pretraining().ShortDebugString(), "|");
   } else {
     PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
                         scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
@@ -157,7 +168,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   std::sort(job->local_ranks_.begin(), job->local_ranks_.end());
 
   // (An ingest job checks each sample as it is put.)
-  if (ingest == nullptr) PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
+  if (ingest == nullptr && !job->pretraining_) PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
   PF_ASSIGN_OR_RETURN(job->required_slot_bytes_, MaxSlotBytes(*job));
   return job;
 }

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "packfeed/dataset/indexed_dataset.h"
+#include "packfeed/dataset/pretraining_indices.h"
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
@@ -82,8 +83,9 @@ class Job {
   // Where a sample lies in its dataset (its document, and its first token
   // when a long document was split), and its run.
   // (An ingest job's sample is its index in the sealed step.)
+  // (A pretraining sample's "document" is its number in the split.)
   dataset::SampleTable::Piece PieceOf(const scheduler::SampleRef& sample) const {
-    if (ingest_ != nullptr) return {sample.index, 0};
+    if (ingest_ != nullptr || pretraining_) return {sample.index, 0};
     return sample_tables_[static_cast<size_t>(sample.dataset)].Locate(sample.index);
   }
   dataset::SampleShape ShapeOf(const scheduler::SampleRef& sample) const;
@@ -100,6 +102,11 @@ class Job {
   // Global ranks this node hosts, ascending.
   const std::vector<int>& local_ranks() const { return local_ranks_; }
   bool IsLocal(int global_rank) const;
+  // A pretraining job's samples, numbered as Megatron numbers its split
+  // (docs/PRETRAINING.md); nullptr for any other job.
+  const dataset::PretrainingIndices* pretraining() const {
+    return pretraining_ ? &*pretraining_ : nullptr;
+  }
   // The largest slot any rank of this job can need, in bytes.
   uint64_t required_slot_bytes() const { return required_slot_bytes_; }
 
@@ -115,6 +122,10 @@ class Job {
   dataset::SampleRules rules_;
   std::vector<std::shared_ptr<const dataset::IndexedDataset>> datasets_;
   std::vector<dataset::SampleTable> sample_tables_;  // per dataset
+  // A pretraining job's sequence lengths per dataset (the indices' input,
+  // which they view) and its indices.
+  std::vector<std::vector<int32_t>> sequence_lengths_;
+  std::optional<dataset::PretrainingIndices> pretraining_;
   std::optional<ModelStages> stages_;
   std::vector<SideFieldInfo> side_fields_;
   std::vector<std::vector<std::shared_ptr<const dataset::IndexedDataset>>> side_datasets_;

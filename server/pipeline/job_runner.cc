@@ -574,14 +574,14 @@ void JobRunner::StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const S
   slot.fetched = absl::Now();
   slot.pin.reset();  // the previous fetch's, when fetching again
   // Assembled on the storage's thread, handed to this one.
-  slot.pin =
-      storage_.Fetch({job_.name(), rank, step}, std::move(needs.needs), urgent,
-                     [this, step, generation = slot.generation, plan,
-                      samples = std::move(needs.samples)](std::vector<FetchedSample> fetched) {
-                       std::shared_ptr<const StepData> data =
-                           std::make_shared<StepData>(AssembleStep(job_, *plan, samples, fetched));
-                       Post([this, step, generation, data] { OnStepRead(step, generation, data); });
-                     });
+  slot.pin = storage_.Fetch(
+      {job_.name(), rank, step}, std::move(needs.needs), urgent,
+      [this, step, generation = slot.generation, plan, samples = std::move(needs.samples),
+       counts = std::move(needs.counts)](std::vector<FetchedSample> fetched) {
+        std::shared_ptr<const StepData> data =
+            std::make_shared<StepData>(AssembleStep(job_, *plan, samples, counts, fetched));
+        Post([this, step, generation, data] { OnStepRead(step, generation, data); });
+      });
 }
 
 void JobRunner::OnStepRead(int64_t step, uint64_t generation,

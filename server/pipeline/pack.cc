@@ -12,9 +12,46 @@ namespace {
 using dataset::SampleKind;
 using transport::ElementType;
 
+// Positions [begin, end) of a Megatron pretraining sample, as
+// GPTDataset.__getitem__ makes them: tokens = text[:-1], labels = text[1:]
+// (text padded with the pad id to seq_length + 1); the loss masked at an
+// EOD input (eod_mask_loss) and a pad label; positions restarting after each
+// EOD input (reset_position_ids); pad ids served as 0.
+void AppendPretrainingPositions(const std::vector<int64_t>& run, int64_t begin, int64_t end,
+                                const dataset::SampleRules& rules, PackedMicrobatch& out) {
+  const auto run_length = static_cast<int64_t>(run.size());
+  auto text = [&](int64_t j) {
+    return j < run_length ? run[static_cast<size_t>(j)] : rules.pad_id;
+  };
+  int64_t document_start = 0;
+  if (rules.reset_position_ids) {
+    for (int64_t k = begin - 1; k >= 0; --k) {
+      if (text(k) == rules.eod_id) {
+        document_start = k + 1;
+        break;
+      }
+    }
+  }
+  for (int64_t j = begin; j < end; ++j) {
+    const int64_t token = text(j);
+    const int64_t label = text(j + 1);
+    const bool masked = (rules.eod_mask_loss && token == rules.eod_id) || label == rules.pad_id;
+    out.padding_mask.push_back(j >= run_length ? 1 : 0);
+    out.tokens.push_back(token == rules.pad_id ? 0 : token);
+    out.labels.push_back(label == rules.pad_id ? 0 : label);
+    out.loss_mask.push_back(masked ? 0.0f : 1.0f);
+    out.position_ids.push_back(rules.reset_position_ids ? j - document_start : j);
+    if (rules.reset_position_ids && token == rules.eod_id) document_start = j + 1;
+  }
+}
+
 // Appends positions [begin, end) of one sequence to `out`.
 void AppendPositions(const std::vector<int64_t>& run, int64_t real_length, int64_t begin,
                      int64_t end, const dataset::SampleRules& rules, PackedMicrobatch& out) {
+  if (rules.kind == SampleKind::kPretraining) {
+    AppendPretrainingPositions(run, begin, end, rules, out);
+    return;
+  }
   const int64_t run_length = static_cast<int64_t>(run.size());
   for (int64_t j = begin; j < end; ++j) {
     const bool pad = j >= real_length;
@@ -107,7 +144,10 @@ PackedMicrobatch::Side SideOfSlice(const SideSlice& slice) {
 // With `packed` the data pointers are its arrays, else null (for sizing).
 SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t sequences,
                      int64_t group_ranks, StageFields stage,
-                     absl::Span<const PackedMicrobatch::Side> sides) {
+                     absl::Span<const PackedMicrobatch::Side> sides, int64_t bshd_rows = 0) {
+  const std::vector<int64_t> per_token = bshd_rows > 0
+                                             ? std::vector<int64_t>{bshd_rows, tokens / bshd_rows}
+                                             : std::vector<int64_t>{1, tokens};
   SlotFields out;
   auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, const void* data) {
     out.specs.push_back({std::move(name), type, std::move(shape)});
@@ -116,20 +156,22 @@ SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t seq
   const PackedMicrobatch empty;
   const PackedMicrobatch& p = packed != nullptr ? *packed : empty;
   if (stage.inputs) {
-    add(ChunkFieldName("tokens", stage.inputs_chunk), ElementType::kInt64, {1, tokens},
+    add(ChunkFieldName("tokens", stage.inputs_chunk), ElementType::kInt64, per_token,
         p.tokens.data());
-    add(ChunkFieldName("position_ids", stage.inputs_chunk), ElementType::kInt64, {1, tokens},
+    add(ChunkFieldName("position_ids", stage.inputs_chunk), ElementType::kInt64, per_token,
         p.position_ids.data());
   }
   if (stage.targets) {
-    add(ChunkFieldName("labels", stage.targets_chunk), ElementType::kInt64, {1, tokens},
+    add(ChunkFieldName("labels", stage.targets_chunk), ElementType::kInt64, per_token,
         p.labels.data());
-    add(ChunkFieldName("loss_mask", stage.targets_chunk), ElementType::kFloat32, {1, tokens},
+    add(ChunkFieldName("loss_mask", stage.targets_chunk), ElementType::kFloat32, per_token,
         p.loss_mask.data());
   }
-  add("padding_mask", ElementType::kBool, {1, tokens}, p.padding_mask.data());
-  add("cu_seqlens", ElementType::kInt32, {sequences + 1}, p.cu_seqlens.data());
-  add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, p.cu_seqlens_padded.data());
+  add("padding_mask", ElementType::kBool, per_token, p.padding_mask.data());
+  if (bshd_rows == 0) {
+    add("cu_seqlens", ElementType::kInt32, {sequences + 1}, p.cu_seqlens.data());
+    add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, p.cu_seqlens_padded.data());
+  }
   add("max_seqlen", ElementType::kInt32, {}, &p.max_seqlen);
   if (group_ranks > 0) {
     add("local_cp_size", ElementType::kInt32, {}, p.local_cp_size ? &*p.local_cp_size : nullptr);
@@ -305,6 +347,7 @@ absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& dat
       PackMicrobatch(group, runs, coords.dp_cp_rank - group.first_rank, job.rules(), sides));
   packed.stage =
       FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
+  if (job.pretraining() != nullptr) packed.bshd_rows = static_cast<int64_t>(group.sequences.size());
   if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
     packed.local_cp_size = group.size;
     for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
@@ -318,7 +361,7 @@ SlotFields MicrobatchFields(const PackedMicrobatch& packed) {
   return FieldsFor(&packed, static_cast<int64_t>(packed.padding_mask.size()),
                    static_cast<int64_t>(packed.cu_seqlens.size()) - 1,
                    packed.local_cp_size ? static_cast<int64_t>(packed.cp_group_ranks.size()) : 0,
-                   packed.stage, packed.side);
+                   packed.stage, packed.side, packed.bshd_rows);
 }
 
 absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {

@@ -76,6 +76,10 @@ struct PackedMicrobatch {
   };
   std::vector<Side> side;
   StageFields stage;  // which THD fields the rank's stage receives
+  // 0: THD ([1, T] per-token fields with cu_seqlens). Else Megatron's
+  // BSHD batch of a pretraining job: per-token fields [bshd_rows =
+  // micro_batch_size, S / CP], and no cu_seqlens (nothing is packed).
+  int64_t bshd_rows = 0;
 };
 
 // Packs `group`'s sequences for CP rank `cp_rank` of the group: `runs[i]` is

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
+#include "server/config/job_config.h"
 
 namespace packfeed::server {
 
@@ -48,6 +49,50 @@ absl::Status StoredBatch(const Job& job, StepPlan& out, std::vector<int64_t>& le
   return absl::OkStatus();
 }
 
+// Megatron's pretraining batch (MegatronPretrainingSampler, dataloader
+// type "single"): step s takes the split's samples from consumed_samples +
+// s·global_batch on; microbatch m of DP rank d holds the micro_batch_size
+// samples from m·mbs·DP + d·mbs, and its CP group slices each of them.
+absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
+  const v1::JobConfig& config = job.config();
+  const int64_t global_batch = config.global_batch();
+  const int64_t mbs = config.pretraining().micro_batch_size();
+  const int64_t seq = config.seq_length();
+  const JobLayout& layout = job.layout();
+  const int64_t first = config.pretraining().consumed_samples() + out.step * global_batch;
+  const int64_t available = job.pretraining()->num_samples();
+  if (first + global_batch > available) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the ", dataset::MegatronSplitName(ServedSplitOf(config)), " split holds ", available,
+        " samples; this step needs [", first, ", ", first + global_batch, ")"));
+  }
+  for (int64_t k = 0; k < global_batch; ++k) {
+    const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(first + k);
+    // Each document's index entries checked before its bytes are read.
+    const dataset::IndexedDataset& data = job.dataset(sample.dataset);
+    for (const dataset::SampleRun& run : sample.runs) {
+      PF_RETURN_IF_ERROR(data.CheckDocument(
+          static_cast<uint64_t>(dataset::DocumentOfSequence(data.index(), run.sequence))));
+    }
+    out.samples.push_back({sample.dataset, first + k, 0});
+  }
+  out.plan.dp_cp_size = layout.dp_cp_size();
+  const int64_t microbatches = global_batch / (mbs * layout.dp);
+  for (int64_t m = 0; m < microbatches; ++m) {
+    scheduler::PlannedMicrobatch& microbatch = out.plan.microbatches.emplace_back();
+    for (int d = 0; d < layout.dp; ++d) {
+      scheduler::CpGroup& group = microbatch.groups.emplace_back();
+      group.first_rank = d * layout.cp;
+      group.size = layout.cp;
+      for (int64_t b = 0; b < mbs; ++b) {
+        group.sequences.push_back({(m * layout.dp + d) * mbs + b, seq, seq});
+      }
+    }
+  }
+  out.plan.flops = scheduler::ComputeFlopsInputs(out.plan);
+  return absl::OkStatus();
+}
+
 absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, StepPlan& out) {
   absl::StatusOr<scheduler::GlobalPlan> plan =
       scheduler::PlanGlobalBatch(lengths, job.planner_options());
@@ -66,6 +111,12 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
   }
   StepPlan out;
   out.step = step;
+  if (job.pretraining() != nullptr) {
+    if (absl::Status batch = PretrainingBatch(job, out); !batch.ok()) {
+      return InStep(job, step, batch);
+    }
+    return out;
+  }
   std::vector<int64_t> lengths;
   if (absl::Status stored = StoredBatch(job, out, lengths); !stored.ok()) {
     return InStep(job, step, stored);

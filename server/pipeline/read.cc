@@ -24,10 +24,39 @@ std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
   return samples;
 }
 
+namespace {
+
+// A pretraining sample's runs, each the bytes of one sequence's tokens, as
+// needs of the documents holding them (the pass over the split tells
+// copies of a sequence in different epochs apart).
+void PretrainingNeeds(const Job& job, const scheduler::SampleRef& ref, StepNeeds& out) {
+  const dataset::IndexedDataset& data = job.dataset(ref.dataset);
+  const dataset::IndexView& index = data.index();
+  const uint64_t token_bytes = DTypeSize(data.dtype());
+  const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(ref.index);
+  for (const dataset::SampleRun& run : sample.runs) {
+    const int64_t document = dataset::DocumentOfSequence(index, run.sequence);
+    const auto first_sequence = static_cast<uint64_t>(index.document_index(document));
+    const auto into_document = static_cast<uint64_t>(
+        index.pointer(static_cast<uint64_t>(run.sequence)) - index.pointer(first_sequence));
+    out.needs.push_back({&data, document, run.pass,
+                         into_document + static_cast<uint64_t>(run.offset) * token_bytes,
+                         static_cast<uint64_t>(run.length) * token_bytes});
+  }
+  out.counts.push_back(static_cast<int>(sample.runs.size()));
+}
+
+}  // namespace
+
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks) {
   StepNeeds out;
   for (int64_t sample : SamplesOfRanks(job, plan, global_ranks)) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(sample)];
+    if (job.pretraining() != nullptr) {
+      out.samples.push_back(sample);
+      PretrainingNeeds(job, ref, out);
+      continue;
+    }
     const dataset::IndexedDataset& data = job.dataset(ref.dataset);
     const dataset::SampleShape shape = job.ShapeOf(ref);
     const int64_t document = job.PieceOf(ref).document;
@@ -41,45 +70,55 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
       out.needs.push_back({&job.side_dataset(ref.dataset, static_cast<int>(f)), document, ref.epoch,
                            first * row_bytes, read * row_bytes});
     }
+    out.counts.push_back(static_cast<int>(1 + job.side_fields().size()));
   }
   return out;
 }
 
 StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
-                      absl::Span<const FetchedSample> fetched) {
+                      absl::Span<const int> counts, absl::Span<const FetchedSample> fetched) {
   StepData data;
-  const size_t per_sample = 1 + job.side_fields().size();
-  for (size_t i = 0; i < samples.size(); ++i) {
+  size_t at = 0;  // the sample's first need in `fetched`
+  for (size_t i = 0; i < samples.size(); at += static_cast<size_t>(counts[i]), ++i) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(samples[i])];
     const dataset::IndexedDataset& stored = job.dataset(ref.dataset);
-    const FetchedSample& sample = fetched[i * per_sample];
-    absl::Status status = sample.status;
-    for (size_t f = 1; f < per_sample && status.ok(); ++f) {
-      if (!fetched[i * per_sample + f].status.ok()) {
-        const absl::Status& side = fetched[i * per_sample + f].status;
-        status = absl::Status(
-            side.code(),
-            absl::StrCat("side field ", job.side_fields()[f - 1].name, ": ", side.message()));
-      }
+    // Token needs: every run of a pretraining sample, else the first.
+    const size_t token_needs = job.pretraining() != nullptr ? static_cast<size_t>(counts[i]) : 1;
+    absl::Status status;
+    for (size_t n = 0; n < static_cast<size_t>(counts[i]) && status.ok(); ++n) {
+      const absl::Status& need = fetched[at + n].status;
+      if (need.ok()) continue;
+      status = n < token_needs
+                   ? need
+                   : absl::Status(need.code(), absl::StrCat("side field ",
+                                                            job.side_fields()[n - token_needs].name,
+                                                            ": ", need.message()));
     }
-    std::vector<int64_t> tokens(sample.size / dataset::DTypeSize(stored.dtype()));
-    if (status.ok()) {
-      status = dataset::WidenToInt64(stored.dtype(), sample.bytes().data(), tokens.size(),
-                                     tokens.data());
+    std::vector<int64_t> tokens;
+    for (size_t n = 0; n < token_needs && status.ok(); ++n) {
+      const FetchedSample& run = fetched[at + n];
+      const size_t count = run.size / dataset::DTypeSize(stored.dtype());
+      tokens.resize(tokens.size() + count);
+      status = dataset::WidenToInt64(stored.dtype(), run.bytes().data(), count,
+                                     tokens.data() + tokens.size() - count);
     }
     if (!status.ok()) {
-      data.failed.emplace(samples[i],
-                          absl::Status(status.code(), absl::StrCat(stored.prefix(), " document ",
-                                                                   job.PieceOf(ref).document, ": ",
-                                                                   status.message())));
+      data.failed.emplace(
+          samples[i],
+          absl::Status(
+              status.code(),
+              absl::StrCat(stored.prefix(), " ", job.pretraining() ? "sample " : "document ",
+                           job.PieceOf(ref).document, ": ", status.message())));
       continue;
     }
-    const dataset::SampleShape shape = job.ShapeOf(ref);
-    data.runs.emplace(samples[i], dataset::MakeTokenRun(tokens, shape, job.rules()));
-    if (per_sample > 1) {
-      data.side.emplace(samples[i],
-                        std::vector<FetchedSample>(fetched.begin() + i * per_sample + 1,
-                                                   fetched.begin() + (i + 1) * per_sample));
+    if (job.pretraining() != nullptr) {
+      data.runs.emplace(samples[i], std::move(tokens));
+      continue;
+    }
+    data.runs.emplace(samples[i], dataset::MakeTokenRun(tokens, job.ShapeOf(ref), job.rules()));
+    if (counts[i] > 1) {
+      data.side.emplace(samples[i], std::vector<FetchedSample>(fetched.begin() + at + 1,
+                                                               fetched.begin() + at + counts[i]));
     }
   }
   data.plan = std::move(plan);

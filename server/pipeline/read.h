@@ -27,7 +27,10 @@ std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
 // tokens and then its rows of each of the job's side fields.
 struct StepNeeds {
   std::vector<int64_t> samples;
-  std::vector<SampleNeed> needs;  // (1 + side fields) per sample, in that order
+  // Per sample, in order: its token runs (one, or a pretraining sample's
+  // runs across sequences) and then its rows of each side field.
+  std::vector<SampleNeed> needs;
+  std::vector<int> counts;  // needs per sample
 };
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks);
 
@@ -43,9 +46,10 @@ struct StepData {
   std::map<int64_t, absl::Status> failed;
 };
 
-// `fetched`: one per need of NeedsOfStep, whose `samples` is given.
+// `fetched`: one per need of NeedsOfStep, whose `samples` and `counts`
+// are given.
 StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
-                      absl::Span<const FetchedSample> fetched);
+                      absl::Span<const int> counts, absl::Span<const FetchedSample> fetched);
 
 // An ingest job's step (plan.ingested): what the given ranks need of its
 // samples, straight from the stream (the side fields' bytes shared, not

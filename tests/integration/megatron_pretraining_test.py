@@ -8,85 +8,36 @@ that `packfeedctl pretraining-samples` gives the same document, sample,
 shuffle and blend indices element for element, and the same tokens and
 labels for every sample it reads. Nothing expected is written by hand.
 
-Usage: megatron_pretraining_test.py PACKFEEDCTL VENV_DIR
+Then serves a blend to every rank of TP2 x PP2 x CP2 x DP2 from a real
+packfeedd and asserts every rank gets exactly the batch Megatron's
+pretraining sampler and get_batch_on_this_cp_rank give it, also after a
+restart from consumed_samples, and through the Python client.
+
+Usage: megatron_pretraining_test.py PACKFEEDCTL VENV_DIR [PYTHON_PACKAGE_DIR]
 Exit 77 (skipped) only when PyPI cannot be reached.
 """
-import json
 import os
 import pathlib
 import subprocess
 import sys
 import tempfile
 
-MEGATRON_CORE = "megatron-core==0.16.1"
-SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with numpy and torch 1.13
-
-
-def ensure_venv(venv):
-    python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import megatron.core, numpy, torch"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True)
-    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
-                          MEGATRON_CORE], capture_output=True, text=True)
-    if pip.returncode != 0:
-        unreachable = ("NewConnectionError", "Could not find a version", "Temporary failure",
-                       "Network is unreachable", "ConnectTimeout")
-        if any(s in pip.stderr for s in unreachable):
-            print(f"SKIPPED: PyPI cannot be reached to install {MEGATRON_CORE}:\n{pip.stderr}")
-            sys.exit(77)
-        sys.exit(f"pip install {MEGATRON_CORE} failed:\n{pip.stderr}")
-    return python
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megatron_venv import (Tokenizer, import_megatron_datasets,  # noqa: E402
+                           init_single_process, rerun_in_venv)
 
 if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
-    ctl, venv = sys.argv[1], pathlib.Path(sys.argv[2])
-    python = ensure_venv(venv)
-    env = dict(os.environ, PF_IN_MEGATRON_VENV="1")
-    sys.exit(subprocess.run([str(python), __file__, ctl], env=env).returncode)
+    rerun_in_venv(sys.argv[2], __file__, [sys.argv[1], *sys.argv[3:]])
 
 # ---- inside the venv ----
-import importlib.util  # noqa: E402
 import logging  # noqa: E402
-import types  # noqa: E402
 
 import numpy  # noqa: E402
-
-
-def import_megatron_datasets():
-    """megatron.core.datasets without the package's __init__ (it pulls
-    distributed code that needs a newer torch) or its tokenizers."""
-    root = list(importlib.util.find_spec("megatron").submodule_search_locations)[0]
-    for name, path in [("megatron", root), ("megatron.core", os.path.join(root, "core"))]:
-        module = types.ModuleType(name)
-        module.__path__ = [path]
-        sys.modules[name] = module
-    utils = types.ModuleType("megatron.core.utils")
-    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg)
-    sys.modules["megatron.core.utils"] = utils
-    tokenizers = types.ModuleType("megatron.core.tokenizers")
-    tokenizers.MegatronTokenizerBase = object
-    sys.modules["megatron.core.tokenizers"] = tokenizers
-    from megatron.core.datasets.blended_megatron_dataset_builder import \
-        BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-    return BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
-
 
 Builder, GPTDataset, GPTDatasetConfig = import_megatron_datasets()
 logging.getLogger("megatron").setLevel(logging.ERROR)
 CTL = sys.argv[1]
 EOD = 0
-
-
-class Tokenizer:
-    """What the datasets ask of a tokenizer: no vocabulary size (the .idx
-    names the dtype), the EOD id, no pad (Megatron then pads with -1)."""
-    vocab_size = None
-    eod = EOD
-    unique_identifiers = {"class": "TestTokenizer"}
 
 
 passed, failures = 0, []
@@ -108,18 +59,31 @@ def run_ctl(*args, ok=True):
 
 
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="pf-megatron-"))
-# Megatron's builders ask for the rank when they cache: one process, rank 0.
-import torch.distributed  # noqa: E402
-torch.distributed.init_process_group("gloo", init_method=f"file://{WORK}/pg", rank=0,
-                                     world_size=1)
+init_single_process(WORK)
 DATASETS = []
+def write_dataset(prefix, documents, mean, vocab, dtype, seed):
+    """A dataset as Megatron's preprocess_data writes it, with Megatron's own
+    IndexedDatasetBuilder: each document's tokens end with the EOD; every
+    fifth document is stored as two sequences (a sentence split)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    random = numpy.random.RandomState(seed)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    for d in range(documents):
+        length = int(numpy.clip(random.lognormal(numpy.log(mean), 0.8), 2, 20 * mean))
+        tokens = random.randint(1, vocab, size=length)
+        tokens[-1] = EOD
+        lengths = [length] if d % 5 or length < 4 else [length // 2, length - length // 2]
+        builder.add_document(tokens, lengths)
+    builder.finalize(f"{prefix}.idx")
+
+
 # Small datasets (tens of thousands of tokens) so the sample counts below
 # take several epochs; uint16 and int32 tokens.
-for i, (count, shortest, longest, mean, vocab) in enumerate(
-        [(700, 5, 300, 60, 32000), (450, 20, 500, 150, 100000), (260, 1, 100, 30, 500)]):
+for i, (documents, mean, vocab, dtype) in enumerate(
+        [(700, 60, 32000, numpy.uint16), (450, 150, 100000, numpy.int32),
+         (260, 30, 500, numpy.uint16)]):
     prefix = WORK / f"ds{i}"
-    run_ctl("make-dataset", "--out", str(prefix), "--count", str(count), "--min", str(shortest),
-            "--max", str(longest), "--mean", str(mean), "--vocab", str(vocab), "--seed", str(i))
+    write_dataset(prefix, documents, mean, vocab, dtype, seed=i)
     DATASETS.append(str(prefix))
 
 
@@ -149,7 +113,7 @@ def megatron(prefixes, weights, seq, seed, split, samples, keep_partial):
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq,
         blend=(prefixes, weights), split=split,
-        path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(),
+        path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
         drop_last_partial_validation_sequence=not keep_partial)
     sizes = [s if s > 0 else None for s in samples]
@@ -212,6 +176,119 @@ compare("bysize", DATASETS, None, 64, 7, "70,20,10", (0, 0, 0))
 # A partial last validation sample kept and padded.
 compare("partial", DATASETS[1:2], None, 200, 5, "50,50", (0, 0, 0), keep_partial=True)
 
+# ---- served by a real packfeedd to every rank of TP2 x PP2 x CP2 x DP2 ----
+from daemon_harness import Daemon, start_up_errors  # noqa: E402
+
+TP, PP, CP, DP = 2, 2, 2, 2
+MBS, GBS, SEQ, SEED, STEPS = 2, 16, 64, 4321, 3
+# (With "969,30,1" the smallest dataset's test split is empty, on which
+# Megatron's epoch count never ends.)
+SPLIT = "90,8,2"
+WEIGHTS = [2.0, 1.0, 5.0]
+
+
+def megatron_train(reset_position_ids, eod_mask_loss):
+    config = GPTDatasetConfig(
+        random_seed=SEED, sequence_length=SEQ, blend=(DATASETS, WEIGHTS), split=SPLIT,
+        path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
+        reset_position_ids=reset_position_ids, reset_attention_mask=False,
+        eod_mask_loss=eod_mask_loss)
+    return Builder(GPTDataset, [GBS * 20, GBS, GBS], lambda: True, config).build()[0]
+
+
+def expected_batch(train, step, microbatch, dp, cp, consumed):
+    """What Megatron's pretraining sampler, collate and get_batch_on_this_cp_rank
+    hand rank (dp, cp): [MBS, SEQ / CP] per field."""
+    first = consumed + step * GBS + (microbatch * DP + dp) * MBS
+    items = [train[first + b] for b in range(MBS)]
+    out = {}
+    for key in ("tokens", "labels", "loss_mask", "position_ids"):
+        batch = numpy.stack([item[key].numpy() for item in items])
+        chunks = batch.reshape(MBS, 2 * CP, SEQ // (2 * CP))
+        out[key] = chunks[:, [cp, 2 * CP - 1 - cp], :].reshape(MBS, SEQ // CP)
+    return out
+
+
+def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss):
+    train = megatron_train(reset_position_ids, eod_mask_loss)
+    flags = (f"reset_position_ids: {str(reset_position_ids).lower()} "
+             f"eod_mask_loss: {str(eod_mask_loss).lower()}")
+    datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
+                         'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
+    config = f"""jobs {{
+  name: "gpt"
+{datasets}
+  topology {{ tp: {TP} pp: {PP} cp: {CP} dp: {DP} }}
+  global_batch: {GBS}
+  seq_length: {SEQ}
+  seed: {SEED}
+  eod_id: {EOD}
+  pretraining {{ split: "{SPLIT}" train_samples: {GBS * 20} valid_samples: {GBS} test_samples: {GBS}
+                 micro_batch_size: {MBS}
+                 consumed_samples: {consumed} {flags} }}
+}}
+"""
+    ranks = range(TP * PP * CP * DP)
+    (WORK / name).mkdir()
+    with Daemon(os.path.dirname(CTL), config, workdir=WORK / name) as daemon:
+        dumps = daemon.dump_ranks("gpt", ranks, STEPS)
+        job = next(j for j in daemon.ctl_json("stats")["jobs"] if j["name"] == "gpt")
+        if len(sys.argv) > 2:
+            python_client_step(daemon.socket, train, consumed)
+    microbatches = GBS // (MBS * DP)
+    for rank in ranks:
+        tp, cp = rank % TP, (rank // TP) % CP
+        dp, pp = (rank // (TP * CP)) % DP, rank // (TP * CP * DP)
+        fields = (["tokens", "position_ids"] if pp == 0 else []) + \
+            (["labels", "loss_mask"] if pp == PP - 1 else [])
+        wrong = []
+        steps = dumps[rank]["steps"]
+        check(f"{name} rank {rank}: {STEPS} steps of {microbatches} microbatches",
+              len(steps) == STEPS and all(len(st["microbatches"]) == microbatches
+                                          for st in steps))
+        for st in steps:
+            for m, got in enumerate(st["microbatches"]):
+                want = expected_batch(train, st["step"], m, dp, cp, consumed)
+                for key in fields:
+                    served = numpy.asarray(got.get(key, []), dtype=want[key].dtype)
+                    if served.size != want[key].size or not numpy.array_equal(
+                            served.reshape(want[key].shape), want[key]):
+                        wrong.append(f"step {st['step']} mb {m} {key}")
+                for key in {"tokens", "position_ids", "labels", "loss_mask"} - set(fields):
+                    if key in got:
+                        wrong.append(f"{key} sent to stage {pp}")
+        check(f"{name} rank {rank} (tp {tp} cp {cp} dp {dp} pp {pp}) equals Megatron's batch",
+              not wrong, wrong[:5])
+    amplification = float(job.get("io_amplification", 0))
+    print(f"{name}: I/O amplification {amplification:.3f} "
+          f"({job.get('bytes_read')} B read for {job.get('unique_bytes_needed')} B needed)")
+    check(f"{name}: each byte read once for 16 ranks", 0 < amplification <= 1.05, job)
+
+
+def python_client_step(socket, train, consumed):
+    """Ranks 4 (first stage, cp 0, dp 1) and 14 (last stage, cp 1, dp 1)
+    through packfeed.Client, as pretrain_gpt's data iterator: step 0's
+    microbatches are Megatron's batch dicts, BSHD, no packed_seq_params."""
+    sys.path.insert(0, sys.argv[2])
+    import packfeed
+    for rank, keys in ((4, ("tokens", "position_ids")), (14, ("labels", "loss_mask"))):
+        client = packfeed.Client("gpt", socket_path=socket, rank=rank)
+        iterator, count, _, _ = client.next_step()
+        dp, cp = (rank // (TP * CP)) % DP, (rank // TP) % CP
+        same = 0
+        for m, batch in enumerate(iterator):
+            want = expected_batch(train, 0, m, dp, cp, consumed)
+            same += all(numpy.array_equal(batch[k].numpy(), want[k]) for k in keys) and \
+                batch["packed_seq_params"] is None and batch["cu_seqlens"] is None
+        client.close()
+        check(f"python client rank {rank}: {count} microbatches of [{MBS}, {SEQ // CP}]",
+              same == count == GBS // (MBS * DP), f"{same} of {count}")
+
+
+serve_and_compare("served", 0, True, True)
+# A restart from consumed_samples continues Megatron's order.
+serve_and_compare("resumed", 2 * GBS, False, False)
+
 # Bad input: one clear error, nothing written.
 bad = WORK / "bad.conf"
 for what, text, needle in [
@@ -230,6 +307,15 @@ for what, text, needle in [
                      str(WORK / "bad.npy"), "--count", "1", ok=False)
     check(f"refuses {what}", result.returncode != 0 and needle in result.stderr, result.stderr)
     check(f"writes nothing for {what}", not (WORK / "bad.npy").exists())
+
+# The daemon refuses a job whose datasets cannot make a sample, naming it.
+(WORK / "refused").mkdir()
+refused = WORK / "refused" / "daemon.conf"
+refused.write_text(job_config(
+    "gpt", DATASETS[:1], None, 10 ** 6, 1, "1", (0, 0, 0), "SPLIT_TRAIN"))
+code, errors = start_up_errors(os.path.dirname(CTL), refused)
+check("packfeedd refuses a dataset too small for one sample",
+      code != 0 and any("fewer than one sample" in e and "gpt" in e for e in errors), errors)
 
 for failure in failures:
     print("FAILED", failure)

@@ -373,9 +373,12 @@ def _slot_lengths(fields: Dict[str, Any], host_copies: Dict[str, bytes]
 
 
 def _packed_seq_params_kwargs(batch: Batch, max_seqlen: int,
-                              local_cp_size: Optional[int]) -> Dict[str, Any]:
+                              local_cp_size: Optional[int]) -> Optional[Dict[str, Any]]:
     """The arguments of Megatron's PackedSeqParams for this microbatch
-    (packfeed.megatron.packed_seq_params builds the object itself)."""
+    (packfeed.megatron.packed_seq_params builds the object itself); None for
+    a BSHD batch (Megatron pretraining), which carries no cu_seqlens."""
+    if batch["cu_seqlens"] is None:
+        return None
     return {
         "qkv_format": "thd",
         "cu_seqlens_q": batch["cu_seqlens"],

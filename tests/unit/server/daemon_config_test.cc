@@ -83,6 +83,9 @@ TEST(DaemonConfigTest, PretrainingKeepsNoWeightsAndChecksMegatronsOptions) {
               HasSubstr("pretraining.train_samples"));
   EXPECT_THAT(Message(PretrainingJob("", "mid_level_dataset_surplus: -0.5")),
               HasSubstr("mid_level_dataset_surplus"));
+  EXPECT_THAT(Message(PretrainingJob("", "reset_attention_mask: true")),
+              HasSubstr("pretraining.reset_attention_mask"));
+  EXPECT_THAT(Message(PretrainingJob("", "micro_batch_size: 3")), HasSubstr("global_batch"));
 }
 
 TEST(DaemonConfigTest, ModelLayersAndSideFieldsAreCheckedByPath) {

@@ -44,6 +44,54 @@ TEST(PackTest, SftKeepsPadIdsAndMasksPadLabels) {
   EXPECT_THAT(packed->padding_mask, ElementsAre(0, 0, 0, 0));
 }
 
+dataset::SampleRules Pretraining(bool reset_positions, bool eod_mask) {
+  dataset::SampleRules rules{dataset::SampleKind::kPretraining, 8, 99, -1, false};
+  rules.reset_position_ids = reset_positions;
+  rules.eod_mask_loss = eod_mask;
+  return rules;
+}
+
+// GPTDataset.__getitem__: tokens text[:-1], labels text[1:], positions
+// restarting after an EOD input, the loss masked at EOD inputs.
+TEST(PackTest, PretrainingFollowsMegatronsGetItem) {
+  const std::vector<int64_t> text = {10, 11, 99, 12, 13, 99, 14, 15, 16};  // seq 8 + 1
+  scheduler::CpGroup group{0, 1, {{0, 8, 8}}};
+  const std::vector<const std::vector<int64_t>*> runs = {&text};
+  absl::StatusOr<PackedMicrobatch> plain =
+      PackMicrobatch(group, runs, 0, Pretraining(false, false));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_THAT(plain->tokens, ElementsAre(10, 11, 99, 12, 13, 99, 14, 15));
+  EXPECT_THAT(plain->labels, ElementsAre(11, 99, 12, 13, 99, 14, 15, 16));
+  EXPECT_THAT(plain->loss_mask, ElementsAre(1, 1, 1, 1, 1, 1, 1, 1));
+  EXPECT_THAT(plain->position_ids, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  absl::StatusOr<PackedMicrobatch> reset = PackMicrobatch(group, runs, 0, Pretraining(true, true));
+  ASSERT_TRUE(reset.ok());
+  EXPECT_THAT(reset->loss_mask, ElementsAre(1, 1, 0, 1, 1, 0, 1, 1));
+  EXPECT_THAT(reset->position_ids, ElementsAre(0, 1, 2, 0, 1, 2, 0, 1));
+  // CP 2: rank 1 holds chunks 1 and 2 of 4, positions counted from the
+  // sample's last EOD before each chunk.
+  scheduler::CpGroup cp2{0, 2, {{0, 8, 8}}};
+  absl::StatusOr<PackedMicrobatch> rank1 = PackMicrobatch(cp2, runs, 1, Pretraining(true, true));
+  ASSERT_TRUE(rank1.ok());
+  EXPECT_THAT(rank1->tokens, ElementsAre(99, 12, 13, 99));
+  EXPECT_THAT(rank1->position_ids, ElementsAre(2, 0, 1, 2));
+}
+
+// A partial last sample (kept validation samples): padded with Megatron's
+// pad (-1), served as 0 and not trained.
+TEST(PackTest, PretrainingPartialSampleIsPaddedAndMasked) {
+  const std::vector<int64_t> text = {10, 11, 12, 13, 14};
+  scheduler::CpGroup group{0, 1, {{0, 8, 8}}};
+  const std::vector<const std::vector<int64_t>*> runs = {&text};
+  absl::StatusOr<PackedMicrobatch> packed =
+      PackMicrobatch(group, runs, 0, Pretraining(false, false));
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_THAT(packed->tokens, ElementsAre(10, 11, 12, 13, 14, 0, 0, 0));
+  EXPECT_THAT(packed->labels, ElementsAre(11, 12, 13, 14, 0, 0, 0, 0));
+  EXPECT_THAT(packed->loss_mask, ElementsAre(1, 1, 1, 1, 0, 0, 0, 0));
+  EXPECT_THAT(packed->padding_mask, ElementsAre(0, 0, 0, 0, 0, 1, 1, 1));
+}
+
 TEST(PackTest, ZigzagGivesRankKChunksKAnd2cMinus1MinusK) {
   std::vector<int64_t> run(9);
   for (int i = 0; i < 9; ++i) run[i] = 100 + i;  // real 8, padded 8, c = 2: chunks of 2

@@ -52,11 +52,13 @@ struct GptIndices {
 };
 
 // One contiguous run of a sample: `length` tokens of sequence `sequence`
-// from token `offset`.
+// from token `offset`, in pass `pass` over the split (which copy of the
+// sequence in the document index: position / split sequences).
 struct SampleRun {
   int64_t sequence = 0;
   int64_t offset = 0;
   int64_t length = 0;
+  int64_t pass = 0;
 };
 
 // Builds the indices of the GPTDataset over sequences [first, end) of a

@@ -6,8 +6,8 @@
 // per dataset, blended by BlendedDataset, or the GPTDataset alone for one
 // dataset without a weight): sample i of the split is the same tokens that
 // `dataset[i]` gives in Megatron for the same configuration
-// (docs/PRETRAINING.md). Pure: takes the datasets' sequence lengths, does
-// no I/O. Immutable after Build; const methods are thread-safe.
+// (docs/PRETRAINING.md). Takes the datasets' sequence lengths and does no
+// I/O. Immutable after Build; const methods are thread-safe.
 
 #include <array>
 #include <cstdint>
@@ -45,10 +45,11 @@ class PretrainingIndices {
   // `split`, weights that are not > 0 or not one per dataset, a dataset
   // whose share is too small for one sample, a split without a sample count
   // where one is needed, or a blend that draws more samples of a dataset
-  // than it built (raise mid_level_dataset_surplus).
+  // than it built (raise mid_level_dataset_surplus). The datasets' indices
+  // are built on up to `threads` threads; the result does not depend on it.
   static absl::StatusOr<PretrainingIndices> Build(
       std::vector<absl::Span<const int32_t>> sequence_lengths,
-      const PretrainingBlendOptions& options, MegatronSplit split);
+      const PretrainingBlendOptions& options, MegatronSplit split, int threads = 1);
 
   struct Sample {
     int dataset = 0;

@@ -20,6 +20,9 @@ namespace packfeed::dataset {
 enum class SampleKind {
   kVarlen,  // one document = one sequence; the EOD is never an input
   kSft,     // mock-SFT rows: the EOD is an input, pad-labelled slots masked
+  // Megatron-Core GPTDataset samples (docs/PRETRAINING.md): seq_length (+1)
+  // tokens across documents; the fields follow GPTDataset.__getitem__.
+  kPretraining,
 };
 
 struct SampleRules {
@@ -34,6 +37,12 @@ struct SampleRules {
   // at most seq_length inputs each (piece k: t[k·S, k·S + S + 1), so every
   // label is trained once), instead of being truncated.
   bool split_long_documents = false;
+  // kPretraining only (Megatron's GPTDatasetConfig): the loss is masked
+  // where the input is EOD (eod_mask_loss); positions restart after each
+  // EOD (reset_position_ids); `pad_id` is Megatron's pad (-1 when the
+  // tokenizer has none), masked in the loss and served as 0.
+  bool eod_mask_loss = false;
+  bool reset_position_ids = false;
 };
 
 // The run `t` of the sample that starts at stored token `first_token` of a
@@ -92,6 +101,10 @@ int64_t RealLength(int64_t run_length, const SampleRules& rules);
 // Tokens stored for document `document` (its sequences together).
 // REQUIRES: document < index.num_documents().
 int64_t DocumentTokens(const IndexView& index, int64_t document);
+
+// The document holding sequence `sequence` (the last document whose first
+// sequence is at or before it). REQUIRES: sequence < index.num_sequences().
+int64_t DocumentOfSequence(const IndexView& index, int64_t sequence);
 
 // RealLength of the sample `piece` under `rules`: what a planner is given.
 int64_t PlannedLength(const IndexView& index, SampleTable::Piece piece, const SampleRules& rules);

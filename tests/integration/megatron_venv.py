@@ -1,0 +1,83 @@
+"""Megatron-Core's own dataset code, for side-by-side checks: megatron-core
+0.16.1 installed with --no-deps into a venv over Debian's python3 (its numpy
+and torch 1.13), and its megatron.core.datasets imported without the
+package's __init__ (which pulls distributed code that needs a newer torch)."""
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+MEGATRON_CORE = "megatron-core==0.16.1"
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with numpy and torch 1.13
+SKIPPED = 77
+
+
+def ensure_venv(venv):
+    """The venv's python, installing megatron-core first when needed. Exits
+    77 (skipped) when PyPI cannot be reached, naming why."""
+    venv = pathlib.Path(venv)
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import megatron.core, numpy, torch"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python
+    subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True)
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
+                          MEGATRON_CORE], capture_output=True, text=True)
+    if pip.returncode != 0:
+        unreachable = ("NewConnectionError", "Could not find a version", "Temporary failure",
+                       "Network is unreachable", "ConnectTimeout")
+        if any(s in pip.stderr for s in unreachable):
+            print(f"SKIPPED: PyPI cannot be reached to install {MEGATRON_CORE}:\n{pip.stderr}")
+            sys.exit(SKIPPED)
+        sys.exit(f"pip install {MEGATRON_CORE} failed:\n{pip.stderr}")
+    return python
+
+
+def rerun_in_venv(venv, script, args):
+    """Runs `script` with the venv's python (PF_IN_MEGATRON_VENV=1) and
+    exits with its code."""
+    python = ensure_venv(venv)
+    env = dict(os.environ, PF_IN_MEGATRON_VENV="1")
+    sys.exit(subprocess.run([str(python), script, *args], env=env).returncode)
+
+
+def import_megatron_datasets():
+    """(BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig), with
+    stand-ins for the two modules the datasets import and do not need: the
+    logging helper and the tokenizer base class."""
+    root = list(importlib.util.find_spec("megatron").submodule_search_locations)[0]
+    for name, path in [("megatron", root), ("megatron.core", os.path.join(root, "core"))]:
+        module = types.ModuleType(name)
+        module.__path__ = [path]
+        sys.modules[name] = module
+    utils = types.ModuleType("megatron.core.utils")
+    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg)
+    sys.modules["megatron.core.utils"] = utils
+    tokenizers = types.ModuleType("megatron.core.tokenizers")
+    tokenizers.MegatronTokenizerBase = object
+    sys.modules["megatron.core.tokenizers"] = tokenizers
+    from megatron.core.datasets.blended_megatron_dataset_builder import \
+        BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    return BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+
+
+def init_single_process(workdir):
+    """Megatron's builders ask for the rank when they cache: one process,
+    rank 0 of a gloo group."""
+    import torch.distributed
+    torch.distributed.init_process_group("gloo", init_method=f"file://{workdir}/pg", rank=0,
+                                         world_size=1)
+
+
+class Tokenizer:
+    """What the datasets ask of a tokenizer: no vocabulary size (the .idx
+    names the dtype), the EOD id, no pad (Megatron then pads with -1)."""
+    vocab_size = None
+    unique_identifiers = {"class": "TestTokenizer"}
+
+    def __init__(self, eod):
+        self.eod = eod
