@@ -161,6 +161,54 @@ absl::StatusOr<GptIndices> BuildGptIndices(absl::Span<const int32_t> sequence_le
   return out;
 }
 
+absl::Status CheckGptIndices(const GptIndices& indices, absl::Span<const int32_t> sequence_lengths,
+                             int64_t first, int64_t end, const GptIndexOptions& options) {
+  const int64_t extra = options.add_extra_token ? 1 : 0;
+  const auto positions = static_cast<int64_t>(indices.document_index.size());
+  for (int64_t p = 0; p < positions; ++p) {
+    const int32_t sequence = indices.document_index[static_cast<size_t>(p)];
+    if (sequence < first || sequence >= end) {
+      return absl::InvalidArgumentError(absl::StrCat("document index entry ", p, " is sequence ",
+                                                     sequence, ", outside [", first, ", ", end,
+                                                     ")"));
+    }
+  }
+  SampleStart previous{0, 0};
+  for (size_t j = 0; j < indices.sample_index.size(); ++j) {
+    const SampleStart at = indices.sample_index[j];
+    if (at.document_position < 0 || at.document_position >= positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample index entry ", j, " points past the document index"));
+    }
+    const int32_t length = sequence_lengths[static_cast<size_t>(
+        indices.document_index[static_cast<size_t>(at.document_position)])];
+    const bool ordered =
+        at.document_position > previous.document_position ||
+        (at.document_position == previous.document_position && at.offset >= previous.offset);
+    if (at.offset < 0 || at.offset + (j > 0 ? extra : 0) > length || !ordered) {
+      return absl::InvalidArgumentError(absl::StrCat("sample index entry ", j, " (offset ",
+                                                     at.offset,
+                                                     ") is out of order or outside "
+                                                     "its sequence of ",
+                                                     length, " tokens"));
+    }
+    previous = at;
+  }
+  const auto samples = static_cast<int64_t>(indices.sample_index.size()) - 1;
+  if (samples < 0 || static_cast<int64_t>(indices.shuffle_index.size()) != samples) {
+    return absl::InvalidArgumentError("the shuffle index does not hold one entry per sample");
+  }
+  std::vector<bool> seen(static_cast<size_t>(samples), false);
+  for (int64_t value : indices.shuffle_index) {
+    if (value < 0 || value >= samples || seen[static_cast<size_t>(value)]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the shuffle index is not a permutation of the ", samples, " samples"));
+    }
+    seen[static_cast<size_t>(value)] = true;
+  }
+  return absl::OkStatus();
+}
+
 std::vector<SampleRun> RunsOfSample(const GptIndices& indices,
                                     absl::Span<const int32_t> sequence_lengths,
                                     const GptIndexOptions& options, int64_t i) {

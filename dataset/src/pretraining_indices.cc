@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/dataset/megatron_cache.h"
 
 namespace packfeed::dataset {
 
@@ -70,12 +71,29 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
   out.ranges_.resize(static_cast<size_t>(num_datasets));
   std::vector<absl::StatusOr<GptIndices>> built(static_cast<size_t>(num_datasets),
                                                 absl::UnknownError("not built"));
+  std::vector<char> from_cache(static_cast<size_t>(num_datasets), 0);
   std::atomic<int> next{0};
   auto work = [&] {
     for (int d = next++; d < num_datasets; d = next++) {
       const absl::Span<const int32_t> lengths = out.lengths_[static_cast<size_t>(d)];
       const auto range = SplitSequences(*matrix[s], static_cast<int64_t>(lengths.size()));
       out.ranges_[static_cast<size_t>(d)] = range;
+      if (!options.cache_dir.empty()) {
+        const GptCacheKey key{options.dataset_paths[static_cast<size_t>(d)],
+                              asked[static_cast<size_t>(d)],
+                              split,
+                              options.random_seed,
+                              options.sequence_length,
+                              options.split};
+        absl::StatusOr<std::optional<GptIndices>> cached = ReadMegatronGptCache(
+            options.cache_dir, key, lengths, range.first, range.second, out.gpt_);
+        if (!cached.ok() || cached->has_value()) {
+          built[static_cast<size_t>(d)] =
+              cached.ok() ? absl::StatusOr<GptIndices>(**std::move(cached)) : cached.status();
+          from_cache[static_cast<size_t>(d)] = cached.ok();
+          continue;
+        }
+      }
       built[static_cast<size_t>(d)] = BuildGptIndices(lengths, range.first, range.second,
                                                       asked[static_cast<size_t>(d)], out.gpt_);
     }
@@ -87,10 +105,12 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
   for (int d = 0; d < num_datasets; ++d) {
     auto& result = built[static_cast<size_t>(d)];
     if (!result.ok()) {
-      return absl::InvalidArgumentError(
+      return absl::Status(
+          result.status().code(),
           absl::StrCat("dataset ", d, ", ", split_name, " split: ", result.status().message()));
     }
     out.datasets_.push_back(*std::move(result));
+    out.from_cache_.push_back(from_cache[static_cast<size_t>(d)] != 0);
   }
 
   if (num_datasets == 1 && !weights.has_value()) {

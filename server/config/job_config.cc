@@ -146,6 +146,8 @@ dataset::PretrainingBlendOptions PretrainingOptionsOf(const v1::JobConfig& job) 
   options.random_seed = static_cast<uint32_t>(job.seed());
   options.add_extra_token = !p.no_extra_token();
   options.drop_last_partial_validation_sequence = !p.keep_partial_validation_sequence();
+  options.cache_dir = p.cache_dir();
+  for (const v1::DatasetSpec& d : job.datasets()) options.dataset_paths.push_back(d.prefix());
   return options;
 }
 

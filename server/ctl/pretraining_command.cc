@@ -124,11 +124,12 @@ absl::Status PretrainingSamples(const PretrainingArgs& args) {
               static_cast<long long>(built.sample_tokens()), seconds);
   for (int d = 0; d < built.num_datasets(); ++d) {
     const dataset::GptIndices& g = built.gpt_indices(d);
-    std::printf("  dataset %d %s: sequences [%lld, %lld), %d epoch(s)%s, %lld samples\n", d,
+    std::printf("  dataset %d %s: sequences [%lld, %lld), %d epoch(s)%s, %lld samples%s\n", d,
                 job.datasets(d).prefix().c_str(), static_cast<long long>(built.sequences(d).first),
                 static_cast<long long>(built.sequences(d).second), g.num_epochs,
                 g.separate_final_epoch ? " (final one shuffled apart)" : "",
-                static_cast<long long>(g.num_samples()));
+                static_cast<long long>(g.num_samples()),
+                built.from_cache(d) ? " (read from Megatron's cache)" : "");
   }
   if (!args.indices_dir.empty()) PF_RETURN_IF_ERROR(WriteIndices(built, args.indices_dir));
   if (!args.tokens_out.empty()) PF_RETURN_IF_ERROR(WriteTokens(built, datasets, args));

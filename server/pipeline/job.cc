@@ -9,6 +9,7 @@
 #include "server/config/fingerprint.h"
 #include "server/config/job_config.h"
 #include "server/pipeline/pack.h"
+#include "spdlog/spdlog.h"
 
 namespace packfeed::server {
 namespace {
@@ -125,10 +126,17 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
         std::move(lengths), PretrainingOptionsOf(config), ServedSplitOf(config),
         static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
     if (!indices.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job ", config.name(), ": ", indices.status().message()));
+      return absl::Status(indices.status().code(),
+                          absl::StrCat("job ", config.name(), ": ", indices.status().message()));
     }
     job->pretraining_ = *std::move(indices);
+    for (int d = 0; d < job->pretraining_->num_datasets(); ++d) {
+      if (job->pretraining_->from_cache(d)) {
+        spdlog::info("job {}: dataset {} ({}): Megatron's cached indices read from {}",
+                     config.name(), d, config.datasets(d).prefix(),
+                     config.pretraining().cache_dir());
+      }
+    }
     absl::StrAppend(&datasets_part, "pretraining:", config.pretraining().ShortDebugString(), "|");
   } else {
     PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,

@@ -16,8 +16,10 @@ restart from consumed_samples, and through the Python client.
 Usage: megatron_pretraining_test.py PACKFEEDCTL VENV_DIR [PYTHON_PACKAGE_DIR]
 Exit 77 (skipped) only when PyPI cannot be reached.
 """
+import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -175,6 +177,50 @@ compare("three", DATASETS, [2.0, 1.0, 5.0], 96, 99, "80,15,5", (8000, 400, 120))
 compare("bysize", DATASETS, None, 64, 7, "70,20,10", (0, 0, 0))
 # A partial last validation sample kept and padded.
 compare("partial", DATASETS[1:2], None, 200, 5, "50,50", (0, 0, 0), keep_partial=True)
+
+# Megatron's cache (--data-cache-path): the "three" case's indices are read
+# from the files Megatron wrote, and only when they hold up.
+def pretraining_with_cache(name, cache):
+    out = WORK / name
+    out.mkdir()
+    config = out / "daemon.conf"
+    config.write_text(job_config("three", DATASETS, [2.0, 1.0, 5.0], 96, 99, "80,15,5",
+                                 (8000, 400, 120), "SPLIT_TRAIN", f'cache_dir: "{cache}"'))
+    return out, run_ctl("pretraining-samples", "--config", str(config), "--indices-dir", str(out),
+                        "--tokens", str(out / "tokens.npy"), "--count", "10", ok=False)
+
+
+MEGATRON_CACHE = WORK / "megatron-cache"
+out, read = pretraining_with_cache("cached", MEGATRON_CACHE)
+check("Megatron's cache is read for every dataset",
+      read.returncode == 0 and read.stdout.count("read from Megatron's cache") == 3, read.stdout)
+TAMPERED = WORK / "tampered-cache"
+shutil.copytree(MEGATRON_CACHE, TAMPERED)
+
+
+def describes_three_ds0(path):
+    description = json.loads(path.read_text())
+    return (description["dataset_path"] == DATASETS[0] and description["sequence_length"] == 96
+            and description["random_seed"] == 99)
+
+
+shuffle_file = next(
+    f.parent / f.name.replace("description.txt", "shuffle_index.npy")
+    for f in TAMPERED.glob("*-GPTDataset-train-description.txt") if describes_three_ds0(f))
+shuffle = numpy.load(shuffle_file)
+shuffle[[0, 1]] = shuffle[[1, 0]]  # still a permutation, not what packfeed builds
+numpy.save(shuffle_file, shuffle)
+out, read = pretraining_with_cache("tampered", TAMPERED)
+check("a cached index is used as Megatron cached it",
+      read.returncode == 0 and numpy.array_equal(numpy.load(out / "0-shuffle_index.npy"), shuffle),
+      read.stderr)
+shuffle[1] = shuffle[0]  # no longer a permutation
+numpy.save(shuffle_file, shuffle)
+out, read = pretraining_with_cache("corrupt", TAMPERED)
+check("a cached index that does not fit is refused, naming the file",
+      read.returncode != 0 and "DATA_LOSS" in read.stderr
+      and shuffle_file.name.split("-")[0] in read.stderr
+      and "shuffle index is not a permutation" in read.stderr and not (out / "tokens.npy").exists(), read.stderr)
 
 # ---- served by a real packfeedd to every rank of TP2 x PP2 x CP2 x DP2 ----
 from daemon_harness import Daemon, start_up_errors  # noqa: E402

@@ -106,6 +106,32 @@ TEST(GptIndicesTest, SameSeedSameIndicesOtherSeedOthers) {
   EXPECT_GE(*std::min_element(a->document_index.begin(), a->document_index.end()), 10);
 }
 
+TEST(GptIndicesTest, CheckRefusesIndicesThatDoNotFitTheDataset) {
+  const std::vector<int32_t> lengths = Lengths(30, 10);
+  GptIndexOptions options{.sequence_length = 16, .random_seed = 2};
+  auto built = BuildGptIndices(lengths, 5, 30, 100, options);
+  ASSERT_TRUE(built.ok());
+  EXPECT_TRUE(CheckGptIndices(*built, lengths, 5, 30, options).ok());
+  GptIndices outside = *built;
+  outside.document_index[3] = 2;
+  EXPECT_THAT(CheckGptIndices(outside, lengths, 5, 30, options).message(),
+              testing::HasSubstr("document index entry 3"));
+  GptIndices past = *built;
+  past.sample_index.back().offset = 1000;
+  EXPECT_THAT(CheckGptIndices(past, lengths, 5, 30, options).message(),
+              testing::HasSubstr("outside its sequence"));
+  GptIndices unordered = *built;
+  std::swap(unordered.sample_index[1], unordered.sample_index[2]);
+  EXPECT_FALSE(CheckGptIndices(unordered, lengths, 5, 30, options).ok());
+  GptIndices twice = *built;
+  twice.shuffle_index[0] = twice.shuffle_index[1];
+  EXPECT_THAT(CheckGptIndices(twice, lengths, 5, 30, options).message(),
+              testing::HasSubstr("not a permutation"));
+  GptIndices short_shuffle = *built;
+  short_shuffle.shuffle_index.pop_back();
+  EXPECT_FALSE(CheckGptIndices(short_shuffle, lengths, 5, 30, options).ok());
+}
+
 TEST(GptIndicesTest, RefusesWhatCannotMakeASample) {
   const std::vector<int32_t> lengths = {3, 4, 5};
   GptIndexOptions options{.sequence_length = 12};

@@ -72,6 +72,13 @@ absl::StatusOr<GptIndices> BuildGptIndices(absl::Span<const int32_t> sequence_le
                                            std::optional<int64_t> num_samples,
                                            const GptIndexOptions& options);
 
+// Checks that indices made elsewhere (Megatron's cache) can be used on
+// this dataset: document entries inside [first, end), sample starts in
+// order and inside their sequences (the extra token too), the shuffle a
+// permutation of the samples. InvalidArgument naming the first violation.
+absl::Status CheckGptIndices(const GptIndices& indices, absl::Span<const int32_t> sequence_lengths,
+                             int64_t first, int64_t end, const GptIndexOptions& options);
+
 // The runs of sample `i` (after the shuffle), in order; their lengths add up
 // to sequence_length (+1), or less for a partial last sample.
 // REQUIRES: 0 <= i < indices.num_samples().

@@ -6,8 +6,9 @@
 // per dataset, blended by BlendedDataset, or the GPTDataset alone for one
 // dataset without a weight): sample i of the split is the same tokens that
 // `dataset[i]` gives in Megatron for the same configuration
-// (docs/PRETRAINING.md). Takes the datasets' sequence lengths and does no
-// I/O. Immutable after Build; const methods are thread-safe.
+// (docs/PRETRAINING.md). Takes the datasets' sequence lengths; reads
+// nothing but Megatron's cache when one is named. Immutable after Build;
+// const methods are thread-safe.
 
 #include <array>
 #include <cstdint>
@@ -35,6 +36,12 @@ struct PretrainingBlendOptions {
   uint32_t random_seed = 0;
   bool add_extra_token = true;
   bool drop_last_partial_validation_sequence = true;
+  // Megatron's --data-cache-path: each dataset's indices are read from
+  // Megatron's cache there when it holds them for this configuration
+  // (megatron_cache.h), else built. `dataset_paths`: the datasets' paths
+  // as Megatron's blend names them (the cache key), one per dataset.
+  std::string cache_dir;
+  std::vector<std::string> dataset_paths;
 };
 
 class PretrainingIndices {
@@ -71,12 +78,15 @@ class PretrainingIndices {
   // The sequences [first, end) of dataset d in this split.
   std::pair<int64_t, int64_t> sequences(int d) const { return ranges_[static_cast<size_t>(d)]; }
   const GptIndexOptions& gpt_options() const { return gpt_; }
+  // Whether dataset d's indices were read from Megatron's cache.
+  bool from_cache(int d) const { return from_cache_[static_cast<size_t>(d)]; }
 
  private:
   std::vector<absl::Span<const int32_t>> lengths_;
   GptIndexOptions gpt_;
   std::vector<std::pair<int64_t, int64_t>> ranges_;
   std::vector<GptIndices> datasets_;
+  std::vector<bool> from_cache_;
   std::optional<BlendIndices> blend_;
   int64_t num_samples_ = 0;
 };
