@@ -81,10 +81,13 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
   if (job.side_fields_size() > 0) {
     return FieldError(where, "side_fields", "are not served with Megatron pretraining samples");
   }
-  if (p.reset_attention_mask()) {
+  if (p.reset_attention_mask() && t.cp() > 1) {
+    // Each document would need padding to 2 x CP tokens for its own zigzag
+    // split, which changes the tokens a rank holds.
     return FieldError(where, "pretraining.reset_attention_mask",
-                      "document-masked attention (the THD layout) is not served yet");
+                      "document-masked attention (THD) is served with cp = 1 only");
   }
+
   if (job.seed() > UINT32_MAX) {
     return FieldError(where, "seed", "Megatron's random_seed is below 2^32");
   }

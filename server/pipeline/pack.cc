@@ -45,6 +45,29 @@ void AppendPretrainingPositions(const std::vector<int64_t>& run, int64_t begin, 
   }
 }
 
+// Megatron's reset_attention_mask as THD (CP 1): each sample of
+// `seq_length` inputs split after every EOD input, so cu_seqlens mark the
+// documents whose attention Megatron's [s, s] mask keeps apart; no dense
+// mask is built.
+void DocumentBoundaries(const dataset::SampleRules& rules, int64_t seq_length,
+                        PackedMicrobatch& packed) {
+  packed.cu_seqlens.assign(1, 0);
+  packed.max_seqlen = 0;
+  const auto tokens = static_cast<int64_t>(packed.tokens.size());
+  int64_t start = 0;
+  for (int64_t j = 0; j < tokens; ++j) {
+    const bool sample_end = (j + 1) % seq_length == 0;
+    const bool eod = packed.tokens[static_cast<size_t>(j)] == rules.eod_id &&
+                     packed.padding_mask[static_cast<size_t>(j)] == 0;
+    if (eod || sample_end) {
+      packed.cu_seqlens.push_back(static_cast<int32_t>(j + 1));
+      packed.max_seqlen = std::max<int32_t>(packed.max_seqlen, static_cast<int32_t>(j + 1 - start));
+      start = j + 1;
+    }
+  }
+  packed.cu_seqlens_padded = packed.cu_seqlens;
+}
+
 // Appends positions [begin, end) of one sequence to `out`.
 void AppendPositions(const std::vector<int64_t>& run, int64_t real_length, int64_t begin,
                      int64_t end, const dataset::SampleRules& rules, PackedMicrobatch& out) {
@@ -347,7 +370,13 @@ absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& dat
       PackMicrobatch(group, runs, coords.dp_cp_rank - group.first_rank, job.rules(), sides));
   packed.stage =
       FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
-  if (job.pretraining() != nullptr) packed.bshd_rows = static_cast<int64_t>(group.sequences.size());
+  if (job.pretraining() != nullptr) {
+    if (job.config().pretraining().reset_attention_mask()) {
+      DocumentBoundaries(job.rules(), job.config().seq_length(), packed);
+    } else {
+      packed.bshd_rows = static_cast<int64_t>(group.sequences.size());
+    }
+  }
   if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
     packed.local_cp_size = group.size;
     for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {

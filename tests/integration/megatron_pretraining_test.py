@@ -233,38 +233,55 @@ SPLIT = "90,8,2"
 WEIGHTS = [2.0, 1.0, 5.0]
 
 
-def megatron_train(reset_position_ids, eod_mask_loss):
+def megatron_train(reset_position_ids, eod_mask_loss, reset_attention_mask=False):
     config = GPTDatasetConfig(
         random_seed=SEED, sequence_length=SEQ, blend=(DATASETS, WEIGHTS), split=SPLIT,
         path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
-        reset_position_ids=reset_position_ids, reset_attention_mask=False,
+        reset_position_ids=reset_position_ids, reset_attention_mask=reset_attention_mask,
         eod_mask_loss=eod_mask_loss)
     return Builder(GPTDataset, [GBS * 20, GBS, GBS], lambda: True, config).build()[0]
 
 
-def expected_batch(train, step, microbatch, dp, cp, consumed):
+def document_starts(mask):
+    """Where each document of a sample starts, read off Megatron's [1, s, s]
+    attention mask (True = masked): the rows whose first visible column is
+    their own."""
+    visible = ~mask[0].numpy()
+    return [k for k in range(visible.shape[0]) if visible[k].argmax() == k]
+
+
+def expected_batch(train, step, microbatch, dp, cp, consumed, cp_size=CP, thd=False):
     """What Megatron's pretraining sampler, collate and get_batch_on_this_cp_rank
-    hand rank (dp, cp): [MBS, SEQ / CP] per field."""
+    hand rank (dp, cp): [MBS, SEQ / CP] per field; with `thd` (document
+    masks, CP 1) the same tokens as [1, MBS * SEQ] and the cu_seqlens of
+    Megatron's attention mask."""
     first = consumed + step * GBS + (microbatch * DP + dp) * MBS
     items = [train[first + b] for b in range(MBS)]
     out = {}
     for key in ("tokens", "labels", "loss_mask", "position_ids"):
         batch = numpy.stack([item[key].numpy() for item in items])
-        chunks = batch.reshape(MBS, 2 * CP, SEQ // (2 * CP))
-        out[key] = chunks[:, [cp, 2 * CP - 1 - cp], :].reshape(MBS, SEQ // CP)
+        chunks = batch.reshape(MBS, 2 * cp_size, SEQ // (2 * cp_size))
+        out[key] = chunks[:, [cp, 2 * cp_size - 1 - cp], :].reshape(MBS, SEQ // cp_size)
+        if thd:
+            out[key] = out[key].reshape(1, MBS * SEQ)
+    if thd:
+        starts = [b * SEQ + k for b, item in enumerate(items)
+                  for k in document_starts(item["attention_mask"])]
+        out["cu_seqlens"] = numpy.array(starts + [MBS * SEQ], dtype=numpy.int32)
     return out
 
 
-def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss):
-    train = megatron_train(reset_position_ids, eod_mask_loss)
+def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss, cp_size=CP, thd=False):
+    train = megatron_train(reset_position_ids, eod_mask_loss, thd)
     flags = (f"reset_position_ids: {str(reset_position_ids).lower()} "
-             f"eod_mask_loss: {str(eod_mask_loss).lower()}")
+             f"eod_mask_loss: {str(eod_mask_loss).lower()} "
+             f"reset_attention_mask: {str(thd).lower()}")
     datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
                          'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
     config = f"""jobs {{
   name: "gpt"
 {datasets}
-  topology {{ tp: {TP} pp: {PP} cp: {CP} dp: {DP} }}
+  topology {{ tp: {TP} pp: {PP} cp: {cp_size} dp: {DP} }}
   global_batch: {GBS}
   seq_length: {SEQ}
   seed: {SEED}
@@ -274,19 +291,19 @@ def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss):
                  consumed_samples: {consumed} {flags} }}
 }}
 """
-    ranks = range(TP * PP * CP * DP)
+    ranks = range(TP * PP * cp_size * DP)
     (WORK / name).mkdir()
     with Daemon(os.path.dirname(CTL), config, workdir=WORK / name) as daemon:
         dumps = daemon.dump_ranks("gpt", ranks, STEPS)
         job = next(j for j in daemon.ctl_json("stats")["jobs"] if j["name"] == "gpt")
-        if len(sys.argv) > 2:
+        if len(sys.argv) > 2 and not thd:
             python_client_step(daemon.socket, train, consumed)
     microbatches = GBS // (MBS * DP)
     for rank in ranks:
-        tp, cp = rank % TP, (rank // TP) % CP
-        dp, pp = (rank // (TP * CP)) % DP, rank // (TP * CP * DP)
+        tp, cp = rank % TP, (rank // TP) % cp_size
+        dp, pp = (rank // (TP * cp_size)) % DP, rank // (TP * cp_size * DP)
         fields = (["tokens", "position_ids"] if pp == 0 else []) + \
-            (["labels", "loss_mask"] if pp == PP - 1 else [])
+            (["labels", "loss_mask"] if pp == PP - 1 else []) + (["cu_seqlens"] if thd else [])
         wrong = []
         steps = dumps[rank]["steps"]
         check(f"{name} rank {rank}: {STEPS} steps of {microbatches} microbatches",
@@ -294,7 +311,7 @@ def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss):
                                           for st in steps))
         for st in steps:
             for m, got in enumerate(st["microbatches"]):
-                want = expected_batch(train, st["step"], m, dp, cp, consumed)
+                want = expected_batch(train, st["step"], m, dp, cp, consumed, cp_size, thd)
                 for key in fields:
                     served = numpy.asarray(got.get(key, []), dtype=want[key].dtype)
                     if served.size != want[key].size or not numpy.array_equal(
@@ -303,12 +320,14 @@ def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss):
                 for key in {"tokens", "position_ids", "labels", "loss_mask"} - set(fields):
                     if key in got:
                         wrong.append(f"{key} sent to stage {pp}")
+        if not thd and "cu_seqlens" in steps[0]["microbatches"][0]:
+            wrong.append("cu_seqlens in a BSHD batch")
         check(f"{name} rank {rank} (tp {tp} cp {cp} dp {dp} pp {pp}) equals Megatron's batch",
               not wrong, wrong[:5])
     amplification = float(job.get("io_amplification", 0))
     print(f"{name}: I/O amplification {amplification:.3f} "
           f"({job.get('bytes_read')} B read for {job.get('unique_bytes_needed')} B needed)")
-    check(f"{name}: each byte read once for 16 ranks", 0 < amplification <= 1.05, job)
+    check(f"{name}: each byte read once for {len(ranks)} ranks", 0 < amplification <= 1.05, job)
 
 
 def python_client_step(socket, train, consumed):
@@ -334,6 +353,8 @@ def python_client_step(socket, train, consumed):
 serve_and_compare("served", 0, True, True)
 # A restart from consumed_samples continues Megatron's order.
 serve_and_compare("resumed", 2 * GBS, False, False)
+# Document-masked attention (reset_attention_mask) as THD, CP 1.
+serve_and_compare("documents", 0, True, True, cp_size=1, thd=True)
 
 # Bad input: one clear error, nothing written.
 bad = WORK / "bad.conf"

@@ -83,8 +83,9 @@ TEST(DaemonConfigTest, PretrainingKeepsNoWeightsAndChecksMegatronsOptions) {
               HasSubstr("pretraining.train_samples"));
   EXPECT_THAT(Message(PretrainingJob("", "mid_level_dataset_surplus: -0.5")),
               HasSubstr("mid_level_dataset_surplus"));
-  EXPECT_THAT(Message(PretrainingJob("", "reset_attention_mask: true")),
-              HasSubstr("pretraining.reset_attention_mask"));
+  std::string cp2 = PretrainingJob("", "reset_attention_mask: true");
+  cp2.replace(cp2.find("global_batch"), 0, "topology { cp: 2 } ");
+  EXPECT_THAT(Message(cp2), HasSubstr("pretraining.reset_attention_mask"));
   EXPECT_THAT(Message(PretrainingJob("", "micro_batch_size: 3")), HasSubstr("global_batch"));
 }
 
