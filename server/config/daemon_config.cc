@@ -81,6 +81,10 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
   if (job.side_fields_size() > 0) {
     return FieldError(where, "side_fields", "are not served with Megatron pretraining samples");
   }
+  if (p.balance_document_attention() && !p.reset_attention_mask()) {
+    return FieldError(where, "pretraining.balance_document_attention",
+                      "needs reset_attention_mask (every sample costs the same otherwise)");
+  }
   if (p.reset_attention_mask() && t.cp() > 1) {
     // Each document would need padding to 2 x CP tokens for its own zigzag
     // split, which changes the tokens a rank holds.

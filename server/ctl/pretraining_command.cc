@@ -12,6 +12,7 @@
 #include "packfeed/dataset/indexed_dataset.h"
 #include "packfeed/dataset/npy_file.h"
 #include "packfeed/dataset/pretraining_indices.h"
+#include "packfeed/scheduler/slot_balance.h"
 #include "server/config/daemon_config.h"
 #include "server/config/job_config.h"
 #include "server/ctl/exit_code.h"
@@ -30,6 +31,7 @@ struct PretrainingArgs {
   int64_t count = 0;
   std::string tokens_out;
   std::string indices_dir;
+  int64_t model_steps = 0;
 };
 
 absl::StatusOr<v1::JobConfig> FindJob(const PretrainingArgs& args) {
@@ -98,6 +100,47 @@ absl::Status WriteTokens(const dataset::PretrainingIndices& built,
   return dataset::WriteNpy(args.tokens_out, dataset::Int64Npy(tokens, {args.count, width}));
 }
 
+// The modelled step time of `steps` steps under document-masked attention
+// (the job's cost model per document piece, ranks meeting after every
+// microbatch), in Megatron's order and balanced (balance_document_attention).
+absl::Status ModelSteps(const v1::JobConfig& job, const dataset::PretrainingIndices& built,
+                        int64_t steps) {
+  PF_ASSIGN_OR_RETURN(const scheduler::CostModel model,
+                      CostModelOf(job.scheduler(), job.topology()));
+  const int64_t global_batch = job.global_batch();
+  const int per_slot = static_cast<int>(job.pretraining().micro_batch_size());
+  const int dp = static_cast<int>(job.topology().dp());
+  const int64_t first = job.pretraining().consumed_samples();
+  if (first + steps * global_batch > built.num_samples()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(steps, " steps need more than the split's ", built.num_samples(), " samples"));
+  }
+  double megatron = 0, balanced = 0, ideal = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<double> costs;
+    for (int64_t k = 0; k < global_batch; ++k) {
+      std::vector<int64_t> pieces;
+      for (const dataset::SampleRun& run : built.Locate(first + step * global_batch + k).runs) {
+        pieces.push_back(run.length);
+      }
+      costs.push_back(scheduler::DocumentMaskedCost(pieces, model));
+      ideal += costs.back() / dp;
+    }
+    std::vector<int64_t> identity(costs.size());
+    for (size_t k = 0; k < identity.size(); ++k) identity[k] = static_cast<int64_t>(k);
+    megatron += scheduler::BarrierStepCost(costs, identity, dp, per_slot);
+    const int slots = static_cast<int>(global_batch / per_slot);
+    balanced += scheduler::BarrierStepCost(costs, scheduler::BalanceSlots(costs, slots, per_slot),
+                                           dp, per_slot);
+  }
+  std::printf(
+      "document-masked attention, %lld steps, DP %d, micro_batch_size %d: modelled step time "
+      "over perfect balance %.4f in Megatron's order, %.4f balanced (%.1f %% faster)\n",
+      static_cast<long long>(steps), dp, per_slot, megatron / ideal, balanced / ideal,
+      100.0 * (megatron / balanced - 1.0));
+  return absl::OkStatus();
+}
+
 absl::Status PretrainingSamples(const PretrainingArgs& args) {
   PF_ASSIGN_OR_RETURN(const v1::JobConfig job, FindJob(args));
   std::vector<dataset::IndexedDataset> datasets;
@@ -132,6 +175,7 @@ absl::Status PretrainingSamples(const PretrainingArgs& args) {
                 built.from_cache(d) ? " (read from Megatron's cache)" : "");
   }
   if (!args.indices_dir.empty()) PF_RETURN_IF_ERROR(WriteIndices(built, args.indices_dir));
+  if (args.model_steps > 0) PF_RETURN_IF_ERROR(ModelSteps(job, built, args.model_steps));
   if (!args.tokens_out.empty()) PF_RETURN_IF_ERROR(WriteTokens(built, datasets, args));
   return absl::OkStatus();
 }
@@ -152,6 +196,9 @@ void AddPretrainingCommand(CLI::App& app, int* exit_code) {
   sub->add_option("--indices-dir", args->indices_dir,
                   "write every index array here as .npy (D-document_index, D-sample_index, "
                   "D-shuffle_index, blend-dataset_index, blend-dataset_sample_index)");
+  sub->add_option("--model-steps", args->model_steps,
+                  "print the modelled step time of this many steps under document-masked "
+                  "attention, Megatron's order against balance_document_attention");
   sub->callback([args, exit_code] { *exit_code = ExitCode(PretrainingSamples(*args)); });
 }
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/scheduler/slot_balance.h"
 #include "server/config/job_config.h"
 
 namespace packfeed::server {
@@ -66,18 +67,31 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
         "the ", dataset::MegatronSplitName(ServedSplitOf(config)), " split holds ", available,
         " samples; this step needs [", first, ", ", first + global_batch, ")"));
   }
+  std::vector<double> costs;
   for (int64_t k = 0; k < global_batch; ++k) {
     const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(first + k);
     // Each document's index entries checked before its bytes are read.
     const dataset::IndexedDataset& data = job.dataset(sample.dataset);
+    std::vector<int64_t> pieces;
     for (const dataset::SampleRun& run : sample.runs) {
       PF_RETURN_IF_ERROR(data.CheckDocument(
           static_cast<uint64_t>(dataset::DocumentOfSequence(data.index(), run.sequence))));
+      pieces.push_back(run.length);
     }
     out.samples.push_back({sample.dataset, first + k, 0});
+    costs.push_back(scheduler::DocumentMaskedCost(pieces, job.planner_options().cost_model));
   }
   out.plan.dp_cp_size = layout.dp_cp_size();
   const int64_t microbatches = global_batch / (mbs * layout.dp);
+  if (config.pretraining().balance_document_attention()) {
+    // The same samples on other slots (documents end with their sequences,
+    // so a sample's runs are its document pieces).
+    const std::vector<int64_t> order = scheduler::BalanceSlots(
+        costs, static_cast<int>(microbatches * layout.dp), static_cast<int>(mbs));
+    std::vector<scheduler::SampleRef> placed;
+    for (int64_t k : order) placed.push_back(out.samples[static_cast<size_t>(k)]);
+    out.samples = std::move(placed);
+  }
   for (int64_t m = 0; m < microbatches; ++m) {
     scheduler::PlannedMicrobatch& microbatch = out.plan.microbatches.emplace_back();
     for (int d = 0; d < layout.dp; ++d) {

@@ -356,6 +356,47 @@ serve_and_compare("resumed", 2 * GBS, False, False)
 # Document-masked attention (reset_attention_mask) as THD, CP 1.
 serve_and_compare("documents", 0, True, True, cp_size=1, thd=True)
 
+
+def balanced_keeps_each_global_batch():
+    """balance_document_attention moves samples between slots, never
+    between global batches: each step's samples are Megatron's."""
+    train = megatron_train(False, False, True)
+    datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
+                         'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
+    config = f"""jobs {{
+  name: "gpt"
+{datasets}
+  topology {{ dp: {DP} }}
+  global_batch: {GBS}
+  seq_length: {SEQ}
+  seed: {SEED}
+  eod_id: {EOD}
+  pretraining {{ split: "{SPLIT}" train_samples: {GBS * 20} valid_samples: {GBS} test_samples: {GBS}
+                 micro_batch_size: {MBS} reset_attention_mask: true
+                 balance_document_attention: true }}
+}}
+"""
+    (WORK / "balanced").mkdir()
+    with Daemon(os.path.dirname(CTL), config, workdir=WORK / "balanced") as daemon:
+        dumps = daemon.dump_ranks("gpt", range(DP), STEPS)
+    moved = 0
+    for step in range(STEPS):
+        served = sorted(tuple(mb["tokens"][b * SEQ:(b + 1) * SEQ])
+                        for rank in range(DP) for mb in dumps[rank]["steps"][step]["microbatches"]
+                        for b in range(MBS))
+        first = step * GBS
+        megatron_order = [tuple(train[first + k]["tokens"].tolist()) for k in range(GBS)]
+        check(f"balanced step {step}: the global batch's samples are Megatron's",
+              served == sorted(megatron_order))
+        in_place = [tuple(dumps[rank]["steps"][step]["microbatches"][m]["tokens"][b * SEQ:
+                                                                               (b + 1) * SEQ])
+                    for m in range(GBS // (MBS * DP)) for rank in range(DP) for b in range(MBS)]
+        moved += sum(a != b for a, b in zip(in_place, megatron_order))
+    check("balancing moved samples between slots", moved > 0, moved)
+
+
+balanced_keeps_each_global_batch()
+
 # Bad input: one clear error, nothing written.
 bad = WORK / "bad.conf"
 for what, text, needle in [
