@@ -89,26 +89,47 @@ std::vector<int64_t> SamplesPerDataset(absl::Span<const double> normalized_weigh
   return out;
 }
 
-BlendIndices BuildBlendIndices(absl::Span<const double> normalized_weights, int64_t size) {
-  BlendIndices out;
-  out.dataset_index.resize(static_cast<size_t>(size));
-  out.dataset_sample_index.resize(static_cast<size_t>(size));
-  std::vector<int64_t> drawn(normalized_weights.size(), 0);
-  for (int64_t i = 0; i < size; ++i) {
-    const double at = std::max(static_cast<double>(i), 1.0);
-    size_t best = 0;
-    double best_error = normalized_weights[0] * at - static_cast<double>(drawn[0]);
-    for (size_t d = 1; d < normalized_weights.size(); ++d) {
-      const double error = normalized_weights[d] * at - static_cast<double>(drawn[d]);
-      if (error > best_error) {
-        best_error = error;
-        best = d;
-      }
+namespace {
+
+// helpers.cpp's rule for sample i: the dataset furthest behind its weight
+// (weight · max(i, 1) − drawn), the first on ties, among those `open`
+// admits (the exhaustive blend drops datasets that have given every sample).
+template <typename Open>
+size_t FurthestBehind(absl::Span<const double> weights, absl::Span<const int64_t> drawn, int64_t i,
+                      Open open) {
+  const double at = std::max(static_cast<double>(i), 1.0);
+  size_t best = weights.size();
+  double best_error = std::numeric_limits<double>::lowest();
+  for (size_t d = 0; d < weights.size(); ++d) {
+    if (!open(d)) continue;
+    const double error = weights[d] * at - static_cast<double>(drawn[d]);
+    if (error > best_error) {
+      best_error = error;
+      best = d;
     }
-    out.dataset_index[static_cast<size_t>(i)] = static_cast<int16_t>(best);
-    out.dataset_sample_index[static_cast<size_t>(i)] = drawn[best]++;
+  }
+  return best;
+}
+
+BlendIndices Interleave(absl::Span<const double> weights, int64_t size,
+                        absl::Span<const int64_t> sizes) {
+  BlendIndices out;
+  out.dataset_index.reserve(static_cast<size_t>(size));
+  out.dataset_sample_index.reserve(static_cast<size_t>(size));
+  std::vector<int64_t> drawn(weights.size(), 0);
+  for (int64_t i = 0; i < size; ++i) {
+    const size_t best = FurthestBehind(
+        weights, drawn, i, [&](size_t d) { return sizes.empty() || drawn[d] < sizes[d]; });
+    out.dataset_index.push_back(static_cast<int16_t>(best));
+    out.dataset_sample_index.push_back(drawn[best]++);
   }
   return out;
+}
+
+}  // namespace
+
+BlendIndices BuildBlendIndices(absl::Span<const double> normalized_weights, int64_t size) {
+  return Interleave(normalized_weights, size, {});
 }
 
 BlendIndices BuildExhaustiveBlendIndices(absl::Span<const int64_t> sizes) {
@@ -116,28 +137,7 @@ BlendIndices BuildExhaustiveBlendIndices(absl::Span<const int64_t> sizes) {
   for (int64_t s : sizes) total += s;
   std::vector<double> weights;
   for (int64_t s : sizes) weights.push_back(static_cast<double>(s) / static_cast<double>(total));
-  BlendIndices out;
-  out.dataset_index.reserve(static_cast<size_t>(total));
-  out.dataset_sample_index.reserve(static_cast<size_t>(total));
-  std::vector<int64_t> drawn(sizes.size(), 0);
-  for (int64_t i = 0; i < total; ++i) {
-    const double at = std::max(static_cast<double>(i), 1.0);
-    // Only datasets with samples left compete (Megatron's unspent set, in
-    // ascending order, the first on ties).
-    size_t best = sizes.size();
-    double best_error = std::numeric_limits<double>::lowest();
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      if (drawn[d] == sizes[d]) continue;
-      const double error = weights[d] * at - static_cast<double>(drawn[d]);
-      if (error > best_error) {
-        best_error = error;
-        best = d;
-      }
-    }
-    out.dataset_index.push_back(static_cast<int16_t>(best));
-    out.dataset_sample_index.push_back(drawn[best]++);
-  }
-  return out;
+  return Interleave(weights, total, sizes);
 }
 
 }  // namespace packfeed::dataset
