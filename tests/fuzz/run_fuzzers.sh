@@ -5,7 +5,8 @@
 # (tests/fixtures) and indexes made by packfeedctl; wire_fuzz starts from nothing
 # (libFuzzer's comparison tracing finds the magic and the version);
 # config_fuzz from one configuration using every field; attach_fuzz from
-# nothing (half its inputs are merged over a valid request). Longer runs: pass more seconds, or run the binary
+# nothing (half its inputs are merged over a valid request); npy_fuzz (three
+# .npy files of cached indices) from nothing. Longer runs: pass more seconds, or run the binary
 # directly, e.g. build-fuzz/tests/fuzz/index_parser_fuzz -max_total_time=3600 DIR
 set -euo pipefail
 build=$1
@@ -35,7 +36,7 @@ run() {  # run TARGET CORPUS_DIR
   grep -E '^(Done|stat::(number_of_executed_units|new_units_added))' "$log"
   echo "run_fuzzers: $1 ran ${seconds}s without a crash"
 }
-mkdir -p "$corpus/wire" "$corpus/config" "$corpus/attach"
+mkdir -p "$corpus/wire" "$corpus/config" "$corpus/attach" "$corpus/npy"
 cat >"$corpus/config/seed.textproto" <<'CONFIG'
 socket_path: "/run/packfeed/packfeedd.sock"
 prefetch_steps: 2
@@ -61,3 +62,4 @@ run index_parser_fuzz "$corpus"
 run wire_fuzz "$corpus/wire"
 run config_fuzz "$corpus/config"
 run attach_fuzz "$corpus/attach"
+run npy_fuzz "$corpus/npy"
