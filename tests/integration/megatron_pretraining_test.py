@@ -26,7 +26,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_venv import (Tokenizer, import_megatron_datasets,  # noqa: E402
-                           init_single_process, rerun_in_venv)
+                           init_single_process, rerun_in_venv, write_megatron_dataset)
 
 if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
     rerun_in_venv(sys.argv[2], __file__, [sys.argv[1], *sys.argv[3:]])
@@ -63,29 +63,13 @@ def run_ctl(*args, ok=True):
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="pf-megatron-"))
 init_single_process(WORK)
 DATASETS = []
-def write_dataset(prefix, documents, mean, vocab, dtype, seed):
-    """A dataset as Megatron's preprocess_data writes it, with Megatron's own
-    IndexedDatasetBuilder: each document's tokens end with the EOD; every
-    fifth document is stored as two sequences (a sentence split)."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-    random = numpy.random.RandomState(seed)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
-    for d in range(documents):
-        length = int(numpy.clip(random.lognormal(numpy.log(mean), 0.8), 2, 20 * mean))
-        tokens = random.randint(1, vocab, size=length)
-        tokens[-1] = EOD
-        lengths = [length] if d % 5 or length < 4 else [length // 2, length - length // 2]
-        builder.add_document(tokens, lengths)
-    builder.finalize(f"{prefix}.idx")
-
-
 # Small datasets (tens of thousands of tokens) so the sample counts below
 # take several epochs; uint16 and int32 tokens.
 for i, (documents, mean, vocab, dtype) in enumerate(
         [(700, 60, 32000, numpy.uint16), (450, 150, 100000, numpy.int32),
          (260, 30, 500, numpy.uint16)]):
     prefix = WORK / f"ds{i}"
-    write_dataset(prefix, documents, mean, vocab, dtype, seed=i)
+    write_megatron_dataset(prefix, documents, mean, vocab, dtype, seed=i, eod=EOD)
     DATASETS.append(str(prefix))
 
 

@@ -81,3 +81,21 @@ class Tokenizer:
 
     def __init__(self, eod):
         self.eod = eod
+
+
+def write_megatron_dataset(prefix, documents, mean, vocab, dtype, seed, eod):
+    """A dataset as Megatron's preprocess_data writes it, with Megatron's own
+    IndexedDatasetBuilder: lognormal document lengths around `mean`, each
+    document's tokens ending with the EOD; every fifth document stored as
+    two sequences (a sentence split). Call after import_megatron_datasets."""
+    import numpy
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    random = numpy.random.RandomState(seed)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    for d in range(documents):
+        length = int(numpy.clip(random.lognormal(numpy.log(mean), 0.8), 2, 20 * mean))
+        tokens = random.randint(1, vocab, size=length)
+        tokens[-1] = eod
+        lengths = [length] if d % 5 or length < 4 else [length // 2, length - length // 2]
+        builder.add_document(tokens, lengths)
+    builder.finalize(f"{prefix}.idx")
