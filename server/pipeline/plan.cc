@@ -74,8 +74,15 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
     const dataset::IndexedDataset& data = job.dataset(sample.dataset);
     std::vector<int64_t> pieces;
     for (const dataset::SampleRun& run : sample.runs) {
-      PF_RETURN_IF_ERROR(data.CheckDocument(
-          static_cast<uint64_t>(dataset::DocumentOfSequence(data.index(), run.sequence))));
+      const dataset::IndexView& index = data.index();
+      const int64_t document = dataset::DocumentOfSequence(index, run.sequence);
+      PF_RETURN_IF_ERROR(data.CheckDocument(static_cast<uint64_t>(document)));
+      if (run.sequence < index.document_index(static_cast<uint64_t>(document)) ||
+          run.sequence >= index.document_index(static_cast<uint64_t>(document) + 1)) {
+        return absl::DataLossError(absl::StrCat(data.prefix(), ".idx: sequence ", run.sequence,
+                                                " lies in no document (the document index is "
+                                                "not ascending)"));
+      }
       pieces.push_back(run.length);
     }
     out.samples.push_back({sample.dataset, first + k, 0});
