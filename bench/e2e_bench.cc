@@ -4,7 +4,12 @@
 //   - tokens/s served to the node (local tokens every rank received / wall);
 //   - Next() p50/p99 when the daemon is ahead (the rank pauses between
 //     microbatches so its ring is full when it asks);
-//   - the daemon's peak RSS (VmHWM), which must not grow with the dataset.
+//   - the daemon's CPU-seconds per GiB of fields delivered while every rank
+//     pulls (user + system, /proc/PID/stat);
+//   - the daemon's peak RSS (VmHWM), which must not grow with the dataset,
+//     and at the end its private part (RssAnon: samples read, kept within
+//     the memory budget) and shared part (RssShmem: the ranks' rings it
+//     writes in place, which are the ranks' memory).
 //
 // With --ring device every rank's ring is in CUDA device memory (UCX built
 // with CUDA, a GPU present); with --ring staged each rank's page-locked host
@@ -14,7 +19,7 @@
 // field, all layers on every rank: PP 1), so bytes/s served is the figure to watch.
 //
 //   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device|staged]
-//             [--experts 48x8] [--quick] [--json]
+//             [--experts 48x8] [--memory-budget-mib N] [--quick] [--json]
 
 #include <signal.h>
 
@@ -47,7 +52,8 @@ struct Args {
   bool quick = false;
   bool json = false;
   std::string ring = "host";
-  std::string experts;  // LAYERSxTOP_K, or empty
+  std::string experts;             // LAYERSxTOP_K, or empty
+  uint64_t memory_budget_mib = 0;  // 0: the daemon's default
 };
 
 struct Figures {
@@ -55,13 +61,16 @@ struct Figures {
   uint64_t dataset_bytes = 0;
   double tokens_per_s = 0;
   double bytes_per_s = 0;  // every field of every slot received
+  double daemon_cpu_s_per_gib = 0;
   double next_p50_us = 0;
   double next_p99_us = 0;
   uint64_t daemon_peak_rss_kib = 0;
+  uint64_t daemon_anon_kib = 0;
+  uint64_t daemon_shmem_kib = 0;
 };
 
 std::string Config(const std::string& dir, const std::string& prefix, int ranks,
-                   const dataset::GeneratedSideField* experts) {
+                   const dataset::GeneratedSideField* experts, uint64_t memory_budget_mib) {
   // TP2 × CP2 × DP(ranks/4), dynamic CP: the quick start's shape.
   const std::string side =
       experts == nullptr
@@ -70,7 +79,8 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks,
                          "  side_fields { name: \"routed_experts\" dtype: \"int16\" inner_shape: [",
                          experts->layers, ", ", experts->top_k,
                          "] pad_value: -1 layer_axis: true }\n");
-  return absl::StrCat("socket_path: \"", dir, "/bench.sock\"\n", R"(jobs {
+  return absl::StrCat("socket_path: \"", dir, "/bench.sock\"\n",
+                      "memory_budget_bytes: ", memory_budget_mib << 20, "\n", R"(jobs {
   name: "bench"
   datasets { prefix: ")",
                       prefix, R"(" }
@@ -86,6 +96,7 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks,
 }
 
 using bench::AttachWithRetry;
+using bench::CpuSeconds;
 using bench::PeakRssKib;
 
 absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, int64_t docs) {
@@ -115,7 +126,7 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   const int ranks = std::max(4, args.ranks / 4 * 4);
   {
     std::ofstream(dir + "/bench.textproto")
-        << Config(dir, prefix, ranks, experts ? &*experts : nullptr);
+        << Config(dir, prefix, ranks, experts ? &*experts : nullptr, args.memory_budget_mib);
   }
   absl::StatusOr<testing::ChildProcess> daemon = testing::ChildProcess::Spawn(
       {daemon_path, "--config", dir + "/bench.textproto", "--log-level", "warn"});
@@ -168,9 +179,12 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   }
   attached.arrive_and_wait();
   const absl::Time start = absl::Now();
+  const double cpu_before = CpuSeconds(daemon->pid());
   for (std::thread& t : threads) t.join();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (failures > 0) return absl::InternalError("a rank failed");
+  figures.daemon_cpu_s_per_gib =
+      (CpuSeconds(daemon->pid()) - cpu_before) / (static_cast<double>(bytes) / (1 << 30));
   figures.tokens_per_s = static_cast<double>(tokens) / seconds;
   figures.bytes_per_s = static_cast<double>(bytes) / seconds;
 
@@ -199,6 +213,8 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
     figures.next_p99_us = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
   }
   figures.daemon_peak_rss_kib = PeakRssKib(daemon->pid());
+  figures.daemon_anon_kib = bench::StatusKib(daemon->pid(), "RssAnon");
+  figures.daemon_shmem_kib = bench::StatusKib(daemon->pid(), "RssShmem");
   daemon->Kill(SIGTERM);
   (void)daemon->Wait(absl::Seconds(20));
   std::filesystem::remove_all(dir);
@@ -223,6 +239,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "device", "staged"}));
   app.add_option("--experts", args.experts,
                  "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
+  app.add_option("--memory-budget-mib", args.memory_budget_mib,
+                 "the daemon's memory_budget_bytes in MiB (0: its default)");
   app.add_flag("--quick", args.quick, "a short run (smoke test)");
   app.add_flag("--json", args.json, "one JSON object per dataset");
   CLI11_PARSE(app, argc, argv);
@@ -244,17 +262,23 @@ int main(int argc, char** argv) {
     if (args.json) {
       std::printf(
           "{\"docs\":%lld,\"dataset_bytes\":%llu,\"tokens_per_s\":%.0f,\"bytes_per_s\":%.0f,"
-          "\"next_p50_us\":%.1f,\"next_p99_us\":%.1f,\"daemon_peak_rss_kib\":%llu}\n",
+          "\"daemon_cpu_s_per_gib\":%.3f,\"next_p50_us\":%.1f,\"next_p99_us\":%.1f,\"daemon_peak_"
+          "rss_kib\":%llu,"
+          "\"daemon_anon_kib\":%llu,\"daemon_shmem_kib\":%llu}\n",
           static_cast<long long>(f->docs), static_cast<unsigned long long>(f->dataset_bytes),
-          f->tokens_per_s, f->bytes_per_s, f->next_p50_us, f->next_p99_us,
-          static_cast<unsigned long long>(f->daemon_peak_rss_kib));
+          f->tokens_per_s, f->bytes_per_s, f->daemon_cpu_s_per_gib, f->next_p50_us, f->next_p99_us,
+          static_cast<unsigned long long>(f->daemon_peak_rss_kib),
+          static_cast<unsigned long long>(f->daemon_anon_kib),
+          static_cast<unsigned long long>(f->daemon_shmem_kib));
     } else {
       std::printf(
-          "dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served (%6.2f GiB/s of fields), "
-          "Next() p50 %6.1f us p99 %6.1f us (daemon ahead), daemon peak RSS %6.1f MiB\n",
+          "dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served (%6.2f GiB/s of fields, "
+          "daemon %5.2f CPU-s/GiB), Next() p50 %6.1f us p99 %6.1f us (daemon ahead), daemon peak "
+          "RSS %6.1f MiB (at the end: %6.1f private, %6.1f the ranks' rings)\n",
           static_cast<long long>(f->docs), f->dataset_bytes / 1048576.0, f->tokens_per_s / 1e6,
-          f->bytes_per_s / (1 << 30), f->next_p50_us, f->next_p99_us,
-          f->daemon_peak_rss_kib / 1024.0);
+          f->bytes_per_s / (1 << 30), f->daemon_cpu_s_per_gib, f->next_p50_us, f->next_p99_us,
+          f->daemon_peak_rss_kib / 1024.0, f->daemon_anon_kib / 1024.0,
+          f->daemon_shmem_kib / 1024.0);
     }
     std::fflush(stdout);
   }

@@ -37,7 +37,8 @@ struct JobRunner::RankState {
   std::deque<InFlight> in_flight;
   uint64_t ledgered = 0;  // microbatches taken and moved into the ledger
   uint32_t ring_slots = 0;
-  std::string ring;  // RankStats.ring
+  std::string ring;     // RankStats.ring
+  bool mapped = false;  // its slots are written in place (Sender::MapNextSlot)
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
   v1::RankTimes times;
@@ -214,6 +215,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   if (absl::StatusOr<transport::ConnectionStats> stats = sender_->Stats(connection_id);
       stats.ok()) {
     state.ring = stats->shared ? "memfd" : stats->mapped ? "shm" : "ucx";
+    state.mapped = stats->mapped;
   }
   state.earlier_times = std::move(earlier_times);
   ranks_.emplace(args.global_rank, std::move(state));
@@ -635,16 +637,16 @@ bool JobRunner::ServeRank(RankState& rank) {
       break;
     }
     const scheduler::GlobalPlan& plan = data->plan.plan;
-    absl::StatusOr<PackedMicrobatch> packed =
-        PackForRank(job_, *data, rank.next_microbatch, rank.global_rank);
-    if (!packed.ok()) {
+    absl::StatusOr<MicrobatchSource> source =
+        SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank);
+    if (!source.ok()) {
       // A sample it needs could not be read: this rank cannot go on; the
       // ranks that need other samples can.
-      EndRank(rank, packed.status());
+      EndRank(rank, source.status());
       break;
     }
-    absl::Status status =
-        PushMicrobatch(*sender_, rank.connection_id, data->plan, rank.next_microbatch, *packed);
+    absl::Status status = PushMicrobatch(*sender_, rank.connection_id, rank.mapped, data->plan,
+                                         rank.next_microbatch, *source, staging_);
     if (status.ok()) {
       absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.connection_id);
       if (after.ok()) rank.bytes_sent = after->bytes;

@@ -158,6 +158,7 @@ class JobRunner {
   Storage& storage_;
   const JobRunnerOptions options_;
   std::unique_ptr<transport::SlotSender> sender_;  // runner thread only, after Start
+  std::vector<uint8_t> staging_;  // a slot's bytes for rings not mapped (runner thread)
   std::string sender_address_;
 
   // Runner thread only.

@@ -1,6 +1,8 @@
 #include "server/pipeline/pack.h"
 
 #include <algorithm>
+#include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
@@ -12,13 +14,85 @@ namespace {
 using dataset::SampleKind;
 using transport::ElementType;
 
+// Where a microbatch's per-token fields lie (in the slot); null: the
+// rank's stage does not receive the field.
+struct TokenFields {
+  int64_t* tokens = nullptr;
+  int64_t* labels = nullptr;
+  float* loss_mask = nullptr;
+  int64_t* position_ids = nullptr;
+  uint8_t* padding_mask = nullptr;
+};
+
+template <typename T>
+void Fill(T* field, int64_t at, int64_t count, T value) {
+  if (field != nullptr && count > 0) std::fill_n(field + at, count, value);
+}
+
+// Tokens [from, from + count) of `run` at position `at` of `field`.
+void CopyRun(int64_t* field, int64_t at, const std::vector<int64_t>& run, int64_t from,
+             int64_t count) {
+  if (field != nullptr && count > 0) {
+    std::memcpy(field + at, run.data() + from, static_cast<size_t>(count) * sizeof(int64_t));
+  }
+}
+
+void Positions(int64_t* field, int64_t at, int64_t count, int64_t first) {
+  if (field != nullptr && count > 0) std::iota(field + at, field + at + count, first);
+}
+
+// Positions [begin, end) of a varlen sequence (real length `real`, the run
+// holding its label t[real] too) at position `at`: Megatron zeroes every
+// field of a pad slot.
+void WriteVarlenPositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
+                          int64_t at, const TokenFields& out) {
+  const int64_t kept = std::clamp(real, begin, end) - begin;
+  const int64_t pads = end - begin - kept;
+  CopyRun(out.tokens, at, run, begin, kept);
+  Fill<int64_t>(out.tokens, at + kept, pads, 0);
+  CopyRun(out.labels, at, run, begin + 1, kept);
+  Fill<int64_t>(out.labels, at + kept, pads, 0);
+  Fill(out.loss_mask, at, kept, 1.0f);
+  Fill(out.loss_mask, at + kept, pads, 0.0f);
+  Positions(out.position_ids, at, kept, begin);
+  Fill<int64_t>(out.position_ids, at + kept, pads, 0);
+  Fill<uint8_t>(out.padding_mask, at, kept, 0);
+  Fill<uint8_t>(out.padding_mask, at + kept, pads, 1);
+}
+
+// The same for SFT's b = t + pads: pad slots keep the pad id and running
+// positions; a position whose label is a pad (or Megatron's ignore index)
+// is not trained.
+void WriteSftPositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
+                       int64_t pad_id, int64_t at, const TokenFields& out) {
+  const auto run_length = static_cast<int64_t>(run.size());
+  const int64_t count = end - begin;
+  const int64_t stored_tokens = std::clamp(run_length, begin, end) - begin;
+  const int64_t stored_labels = std::clamp(run_length - 1, begin, end) - begin;
+  CopyRun(out.tokens, at, run, begin, stored_tokens);
+  Fill(out.tokens, at + stored_tokens, count - stored_tokens, pad_id);
+  CopyRun(out.labels, at, run, begin + 1, stored_labels);
+  Fill(out.labels, at + stored_labels, count - stored_labels, pad_id);
+  if (out.loss_mask != nullptr) {
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t label = k < stored_labels ? run[static_cast<size_t>(begin + k + 1)] : pad_id;
+      out.loss_mask[at + k] = label == pad_id || label == -100 ? 0.0f : 1.0f;
+    }
+  }
+  Positions(out.position_ids, at, count, begin);
+  const int64_t real_positions = std::clamp(real, begin, end) - begin;
+  Fill<uint8_t>(out.padding_mask, at, real_positions, 0);
+  Fill<uint8_t>(out.padding_mask, at + real_positions, count - real_positions, 1);
+}
+
 // Positions [begin, end) of a Megatron pretraining sample, as
 // GPTDataset.__getitem__ makes them: tokens = text[:-1], labels = text[1:]
 // (text padded with the pad id to seq_length + 1); the loss masked at an
 // EOD input (eod_mask_loss) and a pad label; positions restarting after each
 // EOD input (reset_position_ids); pad ids served as 0.
-void AppendPretrainingPositions(const std::vector<int64_t>& run, int64_t begin, int64_t end,
-                                const dataset::SampleRules& rules, PackedMicrobatch& out) {
+void WritePretrainingPositions(const std::vector<int64_t>& run, int64_t begin, int64_t end,
+                               const dataset::SampleRules& rules, int64_t at,
+                               const TokenFields& out) {
   const auto run_length = static_cast<int64_t>(run.size());
   auto text = [&](int64_t j) {
     return j < run_length ? run[static_cast<size_t>(j)] : rules.pad_id;
@@ -32,16 +106,32 @@ void AppendPretrainingPositions(const std::vector<int64_t>& run, int64_t begin, 
       }
     }
   }
-  for (int64_t j = begin; j < end; ++j) {
+  for (int64_t j = begin; j < end; ++j, ++at) {
     const int64_t token = text(j);
     const int64_t label = text(j + 1);
     const bool masked = (rules.eod_mask_loss && token == rules.eod_id) || label == rules.pad_id;
-    out.padding_mask.push_back(j >= run_length ? 1 : 0);
-    out.tokens.push_back(token == rules.pad_id ? 0 : token);
-    out.labels.push_back(label == rules.pad_id ? 0 : label);
-    out.loss_mask.push_back(masked ? 0.0f : 1.0f);
-    out.position_ids.push_back(rules.reset_position_ids ? j - document_start : j);
+    if (out.padding_mask != nullptr) out.padding_mask[at] = j >= run_length ? 1 : 0;
+    if (out.tokens != nullptr) out.tokens[at] = token == rules.pad_id ? 0 : token;
+    if (out.labels != nullptr) out.labels[at] = label == rules.pad_id ? 0 : label;
+    if (out.loss_mask != nullptr) out.loss_mask[at] = masked ? 0.0f : 1.0f;
+    if (out.position_ids != nullptr) {
+      out.position_ids[at] = rules.reset_position_ids ? j - document_start : j;
+    }
     if (rules.reset_position_ids && token == rules.eod_id) document_start = j + 1;
+  }
+}
+
+void WritePositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
+                    const dataset::SampleRules& rules, int64_t at, const TokenFields& out) {
+  switch (rules.kind) {
+    case SampleKind::kPretraining:
+      WritePretrainingPositions(run, begin, end, rules, at, out);
+      break;
+    case SampleKind::kVarlen:
+      WriteVarlenPositions(run, real, begin, end, at, out);
+      break;
+    default:
+      WriteSftPositions(run, real, begin, end, rules.pad_id, at, out);
   }
 }
 
@@ -49,54 +139,30 @@ void AppendPretrainingPositions(const std::vector<int64_t>& run, int64_t begin, 
 // `seq_length` inputs split after every EOD input, so cu_seqlens mark the
 // documents whose attention Megatron's [s, s] mask keeps apart; no dense
 // mask is built.
-void DocumentBoundaries(const dataset::SampleRules& rules, int64_t seq_length,
-                        PackedMicrobatch& packed) {
-  packed.cu_seqlens.assign(1, 0);
-  packed.max_seqlen = 0;
-  const auto tokens = static_cast<int64_t>(packed.tokens.size());
+void DocumentBoundaries(int64_t seq_length, MicrobatchSource& source) {
+  const dataset::SampleRules& rules = source.rules;
+  source.cu_seqlens.assign(1, 0);
+  source.max_seqlen = 0;
+  int64_t j = 0;  // position in the microbatch
   int64_t start = 0;
-  for (int64_t j = 0; j < tokens; ++j) {
-    const bool sample_end = (j + 1) % seq_length == 0;
-    const bool eod = packed.tokens[static_cast<size_t>(j)] == rules.eod_id &&
-                     packed.padding_mask[static_cast<size_t>(j)] == 0;
-    if (eod || sample_end) {
-      packed.cu_seqlens.push_back(static_cast<int32_t>(j + 1));
-      packed.max_seqlen = std::max<int32_t>(packed.max_seqlen, static_cast<int32_t>(j + 1 - start));
-      start = j + 1;
+  for (size_t i = 0; i < source.runs.size(); ++i) {
+    const std::vector<int64_t>& run = *source.runs[i];
+    const auto run_length = static_cast<int64_t>(run.size());
+    for (const scheduler::TokenRange& chunk : source.chunks[i]) {
+      for (int64_t k = chunk.begin; k < chunk.end; ++k, ++j) {
+        // As served: a pad id is 0, and a pad position is no EOD.
+        const int64_t token = k < run_length ? run[static_cast<size_t>(k)] : rules.pad_id;
+        const bool eod = k < run_length && (token == rules.pad_id ? 0 : token) == rules.eod_id;
+        if (eod || (j + 1) % seq_length == 0) {
+          source.cu_seqlens.push_back(static_cast<int32_t>(j + 1));
+          source.max_seqlen =
+              std::max<int32_t>(source.max_seqlen, static_cast<int32_t>(j + 1 - start));
+          start = j + 1;
+        }
+      }
     }
   }
-  packed.cu_seqlens_padded = packed.cu_seqlens;
-}
-
-// Appends positions [begin, end) of one sequence to `out`.
-void AppendPositions(const std::vector<int64_t>& run, int64_t real_length, int64_t begin,
-                     int64_t end, const dataset::SampleRules& rules, PackedMicrobatch& out) {
-  if (rules.kind == SampleKind::kPretraining) {
-    AppendPretrainingPositions(run, begin, end, rules, out);
-    return;
-  }
-  const int64_t run_length = static_cast<int64_t>(run.size());
-  for (int64_t j = begin; j < end; ++j) {
-    const bool pad = j >= real_length;
-    out.padding_mask.push_back(pad ? 1 : 0);
-    if (rules.kind == SampleKind::kVarlen) {
-      // Megatron zeroes every field of a pad slot.
-      out.tokens.push_back(pad ? 0 : run[j]);
-      out.labels.push_back(pad ? 0 : run[j + 1]);
-      out.loss_mask.push_back(pad ? 0.0f : 1.0f);
-      out.position_ids.push_back(pad ? 0 : j);
-    } else {
-      // b = t + pads: pad slots keep the pad id and running positions; a
-      // position whose label is a pad (or Megatron's ignore index) is not
-      // trained.
-      const int64_t token = j < run_length ? run[j] : rules.pad_id;
-      const int64_t label = j + 1 < run_length ? run[j + 1] : rules.pad_id;
-      out.tokens.push_back(token);
-      out.labels.push_back(label);
-      out.loss_mask.push_back(label == rules.pad_id || label == -100 ? 0.0f : 1.0f);
-      out.position_ids.push_back(j);
-    }
-  }
+  source.cu_seqlens_padded = source.cu_seqlens;
 }
 
 // Bytes of one position of `slice`: its layer-axis entries' values.
@@ -117,31 +183,48 @@ std::vector<int64_t> SliceInnerShape(const SideSlice& slice) {
   return shape;
 }
 
-// Appends positions [begin, end) of one sequence's side rows to `out`:
-// stored row j (j + 1 aligned with labels) of a real position, else the pad.
-void AppendSideRows(const SideSlice& slice, absl::Span<const char> rows, int64_t real_length,
-                    int64_t begin, int64_t end, const std::vector<char>& pad_row,
-                    std::vector<char>& out) {
+// One position's pad of `slice`: the field's pad value in every entry.
+std::vector<char> PadRow(const SideSlice& slice) {
+  std::vector<char> pad_row;
+  const uint64_t row_bytes = SliceRowBytes(slice);
+  for (uint64_t b = 0; b < row_bytes; b += slice.field->element_bytes) {
+    pad_row.insert(pad_row.end(), slice.field->pad.begin(), slice.field->pad.end());
+  }
+  return pad_row;
+}
+
+// Writes positions [begin, end) of one sequence's side rows at `out` and
+// returns the end of what it wrote: stored row j (j + 1 aligned with
+// labels) of a real position, else the pad.
+uint8_t* WriteSideRows(const SideSlice& slice, absl::Span<const char> rows, int64_t real_length,
+                       int64_t begin, int64_t end, const std::vector<char>& pad_row, uint8_t* out) {
   const SideFieldInfo& field = *slice.field;
   const uint64_t row_bytes = field.row_bytes();
   const int64_t shift = field.labels_aligned ? 1 : 0;
   const int64_t stored = static_cast<int64_t>(rows.size() / row_bytes);
   // Positions [begin, served) take stored rows, the rest pads.
   const int64_t served = std::max(begin, std::min({end, real_length, stored - shift}));
-  const char* first = rows.data() + static_cast<uint64_t>(begin + shift) * row_bytes;
-  if (slice.entries.empty()) {  // whole rows: one copy
-    out.insert(out.end(), first, first + static_cast<uint64_t>(served - begin) * row_bytes);
-  } else {
-    const uint64_t layer_bytes = row_bytes / static_cast<uint64_t>(field.inner_shape[0]);
-    for (const char* row = first; row < first + static_cast<uint64_t>(served - begin) * row_bytes;
-         row += row_bytes) {
-      for (const IndexRange& range : slice.entries) {
-        out.insert(out.end(), row + static_cast<uint64_t>(range.begin) * layer_bytes,
-                   row + static_cast<uint64_t>(range.end) * layer_bytes);
+  const uint64_t served_bytes = static_cast<uint64_t>(served - begin) * row_bytes;
+  if (served_bytes > 0) {
+    const char* first = rows.data() + static_cast<uint64_t>(begin + shift) * row_bytes;
+    if (slice.entries.empty()) {  // whole rows: one copy
+      out = static_cast<uint8_t*>(std::memcpy(out, first, served_bytes)) + served_bytes;
+    } else {
+      const uint64_t layer_bytes = row_bytes / static_cast<uint64_t>(field.inner_shape[0]);
+      for (const char* row = first; row < first + served_bytes; row += row_bytes) {
+        for (const IndexRange& range : slice.entries) {
+          const uint64_t bytes = static_cast<uint64_t>(range.size()) * layer_bytes;
+          std::memcpy(out, row + static_cast<uint64_t>(range.begin) * layer_bytes, bytes);
+          out += bytes;
+        }
       }
     }
   }
-  for (int64_t j = served; j < end; ++j) out.insert(out.end(), pad_row.begin(), pad_row.end());
+  for (int64_t j = served; j < end; ++j) {
+    std::memcpy(out, pad_row.data(), pad_row.size());
+    out += pad_row.size();
+  }
+  return out;
 }
 
 // The loss mask of positions [begin, end): stored value j + 1 of a real
@@ -157,54 +240,84 @@ void ApplyLossMask(absl::Span<const char> mask, int64_t real_length, int64_t beg
   }
 }
 
-// The side field `slice` serves, without its bytes.
-PackedMicrobatch::Side SideOfSlice(const SideSlice& slice) {
-  return {slice.wire_name, slice.field->type, SliceInnerShape(slice), {}};
-}
+// What a slot field holds.
+enum class Role {
+  kTokens,
+  kPositionIds,
+  kLabels,
+  kLossMask,
+  kPaddingMask,
+  kCuSeqlens,
+  kCuSeqlensPadded,
+  kMaxSeqlen,
+  kLocalCpSize,
+  kCpGroupRanks,
+  kSide,
+};
+struct SlotField {
+  transport::FieldSpec spec;
+  Role role = Role::kTokens;
+  size_t side = 0;  // kSide: which of the slices
+};
 
-// The wire fields of a microbatch of `tokens` local tokens and `sequences`
+// The slot fields of a microbatch of `tokens` local tokens and `sequences`
 // sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields.
-// With `packed` the data pointers are its arrays, else null (for sizing).
-SlotFields FieldsFor(const PackedMicrobatch* packed, int64_t tokens, int64_t sequences,
-                     int64_t group_ranks, StageFields stage,
-                     absl::Span<const PackedMicrobatch::Side> sides, int64_t bshd_rows = 0) {
+// `slices`: the side fields the rank's stage receives (a loss-mask field
+// is applied, not served).
+std::vector<SlotField> FieldsFor(int64_t tokens, int64_t sequences, int64_t group_ranks,
+                                 StageFields stage, absl::Span<const SideSlice* const> slices,
+                                 int64_t bshd_rows) {
   const std::vector<int64_t> per_token = bshd_rows > 0
                                              ? std::vector<int64_t>{bshd_rows, tokens / bshd_rows}
                                              : std::vector<int64_t>{1, tokens};
-  SlotFields out;
-  auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, const void* data) {
-    out.specs.push_back({std::move(name), type, std::move(shape)});
-    out.data.push_back(packed != nullptr ? data : nullptr);
+  std::vector<SlotField> out;
+  auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, Role role,
+                 size_t side = 0) {
+    out.push_back({{std::move(name), type, std::move(shape)}, role, side});
   };
-  const PackedMicrobatch empty;
-  const PackedMicrobatch& p = packed != nullptr ? *packed : empty;
   if (stage.inputs) {
     add(ChunkFieldName("tokens", stage.inputs_chunk), ElementType::kInt64, per_token,
-        p.tokens.data());
+        Role::kTokens);
     add(ChunkFieldName("position_ids", stage.inputs_chunk), ElementType::kInt64, per_token,
-        p.position_ids.data());
+        Role::kPositionIds);
   }
   if (stage.targets) {
     add(ChunkFieldName("labels", stage.targets_chunk), ElementType::kInt64, per_token,
-        p.labels.data());
+        Role::kLabels);
     add(ChunkFieldName("loss_mask", stage.targets_chunk), ElementType::kFloat32, per_token,
-        p.loss_mask.data());
+        Role::kLossMask);
   }
-  add("padding_mask", ElementType::kBool, per_token, p.padding_mask.data());
+  add("padding_mask", ElementType::kBool, per_token, Role::kPaddingMask);
   if (bshd_rows == 0) {
-    add("cu_seqlens", ElementType::kInt32, {sequences + 1}, p.cu_seqlens.data());
-    add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, p.cu_seqlens_padded.data());
+    add("cu_seqlens", ElementType::kInt32, {sequences + 1}, Role::kCuSeqlens);
+    add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, Role::kCuSeqlensPadded);
   }
-  add("max_seqlen", ElementType::kInt32, {}, &p.max_seqlen);
+  add("max_seqlen", ElementType::kInt32, {}, Role::kMaxSeqlen);
   if (group_ranks > 0) {
-    add("local_cp_size", ElementType::kInt32, {}, p.local_cp_size ? &*p.local_cp_size : nullptr);
-    add("cp_group_ranks", ElementType::kInt32, {group_ranks}, p.cp_group_ranks.data());
+    add("local_cp_size", ElementType::kInt32, {}, Role::kLocalCpSize);
+    add("cp_group_ranks", ElementType::kInt32, {group_ranks}, Role::kCpGroupRanks);
   }
-  for (const PackedMicrobatch::Side& side : sides) {
+  for (size_t f = 0; f < slices.size(); ++f) {
+    if (slices[f]->field->loss_mask) continue;
     std::vector<int64_t> shape = {1, tokens};
-    shape.insert(shape.end(), side.inner_shape.begin(), side.inner_shape.end());
-    add(side.name, side.type, std::move(shape), side.bytes.data());
+    for (int64_t dim : SliceInnerShape(*slices[f])) shape.push_back(dim);
+    add(slices[f]->wire_name, slices[f]->field->type, std::move(shape), Role::kSide, f);
   }
+  return out;
+}
+
+std::vector<SlotField> FieldsOf(const MicrobatchSource& source) {
+  std::vector<const SideSlice*> slices;
+  for (const SideRun& side : source.sides) slices.push_back(&side.slice);
+  return FieldsFor(source.tokens, static_cast<int64_t>(source.cu_seqlens.size()) - 1,
+                   source.local_cp_size ? static_cast<int64_t>(source.cp_group_ranks.size()) : 0,
+                   source.stage, slices, source.bshd_rows);
+}
+
+template <typename T>
+std::vector<T> Values(const uint8_t* slot, const transport::FieldDescriptor& field) {
+  std::vector<T> out(field.bytes / sizeof(T));
+  if (field.bytes > 0) std::memcpy(out.data(), slot + field.offset, field.bytes);
   return out;
 }
 
@@ -260,10 +373,10 @@ std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
   return out;
 }
 
-absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
-                                                absl::Span<const std::vector<int64_t>* const> runs,
-                                                int cp_rank, const dataset::SampleRules& rules,
-                                                absl::Span<const SideRun> sides) {
+absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
+                                               absl::Span<const std::vector<int64_t>* const> runs,
+                                               int cp_rank, const dataset::SampleRules& rules,
+                                               std::vector<SideRun> sides) {
   if (runs.size() != group.sequences.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(runs.size(), " token runs for ", group.sequences.size(), " sequences"));
@@ -271,7 +384,7 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
   for (const SideRun& side : sides) {
     if (side.rows.size() != runs.size()) {
       return absl::InvalidArgumentError(absl::StrCat(side.rows.size(), " rows of side field ",
-                                                     side.slice->wire_name, " for ", runs.size(),
+                                                     side.slice.wire_name, " for ", runs.size(),
                                                      " sequences"));
     }
   }
@@ -279,33 +392,26 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
     return absl::InvalidArgumentError(
         absl::StrCat("cp rank ", cp_rank, " outside a group of ", group.size));
   }
-  PackedMicrobatch out;
-  std::vector<std::vector<char>> pad_rows;  // per side run
-  for (const SideRun& side : sides) {
-    const SideSlice& slice = *side.slice;
-    std::vector<char> pad_row;
-    const uint64_t row_bytes = SliceRowBytes(slice);
-    for (uint64_t b = 0; b < row_bytes; b += slice.field->element_bytes) {
-      pad_row.insert(pad_row.end(), slice.field->pad.begin(), slice.field->pad.end());
-    }
-    pad_rows.push_back(std::move(pad_row));
-    if (!slice.field->loss_mask) out.side.push_back(SideOfSlice(slice));
-  }
+  MicrobatchSource out;
+  out.group = &group;
+  out.cp_rank = cp_rank;
+  out.rules = rules;
+  out.runs.assign(runs.begin(), runs.end());
+  out.sides = std::move(sides);
   out.cu_seqlens.push_back(0);
   out.cu_seqlens_padded.push_back(0);
   int64_t real_total = 0;
   int64_t padded_total = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const scheduler::PlannedSequence& sequence = group.sequences[i];
-    const std::vector<int64_t>& run = *runs[i];
+    const auto run_length = static_cast<int64_t>(runs[i]->size());
     const int64_t padded = sequence.padded_length;
     const int64_t real = sequence.length;
     // varlen reads labels up to t[real]; sft reads within the run.
     const int64_t needed = rules.kind == SampleKind::kVarlen ? real + 1 : 0;
-    if (static_cast<int64_t>(run.size()) < needed || real > padded ||
-        static_cast<int64_t>(run.size()) > padded + 1) {
+    if (run_length < needed || real > padded || run_length > padded + 1) {
       return absl::InvalidArgumentError(absl::StrCat("sample ", sequence.sample, ": run of ",
-                                                     run.size(), " tokens for length ", real,
+                                                     run_length, " tokens for length ", real,
                                                      " padded to ", padded));
     }
     absl::StatusOr<std::array<scheduler::TokenRange, 2>> chunks =
@@ -314,20 +420,8 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
       return absl::InvalidArgumentError(
           absl::StrCat("sample ", sequence.sample, ": ", chunks.status().message()));
     }
-    for (const scheduler::TokenRange& chunk : *chunks) {
-      const size_t first = out.loss_mask.size();
-      AppendPositions(run, real, chunk.begin, chunk.end, rules, out);
-      size_t served = 0;
-      for (size_t f = 0; f < sides.size(); ++f) {
-        const absl::Span<const char> rows = sides[f].rows[i];
-        if (sides[f].slice->field->loss_mask) {
-          ApplyLossMask(rows, real, chunk.begin, chunk.end, out.loss_mask.data() + first);
-        } else {
-          AppendSideRows(*sides[f].slice, rows, real, chunk.begin, chunk.end, pad_rows[f],
-                         out.side[served++].bytes);
-        }
-      }
-    }
+    for (const scheduler::TokenRange& chunk : *chunks) out.tokens += chunk.end - chunk.begin;
+    out.chunks.push_back(*chunks);
     real_total += real;
     padded_total += padded;
     if (padded_total > INT32_MAX) {
@@ -340,75 +434,213 @@ absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
   return out;
 }
 
-absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& data, int microbatch,
-                                             int global_rank) {
+absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& data, int microbatch,
+                                               int global_rank) {
   const RankCoords coords = job.layout().Coords(global_rank);
   const scheduler::CpGroup& group = scheduler::GroupOfRank(
       data.plan.plan.microbatches[static_cast<size_t>(microbatch)], coords.dp_cp_rank);
-  const std::vector<SideSlice> slices =
-      SideSlicesOfStage(job.side_fields(), job.stages(), coords.pp);
-  std::vector<SideRun> sides(slices.size());
-  for (size_t f = 0; f < slices.size(); ++f) sides[f].slice = &slices[f];
+  std::vector<SideRun> sides;
+  for (SideSlice& slice : SideSlicesOfStage(job.side_fields(), job.stages(), coords.pp)) {
+    sides.push_back({std::move(slice), {}});
+  }
   std::vector<const std::vector<int64_t>*> runs;
   for (const scheduler::PlannedSequence& sequence : group.sequences) {
     auto failed = data.failed.find(sequence.sample);
     if (failed != data.failed.end()) return failed->second;
     auto run = data.runs.find(sequence.sample);
     auto side = data.side.find(sequence.sample);
-    if (run == data.runs.end() || (!slices.empty() && side == data.side.end())) {
+    if (run == data.runs.end() || (!sides.empty() && side == data.side.end())) {
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
                                               ": sample ", sequence.sample, " was not read"));
     }
     runs.push_back(&run->second);
     for (SideRun& side_run : sides) {
-      const size_t field = static_cast<size_t>(side_run.slice->field - job.side_fields().data());
+      const size_t field = static_cast<size_t>(side_run.slice.field - job.side_fields().data());
       side_run.rows.push_back(side->second[field].bytes());
     }
   }
-  PF_ASSIGN_OR_RETURN(
-      PackedMicrobatch packed,
-      PackMicrobatch(group, runs, coords.dp_cp_rank - group.first_rank, job.rules(), sides));
-  packed.stage =
+  PF_ASSIGN_OR_RETURN(MicrobatchSource source,
+                      SourceOfGroup(group, runs, coords.dp_cp_rank - group.first_rank, job.rules(),
+                                    std::move(sides)));
+  source.stage =
       FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
   if (job.pretraining() != nullptr) {
     if (job.config().pretraining().reset_attention_mask()) {
-      DocumentBoundaries(job.rules(), job.config().seq_length(), packed);
+      DocumentBoundaries(job.config().seq_length(), source);
     } else {
-      packed.bshd_rows = static_cast<int64_t>(group.sequences.size());
+      source.bshd_rows = static_cast<int64_t>(group.sequences.size());
     }
   }
   if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
-    packed.local_cp_size = group.size;
+    source.local_cp_size = group.size;
     for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
-      packed.cp_group_ranks.push_back(job.layout().GlobalRank(coords.tp, r, coords.pp));
+      source.cp_group_ranks.push_back(job.layout().GlobalRank(coords.tp, r, coords.pp));
     }
   }
-  return packed;
+  return source;
 }
 
-SlotFields MicrobatchFields(const PackedMicrobatch& packed) {
-  return FieldsFor(&packed, static_cast<int64_t>(packed.padding_mask.size()),
-                   static_cast<int64_t>(packed.cu_seqlens.size()) - 1,
-                   packed.local_cp_size ? static_cast<int64_t>(packed.cp_group_ranks.size()) : 0,
-                   packed.stage, packed.side, packed.bshd_rows);
+std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source) {
+  std::vector<transport::FieldSpec> specs;
+  for (SlotField& field : FieldsOf(source)) specs.push_back(std::move(field.spec));
+  return specs;
+}
+
+void WriteMicrobatch(const MicrobatchSource& source,
+                     absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot) {
+  const std::vector<SlotField> fields = FieldsOf(source);
+  TokenFields out;
+  std::vector<uint8_t*> side_out(source.sides.size(), nullptr);
+  auto copy = [](uint8_t* to, const void* from, uint64_t bytes) {
+    if (bytes > 0) std::memcpy(to, from, bytes);
+  };
+  for (size_t i = 0; i < fields.size(); ++i) {
+    uint8_t* at = slot + layout[i].offset;
+    const uint64_t bytes = layout[i].bytes;
+    switch (fields[i].role) {
+      case Role::kTokens:
+        out.tokens = reinterpret_cast<int64_t*>(at);
+        break;
+      case Role::kPositionIds:
+        out.position_ids = reinterpret_cast<int64_t*>(at);
+        break;
+      case Role::kLabels:
+        out.labels = reinterpret_cast<int64_t*>(at);
+        break;
+      case Role::kLossMask:
+        out.loss_mask = reinterpret_cast<float*>(at);
+        break;
+      case Role::kPaddingMask:
+        out.padding_mask = at;
+        break;
+      case Role::kCuSeqlens:
+        copy(at, source.cu_seqlens.data(), bytes);
+        break;
+      case Role::kCuSeqlensPadded:
+        copy(at, source.cu_seqlens_padded.data(), bytes);
+        break;
+      case Role::kMaxSeqlen:
+        copy(at, &source.max_seqlen, bytes);
+        break;
+      case Role::kLocalCpSize:
+        copy(at, &*source.local_cp_size, bytes);
+        break;
+      case Role::kCpGroupRanks:
+        copy(at, source.cp_group_ranks.data(), bytes);
+        break;
+      case Role::kSide:
+        side_out[fields[i].side] = at;
+        break;
+    }
+  }
+  std::vector<std::vector<char>> pad_rows;
+  for (const SideRun& side : source.sides) pad_rows.push_back(PadRow(side.slice));
+  int64_t at = 0;  // position in the microbatch
+  for (size_t i = 0; i < source.runs.size(); ++i) {
+    const int64_t real = source.group->sequences[i].length;
+    for (const scheduler::TokenRange& chunk : source.chunks[i]) {
+      WritePositions(*source.runs[i], real, chunk.begin, chunk.end, source.rules, at, out);
+      for (size_t f = 0; f < source.sides.size(); ++f) {
+        const SideRun& side = source.sides[f];
+        if (side.slice.field->loss_mask) {
+          if (out.loss_mask != nullptr) {
+            ApplyLossMask(side.rows[i], real, chunk.begin, chunk.end, out.loss_mask + at);
+          }
+        } else if (side_out[f] != nullptr) {
+          side_out[f] = WriteSideRows(side.slice, side.rows[i], real, chunk.begin, chunk.end,
+                                      pad_rows[f], side_out[f]);
+        }
+      }
+      at += chunk.end - chunk.begin;
+    }
+  }
+}
+
+PackedMicrobatch ReadBack(const MicrobatchSource& source) {
+  const std::vector<SlotField> fields = FieldsOf(source);
+  std::vector<transport::FieldSpec> specs;
+  for (const SlotField& field : fields) specs.push_back(field.spec);
+  // Every field of a source fits an unbounded slot.
+  const std::vector<transport::FieldDescriptor> layout =
+      transport::LayoutFields(specs, UINT64_MAX).value();
+  std::vector<uint8_t> slot(layout.back().offset + layout.back().bytes);
+  WriteMicrobatch(source, layout, slot.data());
+  PackedMicrobatch out;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const transport::FieldDescriptor& field = layout[i];
+    switch (fields[i].role) {
+      case Role::kTokens:
+        out.tokens = Values<int64_t>(slot.data(), field);
+        break;
+      case Role::kPositionIds:
+        out.position_ids = Values<int64_t>(slot.data(), field);
+        break;
+      case Role::kLabels:
+        out.labels = Values<int64_t>(slot.data(), field);
+        break;
+      case Role::kLossMask:
+        out.loss_mask = Values<float>(slot.data(), field);
+        break;
+      case Role::kPaddingMask:
+        out.padding_mask = Values<uint8_t>(slot.data(), field);
+        break;
+      case Role::kCuSeqlens:
+        out.cu_seqlens = Values<int32_t>(slot.data(), field);
+        break;
+      case Role::kCuSeqlensPadded:
+        out.cu_seqlens_padded = Values<int32_t>(slot.data(), field);
+        break;
+      case Role::kMaxSeqlen:
+        out.max_seqlen = Values<int32_t>(slot.data(), field)[0];
+        break;
+      case Role::kLocalCpSize:
+        out.local_cp_size = Values<int32_t>(slot.data(), field)[0];
+        break;
+      case Role::kCpGroupRanks:
+        out.cp_group_ranks = Values<int32_t>(slot.data(), field);
+        break;
+      case Role::kSide:
+        out.side.push_back({field.name, field.type,
+                            std::vector<int64_t>(field.shape.begin() + 2, field.shape.end()),
+                            Values<char>(slot.data(), field)});
+        break;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
+                                                absl::Span<const std::vector<int64_t>* const> runs,
+                                                int cp_rank, const dataset::SampleRules& rules,
+                                                std::vector<SideRun> sides) {
+  PF_ASSIGN_OR_RETURN(MicrobatchSource source,
+                      SourceOfGroup(group, runs, cp_rank, rules, std::move(sides)));
+  return ReadBack(source);
 }
 
 absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
   const int64_t group_ranks = job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp
                                   ? job.layout().dp_cp_size()
                                   : 0;
+  const int64_t max_tokens = job.config().scheduler().max_tokens_per_rank();
+  // Split at every document, a microbatch has up to one sequence per token.
+  const bool documents =
+      job.pretraining() != nullptr && job.config().pretraining().reset_attention_mask();
+  const int64_t sequences = documents ? std::max<int64_t>(job.config().global_batch(), max_tokens)
+                                      : job.config().global_batch();
   uint64_t largest = 0;
   for (int pp_rank = 0; pp_rank < job.layout().pp; ++pp_rank) {
-    std::vector<PackedMicrobatch::Side> sides;
-    for (const SideSlice& slice : SideSlicesOfStage(job.side_fields(), job.stages(), pp_rank)) {
-      if (!slice.field->loss_mask) sides.push_back(SideOfSlice(slice));
+    const std::vector<SideSlice> slices =
+        SideSlicesOfStage(job.side_fields(), job.stages(), pp_rank);
+    std::vector<const SideSlice*> served;
+    for (const SideSlice& slice : slices) served.push_back(&slice);
+    std::vector<transport::FieldSpec> specs;
+    for (SlotField& field :
+         FieldsFor(max_tokens, sequences, group_ranks, {true, true}, served, 0)) {
+      specs.push_back(std::move(field.spec));
     }
     PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
-                        transport::LayoutFields(
-                            FieldsFor(nullptr, job.config().scheduler().max_tokens_per_rank(),
-                                      job.config().global_batch(), group_ranks, {true, true}, sides)
-                                .specs,
-                            UINT64_MAX));
+                        transport::LayoutFields(specs, UINT64_MAX));
     largest = std::max(largest, layout.back().offset + layout.back().bytes);
   }
   return largest;

@@ -3,9 +3,11 @@
 
 // Phase 3 of a step: turns the token runs of one rank's CP group into the
 // fields of docs/CONTRACT.md (per-sequence fields, packing in plan order,
-// padding, the zigzag CP slice), and lays them out as the wire's fields for
-// the rank's pipeline stage. Pure: no I/O, no threads.
+// padding, the zigzag CP slice), laid out as the wire's fields for the
+// rank's pipeline stage and written straight into its slot. Pure: no I/O,
+// no threads.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,6 +17,7 @@
 #include "absl/types/span.h"
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/plan.h"
+#include "packfeed/scheduler/thd_partition.h"
 #include "packfeed/transport/wire.h"
 #include "server/config/model_stages.h"
 #include "server/config/side_fields.h"
@@ -51,11 +54,66 @@ std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
 
 // One sequence's stored rows of a side field (row_bytes() per read token).
 struct SideRun {
-  const SideSlice* slice = nullptr;
+  SideSlice slice;
   std::vector<absl::Span<const char>> rows;  // per sequence of the group
 };
 
-// One rank's microbatch, every field flat.
+// One rank's microbatch, checked and sized before a byte of it is written:
+// where every position comes from, the per-sequence fields, and which
+// fields the rank's stage receives. It points into the step's data (runs,
+// side rows), which must outlive it.
+struct MicrobatchSource {
+  const scheduler::CpGroup* group = nullptr;
+  int cp_rank = 0;  // within the group
+  dataset::SampleRules rules;
+  std::vector<const std::vector<int64_t>*> runs;  // per sequence of the group
+  std::vector<SideRun> sides;
+  std::vector<std::array<scheduler::TokenRange, 2>> chunks;  // per sequence, this rank's
+  int64_t tokens = 0;                                        // positions this rank holds
+  std::vector<int32_t> cu_seqlens;
+  std::vector<int32_t> cu_seqlens_padded;
+  int32_t max_seqlen = 0;
+  // Dynamic CP only (as Megatron hands them).
+  std::optional<int32_t> local_cp_size;
+  std::vector<int32_t> cp_group_ranks;
+  StageFields stage;  // which THD fields the rank's stage receives
+  // 0: THD ([1, T] per-token fields with cu_seqlens). Else Megatron's
+  // BSHD batch of a pretraining job: per-token fields [bshd_rows =
+  // micro_batch_size, S / CP], and no cu_seqlens (nothing is packed).
+  int64_t bshd_rows = 0;
+};
+
+// The source of `group`'s sequences for CP rank `cp_rank` of the group:
+// `runs[i]` is the token run of group.sequences[i]; `sides` the group's rows
+// of each side field the rank receives (a loss-mask field replaces
+// loss_mask). Every field is served (stage {true, true}), THD.
+// InvalidArgument when a run does not fit its padded length, a padded
+// length does not split evenly into 2·size chunks, or cp_rank is outside
+// the group.
+absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
+                                               absl::Span<const std::vector<int64_t>* const> runs,
+                                               int cp_rank, const dataset::SampleRules& rules,
+                                               std::vector<SideRun> sides = {});
+
+// The source of what `global_rank` receives for `microbatch` of `data`,
+// with the dynamic-CP fields when the job plans dynamic CP. The read error
+// of a sample the rank needs that could not be read; Internal when `data`
+// lacks one.
+absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& data, int microbatch,
+                                               int global_rank);
+
+// The slot's fields, in slot order (LayoutFields places them).
+std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source);
+
+// Writes every field of the microbatch into `slot`, at the offsets of
+// `layout` = LayoutFields(MicrobatchSpecs(source), ...): one copy of each
+// byte from the step's data, runs copied whole. `slot` may be the
+// receiver's ring itself.
+void WriteMicrobatch(const MicrobatchSource& source,
+                     absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot);
+
+// A written microbatch read back field by field (tests and tools); a field
+// the stage does not receive is empty.
 struct PackedMicrobatch {
   std::vector<int64_t> tokens;
   std::vector<int64_t> labels;
@@ -65,7 +123,6 @@ struct PackedMicrobatch {
   std::vector<int32_t> cu_seqlens;
   std::vector<int32_t> cu_seqlens_padded;
   int32_t max_seqlen = 0;
-  // Dynamic CP only (as Megatron hands them).
   std::optional<int32_t> local_cp_size;
   std::vector<int32_t> cp_group_ranks;
   struct Side {
@@ -75,42 +132,19 @@ struct PackedMicrobatch {
     std::vector<char> bytes;           // [T_loc, *inner_shape]
   };
   std::vector<Side> side;
-  StageFields stage;  // which THD fields the rank's stage receives
-  // 0: THD ([1, T] per-token fields with cu_seqlens). Else Megatron's
-  // BSHD batch of a pretraining job: per-token fields [bshd_rows =
-  // micro_batch_size, S / CP], and no cu_seqlens (nothing is packed).
-  int64_t bshd_rows = 0;
 };
+PackedMicrobatch ReadBack(const MicrobatchSource& source);
 
-// Packs `group`'s sequences for CP rank `cp_rank` of the group: `runs[i]` is
-// the token run of group.sequences[i]; `sides` the group's rows of each side
-// field the rank receives (a loss-mask field replaces loss_mask).
-// InvalidArgument when a run does not fit its padded length, a padded
-// length does not split evenly into 2·size chunks, or cp_rank is outside
-// the group.
+// SourceOfGroup, written and read back.
 absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
                                                 absl::Span<const std::vector<int64_t>* const> runs,
                                                 int cp_rank, const dataset::SampleRules& rules,
-                                                absl::Span<const SideRun> sides = {});
-
-// The microbatch `global_rank` receives for `microbatch` of `data`, with the
-// dynamic-CP fields when the job plans dynamic CP. The read error of a
-// sample the rank needs that could not be read; Internal when `data` lacks
-// one.
-absl::StatusOr<PackedMicrobatch> PackForRank(const Job& job, const StepData& data, int microbatch,
-                                             int global_rank);
-
-// The wire fields of a packed microbatch, in slot order, and their bytes.
-struct SlotFields {
-  std::vector<transport::FieldSpec> specs;
-  std::vector<const void*> data;
-};
-SlotFields MicrobatchFields(const PackedMicrobatch& packed);
+                                                std::vector<SideRun> sides = {});
 
 // The bytes of the largest slot any rank of `job` needs: at most
-// max_tokens_per_rank local tokens, the whole batch's sequences, the
-// dynamic-CP fields for groups of up to DP·CP ranks, and the largest
-// stage's side fields.
+// max_tokens_per_rank local tokens, the whole batch's sequences (or one per
+// token when documents split them), the dynamic-CP fields for groups of up
+// to DP·CP ranks, and the largest stage's side fields.
 absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job);
 
 }  // namespace packfeed::server

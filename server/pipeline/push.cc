@@ -1,18 +1,17 @@
 #include "server/pipeline/push.h"
 
+#include "packfeed/common/status_macros.h"
 #include "packfeed/v1/service.pb.h"
 
 namespace packfeed::server {
 
-absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id,
-                            const StepPlan& plan, int microbatch, const PackedMicrobatch& packed) {
-  const SlotFields fields = MicrobatchFields(packed);
+absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,
+                            const StepPlan& plan, int microbatch, const MicrobatchSource& source,
+                            std::vector<uint8_t>& staging) {
   transport::SlotContent content;
   content.step = plan.step;
   content.microbatch = static_cast<uint32_t>(microbatch);
-  for (size_t i = 0; i < fields.specs.size(); ++i) {
-    content.fields.push_back({fields.specs[i], fields.data[i]});
-  }
+  const std::vector<transport::FieldSpec> specs = MicrobatchSpecs(source);
   // What Next() returns beside the fields: the step's shape and FLOPs inputs.
   const scheduler::FlopsInputs& flops = plan.plan.flops;
   v1::SlotMetadata metadata;
@@ -24,6 +23,23 @@ absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_i
   metadata.set_real_sum(flops.real_sum);
   metadata.set_real_squared_sum(flops.real_squared_sum);
   content.inline_metadata = metadata.SerializeAsString();
+  if (mapped) {
+    PF_ASSIGN_OR_RETURN(transport::MappedSlot slot, sender.MapNextSlot(connection_id));
+    PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
+                        transport::LayoutFields(specs, slot.bytes));
+    WriteMicrobatch(source, layout, slot.data);
+    for (const transport::FieldSpec& spec : specs) content.fields.push_back({spec, nullptr});
+    return sender.CommitMapped(connection_id, content);
+  }
+  PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
+                      transport::LayoutFields(specs, UINT64_MAX));
+  // Grows to the largest microbatch and stays: no fresh pages per push.
+  const uint64_t bytes = layout.back().offset + layout.back().bytes;
+  if (staging.size() < bytes) staging.resize(bytes);
+  WriteMicrobatch(source, layout, staging.data());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    content.fields.push_back({specs[i], staging.data() + layout[i].offset});
+  }
   return sender.Push(connection_id, content);
 }
 

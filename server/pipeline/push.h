@@ -1,11 +1,15 @@
 #ifndef PACKFEED_SERVER_PIPELINE_PUSH_H_
 #define PACKFEED_SERVER_PIPELINE_PUSH_H_
 
-// Phase 4 of a step: puts one packed microbatch into a rank's ring slot
-// with the step's metadata (docs/PROTOCOLS.md: put → flush → notify, by the
-// transport's Sender). Runs on the thread that owns the Sender.
+// Phase 4 of a step: writes one rank's microbatch into its ring slot with
+// the step's metadata (docs/PROTOCOLS.md: put → flush → notify, by the
+// transport's Sender). A ring mapped into the daemon (same-node shared
+// memory) is written in place, one copy per byte from the step's data;
+// any other is written into `staging` (reused, so no allocation per push)
+// and put from there. Runs on the thread that owns the Sender.
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "packfeed/transport/slot_sender.h"
@@ -14,11 +18,13 @@
 
 namespace packfeed::server {
 
-// Pushes `packed`, microbatch `microbatch` of `plan`, to connection `connection_id`.
-// ResourceExhausted when the rank has no free slot; any other error is the
-// connection's.
-absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id,
-                            const StepPlan& plan, int microbatch, const PackedMicrobatch& packed);
+// Pushes `source`, microbatch `microbatch` of `plan`, to connection
+// `connection_id`; `mapped`: the connection's Stats said so.
+// ResourceExhausted when the rank has no free slot; InvalidArgument when
+// the microbatch does not fit a slot; any other error is the connection's.
+absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,
+                            const StepPlan& plan, int microbatch, const MicrobatchSource& source,
+                            std::vector<uint8_t>& staging);
 
 }  // namespace packfeed::server
 

@@ -72,23 +72,22 @@ class FakeSlotSender : public transport::SlotSender {
   }
   absl::Status Push(uint64_t id, const transport::SlotContent& content) override {
     absl::MutexLock lock(&mutex_);
-    Ring* ring = Find(id);
-    if (ring == nullptr) return absl::NotFoundError("no such connection");
-    if (ring->failed) return absl::UnavailableError("receiver failed");
-    if (ring->pushed.size() - ring->released >= ring->slots) {
-      ++pushes_without_credit_;  // the runner asks Credits first
-      return absl::ResourceExhaustedError("no free slot");
+    return Record(id, content, /*mapped=*/false);
+  }
+  // Slots written in place when mapping (as same-node shared memory is):
+  // each starts full of 0xEE, so a byte the runner does not write shows.
+  absl::StatusOr<transport::MappedSlot> MapNextSlot(uint64_t id) override {
+    absl::MutexLock lock(&mutex_);
+    const Ring* ring = Find(id);
+    if (!mapped_ || ring == nullptr || ring->pushed.size() - ring->released >= ring->slots) {
+      return absl::FailedPreconditionError("no mapped slot");
     }
-    PushedSlot slot{content.step, content.microbatch, {}};
-    for (const transport::FieldBuffer& field : content.fields) {
-      uint64_t bytes = ElementSize(field.spec.type);
-      for (int64_t dim : field.spec.shape) bytes *= static_cast<uint64_t>(dim);
-      slot.fields[field.spec.name].assign(static_cast<const char*>(field.data), bytes);
-      ring->bytes += bytes;
-    }
-    ring->pushed.push_back(std::move(slot));
-    if (ring->release_all) ring->released = ring->pushed.size();
-    return absl::OkStatus();
+    mapped_slot_.assign(slot_bytes_, 0xEE);
+    return transport::MappedSlot{mapped_slot_.data(), slot_bytes_, ring->pushed.size()};
+  }
+  absl::Status CommitMapped(uint64_t id, const transport::SlotContent& content) override {
+    absl::MutexLock lock(&mutex_);
+    return Record(id, content, /*mapped=*/true);
   }
   absl::StatusOr<transport::ConnectionStats> Stats(uint64_t id) const override {
     absl::MutexLock lock(&mutex_);
@@ -100,6 +99,7 @@ class FakeSlotSender : public transport::SlotSender {
     stats.released = ring->released;
     stats.bytes = ring->bytes;
     stats.credits = static_cast<uint32_t>(ring->slots - (ring->pushed.size() - ring->released));
+    stats.mapped = mapped_;
     return stats;
   }
   void ProgressOrWait(absl::Duration timeout) override {
@@ -112,7 +112,10 @@ class FakeSlotSender : public transport::SlotSender {
     woken_ = true;
   }
 
-  // The test's side.
+  // The test's side: before any connection.
+  void set_slot_bytes(uint64_t bytes) { slot_bytes_ = bytes; }
+  void set_mapped(bool mapped) { mapped_ = mapped; }
+
   void Release(uint64_t id, uint64_t count) {
     absl::MutexLock lock(&mutex_);
     rings_[id].released += count;
@@ -151,6 +154,35 @@ class FakeSlotSender : public transport::SlotSender {
   }
 
  private:
+  // A push (the fields' bytes from `content`, or from the mapped slot at
+  // their offsets), refused as the real Sender refuses it.
+  absl::Status Record(uint64_t id, const transport::SlotContent& content, bool mapped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    Ring* ring = Find(id);
+    if (ring == nullptr) return absl::NotFoundError("no such connection");
+    if (ring->failed) return absl::UnavailableError("receiver failed");
+    if (ring->pushed.size() - ring->released >= ring->slots) {
+      ++pushes_without_credit_;  // the runner asks Credits first
+      return absl::ResourceExhaustedError("no free slot");
+    }
+    std::vector<transport::FieldSpec> specs;
+    for (const transport::FieldBuffer& field : content.fields) specs.push_back(field.spec);
+    absl::StatusOr<std::vector<transport::FieldDescriptor>> layout =
+        transport::LayoutFields(specs, slot_bytes_);
+    if (!layout.ok()) return layout.status();
+    PushedSlot slot{content.step, content.microbatch, {}};
+    for (size_t f = 0; f < specs.size(); ++f) {
+      const transport::FieldDescriptor& field = (*layout)[f];
+      const char* data = mapped ? reinterpret_cast<const char*>(mapped_slot_.data()) + field.offset
+                                : static_cast<const char*>(content.fields[f].data);
+      slot.fields[field.name].assign(data, field.bytes);
+      ring->bytes += field.bytes;
+    }
+    ring->pushed.push_back(std::move(slot));
+    if (ring->release_all) ring->released = ring->pushed.size();
+    return absl::OkStatus();
+  }
+
   struct Ring {
     uint64_t slots = 0;
     std::vector<PushedSlot> pushed;
@@ -175,6 +207,9 @@ class FakeSlotSender : public transport::SlotSender {
   uint64_t last_id_ ABSL_GUARDED_BY(mutex_) = 0;
   bool woken_ ABSL_GUARDED_BY(mutex_) = false;
   int pushes_without_credit_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t slot_bytes_ = UINT64_MAX;
+  bool mapped_ = false;
+  std::vector<uint8_t> mapped_slot_ ABSL_GUARDED_BY(mutex_);
 };
 
 // `body` is the job's configuration without its name.
@@ -210,6 +245,9 @@ class JobRunnerTest : public ::testing::Test {
     options.prefetch_steps = prefetch_steps;
     options.make_sender = [this]() -> absl::StatusOr<std::unique_ptr<transport::SlotSender>> {
       auto sender = std::make_unique<FakeSlotSender>();
+      // Rings of the size the job asks its ranks for (attach refuses less).
+      sender->set_slot_bytes(job_->required_slot_bytes());
+      sender->set_mapped(mapped_);
       sender_ = sender.get();
       return sender;
     };
@@ -262,6 +300,7 @@ class JobRunnerTest : public ::testing::Test {
   Storage storage_{StorageOptions{}};
   std::unique_ptr<IngestStream> stream_;  // an ingest job's; outlives the runner
   std::unique_ptr<Job> job_;
+  bool mapped_ = false;               // the sender writes slots in place
   FakeSlotSender* sender_ = nullptr;  // owned by runner_
   std::unique_ptr<JobRunner> runner_;
 };
@@ -302,6 +341,46 @@ TEST_F(JobRunnerTest, PushesNoMoreSlotsThanTheRingHasFreeAndMoreAsTheyAreRelease
   pushed.resize(want.size());
   EXPECT_THAT(Positions(pushed), ElementsAreArray(want));
   EXPECT_EQ(sender_->pushes_without_credit(), 0);
+}
+
+// A ring mapped into the daemon is written in place: every byte of every
+// field (the slot starts as garbage), the same bytes as a pushed copy.
+TEST_F(JobRunnerTest, AMappedRingIsWrittenInPlaceWithTheSameBytes) {
+  std::vector<PushedSlot> runs[2];
+  for (bool mapped : {false, true}) {
+    mapped_ = mapped;
+    StartDatasetJob(/*dp=*/2, /*prefetch_steps=*/1);
+    const uint64_t id = Attach(1, /*slots=*/64);
+    const size_t want = static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1));
+    runs[mapped] = sender_->WaitForPushes(id, want);
+    ASSERT_GE(runs[mapped].size(), want);
+    runs[mapped].resize(want);
+    runner_.reset();
+    job_.reset();
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[0][i].fields, runs[1][i].fields) << "slot " << i;
+  }
+}
+
+// Split at every EOD (reset_attention_mask), a microbatch holds far more
+// sequences than the global batch: the slot the job asks for still fits
+// them (the fake refuses a push that does not fit, as Sender does).
+TEST_F(JobRunnerTest, APretrainingSlotFitsOneSequencePerDocument) {
+  prefix_ = temp_.Prefix("gpt");
+  // Tokens 0 and 1 only, 0 the EOD: about every other token ends a document.
+  std::vector<int64_t> lengths(64, 100);
+  ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, lengths, {.vocab_size = 2}).ok());
+  Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_,
+                              "\" kind: DATASET_KIND_PRETRAINING } global_batch: 2 "
+                              "seq_length: 512 eod_id: 0 pretraining { split: \"1,0,0\" "
+                              "train_samples: 8 micro_batch_size: 1 reset_attention_mask: true }")),
+        nullptr, /*prefetch_steps=*/1);
+  const uint64_t id = Attach(0, /*slots=*/4);
+  const std::vector<PushedSlot> pushed = sender_->WaitForPushes(id, 2);
+  ASSERT_GE(pushed.size(), 2u) << sender_->ClosedWith(id);
+  const size_t boundaries = pushed[0].fields.at("cu_seqlens").size() / sizeof(int32_t);
+  EXPECT_GT(boundaries, 64u);
 }
 
 TEST_F(JobRunnerTest, ARankBehindHoldsTheOthersWithinPrefetchSteps) {

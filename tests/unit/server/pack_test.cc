@@ -119,6 +119,32 @@ TEST(PackTest, RefusesWhatCannotBePacked) {
               HasSubstr("run of 4 tokens"));
 }
 
+// A middle pipeline stage gets neither inputs nor targets: they are not
+// in its slot, and what is there is written whole over whatever the slot
+// held before (the ring's slots are reused).
+TEST(PackTest, AMiddleStageSlotHoldsOnlyItsFieldsWrittenWhole) {
+  const std::vector<int64_t> a = {10, 11, 12, 99};
+  scheduler::CpGroup group{0, 1, {{0, 3, 4}}};
+  const std::vector<const std::vector<int64_t>*> runs = {&a};
+  absl::StatusOr<MicrobatchSource> source = SourceOfGroup(group, runs, 0, Varlen());
+  ASSERT_TRUE(source.ok()) << source.status();
+  source->stage = FieldsOfStage(1, 3);
+  std::vector<std::string> names;
+  for (const transport::FieldSpec& spec : MicrobatchSpecs(*source)) names.push_back(spec.name);
+  EXPECT_THAT(names, ElementsAre("padding_mask", "cu_seqlens", "cu_seqlens_padded", "max_seqlen"));
+  absl::StatusOr<std::vector<transport::FieldDescriptor>> layout =
+      transport::LayoutFields(MicrobatchSpecs(*source), 4096);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::vector<uint8_t> slot(4096, 0xEE);
+  WriteMicrobatch(*source, *layout, slot.data());
+  const uint8_t* padding = slot.data() + (*layout)[0].offset;
+  EXPECT_THAT(std::vector<uint8_t>(padding, padding + 4), ElementsAre(0, 0, 0, 1));
+  int32_t cu[2];
+  std::memcpy(cu, slot.data() + (*layout)[2].offset, sizeof(cu));
+  EXPECT_THAT(cu, ElementsAre(0, 4));
+  EXPECT_TRUE(ReadBack(*source).tokens.empty());
+}
+
 TEST(PackTest, StagesGetTheirFields) {
   EXPECT_TRUE(FieldsOfStage(0, 1).inputs && FieldsOfStage(0, 1).targets);
   EXPECT_TRUE(FieldsOfStage(0, 3).inputs && !FieldsOfStage(0, 3).targets);
@@ -176,7 +202,7 @@ TEST(PackTest, SideFieldFollowsTokensOrLabelsWithPadsAndZigzag) {
   for (bool labels : {false, true}) {
     const SideFieldInfo field = Int16Field(labels, {});
     const SideSlice slice{&field, "f", {}};
-    const std::vector<SideRun> sides = {{&slice, {Bytes(rows)}}};
+    const std::vector<SideRun> sides = {{slice, {Bytes(rows)}}};
     absl::StatusOr<PackedMicrobatch> rank1 = PackMicrobatch(group, runs, 1, Varlen(), sides);
     ASSERT_TRUE(rank1.ok()) << rank1.status();
     ASSERT_EQ(rank1->side.size(), 1u);
@@ -196,7 +222,7 @@ TEST(PackTest, LayerAxisIsCutToTheSliceAndLabelsPastTheStoredRowsArePads) {
   const std::vector<int16_t> rows = Rows(1, 3, 4, 2);
   const SideFieldInfo field = Int16Field(true, {4, 2});
   const SideSlice slice{&field, "f", {{1, 2}, {3, 4}}};  // layers 1 and 3
-  const std::vector<SideRun> sides = {{&slice, {Bytes(rows)}}};
+  const std::vector<SideRun> sides = {{slice, {Bytes(rows)}}};
   scheduler::CpGroup group{0, 1, {{0, 3, 4}}};
   const std::vector<const std::vector<int64_t>*> runs = {&run};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);
@@ -218,7 +244,7 @@ TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
   field.pad = {0};
   const SideSlice slice{&field, "mask", {}};
   const std::vector<SideRun> sides = {
-      {&slice, {{reinterpret_cast<const char*>(mask.data()), mask.size()}}}};
+      {slice, {{reinterpret_cast<const char*>(mask.data()), mask.size()}}}};
   scheduler::CpGroup group{0, 1, {{0, 4, 6}}};
   const std::vector<const std::vector<int64_t>*> runs = {&run};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);

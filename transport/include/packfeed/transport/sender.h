@@ -39,13 +39,6 @@ struct SenderOptions {
   absl::Duration spin = absl::Microseconds(50);
 };
 
-// A receiver's next slot mapped into this process, to pack it in place.
-struct MappedSlot {
-  uint8_t* data = nullptr;
-  uint64_t bytes = 0;
-  uint64_t seq = 0;
-};
-
 // Thread-compatible: one thread owns a Sender and its UCP worker (the daemon
 // runs one per sending thread).
 class Sender : public SlotSender {
@@ -96,8 +89,8 @@ class Sender : public SlotSender {
   // when no slot is free). Write each field at the offset LayoutFields gives
   // for `content`'s specs, then CommitMapped with the same specs (the
   // fields' data pointers are ignored).
-  absl::StatusOr<MappedSlot> MapNextSlot(uint64_t connection_id);
-  absl::Status CommitMapped(uint64_t connection_id, const SlotContent& content);
+  absl::StatusOr<MappedSlot> MapNextSlot(uint64_t connection_id) override;
+  absl::Status CommitMapped(uint64_t connection_id, const SlotContent& content) override;
 
   // Runs UCX until something happens, polling for `spin` and then sleeping
   // until an event or `timeout`. Credits

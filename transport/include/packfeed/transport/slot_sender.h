@@ -44,6 +44,13 @@ struct ConnectionStats {
   bool shared = false;    // the ring was shared by file descriptor (memfd)
 };
 
+// A receiver's next slot mapped into this process, to pack it in place.
+struct MappedSlot {
+  uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+  uint64_t seq = 0;
+};
+
 // Thread-compatible: one thread owns it, except Wake (any thread). The
 // contract of each call is Sender's (sender.h).
 class SlotSender {
@@ -67,6 +74,15 @@ class SlotSender {
   virtual absl::StatusOr<uint32_t> Credits(uint64_t connection_id) const = 0;
   // The next slot; ResourceExhausted when none is free.
   virtual absl::Status Push(uint64_t connection_id, const SlotContent& content) = 0;
+  // Where Stats says `mapped`: the next slot, to be written in place and
+  // then announced by CommitMapped (Sender's contract). FailedPrecondition
+  // elsewhere.
+  virtual absl::StatusOr<MappedSlot> MapNextSlot(uint64_t connection_id) {
+    return absl::FailedPreconditionError("this sender maps no slots");
+  }
+  virtual absl::Status CommitMapped(uint64_t connection_id, const SlotContent& content) {
+    return absl::FailedPreconditionError("this sender maps no slots");
+  }
   virtual absl::StatusOr<ConnectionStats> Stats(uint64_t connection_id) const = 0;
   // Waits for something to happen (a credit, a failure) up to `timeout`.
   virtual void ProgressOrWait(absl::Duration timeout) = 0;
