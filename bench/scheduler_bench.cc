@@ -16,6 +16,7 @@
 
 namespace {
 
+using packfeed::scheduler::Objective;
 using packfeed::scheduler::PlannerOptions;
 using packfeed::scheduler::SchedulerKind;
 using packfeed::server::ctl::ReplayOptions;
@@ -113,6 +114,7 @@ struct Variant {
   SchedulerKind kind;
   double cp_upgrade_budget;
   bool calibrated;  // plans under the calibrated llama8b model, not s²/c
+  Objective objective = Objective::kBarrier;
 };
 
 const Variant kVariants[] = {
@@ -122,13 +124,17 @@ const Variant kVariants[] = {
     {"dynamic_cp, llama8b model", SchedulerKind::kDynamicCp, 0.05, true},
     {"dynamic_cp, inflation budget 0.10", SchedulerKind::kDynamicCp, 0.10, false},
     {"dynamic_cp, fewest microbatches", SchedulerKind::kDynamicCp, 1e9, false},
+    {"balanced, graph objective", SchedulerKind::kBalanced, 0, false, Objective::kGraph},
+    {"dynamic_cp, graph objective", SchedulerKind::kDynamicCp, 0.05, false, Objective::kGraph},
+    {"dynamic_cp, graph, llama8b", SchedulerKind::kDynamicCp, 0.05, true, Objective::kGraph},
 };
 
 void PrintRow(const char* scheduler, double m, double lower, double s2, const std::string& calib,
-              const std::string& bound, const std::string& inflation, double padding,
-              const std::string& ms) {
-  std::printf("  %-36s %6.2f (%5.2f) %8.4f %8s %7s %8s %7.3f %14s\n", scheduler, m, lower, s2,
-              calib.c_str(), bound.c_str(), inflation.c_str(), padding, ms.c_str());
+              const std::string& s2_graph, const std::string& calib_graph, const std::string& bound,
+              const std::string& inflation, double padding, const std::string& ms) {
+  std::printf("  %-36s %6.2f (%5.2f) %8.4f %8s %8s %8s %7s %8s %7.3f %14s\n", scheduler, m, lower,
+              s2, calib.c_str(), s2_graph.c_str(), calib_graph.c_str(), bound.c_str(),
+              inflation.c_str(), padding, ms.c_str());
 }
 
 std::string Fixed(double value, int digits) {
@@ -151,7 +157,9 @@ int main(int argc, char** argv) {
 
   std::printf(
       "s2: step/ideal under s²/c; calib: modelled step time over the ideal under the "
-      "calibrated llama8b model (H100 rates);\nbound: what the batch's heaviest sequence "
+      "calibrated llama8b model (H100 rates);\ns2 g, calib g: the same when ranks meet only in "
+      "their CP groups and at the gradient reduction (GraphStepTime);\nbound: what the batch's "
+      "heaviest sequence "
       "allows at its needed CP (s²/c); infl: CP inflation; ms: median (max) per "
       "global batch, one core\n");
   for (const Config& config : Configs()) {
@@ -167,11 +175,11 @@ int main(int argc, char** argv) {
       replayed.insert(replayed.end(), lengths->begin(), lengths->end());
     }
     std::printf("\n%s  [%s]\n", config.name, config.trace);
-    std::printf("  %-36s %14s %8s %8s %7s %8s %7s %14s\n", "scheduler", "M (lower b.)", "s2",
-                "calib", "bound", "infl", "pad %", "ms");
+    std::printf("  %-36s %14s %8s %8s %8s %8s %7s %8s %7s %14s\n", "scheduler", "M (lower b.)",
+                "s2", "calib", "s2 g", "calib g", "bound", "infl", "pad %", "ms");
     for (const MegatronFigures& m : config.megatron) {
       PrintRow((std::string("Megatron ") + m.scheduler).c_str(), m.microbatches, m.lower_bound,
-               m.step_over_ideal, "-", "-", "-", m.padding_pct, Fixed(m.ms, 2));
+               m.step_over_ideal, "-", "-", "-", "-", "-", m.padding_pct, Fixed(m.ms, 2));
     }
     for (const Variant& variant : kVariants) {
       ReplayOptions options;
@@ -182,6 +190,7 @@ int main(int argc, char** argv) {
       options.planner.max_tokens_per_rank = config.cap;
       options.planner.cp_upgrade_budget = variant.cp_upgrade_budget;
       if (variant.calibrated) options.planner.cost_model = options.calibrated_model;
+      options.planner.objective = variant.objective;
       options.global_batch = config.global_batch;
       absl::StatusOr<ReplaySummary> s = packfeed::server::ctl::ReplayTrace(replayed, options);
       if (!s.ok()) {
@@ -190,6 +199,8 @@ int main(int argc, char** argv) {
       }
       PrintRow(variant.label, s->microbatches_mean, s->microbatches_lower_bound_mean,
                s->step_over_ideal, Fixed(s->step_time_over_ideal_calibrated, 4),
+               Fixed(s->graph_step_over_ideal, 4),
+               Fixed(s->graph_step_time_over_ideal_calibrated, 4),
                Fixed(s->step_over_ideal_bound, 3), Fixed(s->cp_inflation, 3), s->padding_pct,
                Fixed(s->schedule_ms_median, 2) + " (" + Fixed(s->schedule_ms_max, 1) + ")");
     }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "scheduler/src/meeting_runs.h"
+
 namespace packfeed::scheduler {
 
 int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank, int min_cp) {
@@ -23,6 +25,34 @@ double WithPipeline(double sum_of_max, int microbatches, const CostModel& model)
 
 }  // namespace
 
+double GraphStepTime(const GlobalPlan& plan, const CostModel& model, ExecutionGraph graph) {
+  const int ep = std::max(graph.expert_parallel, 1);
+  std::vector<double> free_at(static_cast<size_t>(plan.dp_cp_size), 0.0);
+  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+    for (const auto& [first, last] : MeetingRuns(microbatch, ep)) {
+      const int begin = microbatch.groups[first].first_rank;
+      const int end = microbatch.groups[last].first_rank + microbatch.groups[last].size;
+      double start = 0.0;
+      for (int r = begin; r < end; ++r) start = std::max(start, free_at[static_cast<size_t>(r)]);
+      double work = 0.0;
+      for (size_t g = first; g <= last; ++g) {
+        double group_work = 0.0;
+        for (const PlannedSequence& s : microbatch.groups[g].sequences) {
+          group_work += model.Cost(s.padded_length, microbatch.groups[g].size);
+        }
+        work = std::max(work, group_work);
+      }
+      for (int r = begin; r < end; ++r) {
+        free_at[static_cast<size_t>(r)] = start + work + model.microbatch;
+      }
+    }
+  }
+  const int m = plan.num_microbatches();
+  if (m == 0 || free_at.empty()) return 0.0;
+  const double makespan = *std::max_element(free_at.begin(), free_at.end());
+  return makespan + model.bubble * makespan / m;
+}
+
 double StepTime(const GlobalPlan& plan, const CostModel& model) {
   double sum_of_max = 0.0;
   for (const PlannedMicrobatch& microbatch : plan.microbatches) {
@@ -39,7 +69,7 @@ double StepTime(const GlobalPlan& plan, const CostModel& model) {
 }
 
 PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
-                           int64_t max_tokens_per_rank, int min_cp) {
+                           int64_t max_tokens_per_rank, int min_cp, ExecutionGraph graph) {
   PlanStats stats;
   const int n = plan.dp_cp_size;
   stats.num_microbatches = plan.num_microbatches();
@@ -78,6 +108,10 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
   }
   if (total > 0) {
     stats.step_over_ideal = sum_of_max / (total / n);
+    CostModel work_only = model;
+    work_only.microbatch = 0;
+    work_only.bubble = 0;
+    stats.graph_step_over_ideal = GraphStepTime(plan, work_only, graph) / (total / n);
     const double max_rank = *std::max_element(rank_sum.begin(), rank_sum.end());
     stats.rank_sum_max_over_mean = max_rank / (total / n);
   }
@@ -86,7 +120,11 @@ PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
   stats.step_time = WithPipeline(sum_of_max, stats.num_microbatches, model);
   const int bound = std::max(stats.microbatches_lower_bound, 1);
   const double ideal = (bound + model.bubble) * (ideal_work / n / bound + model.microbatch);
-  if (ideal > 0) stats.step_time_over_ideal = stats.step_time / ideal;
+  stats.graph_step_time = GraphStepTime(plan, model, graph);
+  if (ideal > 0) {
+    stats.step_time_over_ideal = stats.step_time / ideal;
+    stats.graph_step_time_over_ideal = stats.graph_step_time / ideal;
+  }
   if (real > 0) {
     stats.padding_pct = 100.0 * static_cast<double>(padded - real) / static_cast<double>(real);
     stats.cp_inflation = inflation_weighted / static_cast<double>(real);

@@ -9,6 +9,7 @@
 #include "packfeed/scheduler/megatron_dp_balanced.h"
 #include "packfeed/scheduler/padding.h"
 #include "packfeed/scheduler/plan_stats.h"
+#include "scheduler/src/graph_refiner.h"
 #include "scheduler/src/group_merger.h"
 #include "scheduler/src/plan_refiner.h"
 #include "scheduler/src/row_packer.h"
@@ -43,6 +44,12 @@ absl::Status ValidateCommon(absl::Span<const int64_t> lengths, const PlannerOpti
   }
   if (options.vpp_group_size < 0) {
     return absl::InvalidArgumentError("vpp_group_size must be >= 0");
+  }
+  const int ranks = options.dp * options.cp;
+  if (options.execution.expert_parallel < 1 || ranks % options.execution.expert_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("expert parallel size ",
+                                                   options.execution.expert_parallel,
+                                                   " must be >= 1 and divide DP·CP = ", ranks));
   }
   if (lengths.empty()) {
     return absl::InvalidArgumentError("the global batch holds no sequences");
@@ -140,6 +147,13 @@ void Polish(GlobalPlan& plan, const std::vector<PackerItem>& items, const Packer
 }
 
 }  // namespace
+
+absl::StatusOr<Objective> ObjectiveFromName(absl::string_view name) {
+  if (name.empty() || name == "barrier") return Objective::kBarrier;
+  if (name == "graph") return Objective::kGraph;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown objective '", name, "'; expected barrier or graph"));
+}
 
 absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name) {
   if (name == "balanced") return SchedulerKind::kBalanced;
@@ -286,10 +300,22 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   if (explore && options.kind == SchedulerKind::kDynamicCp && options.cp_upgrade_budget > 0) {
     budgets = {options.cp_upgrade_budget, options.cp_upgrade_budget / 2, 0.0};
   }
-  std::optional<GlobalPlan> best;
+  // The candidates are the same whatever the objective (the last one below
+  // depends on the barrier's choice); the objective picks among them.
+  const bool graph = options.objective == Objective::kGraph;
+  std::optional<GlobalPlan> best;  // by StepTime
+  std::optional<GlobalPlan> best_graph;
   double best_time = 0;
+  double best_graph_time = 0;
   const auto consider = [&](std::vector<GlobalPlan>& plans) {
     for (GlobalPlan& plan : plans) {
+      if (graph) {
+        const double time = GraphStepTime(plan, config.cost_model, options.execution);
+        if (!best_graph || time < best_graph_time) {
+          best_graph = plan;
+          best_graph_time = time;
+        }
+      }
       const double time = StepTime(plan, config.cost_model);
       if (!best || time < best_time) {
         best = std::move(plan);
@@ -317,6 +343,10 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
     absl::StatusOr<std::vector<GlobalPlan>> plans =
         PlanWithBudget(batch, config, options.kind, kUnlimited, &from, step, one_more);
     if (plans.ok()) consider(*plans);
+  }
+  if (graph) {
+    RefineForGraph(*best_graph, config.cost_model, config.max_tokens_per_rank, options.execution);
+    return *std::move(best_graph);
   }
   return *std::move(best);
 }

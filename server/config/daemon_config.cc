@@ -338,6 +338,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   if (!(s.cp_upgrade_budget() >= 0)) {
     return FieldError(where, "scheduler.cp_upgrade_budget", "must be >= 0");
   }
+  if (absl::Status objective = scheduler::ObjectiveFromName(s.objective()).status();
+      !objective.ok()) {
+    return FieldError(where, "scheduler.objective", objective.message());
+  }
+  if (t.ep() > 1 && (t.dp() * t.cp()) % t.ep() != 0) {
+    return FieldError(where, "topology.ep",
+                      absl::StrCat(t.ep(), " does not divide DP·CP = ", t.dp() * t.cp()));
+  }
   if (*kind == scheduler::SchedulerKind::kMegatronDpBalanced) {
     if (job.global_batch() % t.dp() != 0) {
       return FieldError(where, "global_batch",

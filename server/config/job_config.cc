@@ -88,6 +88,8 @@ absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& 
   options.max_cp = static_cast<int>(s.max_cp());
   options.cp_upgrade_budget = s.cp_upgrade_budget();
   options.max_sequences_per_pack = static_cast<int>(s.max_sequences_per_pack());
+  PF_ASSIGN_OR_RETURN(options.objective, scheduler::ObjectiveFromName(s.objective()));
+  options.execution.expert_parallel = static_cast<int>(std::max<uint32_t>(t.ep(), 1));
   options.megatron_padding_is_real = SampleRulesOf(job).kind == dataset::SampleKind::kSft;
   return options;
 }

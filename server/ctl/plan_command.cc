@@ -46,6 +46,8 @@ struct PlanArgs {
   int min_cp = 0;
   int max_cp = 0;
   double cp_upgrade_budget = 0.05;
+  std::string objective = "barrier";
+  int ep = 1;
   std::string cost_model = "megatron";
   std::string model_shape;  // text format of v1::ModelShape
   std::string hardware;     // text format of v1::HardwareRates
@@ -235,6 +237,8 @@ absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
   options.planner.min_cp = args.min_cp;
   options.planner.max_cp = args.max_cp;
   options.planner.cp_upgrade_budget = args.cp_upgrade_budget;
+  PF_ASSIGN_OR_RETURN(options.planner.objective, scheduler::ObjectiveFromName(args.objective));
+  options.planner.execution.expert_parallel = args.ep;
   // A trace or a dataset replayed in stored order is Megatron's global
   // batches, gid by gid; batches drawn with --seed are sampler positions.
   options.planner.lengths_in_megatron_order = args.seed < 0;
@@ -363,6 +367,10 @@ absl::Status Plan(const PlanArgs& args) {
   out["step_over_ideal_full_model"] = summary->step_over_ideal_full_model;
   out["step_time_over_ideal_calibrated"] = summary->step_time_over_ideal_calibrated;
   out["step_over_ideal_bound"] = summary->step_over_ideal_bound;
+  out["objective"] = args.config.empty() ? args.objective : "(from the job)";
+  out["expert_parallel"] = options.planner.execution.expert_parallel;
+  out["graph_step_over_ideal"] = summary->graph_step_over_ideal;
+  out["graph_step_time_over_ideal_calibrated"] = summary->graph_step_time_over_ideal_calibrated;
   out["rank_sum_max_over_mean"] = summary->rank_sum_max_over_mean;
   out["microbatches_mean"] = summary->microbatches_mean;
   out["microbatches_lower_bound_mean"] = summary->microbatches_lower_bound_mean;
@@ -448,6 +456,13 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                    "dynamic_cp: CP inflation (c / c_needed − 1, token-"
                    "weighted) the plan may spend to save microbatches and "
                    "balance (1e9 = fewest microbatches)")
+      ->capture_default_str();
+  plan->add_option("--objective", args->objective,
+                   "What the planner minimises: barrier (ranks meet after every microbatch) | "
+                   "graph (only in CP groups, EP blocks and the gradient reduction)")
+      ->capture_default_str();
+  plan->add_option("--ep", args->ep,
+                   "Expert-parallel size over the DP×CP ranks (the graph evaluator's EP blocks)")
       ->capture_default_str();
   plan->add_option(
           "--cost-model", args->cost_model,

@@ -89,10 +89,14 @@ absl::StatusOr<ReplaySummary> ReplayTrace(absl::Span<const int64_t> lengths,
       return absl::Status(plan.status().code(),
                           absl::StrCat("step ", step, ": ", plan.status().message()));
     }
-    const scheduler::PlanStats stats = scheduler::ComputePlanStats(*plan, s2, cap, range.min);
+    const scheduler::ExecutionGraph graph = options.planner.execution;
+    const scheduler::PlanStats stats =
+        scheduler::ComputePlanStats(*plan, s2, cap, range.min, graph);
     summary.step_over_ideal += stats.step_over_ideal;
+    summary.graph_step_over_ideal += stats.graph_step_over_ideal;
     const scheduler::PlanStats calibrated =
-        scheduler::ComputePlanStats(*plan, options.calibrated_model, cap, range.min);
+        scheduler::ComputePlanStats(*plan, options.calibrated_model, cap, range.min, graph);
+    summary.graph_step_time_over_ideal_calibrated += calibrated.graph_step_time_over_ideal;
     summary.step_over_ideal_full_model += calibrated.step_over_ideal;
     summary.step_time_over_ideal_calibrated += calibrated.step_time_over_ideal;
     summary.step_over_ideal_bound += Bound(batch, options.planner, range);
@@ -110,10 +114,12 @@ absl::StatusOr<ReplaySummary> ReplayTrace(absl::Span<const int64_t> lengths,
     if (options.keep_plans) summary.plans.push_back(*std::move(plan));
   }
   const double n = static_cast<double>(steps);
-  for (double* mean : {&summary.step_over_ideal, &summary.step_over_ideal_full_model,
-                       &summary.step_time_over_ideal_calibrated, &summary.step_over_ideal_bound,
-                       &summary.rank_sum_max_over_mean, &summary.microbatches_mean,
-                       &summary.microbatches_lower_bound_mean, &summary.cp_inflation}) {
+  for (double* mean :
+       {&summary.step_over_ideal, &summary.step_over_ideal_full_model,
+        &summary.step_time_over_ideal_calibrated, &summary.step_over_ideal_bound,
+        &summary.graph_step_over_ideal, &summary.graph_step_time_over_ideal_calibrated,
+        &summary.rank_sum_max_over_mean, &summary.microbatches_mean,
+        &summary.microbatches_lower_bound_mean, &summary.cp_inflation}) {
     *mean /= n;
   }
   summary.padding_pct = 100.0 * static_cast<double>(padded - real) / static_cast<double>(real);

@@ -40,6 +40,11 @@ struct ReplaySummary {
   // What no plan can beat under s²/c: max(ideal, the heaviest sequence's
   // per-rank cost at its smallest CP size) / ideal.
   double step_over_ideal_bound = 0;
+  // The same two under GraphStepTime (ranks meet only where the model makes
+  // them, plan_stats.h) over the planner's execution graph: s²/c's makespan
+  // over Σ W / N, and the calibrated step time over the same ideal.
+  double graph_step_over_ideal = 0;
+  double graph_step_time_over_ideal_calibrated = 0;
   double rank_sum_max_over_mean = 0;
   double microbatches_mean = 0;
   double microbatches_lower_bound_mean = 0;

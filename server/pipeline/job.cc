@@ -154,6 +154,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   if (t.vpp() > 1 || config.has_model()) {
     absl::StrAppend(&parts.topology, "vpp", t.vpp(), ";", ModelCanonical(config.model()));
   }
+  if (t.ep() > 1) absl::StrAppend(&parts.topology, ";ep", t.ep());
   parts.batch = Canonical({config.global_batch(), config.seq_length(), config.eod_id(),
                            config.pad_id(), config.append_eod(), config.long_documents()});
   for (const v1::SideField& field : config.side_fields()) {
@@ -166,6 +167,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
       s.kind(), ";", s.cost_model(), ";", s.model_shape().ShortDebugString(), ";",
       s.hardware().ShortDebugString(), ";", s.cp_upgrade_budget(), ";",
       Canonical({s.max_tokens_per_rank(), s.min_cp(), s.max_cp(), s.max_sequences_per_pack()}));
+  if (!s.objective().empty() && s.objective() != "barrier") {
+    absl::StrAppend(&parts.scheduler, ";objective=", s.objective());
+  }
   parts.sampler = Canonical({config.sampler(), static_cast<int64_t>(config.seed())});
   job->fingerprint_ = MakeFingerprint(parts);
 

@@ -55,6 +55,41 @@ TEST(PlanStatsTest, StepTimeAddsMicrobatchCostAndTheBubble) {
   EXPECT_DOUBLE_EQ(StepTime(SmallPlan(), CostModel::Megatron()), 48);
 }
 
+// Two ranks with fixed groups, the heavy sequence on rank 0 in microbatch
+// 0 and on rank 1 in microbatch 1: barrier by barrier the step waits for
+// both (16 + 16); as it runs each rank does 16 + 1.
+GlobalPlan CrossedPlan() {
+  GlobalPlan plan;
+  plan.dp_cp_size = 2;
+  plan.microbatches = {
+      {{{0, 1, {{0, 4, 4}}}, {1, 1, {{1, 1, 1}}}}},
+      {{{0, 1, {{2, 1, 1}}}, {1, 1, {{3, 4, 4}}}}},
+  };
+  return plan;
+}
+
+TEST(PlanStatsTest, GraphStepTimeWaitsOnlyWhereRanksMeet) {
+  const CostModel s2 = CostModel::Megatron();
+  EXPECT_DOUBLE_EQ(StepTime(CrossedPlan(), s2), 32);
+  EXPECT_DOUBLE_EQ(GraphStepTime(CrossedPlan(), s2), 17);
+  // One EP block of both ranks: their all-to-alls make them meet in every
+  // microbatch, as barriers do.
+  EXPECT_DOUBLE_EQ(GraphStepTime(CrossedPlan(), s2, {.expert_parallel = 2}), 32);
+  // A CP group spanning both ranks starts when the later one is free: rank
+  // 0 is busy 16 in microbatch 0, then both run the CP-2 group's 32.
+  EXPECT_DOUBLE_EQ(GraphStepTime(SmallPlan(), s2), 48);
+  // μ on every microbatch of every rank, and the bubble's share of the
+  // makespan: 2 · 10 + 17 = 37, plus 37 / 2.
+  CostModel model;
+  model.microbatch = 10;
+  model.bubble = 1;
+  EXPECT_DOUBLE_EQ(GraphStepTime(CrossedPlan(), model), 37 + 18.5);
+  const PlanStats stats = ComputePlanStats(CrossedPlan(), s2, /*max_tokens_per_rank=*/4);
+  EXPECT_DOUBLE_EQ(stats.graph_step_time, 17);
+  EXPECT_DOUBLE_EQ(stats.graph_step_over_ideal, 17.0 / 17.0);
+  EXPECT_DOUBLE_EQ(stats.step_over_ideal, 32.0 / 17.0);
+}
+
 TEST(PlanStatsTest, CpInflationCountsNeedlessSplits) {
   // The 8-token sequence at CP 2 with a cap of 8 needs CP 1: inflation
   // (3·1 + 2·1 + 8·2) / 13.

@@ -1,5 +1,7 @@
 #include "packfeed/scheduler/planner.h"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,13 +69,37 @@ void ExpectPlanKeepsItsPromises(const GlobalPlan& plan, const std::vector<int64_
   EXPECT_EQ(plan.flops, flops);
 }
 
+// max_r Σ_m W ≤ the graph's makespan ≤ Σ_m max_r W (μ and the bubble
+// aside): ranks wait at most at every microbatch, and never do less than
+// their own work.
+void ExpectGraphTimeBetweenItsBounds(const GlobalPlan& plan, const PlannerOptions& options,
+                                     const std::string& where) {
+  CostModel work = options.cost_model;
+  work.microbatch = 0;
+  work.bubble = 0;
+  std::vector<double> rank_sum(static_cast<size_t>(plan.dp_cp_size), 0.0);
+  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+    for (const CpGroup& group : microbatch.groups) {
+      double w = 0;
+      for (const PlannedSequence& s : group.sequences) w += work.Cost(s.padded_length, group.size);
+      for (int r = group.first_rank; r < group.first_rank + group.size; ++r) rank_sum[r] += w;
+    }
+  }
+  const double graph = GraphStepTime(plan, work, options.execution);
+  const double most = *std::max_element(rank_sum.begin(), rank_sum.end());
+  EXPECT_GE(graph, most * (1 - 1e-12)) << where;
+  EXPECT_LE(graph, StepTime(plan, work) * (1 + 1e-12)) << where;
+}
+
 struct RandomCase {
   std::vector<int64_t> lengths;
   PlannerOptions options;
   std::string description;
 };
 
-RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind) {
+// `index` picks the objective and EP size, leaving the random stream (and
+// so the cases) as they were before those options existed.
+RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind, int index) {
   RandomCase c;
   PlannerOptions& o = c.options;
   o.kind = kind;
@@ -98,6 +124,8 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind) {
   o.cost_model = Uniform(rng, 0, 1) == 0 ? CostModel::Megatron()
                                          : Calibrate({8, 1024, 8, 2, 4096, 32000, true}, {}, {});
   o.cp_upgrade_budget = Uniform(rng, 0, 1) == 0 ? 0.05 : 1.0;
+  if (index % 3 == 0) o.objective = Objective::kGraph;
+  if (n % 2 == 0 && index % 5 == 0) o.execution.expert_parallel = 2;
   // Enough sequences to give every rank of several microbatches one; a mix
   // of tiny ones, typical ones and ones that need the largest group.
   const int64_t count = Uniform(rng, n * 2, n * 12 + 8);
@@ -115,12 +143,13 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind) {
     }
     c.lengths.push_back(length);
   }
-  c.description = std::string(SchedulerKindName(kind)) + " DP" + std::to_string(o.dp) + " CP" +
-                  std::to_string(o.cp) + " TP" + std::to_string(o.tp) +
-                  (o.sequence_parallel ? " SP" : "") + " VPP" + std::to_string(o.vpp_group_size) +
-                  " cap " + std::to_string(o.max_tokens_per_rank) + " cp [" +
-                  std::to_string(o.min_cp) + "," + std::to_string(o.max_cp) + "] n " +
-                  std::to_string(count);
+  c.description =
+      std::string(SchedulerKindName(kind)) + " DP" + std::to_string(o.dp) + " CP" +
+      std::to_string(o.cp) + " TP" + std::to_string(o.tp) + (o.sequence_parallel ? " SP" : "") +
+      " VPP" + std::to_string(o.vpp_group_size) + " cap " + std::to_string(o.max_tokens_per_rank) +
+      " cp [" + std::to_string(o.min_cp) + "," + std::to_string(o.max_cp) + "] n " +
+      std::to_string(count) + (o.objective == Objective::kGraph ? " graph" : " barrier") + " EP" +
+      std::to_string(o.execution.expert_parallel);
   return c;
 }
 
@@ -128,7 +157,7 @@ void RunRandomCases(SchedulerKind kind, int cases) {
   std::mt19937_64 rng(20261121 + static_cast<int>(kind));
   int planned = 0;
   for (int i = 0; i < cases; ++i) {
-    const RandomCase c = MakeCase(rng, kind);
+    const RandomCase c = MakeCase(rng, kind, i);
     absl::StatusOr<GlobalPlan> plan = PlanGlobalBatch(c.lengths, c.options);
     if (!plan.ok()) {
       // The only refusal a valid random batch may meet: too few sequences
@@ -146,6 +175,18 @@ void RunRandomCases(SchedulerKind kind, int cases) {
     absl::StatusOr<GlobalPlan> again = PlanGlobalBatch(c.lengths, c.options);
     ASSERT_TRUE(again.ok());
     EXPECT_EQ(*again, *plan) << c.description;
+    ExpectGraphTimeBetweenItsBounds(*plan, c.options, c.description);
+    if (c.options.objective == Objective::kGraph) {
+      // Among the same candidates, then refined: never slower as it runs
+      // than the plan the barrier objective keeps.
+      PlannerOptions barrier = c.options;
+      barrier.objective = Objective::kBarrier;
+      absl::StatusOr<GlobalPlan> other = PlanGlobalBatch(c.lengths, barrier);
+      ASSERT_TRUE(other.ok()) << c.description;
+      EXPECT_LE(GraphStepTime(*plan, c.options.cost_model, c.options.execution),
+                GraphStepTime(*other, c.options.cost_model, c.options.execution))
+          << c.description;
+    }
   }
   // Refusals must stay rare, or the test checks nothing.
   EXPECT_GE(planned, cases * 85 / 100);
@@ -239,11 +280,40 @@ TEST(PlannerTest, BadOptionsAreRefused) {
   options = Options(SchedulerKind::kBalanced, 2, 1, 100);
   EXPECT_THAT(std::string(PlanGlobalBatch({10, 0}, options).status().message()),
               HasSubstr("sample 1 has length 0"));
+  options = Options(SchedulerKind::kBalanced, 3, 1, 100);
+  options.execution.expert_parallel = 2;
+  EXPECT_THAT(std::string(PlanGlobalBatch(lengths, options).status().message()),
+              HasSubstr("expert parallel size 2 must be >= 1 and divide DP·CP = 3"));
+  EXPECT_FALSE(ObjectiveFromName("fastest").ok());
+  EXPECT_EQ(*ObjectiveFromName(""), Objective::kBarrier);
+  EXPECT_EQ(*ObjectiveFromName("graph"), Objective::kGraph);
   EXPECT_FALSE(SchedulerKindFromName("greedy").ok());
   for (SchedulerKind kind :
        {SchedulerKind::kBalanced, SchedulerKind::kDynamicCp, SchedulerKind::kMegatronDpBalanced}) {
     EXPECT_EQ(*SchedulerKindFromName(SchedulerKindName(kind)), kind);
   }
+}
+
+// A heavy-tailed batch (a few sequences near the cap among many short
+// ones) on 32 ranks: barrier by barrier a microbatch's heaviest group sets
+// its time; as the step runs only each rank's chain of groups does, and
+// the graph objective plans for that.
+TEST(PlannerTest, GraphObjectiveShortensTheStepAsItRuns) {
+  std::mt19937_64 rng(7);
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 512; ++i) {
+    // Pareto: median 1 000, p99 50 000, as source files' lengths are.
+    const double u = static_cast<double>(rng() % 1000000 + 1) / 1e6;
+    lengths.push_back(std::min<int64_t>(65536, static_cast<int64_t>(500.0 / u)));
+  }
+  PlannerOptions options = Options(SchedulerKind::kDynamicCp, 32, 1, 8192);
+  absl::StatusOr<GlobalPlan> barrier = PlanGlobalBatch(lengths, options);
+  options.objective = Objective::kGraph;
+  absl::StatusOr<GlobalPlan> graph = PlanGlobalBatch(lengths, options);
+  ASSERT_TRUE(barrier.ok() && graph.ok());
+  const double before = GraphStepTime(*barrier, options.cost_model);
+  const double after = GraphStepTime(*graph, options.cost_model);
+  EXPECT_LT(after, 0.95 * before) << after << " vs " << before;
 }
 
 TEST(PlannerTest, BalancesWorkBetterThanMegatronsDpBalanced) {

@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/plan.h"
+#include "packfeed/scheduler/plan_stats.h"
 
 namespace packfeed::scheduler {
 
@@ -22,6 +23,13 @@ enum class SchedulerKind {
   kDynamicCp,           // per-sequence CP size, aligned power-of-two groups
   kMegatronDpBalanced,  // Megatron-LM's dp_balanced, reproduced exactly
 };
+
+// What balanced and dynamic_cp minimise (plan_stats.h): StepTime, ranks
+// meeting at the end of every microbatch, or GraphStepTime, ranks meeting
+// only where the model makes them.
+enum class Objective { kBarrier, kGraph };
+// "barrier" (also ""), "graph".
+absl::StatusOr<Objective> ObjectiveFromName(absl::string_view name);
 
 // "balanced", "dynamic_cp", "megatron_dp_balanced".
 absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name);
@@ -57,6 +65,10 @@ struct PlannerOptions {
   // microbatch where the model prices microbatches) for batches up to 2²²
   // sequences × ranks and keeps the fastest (docs/SCHEDULER.md).
   CostModel cost_model = CostModel::Megatron();
+  // kGraph: candidates are judged by GraphStepTime over `execution`, and
+  // the one kept is refined for it (scheduler/src/graph_refiner.h).
+  Objective objective = Objective::kBarrier;
+  ExecutionGraph execution;
   // megatron_dp_balanced only: Megatron's thd_max_packed_sequences (0 = no
   // cap).
   int max_sequences_per_pack = 0;
