@@ -19,6 +19,12 @@ calibrated model packfeedctl reports (its coefficients come from
   - packfeed: ranks meet at the end of each microbatch (one pack, one μ).
 step/ideal = modelled step time / the ideal of plan_stats.h (every sequence
 at its needed CP, perfect balance, the token lower bound of microbatches).
+
+Both are also judged as they run (GraphStepTime of plan_stats.h): ranks meet
+only where the model makes them, the holders of one sequence (its CP group),
+and all at the gradient reduction. A rank runs its sequences in order; one
+starts when the last of its holders is free. Megatron-Core's groups follow
+one another with no barrier between them; packfeed's microbatches too.
 """
 
 import argparse
@@ -143,13 +149,73 @@ def judge_packfeed(microbatches, model, cap):
     return with_pipeline(times, model), weighted / real, len(microbatches)
 
 
-def plan_packfeed(packfeedctl, trace, ranks, cap, gbs, steps, cost_model):
+def graph_time(runs, ranks, model):
+    """Makespan (plus the bubble's share) of `runs`: per rank, its work in
+    order, each item (holders, work) starting when every holder is free."""
+    heads = [0] * ranks
+    free = [0.0] * ranks
+    items = 0
+    pending = sum(len(run) for run in runs)
+    # An item is ready when it is next on every holder's list.
+    while items < pending:
+        progressed = False
+        for rank in range(ranks):
+            while heads[rank] < len(runs[rank]):
+                holders, work = runs[rank][heads[rank]]
+                if any(runs[h][heads[h]][0] is not holders for h in holders
+                       if heads[h] < len(runs[h])) or any(heads[h] >= len(runs[h])
+                                                          for h in holders):
+                    break
+                start = max(free[h] for h in holders)
+                for h in holders:
+                    free[h] = start + work + model["microbatch"]
+                    heads[h] += 1
+                items += len(holders)
+                progressed = True
+        if not progressed:
+            raise RuntimeError("holders list their shared work in different orders")
+    makespan = max(free)
+    microbatches = max(1, max(len(run) for run in runs))
+    return makespan + model["bubble"] * makespan / microbatches
+
+
+def megatron_graph_runs(sample_groups, lengths, model, ranks):
+    runs = [[] for _ in range(ranks)]
+    for per_rank_ids in sample_groups:
+        holders = {}
+        for rank, ids in enumerate(per_rank_ids):
+            for sid in ids:
+                holders.setdefault(sid, []).append(rank)
+        shared = {sid: tuple(h) for sid, h in holders.items()}
+        for rank, ids in enumerate(per_rank_ids):
+            for sid in ids:
+                c = len(shared[sid])
+                runs[rank].append((shared[sid], cost(model, lengths[sid], c)))
+    return runs
+
+
+def packfeed_graph_runs(microbatches, model, ranks):
+    runs = [[] for _ in range(ranks)]
+    for per_rank in microbatches:
+        rank = 0
+        while rank < len(per_rank):
+            c = per_rank[rank][0]["cp_size"]
+            holders = tuple(range(rank, rank + c))
+            work = sum(cost(model, q["padded_length"], c) for q in per_rank[rank])
+            for h in holders:
+                runs[h].append((holders, work))
+            rank += c
+    return runs
+
+
+def plan_packfeed(packfeedctl, trace, ranks, cap, gbs, steps, cost_model, objective):
     with tempfile.TemporaryDirectory() as scratch:
         dump = os.path.join(scratch, "plan.json")
         out = subprocess.run(
             [packfeedctl, "plan", "--lengths", trace, "--global-batch", str(gbs), "--dp",
              str(ranks), "--cp", "1", "--max-tokens-per-rank", str(cap), "--scheduler",
-             "dynamic_cp", "--cost-model", cost_model, "--steps", str(steps), "--json", "--cp-upgrade-budget", "0.05",
+             "dynamic_cp", "--cost-model", cost_model, "--objective", objective, "--steps",
+             str(steps), "--json", "--cp-upgrade-budget", "0.05",
              "--dump-plan", dump], check=True, capture_output=True, text=True)
         with open(dump) as f:
             return json.loads(out.stdout), json.load(f)
@@ -169,10 +235,11 @@ def main():
     megatron_lognormal.write_traces(LOGNORMAL_TRACES)
     scheduler_class = load_megatron_scheduler()
 
-    print("step/ideal (lower is better) under s²/c and under the calibrated llama8b model; "
-          "CP inflation; microbatches (Megatron-Core: groups); scheduling ms per batch (median)")
-    header = (f"{'configuration':40} {'scheduler':26} {'s2/c':>6} {'calib':>6} {'infl':>5} "
-              f"{'M':>6} {'ms':>8}")
+    print("step/ideal (lower is better) under s²/c and under the calibrated llama8b model, "
+          "barrier by barrier and as it runs (g);\nCP inflation; microbatches "
+          "(Megatron-Core: groups); scheduling ms per batch (median)")
+    header = (f"{'configuration':40} {'scheduler':34} {'s2/c':>6} {'calib':>6} {'s2/c g':>6} "
+              f"{'calib g':>7} {'infl':>5} {'M':>6} {'ms':>8}")
     print(header)
     for name, trace_name, ranks, cap, gbs in CONFIGS:
         if args.quick and ranks > 64:
@@ -187,12 +254,13 @@ def main():
         steps = max(1, min(1 if args.quick else args.steps, len(lengths) // gbs))
         rows = {}
         # packfeed, planning under s²/c and under the calibrated model.
-        for cost_model in ("megatron", "llama8b"):
-            summary, plans = plan_packfeed(args.packfeedctl, trace, ranks, cap, gbs, steps,
-                                           cost_model)
-            calibrated = summary["calibrated_model_coefficients"]
-            rows[f"packfeed dynamic_cp ({cost_model})"] = (
-                plans, summary["schedule_ms_median"])
+        for objective in ("barrier", "graph"):
+            for cost_model in ("megatron", "llama8b"):
+                summary, plans = plan_packfeed(args.packfeedctl, trace, ranks, cap, gbs, steps,
+                                               cost_model, objective)
+                calibrated = summary["calibrated_model_coefficients"]
+                label = f"packfeed dynamic_cp ({cost_model}{', graph' if objective == 'graph' else ''})"
+                rows[label] = (plans, summary["schedule_ms_median"])
         s2 = {"alpha": 1.0, "beta": 0.0, "kappa": 0.0, "lambda": 0.0, "microbatch": 0.0,
               "bubble": 0.0}
         megatron_runs, megatron_ms = [], []
@@ -211,23 +279,31 @@ def main():
                 batch = lengths[entry["step"] * gbs:(entry["step"] + 1) * gbs]
                 a, inflation, m = judge_packfeed(entry["microbatches"], s2, cap)
                 b, _, _ = judge_packfeed(entry["microbatches"], calibrated, cap)
-                acc.append((a / ideal(batch, ranks, cap, s2), b / ideal(batch, ranks, cap,
-                                                                          calibrated),
-                            inflation, m))
+                ga = graph_time(packfeed_graph_runs(entry["microbatches"], s2, ranks), ranks, s2)
+                gb = graph_time(packfeed_graph_runs(entry["microbatches"], calibrated, ranks),
+                                ranks, calibrated)
+                acc.append((a / ideal(batch, ranks, cap, s2),
+                            b / ideal(batch, ranks, cap, calibrated),
+                            ga / ideal(batch, ranks, cap, s2),
+                            gb / ideal(batch, ranks, cap, calibrated), inflation, m))
             figures[label] = (acc, ms)
         acc = []
         for step, (groups, sample_groups) in enumerate(megatron_runs):
             batch = lengths[step * gbs:(step + 1) * gbs]
             a, inflation, m = judge_megatron(groups, sample_groups, batch, s2, cap)
             b, _, _ = judge_megatron(groups, sample_groups, batch, calibrated, cap)
-            acc.append((a / ideal(batch, ranks, cap, s2), b / ideal(batch, ranks, cap,
-                                                                      calibrated),
-                        inflation, m))
+            ga = graph_time(megatron_graph_runs(sample_groups, batch, s2, ranks), ranks, s2)
+            gb = graph_time(megatron_graph_runs(sample_groups, batch, calibrated, ranks), ranks,
+                            calibrated)
+            acc.append((a / ideal(batch, ranks, cap, s2),
+                        b / ideal(batch, ranks, cap, calibrated),
+                        ga / ideal(batch, ranks, cap, s2),
+                        gb / ideal(batch, ranks, cap, calibrated), inflation, m))
         figures["Megatron-Core hybrid CP"] = (acc, statistics.median(megatron_ms))
         for label, (acc, ms) in figures.items():
             mean = [statistics.fmean(column) for column in zip(*acc)]
-            print(f"{name:40} {label:26} {mean[0]:6.3f} {mean[1]:6.3f} {mean[2]:5.2f} "
-                  f"{mean[3]:6.2f} {ms:8.2f}", flush=True)
+            print(f"{name:40} {label:34} {mean[0]:6.3f} {mean[1]:6.3f} {mean[2]:6.3f} "
+                  f"{mean[3]:7.3f} {mean[4]:5.2f} {mean[5]:6.2f} {ms:8.2f}", flush=True)
             name = ""
 
 
