@@ -8,11 +8,12 @@
 // the groups of that critical chain and moves one of their sequences, or
 // swaps it for a lighter one, into a group of the same size (any
 // microbatch) whose slack (how much later it could finish without delaying
-// the step) absorbs the extra work and whose token cap holds; it keeps a
-// change only when the makespan falls. Group sizes and padded lengths
-// never change, so every invariant of the packed plan survives; a work
-// budget (not a clock) bounds the search, so plans are identical on every
-// machine.
+// the step) absorbs the extra work and whose token cap holds, most slack
+// first; it keeps a change when the makespan falls, or stays and the
+// ranks' finishes get more even (their sum of squares falls). Group sizes
+// and padded lengths never change, so every invariant of the packed plan
+// survives; a work budget (not a clock) bounds the search, so plans are
+// identical on every machine.
 
 #include <cstdint>
 
