@@ -67,7 +67,8 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
         "the ", dataset::MegatronSplitName(ServedSplitOf(config)), " split holds ", available,
         " samples; this step needs [", first, ", ", first + global_batch, ")"));
   }
-  std::vector<double> costs;
+  const bool balance = config.pretraining().balance_document_attention();
+  std::vector<double> costs;  // with balance: each sample's document-masked cost
   for (int64_t k = 0; k < global_batch; ++k) {
     const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(first + k);
     // Each document's index entries checked before its bytes are read.
@@ -86,11 +87,13 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
       pieces.push_back(run.length);
     }
     out.samples.push_back({sample.dataset, first + k, 0});
-    costs.push_back(scheduler::DocumentMaskedCost(pieces, job.planner_options().cost_model));
+    if (balance) {
+      costs.push_back(scheduler::DocumentMaskedCost(pieces, job.planner_options().cost_model));
+    }
   }
   out.plan.dp_cp_size = layout.dp_cp_size();
   const int64_t microbatches = global_batch / (mbs * layout.dp);
-  if (config.pretraining().balance_document_attention()) {
+  if (balance) {
     // The same samples on other slots (documents end with their sequences,
     // so a sample's runs are its document pieces).
     const std::vector<int64_t> order = scheduler::BalanceSlots(
