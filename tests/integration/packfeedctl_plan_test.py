@@ -66,6 +66,32 @@ for trace, dp, cp, cap, gbs, scheduler, megatron_best in OURS:
     check(name + " padding <= 0.5 %", got["padding_pct"] <= 0.5, got)
     check(name + " tokens within the cap", got["max_tokens_on_a_rank"] <= cap, got)
 
+# The step as it runs: never slower than barrier by barrier, and the graph
+# objective plans for it (the heavy-tailed code-files trace, 32 ranks).
+CODE = pathlib.Path(sys.argv[2]) / "bench" / "traces" / "trace_code_files.txt"
+runs = {}
+for objective in ("barrier", "graph"):
+    runs[objective] = json.loads(plan("--lengths", str(CODE), "--scheduler", "dynamic_cp",
+                                      "--dp", "32", "--max-tokens-per-rank", "8192",
+                                      "--global-batch", "512", "--steps", "4",
+                                      "--objective", objective, "--json").stdout)
+    got = runs[objective]
+    check(f"{objective}: graph time at most the barrier one",
+          got["graph_step_over_ideal"] <= got["step_over_ideal"] + 1e-9, got)
+    check(f"{objective}: the objective is reported", got["objective"] == objective, got)
+check("the graph objective shortens the step as it runs",
+      runs["graph"]["graph_step_over_ideal"] < 0.9 * runs["barrier"]["graph_step_over_ideal"],
+      (runs["graph"]["graph_step_over_ideal"], runs["barrier"]["graph_step_over_ideal"]))
+bad = plan("--lengths", str(CODE), "--scheduler", "dynamic_cp", "--dp", "32",
+           "--max-tokens-per-rank", "8192", "--global-batch", "512", "--steps", "1",
+           "--objective", "fastest", ok=False)
+check("an unknown objective is refused", "unknown objective 'fastest'" in bad.stderr, bad.stderr)
+bad = plan("--lengths", str(CODE), "--scheduler", "dynamic_cp", "--dp", "6",
+           "--max-tokens-per-rank", "65536", "--global-batch", "512", "--steps", "1",
+           "--ep", "4", ok=False)
+check("an EP size that does not divide DP·CP is refused",
+      "must be >= 1 and divide DP·CP = 6" in bad.stderr, bad.stderr)
+
 with tempfile.TemporaryDirectory() as tmp:
     lengths = pathlib.Path(tmp) / "l.txt"
     lengths.write_text("\n".join(str(n) for n in [5, 11, 300, 7, 64, 9, 3, 12]))

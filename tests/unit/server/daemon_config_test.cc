@@ -147,6 +147,10 @@ TEST(DaemonConfigTest, InvalidFieldsAreNamedByPath) {
               HasSubstr("listed twice"));
   EXPECT_THAT(with("\"dynamic_cp\"", "\"megatron_dp_balanced\""),
               HasSubstr("SAMPLER_MODE_SEQUENTIAL"));
+  EXPECT_THAT(with("max_tokens_per_rank: 128", "max_tokens_per_rank: 128 objective: \"fast\""),
+              HasSubstr("jobs[0].scheduler.objective: unknown objective 'fast'"));
+  EXPECT_THAT(with("dp: 2 }", "dp: 2 ep: 3 }"),
+              HasSubstr("jobs[0].topology.ep: 3 does not divide"));
   EXPECT_THAT(Message(std::string(kJob) + std::string(kJob)), HasSubstr("names two jobs"));
 }
 
