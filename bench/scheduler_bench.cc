@@ -129,15 +129,21 @@ const Variant kVariants[] = {
     {"dynamic_cp, graph, llama8b", SchedulerKind::kDynamicCp, 0.05, true, Objective::kGraph},
 };
 
-void PrintRow(const char* scheduler, double m, double lower, double s2, const std::string& calib,
-              const std::string& s2_graph, const std::string& calib_graph, const std::string& bound,
-              const std::string& inflation, double padding, const std::string& ms) {
-  std::printf("  %-36s %6.2f (%5.2f) %8.4f %8s %8s %8s %7s %8s %7.3f %14s\n", scheduler, m, lower,
-              s2, calib.c_str(), s2_graph.c_str(), calib_graph.c_str(), bound.c_str(),
-              inflation.c_str(), padding, ms.c_str());
+struct Row {
+  std::string s2, calib = "-", s2_graph = "-", calib_graph = "-", bound = "-", gap_s2 = "-",
+                  gap_calib = "-", inflation = "-", ms;
+};
+
+void PrintRow(const char* scheduler, double m, double lower, double padding, const Row& row) {
+  std::printf("  %-36s %6.2f (%5.2f) %8s %8s %8s %8s %7s %7s %7s %7s %7.3f %14s\n", scheduler, m,
+              lower, row.s2.c_str(), row.calib.c_str(), row.s2_graph.c_str(),
+              row.calib_graph.c_str(), row.bound.c_str(), row.gap_s2.c_str(), row.gap_calib.c_str(),
+              row.inflation.c_str(), padding, row.ms.c_str());
 }
 
+// "-" for NaN (no bound for Megatron's padding).
 std::string Fixed(double value, int digits) {
+  if (value != value) return "-";
   char text[32];
   std::snprintf(text, sizeof(text), "%.*f", digits, value);
   return text;
@@ -158,10 +164,10 @@ int main(int argc, char** argv) {
   std::printf(
       "s2: step/ideal under s²/c; calib: modelled step time over the ideal under the "
       "calibrated llama8b model (H100 rates);\ns2 g, calib g: the same when ranks meet only in "
-      "their CP groups and at the gradient reduction (GraphStepTime);\nbound: what the batch's "
-      "heaviest sequence "
-      "allows at its needed CP (s²/c); infl: CP inflation; ms: median (max) per "
-      "global batch, one core\n");
+      "their CP groups and at the gradient reduction (GraphStepTime);\nbound: the lower bound "
+      "on Σ_m max_r W over Σ W / N under s²/c (scheduler/lower_bound.h); gap s2, gap cal: the "
+      "plan's step time over the bound, minus 1,\nunder s²/c and the calibrated model; infl: CP "
+      "inflation; ms: median (max) per global batch, one core\n");
   for (const Config& config : Configs()) {
     const std::string path = (config.own_trace ? own_traces : traces) + "/" + config.trace + ".txt";
     absl::StatusOr<std::vector<int64_t>> lengths = packfeed::dataset::ReadLengthsFile(path);
@@ -175,11 +181,15 @@ int main(int argc, char** argv) {
       replayed.insert(replayed.end(), lengths->begin(), lengths->end());
     }
     std::printf("\n%s  [%s]\n", config.name, config.trace);
-    std::printf("  %-36s %14s %8s %8s %8s %8s %7s %8s %7s %14s\n", "scheduler", "M (lower b.)",
-                "s2", "calib", "s2 g", "calib g", "bound", "infl", "pad %", "ms");
+    std::printf("  %-36s %14s %8s %8s %8s %8s %7s %7s %7s %7s %7s %14s\n", "scheduler",
+                "M (lower b.)", "s2", "calib", "s2 g", "calib g", "bound", "gap s2", "gap cal",
+                "infl", "pad %", "ms");
     for (const MegatronFigures& m : config.megatron) {
+      Row row;
+      row.s2 = Fixed(m.step_over_ideal, 4);
+      row.ms = Fixed(m.ms, 2);
       PrintRow((std::string("Megatron ") + m.scheduler).c_str(), m.microbatches, m.lower_bound,
-               m.step_over_ideal, "-", "-", "-", "-", "-", m.padding_pct, Fixed(m.ms, 2));
+               m.padding_pct, row);
     }
     for (const Variant& variant : kVariants) {
       ReplayOptions options;
@@ -197,12 +207,18 @@ int main(int argc, char** argv) {
         std::printf("  %-36s %s\n", variant.label, s.status().ToString().c_str());
         continue;
       }
+      Row row;
+      row.s2 = Fixed(s->step_over_ideal, 4);
+      row.calib = Fixed(s->step_time_over_ideal_calibrated, 4);
+      row.s2_graph = Fixed(s->graph_step_over_ideal, 4);
+      row.calib_graph = Fixed(s->graph_step_time_over_ideal_calibrated, 4);
+      row.bound = Fixed(s->lower_bound_over_ideal, 3);
+      row.gap_s2 = Fixed(s->gap_to_bound_s2, 3);
+      row.gap_calib = Fixed(s->gap_to_bound_calibrated, 3);
+      row.inflation = Fixed(s->cp_inflation, 3);
+      row.ms = Fixed(s->schedule_ms_median, 2) + " (" + Fixed(s->schedule_ms_max, 1) + ")";
       PrintRow(variant.label, s->microbatches_mean, s->microbatches_lower_bound_mean,
-               s->step_over_ideal, Fixed(s->step_time_over_ideal_calibrated, 4),
-               Fixed(s->graph_step_over_ideal, 4),
-               Fixed(s->graph_step_time_over_ideal_calibrated, 4),
-               Fixed(s->step_over_ideal_bound, 3), Fixed(s->cp_inflation, 3), s->padding_pct,
-               Fixed(s->schedule_ms_median, 2) + " (" + Fixed(s->schedule_ms_max, 1) + ")");
+               s->padding_pct, row);
     }
   }
   return 0;

@@ -366,7 +366,11 @@ absl::Status Plan(const PlanArgs& args) {
   out["step_over_ideal"] = summary->step_over_ideal;
   out["step_over_ideal_full_model"] = summary->step_over_ideal_full_model;
   out["step_time_over_ideal_calibrated"] = summary->step_time_over_ideal_calibrated;
-  out["step_over_ideal_bound"] = summary->step_over_ideal_bound;
+  out["lower_bound"] = summary->lower_bound;
+  out["gap_to_bound"] = summary->gap_to_bound;
+  out["gap_to_bound_s2"] = summary->gap_to_bound_s2;
+  out["gap_to_bound_calibrated"] = summary->gap_to_bound_calibrated;
+  out["lower_bound_over_ideal"] = summary->lower_bound_over_ideal;
   out["objective"] = args.config.empty() ? args.objective : "(from the job)";
   out["expert_parallel"] = options.planner.execution.expert_parallel;
   out["graph_step_over_ideal"] = summary->graph_step_over_ideal;
@@ -388,6 +392,7 @@ absl::Status Plan(const PlanArgs& args) {
     nlohmann::json dump = nlohmann::json::array();
     for (size_t step = 0; step < summary->plans.size(); ++step) {
       dump.push_back({{"step", step},
+                      {"lower_bound", summary->lower_bounds[step]},
                       {"microbatches", PlanToJson(summary->plans[step],
                                                   samples.empty() ? nullptr : &samples[step])}});
     }

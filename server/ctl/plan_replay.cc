@@ -2,45 +2,40 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "packfeed/scheduler/padding.h"
+#include "packfeed/scheduler/lower_bound.h"
 #include "packfeed/scheduler/plan_stats.h"
 
 namespace packfeed::server::ctl {
 namespace {
 
-// The smallest CP size a sequence may run with under `options`, and its
-// padded length there.
-std::pair<int, int64_t> SmallestFit(int64_t length, const scheduler::PlannerOptions& options,
-                                    const scheduler::CpRange& range) {
-  const auto padded = [&](int c) {
-    return scheduler::PadTo(length,
-                            scheduler::PaddingDivisor(c, options.tp, options.sequence_parallel));
-  };
-  if (options.kind != scheduler::SchedulerKind::kDynamicCp) {
-    return {options.cp, padded(options.cp)};
-  }
-  int c = range.min;
-  while (c < range.max && padded(c) / c > options.max_tokens_per_rank) c *= 2;
-  return {c, padded(c)};
-}
+// The figures of the lower bound for one step's plan (plan_replay.h).
+struct StepBound {
+  double lower_bound, gap, gap_s2, gap_calibrated, over_ideal;
+};
 
-double Bound(absl::Span<const int64_t> batch, const scheduler::PlannerOptions& options,
-             const scheduler::CpRange& range) {
-  // Under s²/c a sequence costs s² in all, however it is split.
-  double total = 0;
-  double heaviest = 0;
-  for (int64_t length : batch) {
-    const auto [c, padded] = SmallestFit(length, options, range);
-    const double s = static_cast<double>(padded);
-    total += s * s;
-    heaviest = std::max(heaviest, s * s / c);
-  }
-  const double ideal = total / (options.dp * options.cp);
-  return std::max(ideal, heaviest) / ideal;
+StepBound BoundFigures(absl::Span<const int64_t> batch, const scheduler::GlobalPlan& plan,
+                       const ReplayOptions& options, const scheduler::PlanStats& s2_stats,
+                       const scheduler::PlanStats& calibrated_stats) {
+  constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
+  scheduler::PlannerOptions planner = options.planner;
+  const double budget = std::max(planner.cp_upgrade_budget, scheduler::UpgradeSpent(plan, planner));
+  const auto bound = [&](const scheduler::CostModel& model) {
+    planner.cost_model = model;
+    return scheduler::LowerBoundStepTime(batch, planner, budget);
+  };
+  absl::StatusOr<scheduler::StepTimeBound> own = bound(options.planner.cost_model);
+  absl::StatusOr<scheduler::StepTimeBound> s2 = bound(scheduler::CostModel::Megatron());
+  absl::StatusOr<scheduler::StepTimeBound> calibrated = bound(options.calibrated_model);
+  if (!own.ok() || !s2.ok() || !calibrated.ok()) return {kNone, kNone, kNone, kNone, kNone};
+  return {own->step_time,
+          scheduler::StepTime(plan, options.planner.cost_model) / own->step_time - 1,
+          s2_stats.step_time / s2->step_time - 1,
+          calibrated_stats.step_time / calibrated->step_time - 1, s2->sum_of_max / s2->ideal};
 }
 
 }  // namespace
@@ -99,7 +94,12 @@ absl::StatusOr<ReplaySummary> ReplayTrace(absl::Span<const int64_t> lengths,
     summary.graph_step_time_over_ideal_calibrated += calibrated.graph_step_time_over_ideal;
     summary.step_over_ideal_full_model += calibrated.step_over_ideal;
     summary.step_time_over_ideal_calibrated += calibrated.step_time_over_ideal;
-    summary.step_over_ideal_bound += Bound(batch, options.planner, range);
+    const StepBound bound = BoundFigures(batch, *plan, options, stats, calibrated);
+    summary.lower_bound += bound.lower_bound;
+    summary.gap_to_bound += bound.gap;
+    summary.gap_to_bound_s2 += bound.gap_s2;
+    summary.gap_to_bound_calibrated += bound.gap_calibrated;
+    summary.lower_bound_over_ideal += bound.over_ideal;
     summary.rank_sum_max_over_mean += stats.rank_sum_max_over_mean;
     summary.microbatches_mean += stats.num_microbatches;
     summary.microbatches_lower_bound_mean += stats.microbatches_lower_bound;
@@ -111,12 +111,16 @@ absl::StatusOr<ReplaySummary> ReplayTrace(absl::Span<const int64_t> lengths,
     }
     real += plan->flops.real_sum;
     padded += plan->flops.padded_sum;
-    if (options.keep_plans) summary.plans.push_back(*std::move(plan));
+    if (options.keep_plans) {
+      summary.plans.push_back(*std::move(plan));
+      summary.lower_bounds.push_back(bound.lower_bound);
+    }
   }
   const double n = static_cast<double>(steps);
   for (double* mean :
        {&summary.step_over_ideal, &summary.step_over_ideal_full_model,
-        &summary.step_time_over_ideal_calibrated, &summary.step_over_ideal_bound,
+        &summary.step_time_over_ideal_calibrated, &summary.lower_bound, &summary.gap_to_bound,
+        &summary.gap_to_bound_s2, &summary.gap_to_bound_calibrated, &summary.lower_bound_over_ideal,
         &summary.graph_step_over_ideal, &summary.graph_step_time_over_ideal_calibrated,
         &summary.rank_sum_max_over_mean, &summary.microbatches_mean,
         &summary.microbatches_lower_bound_mean, &summary.cp_inflation}) {

@@ -37,9 +37,18 @@ struct ReplaySummary {
   double step_over_ideal_full_model = 0;  // Σ max / (Σ W / N) under calibrated_model
   // Modelled step time over the ideal, under calibrated_model (plan_stats.h).
   double step_time_over_ideal_calibrated = 0;
-  // What no plan can beat under s²/c: max(ideal, the heaviest sequence's
-  // per-rank cost at its smallest CP size) / ideal.
-  double step_over_ideal_bound = 0;
+  // The lower bound of scheduler/lower_bound.h, for plans that spend at
+  // most the budget (or what this plan spent, if more) on CP inflation. NaN
+  // for megatron_dp_balanced, which pads as Megatron does.
+  //   lower_bound: on StepTime under the planner's own model;
+  //   gap_to_bound: the plan's StepTime over it, minus 1, under the
+  //   planner's model, s²/c and calibrated_model;
+  //   lower_bound_over_ideal: under s²/c, over Σ_i s_i² / N.
+  double lower_bound = 0;
+  double gap_to_bound = 0;
+  double gap_to_bound_s2 = 0;
+  double gap_to_bound_calibrated = 0;
+  double lower_bound_over_ideal = 0;
   // The same two under GraphStepTime (ranks meet only where the model makes
   // them, plan_stats.h) over the planner's execution graph: s²/c's makespan
   // over Σ W / N, and the calibrated step time over the same ideal.
@@ -55,6 +64,7 @@ struct ReplaySummary {
   int64_t max_tokens_on_a_rank = 0;          // over all steps
   std::map<int, int64_t> cp_size_histogram;  // summed over steps
   std::vector<scheduler::GlobalPlan> plans;  // when keep_plans
+  std::vector<double> lower_bounds;          // each step's lower_bound, when keep_plans
 };
 
 // Errors: InvalidArgument for options or a trace too short for the steps,

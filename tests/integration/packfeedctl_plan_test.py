@@ -45,6 +45,8 @@ for trace, dp, cp, cap, gbs, m, lower, step_ideal, padding in MEGATRON:
           abs(got["microbatches_lower_bound_mean"] - lower) < 0.051, got)
     check(name + " step/ideal", abs(got["step_over_ideal"] - step_ideal) < 0.006, got)
     check(name + " padding", abs(got["padding_pct"] - padding) < 0.006, got)
+    check(name + ": no lower bound for Megatron's padding",
+          got["lower_bound"] is None and got["gap_to_bound"] is None, got)
 # packfeed's planners on the same traces: better balanced than
 # Megatron's best scheduler there, within a microbatch of the bound.
 OURS = [  # trace, DP, CP, cap, GBS, scheduler, Megatron's best step/ideal
@@ -65,6 +67,11 @@ for trace, dp, cp, cap, gbs, scheduler, megatron_best in OURS:
           got["microbatches_lower_bound_mean"] + 1, got)
     check(name + " padding <= 0.5 %", got["padding_pct"] <= 0.5, got)
     check(name + " tokens within the cap", got["max_tokens_on_a_rank"] <= cap, got)
+    check(name + ": the plan is no faster than its lower bound",
+          got["lower_bound"] > 0 and min(got["gap_to_bound"], got["gap_to_bound_s2"],
+                                         got["gap_to_bound_calibrated"]) >= -1e-9, got)
+    check(name + ": the bound is at least perfect balance",
+          got["lower_bound_over_ideal"] >= 1 - 1e-9, got)
 
 # The step as it runs: never slower than barrier by barrier, and the graph
 # objective plans for it (the heavy-tailed code-files trace, 32 ranks).

@@ -56,13 +56,15 @@ def instances(trace, count):
     return out
 
 
-def heuristic(batches, cost_model):
+def heuristic(batches, cost_model, ranks=RANKS, cap=CAP):
+    """dynamic_cp's plan of each batch: (model, [(step time, inflation,
+    microbatches, the planner's lower bound), ...])."""
     with tempfile.TemporaryDirectory() as scratch:
         lengths = pathlib.Path(scratch) / "lengths.txt"
         lengths.write_text("".join(f"{s}\n" for batch in batches for s in batch))
         dump = pathlib.Path(scratch) / "plan.json"
-        out = checks.run("plan", "--lengths", str(lengths), "--global-batch", str(SEQUENCES),
-                         "--dp", str(RANKS), "--max-tokens-per-rank", str(CAP),
+        out = checks.run("plan", "--lengths", str(lengths), "--global-batch", str(len(batches[0])),
+                         "--dp", str(ranks), "--max-tokens-per-rank", str(cap),
                          "--scheduler", "dynamic_cp", "--cost-model", cost_model,
                          "--cp-upgrade-budget", str(BUDGET), "--json",
                          "--dump-plan", str(dump))
@@ -71,16 +73,17 @@ def heuristic(batches, cost_model):
     out = []
     for entry in plans:
         microbatches = []
-        for ranks in entry["microbatches"]:
+        for per_rank in entry["microbatches"]:
             groups = {}
-            for sequences in ranks:
+            for sequences in per_rank:
                 for q in sequences:
                     groups.setdefault((q["cp_group"], q["cp_size"]), set()).add(
                         (q["sample"], q["length"]))
             microbatches.append([(g * c, c, [length for _, length in members])
                                  for (g, c), members in groups.items()])
         out.append((plan_optimum.step_time(microbatches, model),
-                    plan_optimum.inflation(microbatches, CAP, RANKS), len(microbatches)))
+                    plan_optimum.inflation(microbatches, cap, ranks), len(microbatches),
+                    entry["lower_bound"]))
     return model, out
 
 
@@ -109,8 +112,9 @@ with ProcessPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as poo
             batches = instances(trace, INSTANCES[cost_model])
             model, planned = heuristic(batches, cost_model)
             best = list(pool.map(optimum, [(b, model, inflation, m)
-                                           for b, (_, inflation, m) in zip(batches, planned)],
+                                           for b, (_, inflation, m, _) in zip(batches, planned)],
                                  chunksize=4))
+            bound_ratios = [o / p[3] for p, o in zip(planned, best)]
             ratios = [p[0] / o for p, o in zip(planned, best)]
             everything.setdefault(cost_model, []).extend(ratios)
             name = f"{trace.stem} under {cost_model}"
@@ -121,9 +125,32 @@ with ProcessPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as poo
             # means a plan that breaks a rule the MILP keeps.
             checks.check(f"{name}: no plan beats the optimum", min(ratios) > 1 - 1e-6,
                          f"min ratio {min(ratios)}")
+            # The bound (scheduler/lower_bound.h, the planner's own figure) is
+            # a lower bound on every plan, the optimum's included.
+            checks.check(f"{name}: the lower bound never exceeds the optimum",
+                         min(bound_ratios) > 1 - 1e-6, f"min optimum/bound {min(bound_ratios)}")
+            print(f"{'':50} optimum/lower bound median {statistics.median(bound_ratios):.4f}, "
+                  f"max {max(bound_ratios):.4f}")
             checks.check(f"{name}: median <= 1.01", median <= 1.01, f"{median:.4f}")
             checks.check(f"{name}: p95 <= 1.15", p95 <= 1.15, f"{p95:.4f}")
             print(f"{'':50} target p95 <= 1.05: {'met' if p95 <= 1.05 else 'missed'}")
+
+# At full size there is no optimum to compare with, but the bound must still
+# lie below every plan: the scheduler_bench configurations of the families
+# made from real files, a few global batches each.
+FULL_SIZE = [("trace_code_files", 32, 8192, 512, 2), ("trace_code_files", 8, 16384, 128, 4),
+             ("trace_chat_longdoc", 16, 4096, 256, 2), ("trace_chat_longdoc", 512, 4096, 8192, 1),
+             ("trace_doc_paragraphs", 64, 4096, 16384, 1)]
+for trace, ranks, cap, size, steps in FULL_SIZE:
+    lengths = [int(line) for line in (ROOT / "bench" / "traces" / f"{trace}.txt").read_text().split()]
+    batches = [lengths[i * size:(i + 1) * size] for i in range(steps)]
+    for cost_model in ("megatron", "llama8b"):
+        _, planned = heuristic(batches, cost_model, ranks, cap)
+        gaps = [step / bound - 1 for step, _, _, bound in planned]
+        name = f"{trace}, {ranks} ranks, {size} sequences, {cost_model}"
+        print(f"{name:60} plan over lower bound - 1: {', '.join(f'{g:.3f}' for g in gaps)}")
+        checks.check(f"{name}: no plan beats the lower bound", min(gaps) > -1e-9, f"{min(gaps)}")
+
 for cost_model, ratios in everything.items():
     print(f"all families under {cost_model}: median {statistics.median(ratios):.4f}, "
           f"p95 {percentile(ratios, 0.95):.4f} over {len(ratios)} instances")
