@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/ usr / bin / env python3
 """packfeed's planners beside Megatron-Core's own hybrid-CP scheduler, on the same batches.
 
   megatron_core_peer.py [--packfeedctl PATH] [--traces DIR]... [--steps K] [--quick]
@@ -7,24 +7,28 @@ Megatron-Core's scheduler is run, not quoted: its code comes from the
 megatron-core 0.16.1 wheel on PyPI (downloaded once into ~/.cache/packfeed),
 `megatron/core/pipeline_parallel/hybrid_cp_schedule.py`,
 `BalancedCPScheduler.get_groups_and_subsamples`. Only the two imports the
-scheduling path never touches (parallel_state, rerun_state_machine) are
-stubbed; the process group is an object that answers size().
+scheduling path never touches (parallel_state, rerun_state_machine)
+are stubbed;
+the process group is an object that answers size().
 
-Both schedules are judged by one evaluator here, under s²/c and under the
-calibrated model packfeedctl reports (its coefficients come from
-`packfeedctl plan --json`):
-  - Megatron-Core: ranks meet at the end of each group; within a group a
-    rank runs its sub-samples one by one, each its own microbatch (μ each),
-    at the CP size = the ranks that hold it in that group.
-  - packfeed: ranks meet at the end of each microbatch (one pack, one μ).
-step/ideal = modelled step time / the ideal of plan_stats.h (every sequence
-at its needed CP, perfect balance, the token lower bound of microbatches).
+    Both schedules are judged by one evaluator here,
+    under s² / c and under the calibrated model packfeedctl reports(its coefficients come from
+`packfeedctl plan-- json`) : -Megatron - Core : ranks meet at the end of each group;
+within a group a rank runs its sub - samples one by one, each its own microbatch(μ each),
+    at the CP size = the ranks that hold it in that group.- packfeed
+    : ranks meet at the end of each microbatch(one pack, one μ)
+          .step / ideal = modelled step time
+                          / the ideal of plan_stats
+                                .h(every sequence at its needed CP, perfect balance,
+                                   the token lower bound of microbatches)
+                                .
 
-Both are also judged as they run (GraphStepTime of plan_stats.h): ranks meet
-only where the model makes them, the holders of one sequence (its CP group),
-and all at the gradient reduction. A rank runs its sequences in order; one
-starts when the last of its holders is free. Megatron-Core's groups follow
-one another with no barrier between them; packfeed's microbatches too.
+                            Both are also judged as they run(GraphStepTime of plan_stats.h)
+    : ranks meet only where the model makes them,
+              the holders of one sequence(its CP group),
+              and all at the gradient reduction.A rank runs its sequences in order;
+one starts when the last of its holders is free.Megatron -
+    Core's groups follow one another with no barrier between them; packfeed's microbatches too.
 """
 
 import argparse
@@ -38,9 +42,8 @@ import tempfile
 import time
 import types
 import zipfile
-
-# One definition of the cost model and the padding rule, shared with the
-# optimality test.
+#One definition of the cost model and the padding rule, shared with the
+#optimality test.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "integration"))
 from plan_optimum import cost  # noqa: E402
@@ -49,10 +52,10 @@ import plan_optimum  # noqa: E402
 WHEEL = "megatron-core==0.16.1"
 SOURCE = "megatron/core/pipeline_parallel/hybrid_cp_schedule.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Megatron's lognormal traces are generated, not stored (traces/megatron_lognormal.py).
+#Megatron's lognormal traces are generated, not stored (traces/megatron_lognormal.py).
 LOGNORMAL_TRACES = os.path.expanduser("~/.cache/packfeed/traces")
 
-# name, trace, ranks, max tokens per rank, global batch
+#name, trace, ranks, max tokens per rank, global batch
 CONFIGS = [
     ("code files, 32 ranks, 8192, 512", "trace_code_files", 32, 8192, 512),
     ("code files, 8 ranks, 16384, 128", "trace_code_files", 8, 16384, 128),
@@ -132,6 +135,22 @@ def judge_megatron(groups, sample_groups, lengths, model, cap):
     return with_pipeline(times, model), weighted / sum(lengths), len(sample_groups)
 
 
+def judge_megatron_per_microbatch(sample_groups, lengths, model):
+    """Megatron-Core's groups with a barrier at each of its microbatches (the
+    k-th sub-sample of every rank of a group together), as plan --json's
+    step/ideal judges packfeed's: Σ_group Σ_k max_rank (cost + μ)."""
+    times = []
+    for per_rank_ids in sample_groups:
+        holders = {}
+        for ids in per_rank_ids:
+            for sid in ids:
+                holders[sid] = holders.get(sid, 0) + 1
+        for k in range(max(len(ids) for ids in per_rank_ids)):
+            times.append(max(cost(model, lengths[ids[k]], holders[ids[k]]) + model["microbatch"]
+                             for ids in per_rank_ids if k < len(ids)))
+    return with_pipeline(times, model)
+
+
 def judge_packfeed(microbatches, model, cap):
     times, weighted, real = [], 0.0, 0
     seen = set()
@@ -156,7 +175,7 @@ def graph_time(runs, ranks, model):
     free = [0.0] * ranks
     items = 0
     pending = sum(len(run) for run in runs)
-    # An item is ready when it is next on every holder's list.
+#An item is ready when it is next on every holder's list.
     while items < pending:
         progressed = False
         for rank in range(ranks):
@@ -236,10 +255,11 @@ def main():
     scheduler_class = load_megatron_scheduler()
 
     print("step/ideal (lower is better) under s²/c and under the calibrated llama8b model, "
-          "barrier by barrier and as it runs (g);\nCP inflation; microbatches "
-          "(Megatron-Core: groups); scheduling ms per batch (median)")
+          "barrier by barrier and as it runs (g);\ns2/c mb: under s²/c with a barrier at "
+          "every microbatch, Megatron-Core's sub-samples included (plan --json's step/ideal);\n"
+          "CP inflation; microbatches (Megatron-Core: groups); scheduling ms per batch (median)")
     header = (f"{'configuration':40} {'scheduler':34} {'s2/c':>6} {'calib':>6} {'s2/c g':>6} "
-              f"{'calib g':>7} {'infl':>5} {'M':>6} {'ms':>8}")
+              f"{'calib g':>7} {'s2/c mb':>7} {'infl':>5} {'M':>6} {'ms':>8}")
     print(header)
     for name, trace_name, ranks, cap, gbs in CONFIGS:
         if args.quick and ranks > 64:
@@ -253,7 +273,7 @@ def main():
             lengths = [int(line) for line in f if line.strip()]
         steps = max(1, min(1 if args.quick else args.steps, len(lengths) // gbs))
         rows = {}
-        # packfeed, planning under s²/c and under the calibrated model.
+#packfeed, planning under s² / c and under the calibrated model.
         for objective in ("barrier", "graph"):
             for cost_model in ("megatron", "llama8b"):
                 summary, plans = plan_packfeed(args.packfeedctl, trace, ranks, cap, gbs, steps,
@@ -285,7 +305,8 @@ def main():
                 acc.append((a / ideal(batch, ranks, cap, s2),
                             b / ideal(batch, ranks, cap, calibrated),
                             ga / ideal(batch, ranks, cap, s2),
-                            gb / ideal(batch, ranks, cap, calibrated), inflation, m))
+                            gb / ideal(batch, ranks, cap, calibrated),
+                            a / ideal(batch, ranks, cap, s2), inflation, m))
             figures[label] = (acc, ms)
         acc = []
         for step, (groups, sample_groups) in enumerate(megatron_runs):
@@ -295,15 +316,18 @@ def main():
             ga = graph_time(megatron_graph_runs(sample_groups, batch, s2, ranks), ranks, s2)
             gb = graph_time(megatron_graph_runs(sample_groups, batch, calibrated, ranks), ranks,
                             calibrated)
+            mb = judge_megatron_per_microbatch(sample_groups, batch, s2)
             acc.append((a / ideal(batch, ranks, cap, s2),
                         b / ideal(batch, ranks, cap, calibrated),
                         ga / ideal(batch, ranks, cap, s2),
-                        gb / ideal(batch, ranks, cap, calibrated), inflation, m))
+                        gb / ideal(batch, ranks, cap, calibrated),
+                        mb / ideal(batch, ranks, cap, s2), inflation, m))
         figures["Megatron-Core hybrid CP"] = (acc, statistics.median(megatron_ms))
         for label, (acc, ms) in figures.items():
             mean = [statistics.fmean(column) for column in zip(*acc)]
             print(f"{name:40} {label:34} {mean[0]:6.3f} {mean[1]:6.3f} {mean[2]:6.3f} "
-                  f"{mean[3]:7.3f} {mean[4]:5.2f} {mean[5]:6.2f} {ms:8.2f}", flush=True)
+                  f"{mean[3]:7.3f} {mean[4]:7.3f} {mean[5]:5.2f} {mean[6]:6.2f} {ms:8.2f}",
+                  flush=True)
             name = ""
 
 

@@ -26,18 +26,23 @@ Load LoadAt(const std::vector<const CpGroup*>& groups, int size, const PackerCon
   return load;
 }
 
-// A group may merge only while its sequences run at their own size.
-bool AtOwnSize(const CpGroup& group, const std::vector<PackerItem>& items) {
-  return std::all_of(group.sequences.begin(), group.sequences.end(), [&](const PlannedSequence& s) {
-    return items[s.sample].cp_size == group.size;
-  });
+// What running a group's sequences at twice its size adds to the CP
+// inflation (Inflation's unit).
+double SpendToDouble(const CpGroup& group, const std::vector<PackerItem>& items,
+                     const PackerConfig& config) {
+  double spend = 0;
+  for (const PlannedSequence& s : group.sequences) {
+    spend += Inflation(items[s.sample], 2 * group.size, config) -
+             Inflation(items[s.sample], group.size, config);
+  }
+  return spend;
 }
 
 struct Merge {
   size_t heaviest = 0;
   size_t partner = 0;
-  double gain = 0;     // fall of the microbatch's maximum
-  int64_t tokens = 0;  // padded tokens moved to twice their CP size
+  double gain = 0;   // fall of the microbatch's maximum
+  double spend = 0;  // CP inflation it adds (Inflation's unit)
 };
 
 // The best merge for one microbatch: its heaviest group with the partner of
@@ -52,9 +57,7 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
     if (cost[i] > cost[heaviest]) heaviest = i;
   }
   const CpGroup& top = groups[heaviest];
-  if (2 * top.size > config.max_cp || !AtOwnSize(top, items)) {
-    return std::nullopt;
-  }
+  if (2 * top.size > config.max_cp) return std::nullopt;
   // The largest cost outside the merged pair: the second largest overall,
   // or the third when the partner is the second.
   size_t second = groups.size(), third = groups.size();
@@ -74,15 +77,14 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
   std::optional<Merge> best;
   double best_max = cost[heaviest];
   for (size_t j = 0; j < groups.size(); ++j) {
-    if (j == heaviest || groups[j].size != top.size || !AtOwnSize(groups[j], items)) {
-      continue;
-    }
+    if (j == heaviest || groups[j].size != top.size) continue;
     const Load merged = LoadAt({&top, &groups[j]}, 2 * top.size, config);
     if (merged.tokens > config.max_tokens_per_rank) continue;
     const double new_max = std::max(merged.cost, others_max(j));
     if (new_max < best_max) {
       best_max = new_max;
-      best = Merge{heaviest, j, cost[heaviest] - new_max, merged.padded};
+      best = Merge{heaviest, j, cost[heaviest] - new_max,
+                   SpendToDouble(top, items, config) + SpendToDouble(groups[j], items, config)};
     }
   }
   return best;
@@ -130,14 +132,13 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
     // The most gain per token moved, within the budget.
     std::optional<size_t> chosen;
     for (size_t m = 0; m < best.size(); ++m) {
-      if (!best[m] || static_cast<double>(best[m]->tokens) > budget) continue;
-      if (!chosen || best[m]->gain * static_cast<double>(best[*chosen]->tokens) >
-                         best[*chosen]->gain * static_cast<double>(best[m]->tokens)) {
+      if (!best[m] || best[m]->spend > budget) continue;
+      if (!chosen || best[m]->gain * best[*chosen]->spend > best[*chosen]->gain * best[m]->spend) {
         chosen = m;
       }
     }
     if (!chosen) break;
-    budget -= static_cast<double>(best[*chosen]->tokens);
+    budget -= best[*chosen]->spend;
     Apply(plan.microbatches[*chosen], *best[*chosen], config);
     best[*chosen] = BestMerge(plan.microbatches[*chosen], items, config);
   }

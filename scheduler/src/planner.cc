@@ -218,13 +218,14 @@ absl::StatusOr<PackerConfig> PackerConfigOf(const PlannerOptions& options) {
 
 // What one budget gives: the plan at the fewest microbatches from `*rows`
 // on (a multiple of `step`) that fit within it and, with `one_more`, at
-// `step` more, polished. `*rows` becomes the count that fitted. If the
+// `step` more, polished (with less than `full_budget`, each also polished
+// again with it). `*rows` becomes the count that fitted. If the
 // budget pushes the count past what the batch can fill, giving every rank
 // work matters more: plan without it.
 absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const PackerBatch& batch,
                                                        PackerConfig config, SchedulerKind kind,
                                                        double budget, int64_t* rows, int step,
-                                                       bool one_more) {
+                                                       bool one_more, double full_budget) {
   const int64_t most = static_cast<int64_t>(batch.items.size());
   absl::Status last = absl::InvalidArgumentError(absl::StrCat(
       "cannot give every one of the ", config.num_ranks, " ranks a sequence in each of ", *rows,
@@ -240,7 +241,16 @@ absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const PackerBatch& batch,
           plan = PackRows(batch, static_cast<int>(count + step), config);
           if (plan.ok()) plans.push_back(*std::move(plan));
         }
-        for (GlobalPlan& p : plans) Polish(p, batch.items, config, kind, tried);
+        // Each polished within what it was packed with and, when that is
+        // less, also with merges that may spend the whole budget: its rows
+        // are laid out differently from the whole budget's.
+        const size_t packed = plans.size();
+        if (tried < full_budget) {
+          for (size_t i = 0; i < packed; ++i) plans.push_back(plans[i]);
+        }
+        for (size_t i = 0; i < plans.size(); ++i) {
+          Polish(plans[i], batch.items, config, kind, i < packed ? tried : full_budget);
+        }
         if (tried < kUnlimited) *rows = count;
         return plans;
       }
@@ -325,8 +335,8 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   };
   const int64_t lower_bound = rows;
   for (const double budget : budgets) {
-    absl::StatusOr<std::vector<GlobalPlan>> plans =
-        PlanWithBudget(batch, config, options.kind, budget, &rows, step, one_more);
+    absl::StatusOr<std::vector<GlobalPlan>> plans = PlanWithBudget(
+        batch, config, options.kind, budget, &rows, step, one_more, options.cp_upgrade_budget);
     if (!plans.ok()) return plans.status();
     consider(*plans);
   }
@@ -340,8 +350,18 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
               1 >
           options.cp_upgrade_budget) {
     int64_t from = lower_bound;
+    absl::StatusOr<std::vector<GlobalPlan>> plans = PlanWithBudget(
+        batch, config, options.kind, kUnlimited, &from, step, one_more, options.cp_upgrade_budget);
+    if (plans.ok()) consider(*plans);
+  }
+  // Heavy anchors lifted as the rows are laid out (row_packer.h).
+  if (budgets.size() > 1) {
+    PackerConfig lifting = config;
+    lifting.lift_heavy_anchors = true;
+    int64_t from = lower_bound;
     absl::StatusOr<std::vector<GlobalPlan>> plans =
-        PlanWithBudget(batch, config, options.kind, kUnlimited, &from, step, one_more);
+        PlanWithBudget(batch, lifting, options.kind, options.cp_upgrade_budget, &from, step,
+                       one_more, options.cp_upgrade_budget);
     if (plans.ok()) consider(*plans);
   }
   if (graph) {

@@ -68,10 +68,14 @@ class Packer {
   void AddMember(int group, int item);
   void Resize(int group, int first, int size);
   bool DoubleIntoBuddy(int group);
+  // Whether doubling `group` stays within the CP inflation budget.
+  bool CanDouble(int group) const;
   bool SpreadIntoSmallestFreeBlock(int row);
   int HeaviestGroup(int row) const;
   // Inflation() of `group`'s sequences at `size`.
   double UpgradedTokens(int group, int size) const;
+  // lift_heavy_anchors: doubles `group` while it costs more than share_.
+  void LiftHeavyAnchor(int group);
   // Keeps heaviest_ current after `group`'s cost rose.
   void NoteCost(int group);
   absl::Status Fill();
@@ -101,6 +105,7 @@ class Packer {
   // CP inflation spent (Inflation() summed) and how much may be.
   double upgraded_tokens_ = 0;
   double upgrade_limit_ = 0;
+  double share_ = 0;                             // Σ own work / (N · rows)
   const int64_t tokens_;                         // padded, every sequence at its own size
   std::vector<std::map<int, int>> search_from_;  // [row][width] → rank
 };
@@ -124,6 +129,8 @@ Packer::Packer(const PackerBatch& batch, int rows, const PackerConfig& config)
   heaviest_.assign(static_cast<size_t>(rows_), -1);
   search_from_.resize(static_cast<size_t>(rows_));
   upgrade_limit_ = config_.cp_upgrade_budget * static_cast<double>(tokens_);
+  for (size_t i = 0; i < items_.size(); ++i) share_ += own_cost_[i] * items_[i].cp_size;
+  share_ /= static_cast<double>(n_) * rows_;
 }
 
 double Packer::UpgradedTokens(int group, int size) const {
@@ -284,6 +291,17 @@ void Packer::NoteCost(int group) {
   if (heaviest < 0 || g.cost > groups_[heaviest].cost) heaviest = group;
 }
 
+bool Packer::CanDouble(int group) const {
+  return upgraded_tokens_ + UpgradedTokens(group, 2 * groups_[group].size) -
+             UpgradedTokens(group, groups_[group].size) <=
+         upgrade_limit_;
+}
+
+void Packer::LiftHeavyAnchor(int group) {
+  while (groups_[group].cost > share_ && CanDouble(group) && DoubleIntoBuddy(group)) {
+  }
+}
+
 // Doubles `group` into its buddy block when that block is free and the
 // larger size is allowed: the group's sequences then run at twice the CP.
 bool Packer::DoubleIntoBuddy(int group) {
@@ -390,16 +408,11 @@ absl::Status Packer::AnchorRow(int row, int64_t budget) {
     if (best >= 0) {
       OpenGroup(row, best_first, items_[best].cp_size, best);
       ++taken;
+      if (config_.lift_heavy_anchors) LiftHeavyAnchor(static_cast<int>(groups_.size()) - 1);
       continue;
     }
     // 2. Dynamic CP: halve the heaviest group's cost by doubling it.
-    if (heaviest >= 0 &&
-        upgraded_tokens_ + UpgradedTokens(heaviest, 2 * groups_[heaviest].size) -
-                UpgradedTokens(heaviest, groups_[heaviest].size) <=
-            upgrade_limit_ &&
-        DoubleIntoBuddy(heaviest)) {
-      continue;
-    }
+    if (heaviest >= 0 && CanDouble(heaviest) && DoubleIntoBuddy(heaviest)) continue;
     // 3. A lighter sequence rather than an idle rank: the heaviest with a
     //    free block of its own size (quota first), and only then one in a
     //    larger block.

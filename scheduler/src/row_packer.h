@@ -43,6 +43,11 @@ struct PackerConfig {
   // Dynamic CP: the CP inflation (see Inflation) the plan may spend, as a
   // fraction of the batch's padded tokens, to use fewer microbatches.
   double cp_upgrade_budget = 0.05;
+  // Dynamic CP: a sequence that anchors a group and costs more per rank
+  // than a microbatch's share of the work (Σ work / (N · rows)) doubles its
+  // group at once, while the budget lasts, before the row fills around it:
+  // otherwise it sets its microbatch's time whatever else that holds.
+  bool lift_heavy_anchors = false;
 };
 
 struct PackerItem {

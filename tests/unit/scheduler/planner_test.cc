@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "packfeed/scheduler/lower_bound.h"
 #include "packfeed/scheduler/padding.h"
 #include "packfeed/scheduler/plan_stats.h"
 
@@ -176,6 +177,15 @@ void RunRandomCases(SchedulerKind kind, int cases) {
     ASSERT_TRUE(again.ok());
     EXPECT_EQ(*again, *plan) << c.description;
     ExpectGraphTimeBetweenItsBounds(*plan, c.options, c.description);
+    if (kind == SchedulerKind::kDynamicCp) {
+      const int64_t ranks = int64_t{c.options.dp} * c.options.cp;
+      const double spent = UpgradeSpent(*plan, c.options);
+      if (static_cast<int64_t>(c.lengths.size()) >= 8 * ranks) {
+        // Plenty of sequences: no need to exceed the budget to give every
+        // rank work.
+        EXPECT_LE(spent, c.options.cp_upgrade_budget + 1e-9) << c.description;
+      }
+    }
     if (c.options.objective == Objective::kGraph) {
       // Among the same candidates, then refined: never slower as it runs
       // than the plan the barrier objective keeps.
@@ -266,6 +276,39 @@ TEST(PlannerTest, DynamicCpMergesGroupsOnlyWithinTheUpgradeBudget) {
   const PlanStats stats = ComputePlanStats(merged, CostModel::Megatron(), 100);
   EXPECT_DOUBLE_EQ(stats.step_over_ideal, 1.0);
   EXPECT_DOUBLE_EQ(stats.cp_inflation, 2.0);
+}
+
+TEST(PlannerTest, DynamicCpLiftsASequenceThatWouldSetItsMicrobatchsTime) {
+  // 8 ranks of 100. The 400-token sequence needs CP 4 (40 000 per rank),
+  // the 250-token one CP 4 too (256² / 4 = 16 384), and 120 of 50 tokens
+  // (2 500 each) share the rest, about 5 000 per rank and microbatch.
+  // Packed side by side the two long ones make a microbatch of 40 000.
+  // Merging them into one CP-8 group would spend 656 tokens of inflation,
+  // more than the budget's 532 (8 % of 6 656); lifting the 400-token one
+  // to CP 8 as it anchors its microbatch spends 400 and halves its cost:
+  // 20 000 + 16 384 + 7 · 5 000 against 40 000 + 7.5 · 5 000.
+  std::vector<int64_t> lengths = {400, 250};
+  lengths.insert(lengths.end(), 120, 50);
+  PlannerOptions options = Options(SchedulerKind::kDynamicCp, 8, 1, 100);
+  options.cp_upgrade_budget = 0.08;
+  const absl::StatusOr<GlobalPlan> plan = PlanGlobalBatch(lengths, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int lifted_to = 0;
+  for (const PlannedMicrobatch& microbatch : plan->microbatches) {
+    for (const CpGroup& group : microbatch.groups) {
+      for (const PlannedSequence& s : group.sequences) {
+        if (s.sample == 0) lifted_to = group.size;
+      }
+    }
+  }
+  EXPECT_EQ(lifted_to, 8);
+  const PlanStats stats = ComputePlanStats(*plan, CostModel::Megatron(), 100);
+  EXPECT_LE(stats.cp_inflation - 1, 0.08);
+  options.cp_upgrade_budget = 0;
+  const PlanStats unlifted =
+      ComputePlanStats(*PlanGlobalBatch(lengths, options), CostModel::Megatron(), 100);
+  EXPECT_LT(stats.step_time, unlifted.step_time - 5000)
+      << stats.step_time << " " << unlifted.step_time;
 }
 
 TEST(PlannerTest, BadOptionsAreRefused) {
