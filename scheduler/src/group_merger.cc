@@ -26,6 +26,12 @@ Load LoadAt(const std::vector<const CpGroup*>& groups, int size, const PackerCon
   return load;
 }
 
+bool AtOwnSize(const CpGroup& group, const std::vector<PackerItem>& items) {
+  return std::all_of(group.sequences.begin(), group.sequences.end(), [&](const PlannedSequence& s) {
+    return items[s.sample].cp_size == group.size;
+  });
+}
+
 // What running a group's sequences at twice its size adds to the CP
 // inflation (Inflation's unit).
 double SpendToDouble(const CpGroup& group, const std::vector<PackerItem>& items,
@@ -48,7 +54,8 @@ struct Merge {
 // The best merge for one microbatch: its heaviest group with the partner of
 // the same size that gives the lowest maximum.
 std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
-                               const std::vector<PackerItem>& items, const PackerConfig& config) {
+                               const std::vector<PackerItem>& items, const PackerConfig& config,
+                               bool also_upgraded) {
   const std::vector<CpGroup>& groups = microbatch.groups;
   std::vector<double> cost(groups.size());
   size_t heaviest = 0;
@@ -57,7 +64,9 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
     if (cost[i] > cost[heaviest]) heaviest = i;
   }
   const CpGroup& top = groups[heaviest];
-  if (2 * top.size > config.max_cp) return std::nullopt;
+  if (2 * top.size > config.max_cp || (!also_upgraded && !AtOwnSize(top, items))) {
+    return std::nullopt;
+  }
   // The largest cost outside the merged pair: the second largest overall,
   // or the third when the partner is the second.
   size_t second = groups.size(), third = groups.size();
@@ -77,7 +86,10 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
   std::optional<Merge> best;
   double best_max = cost[heaviest];
   for (size_t j = 0; j < groups.size(); ++j) {
-    if (j == heaviest || groups[j].size != top.size) continue;
+    if (j == heaviest || groups[j].size != top.size ||
+        (!also_upgraded && !AtOwnSize(groups[j], items))) {
+      continue;
+    }
     const Load merged = LoadAt({&top, &groups[j]}, 2 * top.size, config);
     if (merged.tokens > config.max_tokens_per_rank) continue;
     const double new_max = std::max(merged.cost, others_max(j));
@@ -123,10 +135,10 @@ void Apply(PlannedMicrobatch& microbatch, const Merge& merge, const PackerConfig
 }  // namespace
 
 void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
-                         const PackerConfig& config, double budget) {
+                         const PackerConfig& config, double budget, bool also_upgraded) {
   std::vector<std::optional<Merge>> best(plan.microbatches.size());
   for (size_t m = 0; m < plan.microbatches.size(); ++m) {
-    best[m] = BestMerge(plan.microbatches[m], items, config);
+    best[m] = BestMerge(plan.microbatches[m], items, config, also_upgraded);
   }
   while (true) {
     // The most gain per token moved, within the budget.
@@ -140,7 +152,7 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
     if (!chosen) break;
     budget -= best[*chosen]->spend;
     Apply(plan.microbatches[*chosen], *best[*chosen], config);
-    best[*chosen] = BestMerge(plan.microbatches[*chosen], items, config);
+    best[*chosen] = BestMerge(plan.microbatches[*chosen], items, config, also_upgraded);
   }
   plan.flops = ComputeFlopsInputs(plan);
 }

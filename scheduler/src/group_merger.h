@@ -9,7 +9,7 @@
 // valid), so the heaviest group can merge with the lightest of its size.
 // Each merge runs its sequences at twice their CP size, so merges spend the
 // planner's upgrade budget (a fraction of the batch's tokens) on the largest
-// gains first, and a sequence is never merged above twice the size it needs.
+// gains first.
 
 #include <cstdint>
 #include <vector>
@@ -20,11 +20,12 @@
 namespace packfeed::scheduler {
 
 // `items[sample]` gives each sequence's own size. `budget`: CP inflation that
-// may still be spent, in padded tokens (see Inflation in row_packer.h). Merged
-// groups run at twice the size their sequences need, so a merge spends their
-// padded tokens.
+// may still be spent, in padded tokens (see Inflation in row_packer.h); a
+// merge spends what running its groups' sequences at twice the size adds.
+// Only groups whose sequences all run at their own size merge, unless
+// `also_upgraded`.
 void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
-                         const PackerConfig& config, double budget);
+                         const PackerConfig& config, double budget, bool also_upgraded);
 
 }  // namespace packfeed::scheduler
 

@@ -124,9 +124,9 @@ absl::StatusOr<std::vector<PackerItem>> MakeItems(absl::Span<const int64_t> leng
 }
 
 // After packing: under dynamic CP, merges that spend what is left of the
-// upgrade budget on the heaviest groups; then local search.
+// upgrade budget on the heaviest groups (group_merger.h); then local search.
 void Polish(GlobalPlan& plan, const std::vector<PackerItem>& items, const PackerConfig& config,
-            SchedulerKind kind, double budget) {
+            SchedulerKind kind, double budget, bool merge_upgraded) {
   if (kind == SchedulerKind::kDynamicCp) {
     double total = 0;
     double upgraded = 0;
@@ -140,7 +140,7 @@ void Polish(GlobalPlan& plan, const std::vector<PackerItem>& items, const Packer
     }
     const double left = budget * total - upgraded;
     if (left >= 1) {
-      MergeHeaviestGroups(plan, items, config, left);
+      MergeHeaviestGroups(plan, items, config, left, merge_upgraded);
     }
   }
   RefinePlan(plan, config.cost_model, config.max_tokens_per_rank);
@@ -218,8 +218,8 @@ absl::StatusOr<PackerConfig> PackerConfigOf(const PlannerOptions& options) {
 
 // What one budget gives: the plan at the fewest microbatches from `*rows`
 // on (a multiple of `step`) that fit within it and, with `one_more`, at
-// `step` more, polished (with less than `full_budget`, each also polished
-// again with it). `*rows` becomes the count that fitted. If the
+// `step` more, polished (each also polished again with `full_budget`, if
+// any, as another candidate). `*rows` becomes the count that fitted. If the
 // budget pushes the count past what the batch can fill, giving every rank
 // work matters more: plan without it.
 absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const PackerBatch& batch,
@@ -241,15 +241,16 @@ absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const PackerBatch& batch,
           plan = PackRows(batch, static_cast<int>(count + step), config);
           if (plan.ok()) plans.push_back(*std::move(plan));
         }
-        // Each polished within what it was packed with and, when that is
-        // less, also with merges that may spend the whole budget: its rows
-        // are laid out differently from the whole budget's.
+        // Each polished within what it was packed with and, as another
+        // candidate, with merges that may spend the whole budget and take
+        // groups already above their own size.
         const size_t packed = plans.size();
-        if (tried < full_budget) {
+        if (kind == SchedulerKind::kDynamicCp && full_budget > 0 && tried <= full_budget) {
           for (size_t i = 0; i < packed; ++i) plans.push_back(plans[i]);
         }
         for (size_t i = 0; i < plans.size(); ++i) {
-          Polish(plans[i], batch.items, config, kind, i < packed ? tried : full_budget);
+          const bool again = i >= packed;
+          Polish(plans[i], batch.items, config, kind, again ? full_budget : tried, again);
         }
         if (tried < kUnlimited) *rows = count;
         return plans;
@@ -307,6 +308,13 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const bool one_more =
       explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0);
   std::vector<double> budgets = {options.cp_upgrade_budget};
+  // The extra candidates (polished again, lifted anchors) where candidates
+  // are explored and the budget is one: above 100 % it asks for the fewest
+  // microbatches whatever the inflation, and merges spending it on a plan
+  // packed without it, at more microbatches, would run sequences at many
+  // times their CP size.
+  const bool bounded = explore && options.cp_upgrade_budget <= 1.0;
+  const double polish_budget = bounded ? options.cp_upgrade_budget : 0.0;
   if (explore && options.kind == SchedulerKind::kDynamicCp && options.cp_upgrade_budget > 0) {
     budgets = {options.cp_upgrade_budget, options.cp_upgrade_budget / 2, 0.0};
   }
@@ -335,8 +343,8 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   };
   const int64_t lower_bound = rows;
   for (const double budget : budgets) {
-    absl::StatusOr<std::vector<GlobalPlan>> plans = PlanWithBudget(
-        batch, config, options.kind, budget, &rows, step, one_more, options.cp_upgrade_budget);
+    absl::StatusOr<std::vector<GlobalPlan>> plans =
+        PlanWithBudget(batch, config, options.kind, budget, &rows, step, one_more, polish_budget);
     if (!plans.ok()) return plans.status();
     consider(*plans);
   }
@@ -351,17 +359,17 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
           options.cp_upgrade_budget) {
     int64_t from = lower_bound;
     absl::StatusOr<std::vector<GlobalPlan>> plans = PlanWithBudget(
-        batch, config, options.kind, kUnlimited, &from, step, one_more, options.cp_upgrade_budget);
+        batch, config, options.kind, kUnlimited, &from, step, one_more, polish_budget);
     if (plans.ok()) consider(*plans);
   }
   // Heavy anchors lifted as the rows are laid out (row_packer.h).
-  if (budgets.size() > 1) {
+  if (budgets.size() > 1 && bounded) {
     PackerConfig lifting = config;
     lifting.lift_heavy_anchors = true;
     int64_t from = lower_bound;
     absl::StatusOr<std::vector<GlobalPlan>> plans =
         PlanWithBudget(batch, lifting, options.kind, options.cp_upgrade_budget, &from, step,
-                       one_more, options.cp_upgrade_budget);
+                       one_more, polish_budget);
     if (plans.ok()) consider(*plans);
   }
   if (graph) {
