@@ -141,7 +141,7 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
     best[m] = BestMerge(plan.microbatches[m], items, config, also_upgraded);
   }
   while (true) {
-    // The most gain per token moved, within the budget.
+    // The most gain per unit of inflation spent, within the budget.
     std::optional<size_t> chosen;
     for (size_t m = 0; m < best.size(); ++m) {
       if (!best[m] || best[m]->spend > budget) continue;

@@ -308,11 +308,11 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const bool one_more =
       explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0);
   std::vector<double> budgets = {options.cp_upgrade_budget};
-  // The extra candidates (polished again, lifted anchors) where candidates
-  // are explored and the budget is one: above 100 % it asks for the fewest
-  // microbatches whatever the inflation, and merges spending it on a plan
-  // packed without it, at more microbatches, would run sequences at many
-  // times their CP size.
+  // The extra candidates (polished again, lifted anchors) only where
+  // candidates are explored and the budget is at most 100 %: above that it
+  // asks for the fewest microbatches whatever the inflation, and merges
+  // spending it on a plan packed without it, at more microbatches, would
+  // run sequences at many times their CP size.
   const bool bounded = explore && options.cp_upgrade_budget <= 1.0;
   const double polish_budget = bounded ? options.cp_upgrade_budget : 0.0;
   if (explore && options.kind == SchedulerKind::kDynamicCp && options.cp_upgrade_budget > 0) {
