@@ -1,4 +1,4 @@
-#!/ usr / bin / env python3
+#!/usr/bin/env python3
 """packfeed's planners beside Megatron-Core's own hybrid-CP scheduler, on the same batches.
 
   megatron_core_peer.py [--packfeedctl PATH] [--traces DIR]... [--steps K] [--quick]
@@ -7,28 +7,24 @@ Megatron-Core's scheduler is run, not quoted: its code comes from the
 megatron-core 0.16.1 wheel on PyPI (downloaded once into ~/.cache/packfeed),
 `megatron/core/pipeline_parallel/hybrid_cp_schedule.py`,
 `BalancedCPScheduler.get_groups_and_subsamples`. Only the two imports the
-scheduling path never touches (parallel_state, rerun_state_machine)
-are stubbed;
-the process group is an object that answers size().
+scheduling path never touches (parallel_state, rerun_state_machine) are
+stubbed; the process group is an object that answers size().
 
-    Both schedules are judged by one evaluator here,
-    under s² / c and under the calibrated model packfeedctl reports(its coefficients come from
-`packfeedctl plan-- json`) : -Megatron - Core : ranks meet at the end of each group;
-within a group a rank runs its sub - samples one by one, each its own microbatch(μ each),
-    at the CP size = the ranks that hold it in that group.- packfeed
-    : ranks meet at the end of each microbatch(one pack, one μ)
-          .step / ideal = modelled step time
-                          / the ideal of plan_stats
-                                .h(every sequence at its needed CP, perfect balance,
-                                   the token lower bound of microbatches)
-                                .
+Both schedules are judged by one evaluator here, under s²/c and under the
+calibrated model packfeedctl reports (its coefficients come from
+`packfeedctl plan --json`):
+  - Megatron-Core: ranks meet at the end of each group; within a group a
+    rank runs its sub-samples one by one, each its own microbatch (μ each),
+    at the CP size = the ranks that hold it in that group.
+  - packfeed: ranks meet at the end of each microbatch (one pack, one μ).
+step/ideal = modelled step time / the ideal of plan_stats.h (every sequence
+at its needed CP, perfect balance, the token lower bound of microbatches).
 
-                            Both are also judged as they run(GraphStepTime of plan_stats.h)
-    : ranks meet only where the model makes them,
-              the holders of one sequence(its CP group),
-              and all at the gradient reduction.A rank runs its sequences in order;
-one starts when the last of its holders is free.Megatron -
-    Core's groups follow one another with no barrier between them; packfeed's microbatches too.
+Both are also judged as they run (GraphStepTime of plan_stats.h): ranks meet
+only where the model makes them, the holders of one sequence (its CP group),
+and all at the gradient reduction. A rank runs its sequences in order; one
+starts when the last of its holders is free. Megatron-Core's groups follow
+one another with no barrier between them; packfeed's microbatches too.
 """
 
 import argparse
@@ -42,8 +38,9 @@ import tempfile
 import time
 import types
 import zipfile
-#One definition of the cost model and the padding rule, shared with the
-#optimality test.
+
+# One definition of the cost model and the padding rule, shared with the
+# optimality test.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "integration"))
 from plan_optimum import cost  # noqa: E402
@@ -52,10 +49,10 @@ import plan_optimum  # noqa: E402
 WHEEL = "megatron-core==0.16.1"
 SOURCE = "megatron/core/pipeline_parallel/hybrid_cp_schedule.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
-#Megatron's lognormal traces are generated, not stored (traces/megatron_lognormal.py).
+# Megatron's lognormal traces are generated, not stored (traces/megatron_lognormal.py).
 LOGNORMAL_TRACES = os.path.expanduser("~/.cache/packfeed/traces")
 
-#name, trace, ranks, max tokens per rank, global batch
+# name, trace, ranks, max tokens per rank, global batch
 CONFIGS = [
     ("code files, 32 ranks, 8192, 512", "trace_code_files", 32, 8192, 512),
     ("code files, 8 ranks, 16384, 128", "trace_code_files", 8, 16384, 128),
@@ -175,7 +172,7 @@ def graph_time(runs, ranks, model):
     free = [0.0] * ranks
     items = 0
     pending = sum(len(run) for run in runs)
-#An item is ready when it is next on every holder's list.
+    # An item is ready when it is next on every holder's list.
     while items < pending:
         progressed = False
         for rank in range(ranks):
@@ -273,7 +270,7 @@ def main():
             lengths = [int(line) for line in f if line.strip()]
         steps = max(1, min(1 if args.quick else args.steps, len(lengths) // gbs))
         rows = {}
-#packfeed, planning under s² / c and under the calibrated model.
+        # packfeed, planning under s²/c and under the calibrated model.
         for objective in ("barrier", "graph"):
             for cost_model in ("megatron", "llama8b"):
                 summary, plans = plan_packfeed(args.packfeedctl, trace, ranks, cap, gbs, steps,
