@@ -26,12 +26,8 @@ int64_t PaddedAt(int64_t length, int c, const PlannerOptions& options) {
 
 // The smallest size in `range` at which the sequence fits the cap; 0 if none.
 int OwnCp(int64_t length, const CpRange& range, const PlannerOptions& options) {
-  for (int c = range.min; c <= range.max; c *= 2) {
-    const int64_t padded = PaddedAt(length, c, options);
-    if ((padded + c - 1) / c <= options.max_tokens_per_rank) return c;
-    if (range.min == range.max) break;
-  }
-  return 0;
+  return SmallestFittingCp(length, range.min, range.max, options.max_tokens_per_rank, options.tp,
+                           options.sequence_parallel);
 }
 
 struct Upgrade {

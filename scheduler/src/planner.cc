@@ -108,15 +108,13 @@ absl::StatusOr<std::vector<PackerItem>> MakeItems(absl::Span<const int64_t> leng
   std::vector<PackerItem> items;
   items.reserve(lengths.size());
   for (size_t i = 0; i < lengths.size(); ++i) {
-    int c = config.min_cp;
-    while (ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank &&
-           c < config.max_cp) {
-      c *= 2;
-    }
-    if (ShapeAt(lengths[i], c, config).tokens_per_rank > config.max_tokens_per_rank) {
+    const int c =
+        SmallestFittingCp(lengths[i], config.min_cp, config.max_cp, config.max_tokens_per_rank,
+                          config.tp, config.sequence_parallel);
+    if (c == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sample ", i, " of length ", lengths[i], " does not fit in ", config.max_tokens_per_rank,
-          " tokens per rank even at CP size ", c, " (the largest allowed)"));
+          " tokens per rank even at CP size ", config.max_cp, " (the largest allowed)"));
     }
     items.push_back({static_cast<int64_t>(i), lengths[i], c});
   }

@@ -28,9 +28,14 @@ StepBound BoundFigures(absl::Span<const int64_t> batch, const scheduler::GlobalP
     planner.cost_model = model;
     return scheduler::LowerBoundStepTime(batch, planner, budget);
   };
-  absl::StatusOr<scheduler::StepTimeBound> own = bound(options.planner.cost_model);
-  absl::StatusOr<scheduler::StepTimeBound> s2 = bound(scheduler::CostModel::Megatron());
-  absl::StatusOr<scheduler::StepTimeBound> calibrated = bound(options.calibrated_model);
+  const absl::StatusOr<scheduler::StepTimeBound> s2 = bound(scheduler::CostModel::Megatron());
+  const absl::StatusOr<scheduler::StepTimeBound> calibrated = bound(options.calibrated_model);
+  // The planner's own model is usually one of those two.
+  const scheduler::CostModel& model = options.planner.cost_model;
+  const absl::StatusOr<scheduler::StepTimeBound> own =
+      model == scheduler::CostModel::Megatron() ? s2
+      : model == options.calibrated_model       ? calibrated
+                                                : bound(model);
   if (!own.ok() || !s2.ok() || !calibrated.ok()) return {kNone, kNone, kNone, kNone, kNone};
   return {own->step_time,
           scheduler::StepTime(plan, options.planner.cost_model) / own->step_time - 1,

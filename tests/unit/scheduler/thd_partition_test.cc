@@ -70,6 +70,20 @@ TEST(ThdPartitionTest, SequenceParallelMultipliesTheDivisor) {
   EXPECT_EQ(PadTo(16, 8), 16);
 }
 
+TEST(ThdPartitionTest, SmallestFittingCpCountsThePadding) {
+  // 4 097 tokens: 4 097 per rank at CP 1, 2 050 at CP 2 (padded to 4 100).
+  EXPECT_EQ(SmallestFittingCp(4097, 1, 8, 4097, 1, false), 1);
+  EXPECT_EQ(SmallestFittingCp(4097, 1, 8, 4096, 1, false), 2);
+  EXPECT_EQ(SmallestFittingCp(4097, 1, 8, 2049, 1, false), 4);  // 2 050 > 2 049
+  EXPECT_EQ(SmallestFittingCp(4097, 1, 8, 512, 1, false), 0);   // 520 at CP 8
+  EXPECT_EQ(SmallestFittingCp(4097, 2, 8, 4096, 1, false), 2);  // not below min
+  // Sequence parallelism pads to 2·c·TP: 4 112 / 2 = 2 056 at CP 2, TP 4.
+  EXPECT_EQ(SmallestFittingCp(4097, 1, 8, 2050, 4, true), 4);
+  // Static CP: one size, any number.
+  EXPECT_EQ(SmallestFittingCp(4097, 3, 3, 1366, 1, false), 3);  // 4 098 / 3
+  EXPECT_EQ(SmallestFittingCp(4097, 3, 3, 1365, 1, false), 0);
+}
+
 TEST(ThdPartitionTest, ChunksAreKThenMirror) {
   auto ranges = ZigzagChunks(24, 3, 1);
   ASSERT_TRUE(ranges.ok()) << ranges.status();

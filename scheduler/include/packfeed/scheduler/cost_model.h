@@ -34,6 +34,8 @@ struct CostModel {
   // Megatron's estimator: s²/c, nothing else.
   static CostModel Megatron() { return {}; }
 
+  bool operator==(const CostModel&) const = default;
+
   // True when anything besides s²/c and s/c is modelled: only then can the
   // planner weigh CP and microbatch count against balance.
   bool ModelsOverheads() const { return kappa > 0 || lambda > 0 || microbatch > 0 || bubble > 0; }
