@@ -2,7 +2,7 @@
 // docs/SCHEDULER.md and prints packfeed's figures beside the ones measured by
 // running Megatron-LM's own schedulers on the same traces.
 //   scheduler_bench [--traces DIR]
-// Megatron's figures are quoted from that README (they come from running
+// Megatron's figures are quoted (they come from running
 // its code, not from this program); ours are measured in this run,
 // single-threaded.
 
