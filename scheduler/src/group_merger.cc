@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace packfeed::scheduler {
@@ -44,84 +45,108 @@ double SpendToDouble(const CpGroup& group, const std::vector<PackerItem>& items,
   return spend;
 }
 
+// Merges within one microbatch: each heavy group with its partner.
 struct Merge {
-  size_t heaviest = 0;
-  size_t partner = 0;
-  double gain = 0;   // fall of the microbatch's maximum
-  double spend = 0;  // CP inflation it adds (Inflation's unit)
+  std::vector<std::pair<size_t, size_t>> pairs;  // (heavy, partner)
+  double gain = 0;                               // fall of the microbatch's maximum
+  double spend = 0;                              // CP inflation it adds (Inflation's unit)
 };
 
-// The best merge for one microbatch: its heaviest group with the partner of
-// the same size that gives the lowest maximum.
+// At most this many heavy groups merge at once: several groups may share
+// the maximum (sequences of one length), and only merging them all lowers it.
+constexpr size_t kMostAtOnce = 64;
+
+// The best merges for one microbatch: its k heaviest groups (k = 1, 2, …),
+// each with the lightest unused partner of its size whose merged group
+// holds the cap; of the k that lower the maximum within `budget`, the one
+// with the most gain per inflation spent.
 std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
                                const std::vector<PackerItem>& items, const PackerConfig& config,
-                               bool also_upgraded) {
+                               bool also_upgraded, double budget) {
   const std::vector<CpGroup>& groups = microbatch.groups;
+  // Per group: its load now and at twice its size (a merged group's load is
+  // the sum of its two halves' at that size).
   std::vector<double> cost(groups.size());
-  size_t heaviest = 0;
+  std::vector<Load> doubled(groups.size());
+  std::vector<size_t> order(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) {
     cost[i] = LoadAt({&groups[i]}, groups[i].size, config).cost;
-    if (cost[i] > cost[heaviest]) heaviest = i;
+    order[i] = i;
   }
-  const CpGroup& top = groups[heaviest];
-  if (2 * top.size > config.max_cp || (!also_upgraded && !AtOwnSize(top, items))) {
-    return std::nullopt;
-  }
-  // The largest cost outside the merged pair: the second largest overall,
-  // or the third when the partner is the second.
-  size_t second = groups.size(), third = groups.size();
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return cost[a] != cost[b] ? cost[a] > cost[b] : a < b; });
+  std::vector<char> mergeable(groups.size(), 0);
   for (size_t i = 0; i < groups.size(); ++i) {
-    if (i == heaviest) continue;
-    if (second == groups.size() || cost[i] > cost[second]) {
-      third = second;
-      second = i;
-    } else if (third == groups.size() || cost[i] > cost[third]) {
-      third = i;
-    }
+    mergeable[i] =
+        2 * groups[i].size <= config.max_cp && (also_upgraded || AtOwnSize(groups[i], items));
+    if (mergeable[i]) doubled[i] = LoadAt({&groups[i]}, 2 * groups[i].size, config);
   }
-  const auto others_max = [&](size_t partner) {
-    const size_t k = partner == second ? third : second;
-    return k < groups.size() ? cost[k] : 0.0;
-  };
+  const double top = order.empty() ? 0.0 : cost[order[0]];
+  std::vector<char> used(groups.size(), 0);
+  std::vector<std::pair<size_t, size_t>> pairs;
+  double spend = 0;
+  double merged_max = 0;
   std::optional<Merge> best;
-  double best_max = cost[heaviest];
-  for (size_t j = 0; j < groups.size(); ++j) {
-    if (j == heaviest || groups[j].size != top.size ||
-        (!also_upgraded && !AtOwnSize(groups[j], items))) {
-      continue;
+  for (size_t k = 0; k < order.size() && k < kMostAtOnce; ++k) {
+    const size_t heavy = order[k];
+    if (used[heavy] || !mergeable[heavy]) break;
+    // Partners come from the light end of `order`.
+    std::optional<size_t> partner;
+    for (size_t r = order.size(); r-- > k + 1;) {
+      const size_t j = order[r];
+      if (used[j] || !mergeable[j] || groups[j].size != groups[heavy].size ||
+          doubled[heavy].tokens + doubled[j].tokens > config.max_tokens_per_rank) {
+        continue;
+      }
+      partner = j;
+      break;
     }
-    const Load merged = LoadAt({&top, &groups[j]}, 2 * top.size, config);
-    if (merged.tokens > config.max_tokens_per_rank) continue;
-    const double new_max = std::max(merged.cost, others_max(j));
-    if (new_max < best_max) {
-      best_max = new_max;
-      best = Merge{heaviest, j, cost[heaviest] - new_max,
-                   SpendToDouble(top, items, config) + SpendToDouble(groups[j], items, config)};
+    if (!partner) break;
+    merged_max = std::max(merged_max, doubled[heavy].cost + doubled[*partner].cost);
+    if (merged_max >= top) break;  // no more merges can lower the maximum
+    spend += SpendToDouble(groups[heavy], items, config) +
+             SpendToDouble(groups[*partner], items, config);
+    if (spend > budget) break;
+    used[heavy] = used[*partner] = 1;
+    pairs.emplace_back(heavy, *partner);
+    // The heaviest group left out of every pair.
+    double rest_max = 0;
+    for (size_t r = k + 1; r < order.size(); ++r) {
+      if (!used[order[r]]) {
+        rest_max = cost[order[r]];
+        break;
+      }
+    }
+    const double gain = top - std::max(merged_max, rest_max);
+    if (gain > 0 && (!best || gain * best->spend > best->gain * spend)) {
+      best = Merge{pairs, gain, spend};
     }
   }
   return best;
 }
 
-// Replaces the two groups by one of twice the size and lays the
+// Replaces each pair by one group of twice the size and lays the
 // microbatch's groups out again, largest first: consecutive blocks sorted by
 // decreasing power-of-two size are always aligned.
 void Apply(PlannedMicrobatch& microbatch, const Merge& merge, const PackerConfig& config) {
   std::vector<CpGroup>& groups = microbatch.groups;
-  CpGroup merged;
-  merged.size = 2 * groups[merge.heaviest].size;
-  for (size_t index : {merge.heaviest, merge.partner}) {
-    for (const PlannedSequence& s : groups[index].sequences) {
-      merged.sequences.push_back(
-          {s.sample, s.length, ShapeAt(s.length, merged.size, config).padded});
-    }
-  }
+  std::vector<char> merged_away(groups.size(), 0);
   std::vector<CpGroup> rest;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    if (i != merge.heaviest && i != merge.partner) {
-      rest.push_back(std::move(groups[i]));
+  for (const auto& [heavy, partner] : merge.pairs) {
+    CpGroup merged;
+    merged.size = 2 * groups[heavy].size;
+    for (size_t index : {heavy, partner}) {
+      merged_away[index] = 1;
+      for (const PlannedSequence& s : groups[index].sequences) {
+        merged.sequences.push_back(
+            {s.sample, s.length, ShapeAt(s.length, merged.size, config).padded});
+      }
     }
+    rest.push_back(std::move(merged));
   }
-  rest.push_back(std::move(merged));
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (!merged_away[i]) rest.push_back(std::move(groups[i]));
+  }
   std::stable_sort(rest.begin(), rest.end(),
                    [](const CpGroup& a, const CpGroup& b) { return a.size > b.size; });
   int first = 0;
@@ -138,13 +163,16 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
                          const PackerConfig& config, double budget, bool also_upgraded) {
   std::vector<std::optional<Merge>> best(plan.microbatches.size());
   for (size_t m = 0; m < plan.microbatches.size(); ++m) {
-    best[m] = BestMerge(plan.microbatches[m], items, config, also_upgraded);
+    best[m] = BestMerge(plan.microbatches[m], items, config, also_upgraded, budget);
   }
   while (true) {
     // The most gain per unit of inflation spent, within the budget.
     std::optional<size_t> chosen;
     for (size_t m = 0; m < best.size(); ++m) {
-      if (!best[m] || best[m]->spend > budget) continue;
+      if (best[m] && best[m]->spend > budget) {  // found before the budget fell
+        best[m] = BestMerge(plan.microbatches[m], items, config, also_upgraded, budget);
+      }
+      if (!best[m]) continue;
       if (!chosen || best[m]->gain * best[*chosen]->spend > best[*chosen]->gain * best[m]->spend) {
         chosen = m;
       }
@@ -152,7 +180,7 @@ void MergeHeaviestGroups(GlobalPlan& plan, const std::vector<PackerItem>& items,
     if (!chosen) break;
     budget -= best[*chosen]->spend;
     Apply(plan.microbatches[*chosen], *best[*chosen], config);
-    best[*chosen] = BestMerge(plan.microbatches[*chosen], items, config, also_upgraded);
+    best[*chosen] = BestMerge(plan.microbatches[*chosen], items, config, also_upgraded, budget);
   }
   plan.flops = ComputeFlopsInputs(plan);
 }

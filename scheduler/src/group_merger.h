@@ -7,9 +7,10 @@
 // twice the size, whose per-rank cost is their average. Groups may sit
 // anywhere in a microbatch (any tiling by aligned power-of-two blocks is
 // valid), so the heaviest group can merge with the lightest of its size.
-// Each merge runs its sequences at twice their CP size, so merges spend the
-// planner's upgrade budget (a fraction of the batch's tokens) on the largest
-// gains first.
+// Where several groups share the maximum, only merging them all lowers it:
+// a microbatch's k heaviest groups merge at once. Each merge runs its sequences at twice their CP
+// size, so merges spend the planner's upgrade budget (a fraction of the batch's tokens) on the
+// largest gains first.
 
 #include <cstdint>
 #include <vector>

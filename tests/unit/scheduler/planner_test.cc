@@ -278,6 +278,26 @@ TEST(PlannerTest, DynamicCpMergesGroupsOnlyWithinTheUpgradeBudget) {
   EXPECT_DOUBLE_EQ(stats.cp_inflation, 2.0);
 }
 
+TEST(PlannerTest, DynamicCpMergesEveryGroupThatSharesTheMaximum) {
+  // Two 100-token sequences (100² per rank) and two of 20 on 4 ranks of
+  // 100. Merging one 100 with one 20 leaves the other 100 at the maximum:
+  // only both merges, each into a CP-2 group of (100² + 20²)/2 = 5 200,
+  // lower it. They spend every token's worth of inflation; a budget above
+  // 100 % plans no lifted-anchor candidate, so the merges are the only way.
+  const std::vector<int64_t> lengths = {100, 100, 20, 20};
+  PlannerOptions options = Options(SchedulerKind::kDynamicCp, 4, 1, 100);
+  options.cp_upgrade_budget = 1.5;
+  const absl::StatusOr<GlobalPlan> plan = PlanGlobalBatch(lengths, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->num_microbatches(), 1);
+  EXPECT_DOUBLE_EQ(StepTime(*plan, CostModel::Megatron()), 5200.0);
+  ASSERT_EQ(plan->microbatches[0].groups.size(), 2u);
+  for (const CpGroup& group : plan->microbatches[0].groups) {
+    EXPECT_EQ(group.size, 2);
+    EXPECT_EQ(group.sequences.size(), 2u);
+  }
+}
+
 TEST(PlannerTest, DynamicCpLiftsASequenceThatWouldSetItsMicrobatchsTime) {
   // 8 ranks of 100. The 400-token sequence needs CP 4 (40 000 per rank),
   // the 250-token one CP 4 too (256² / 4 = 16 384), and 120 of 50 tokens
