@@ -131,21 +131,22 @@ std::optional<Merge> BestMerge(const PlannedMicrobatch& microbatch,
 void Apply(PlannedMicrobatch& microbatch, const Merge& merge, const PackerConfig& config) {
   std::vector<CpGroup>& groups = microbatch.groups;
   std::vector<char> merged_away(groups.size(), 0);
+  for (const auto& [heavy, partner] : merge.pairs) merged_away[heavy] = merged_away[partner] = 1;
+  // The groups that stay, in their order, then the merged ones.
   std::vector<CpGroup> rest;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (!merged_away[i]) rest.push_back(std::move(groups[i]));
+  }
   for (const auto& [heavy, partner] : merge.pairs) {
     CpGroup merged;
     merged.size = 2 * groups[heavy].size;
     for (size_t index : {heavy, partner}) {
-      merged_away[index] = 1;
       for (const PlannedSequence& s : groups[index].sequences) {
         merged.sequences.push_back(
             {s.sample, s.length, ShapeAt(s.length, merged.size, config).padded});
       }
     }
     rest.push_back(std::move(merged));
-  }
-  for (size_t i = 0; i < groups.size(); ++i) {
-    if (!merged_away[i]) rest.push_back(std::move(groups[i]));
   }
   std::stable_sort(rest.begin(), rest.end(),
                    [](const CpGroup& a, const CpGroup& b) { return a.size > b.size; });

@@ -1,5 +1,6 @@
 #include "packfeed/scheduler/planner.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -23,6 +24,9 @@ constexpr double kUnlimited = 1e300;
 // batch is packed once, at the configured budget, so that 8 192 sequences
 // over 1 024 ranks plan within 20 ms (docs/SCHEDULER.md, "Scale").
 constexpr int64_t kExploreWork = int64_t{1} << 22;
+
+// The graph objective refines this many of its best candidates.
+constexpr size_t kGraphRefined = 3;
 
 bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
@@ -320,16 +324,20 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   // depends on the barrier's choice); the objective picks among them.
   const bool graph = options.objective == Objective::kGraph;
   std::optional<GlobalPlan> best;  // by StepTime
-  std::optional<GlobalPlan> best_graph;
   double best_time = 0;
-  double best_graph_time = 0;
+  // The graph objective: the candidates with the lowest graph times, best
+  // first, ties in the order planned.
+  std::vector<std::pair<double, GlobalPlan>> best_graph;
   const auto consider = [&](std::vector<GlobalPlan>& plans) {
     for (GlobalPlan& plan : plans) {
       if (graph) {
         const double time = GraphStepTime(plan, config.cost_model, options.execution);
-        if (!best_graph || time < best_graph_time) {
-          best_graph = plan;
-          best_graph_time = time;
+        const auto at = std::upper_bound(
+            best_graph.begin(), best_graph.end(), time,
+            [](double t, const std::pair<double, GlobalPlan>& entry) { return t < entry.first; });
+        if (static_cast<size_t>(at - best_graph.begin()) < kGraphRefined) {
+          best_graph.insert(at, {time, plan});
+          if (best_graph.size() > kGraphRefined) best_graph.pop_back();
         }
       }
       const double time = StepTime(plan, config.cost_model);
@@ -371,8 +379,20 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
     if (plans.ok()) consider(*plans);
   }
   if (graph) {
-    RefineForGraph(*best_graph, config.cost_model, config.max_tokens_per_rank, options.execution);
-    return *std::move(best_graph);
+    // How much the local search gains depends on the plan it starts from,
+    // so the best few are refined and the fastest after it kept.
+    size_t kept = 0;
+    double kept_time = 0;
+    for (size_t i = 0; i < best_graph.size(); ++i) {
+      GlobalPlan& plan = best_graph[i].second;
+      RefineForGraph(plan, config.cost_model, config.max_tokens_per_rank, options.execution);
+      const double time = GraphStepTime(plan, config.cost_model, options.execution);
+      if (i == 0 || time < kept_time) {
+        kept = i;
+        kept_time = time;
+      }
+    }
+    return std::move(best_graph[kept].second);
   }
   return *std::move(best);
 }
