@@ -41,6 +41,11 @@ int main(int argc, char** argv) {
   }
   if (!socket_path.empty()) config->set_socket_path(socket_path);
 
+  // A write into a pipe or socket whose reader has gone (a log piped into
+  // a program that exited, a peer that died) fails with EPIPE where it is
+  // made; it must not kill the daemon and every rank it serves.
+  signal(SIGPIPE, SIG_IGN);
+
   // Signals are taken by one thread with sigwait: every thread started from
   // here on inherits the blocked mask.
   sigset_t signals;

@@ -6,7 +6,7 @@ SIGTERM sends STOPPING=1 and exits 0; that while start-up waits for a peer
 daemon, EXTEND_TIMEOUT_USEC comes every few seconds with a STATUS naming the
 peer (systemd's start timeout would otherwise end a long wait), and READY
 never comes for a start-up that failed. Also: start-up errors are one clear
-line and a non-zero exit.
+line and a non-zero exit, and a closed log pipe does not kill the daemon.
 
 usage: daemon_readiness_test.py BIN_DIR SOURCE_ROOT"""
 import os
@@ -82,6 +82,35 @@ def test_notify(checks, bin_dir, work, prefix):
     checks.check("SIGTERM exits 0", daemon.returncode == 0, output)
     notify.close()
     print(f"notify: READY then health answered, {pings} watchdog pings in 1 s, STOPPING on SIGTERM")
+
+
+def test_closed_log_pipe(checks, bin_dir, work, prefix):
+    """A daemon whose log pipe's reader has gone (a `| head` that exited)
+    keeps serving and drains on SIGTERM: a write into the closed pipe fails,
+    it does not kill the daemon with SIGPIPE."""
+    ctl = f"{bin_dir}/packfeedctl"
+    sock = f"{work}/pipe.sock"
+    config = pathlib.Path(work, "pipe.textproto")
+    config.write_text(config_text(sock, prefix))
+    daemon = subprocess.Popen([f"{bin_dir}/packfeedd", "--config", str(config)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    healthy = False
+    while time.monotonic() < deadline and not healthy:
+        healthy = subprocess.run([ctl, "health", "--socket", sock],
+                                 capture_output=True).returncode == 0
+        time.sleep(0.05)
+    checks.check("closed log pipe: the daemon starts", healthy)
+    daemon.stdout.close()  # the reader goes away
+    daemon.send_signal(signal.SIGTERM)  # logs "draining", then "stopped"
+    try:
+        code = daemon.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        code = daemon.wait()
+    checks.check("closed log pipe: SIGTERM still drains and exits 0 (not SIGPIPE)", code == 0,
+                 code)
+    print(f"closed log pipe: exit {code} after SIGTERM")
 
 
 def free_port():
@@ -177,6 +206,7 @@ def main():
                    check=True, capture_output=True)
     checks = Checks(None)
     test_notify(checks, bin_dir, work, prefix)
+    test_closed_log_pipe(checks, bin_dir, work, prefix)
     test_peer_wait(checks, bin_dir, work, prefix)
     test_startup_errors(checks, bin_dir, work, prefix)
     checks.finish()
