@@ -13,6 +13,7 @@
 
 #include "CLI/CLI.hpp"
 #include "packfeed/dataset/dataset_generator.h"
+#include "packfeed/scheduler/padding.h"
 #include "server/ctl/plan_replay.h"
 
 namespace {
@@ -150,7 +151,7 @@ std::pair<double, double> MegatronPaddingFactor(const std::vector<int64_t>& leng
   const int64_t multiple = 2 * int64_t{ranks};
   double padded_work = 0, work = 0, padded = 0, tokens = 0;
   for (const int64_t length : lengths) {
-    const double p = static_cast<double>((length + multiple - 1) / multiple * multiple);
+    const double p = static_cast<double>(packfeed::scheduler::PadTo(length, multiple));
     const double s = static_cast<double>(length);
     padded_work += p * p;
     work += s * s;
