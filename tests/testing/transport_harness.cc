@@ -3,7 +3,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "packfeed/common/status_macros.h"
 #include "payload_pattern.h"
 
@@ -100,6 +102,20 @@ absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_s
 
 std::string StatusLine(const absl::Status& status) {
   return absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+}
+
+constexpr absl::string_view kConnectionPrefix = "connection ";
+
+std::string ConnectionReply(uint64_t connection_id) {
+  return absl::StrCat(kConnectionPrefix, connection_id);
+}
+
+absl::StatusOr<uint64_t> ConnectionIdOf(absl::string_view reply) {
+  uint64_t connection_id = 0;
+  if (!absl::ConsumePrefix(&reply, kConnectionPrefix) || !absl::SimpleAtoi(reply, &connection_id)) {
+    return absl::InternalError(absl::StrCat("peer's reply to connect: ", reply));
+  }
+  return connection_id;
 }
 
 }  // namespace packfeed::testing

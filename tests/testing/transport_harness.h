@@ -8,6 +8,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "packfeed/transport/receiver.h"
 #include "packfeed/transport/sender.h"
@@ -43,6 +45,11 @@ absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_s
 
 // "<CODE>: <message>", the way peers report a status over the control channel.
 std::string StatusLine(const absl::Status& status);
+
+// A peer's reply to "connect": "connection <id>", or a status line.
+std::string ConnectionReply(uint64_t connection_id);
+// The id in a ConnectionReply; Internal, quoting the reply, for anything else.
+absl::StatusOr<uint64_t> ConnectionIdOf(absl::string_view reply);
 
 }  // namespace packfeed::testing
 

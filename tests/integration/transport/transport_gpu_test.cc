@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -39,9 +41,11 @@ std::string TransportPeer() {
   return path != nullptr ? path : PF_TRANSPORT_PEER;
 }
 
-// A transport_peer sender connected to `receiver`, pushing `count` test
-// messages.
-absl::StatusOr<ChildProcess> StartSender(transport::Receiver& receiver, uint64_t count) {
+// A transport_peer sender connected to `receiver`, which pushes `count` test
+// messages once `start_pushing` (called between the two) returns.
+absl::StatusOr<ChildProcess> StartSender(
+    transport::Receiver& receiver, uint64_t count,
+    const std::function<void()>& start_pushing = [] {}) {
   PF_ASSIGN_OR_RETURN(ChildProcess child,
                       ChildProcess::Spawn({TransportPeer(), "--role", "sender", "--max-payload",
                                            absl::StrCat(kMaxPayload)}));
@@ -50,11 +54,9 @@ absl::StatusOr<ChildProcess> StartSender(transport::Receiver& receiver, uint64_t
   PF_RETURN_IF_ERROR(child.Send(receiver.worker_address()));
   PF_RETURN_IF_ERROR(child.Send(receiver.ring_descriptor()));
   PF_ASSIGN_OR_RETURN(const std::string reply, child.Receive());
-  uint64_t connection_id = 0;
-  if (!absl::SimpleAtoi(reply.substr(std::min<size_t>(6, reply.size())), &connection_id)) {
-    return absl::InternalError(absl::StrCat("peer's connect reply: ", reply));
-  }
+  PF_ASSIGN_OR_RETURN(const uint64_t connection_id, ConnectionIdOf(reply));
   PF_RETURN_IF_ERROR(receiver.Connect(address, connection_id));
+  start_pushing();
   PF_RETURN_IF_ERROR(child.Send(absl::StrCat("push ", connection_id, " 0 ", count)));
   return child;
 }
@@ -157,7 +159,6 @@ TEST(StagedRingTest, ReadsAndCreditsWaitForTheCopy) {
   void* pinned = nullptr;
   ASSERT_EQ(cudaMallocHost(&pinned, kMaxPayload + (64 << 10)), cudaSuccess);
   std::atomic<bool> open{false};
-  ASSERT_EQ(cudaLaunchHostFunc(copy_stream, &HoldShut, &open), cudaSuccess);
   {
     transport::ReceiverOptions options;
     options.placement = transport::RingPlacement::kStagedDevice;
@@ -166,8 +167,17 @@ TEST(StagedRingTest, ReadsAndCreditsWaitForTheCopy) {
     options.cuda_copy_stream = copy_stream;
     auto receiver = transport::Receiver::Create(options);
     ASSERT_TRUE(receiver.ok()) << receiver.status();
+    // A failed assertion below must not leave the copy stream shut: the
+    // receiver's destructor waits for it.
+    absl::Cleanup open_on_exit = [&open] { open = true; };
     EXPECT_EQ((*receiver)->memory_kind(), MemoryKind::kCuda);
-    auto child = StartSender(**receiver, kMessages);
+    // Shut only once connected. Shut before, the test hung with UCX 1.22
+    // built with CUDA (an H100, 2026-11-26; not with Debian's 1.13), where
+    // connecting may make CUDA calls that wait for every stream: the cause
+    // is not established.
+    auto child = StartSender(**receiver, kMessages, [&] {
+      ASSERT_EQ(cudaLaunchHostFunc(copy_stream, &HoldShut, &open), cudaSuccess);
+    });
     ASSERT_TRUE(child.ok()) << child.status();
 
     auto first = (*receiver)->Next(absl::Seconds(20));

@@ -129,7 +129,7 @@ void RunSender(const PeerFlags& flags) {
       const std::string address = Next();
       const std::string ring = Next();
       absl::StatusOr<uint64_t> connection_id = (*sender)->Connect(address, ring);
-      Reply(connection_id.ok() ? absl::StrCat("connection ", *connection_id)
+      Reply(connection_id.ok() ? ConnectionReply(*connection_id)
                                : StatusLine(connection_id.status()));
     } else if (command[0] == "push") {
       PushReport report;

@@ -42,10 +42,9 @@ constexpr uint64_t kSmall = 1ull << 20;
 constexpr uint64_t SlotBytesFor(uint64_t max_payload) { return max_payload + (64 << 10); }
 
 uint64_t ConnectionIdFrom(const std::string& reply) {
-  uint64_t connection_id = 0;
-  EXPECT_THAT(reply, StartsWith("connection "));
-  EXPECT_TRUE(absl::SimpleAtoi(reply.substr(11), &connection_id)) << reply;
-  return connection_id;
+  absl::StatusOr<uint64_t> connection_id = ConnectionIdOf(reply);
+  EXPECT_TRUE(connection_id.ok()) << connection_id.status();
+  return connection_id.value_or(0);
 }
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
