@@ -64,7 +64,13 @@ find "$out/sysroot" -type f \( -name '*.so*' -o -path '*/bin/*' \) -exec ldd {} 
 # Relocation: Debian's UCX config and pkg-config files name /usr outright.
 sed -i 's|^set(prefix "/usr")|get_filename_component(prefix "${CMAKE_CURRENT_LIST_DIR}/../../../.." ABSOLUTE)|' \
   "$libdir/cmake/ucx/ucx-targets.cmake"
-sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' "$libdir"/pkgconfig/*.pc
+# Some (re2.pc) name their directories outright, without a prefix.
+sed -i -E 's#^(prefix|exec_prefix|libdir|includedir)=/usr(/|$)#\1=${pcfiledir}/../../..\2#' \
+  "$libdir"/pkgconfig/*.pc
+if grep -E '^[a-z_]+=/usr' "$libdir"/pkgconfig/*.pc; then
+  echo "a pkg-config file above still names /usr: relocate it" >&2
+  exit 1
+fi
 # (CMake's own "installed through a symlink" check, _realOrig, may name it.)
 if grep -rE '"/usr/(lib|include)' "$libdir/cmake" | grep -Ev '_realOrig|_IMPORT_PREFIX "/usr/lib'; then
   echo "a CMake config above still names /usr: relocate it" >&2

@@ -5,28 +5,46 @@
 #   tests/gpu/make_python_bundle.sh PY 3.12                    (optional)
 # On the GPU machine:
 #   DEV/run.sh [PY PYTHON]
-# runs transport_gpu_test with Debian's UCX 1.13 and, when the bundle has it,
-# UCX 1.22 with CUDA; transport_bench and e2e_bench on the host and staged
-# rings; and, given PY and a PYTHON with torch, builds the Python package
-# there (PY/build_python.sh) and runs tests/python/gpu_varlen_test.py from
-# PY's sources against DEV's daemon. Every step runs; the exit status says
-# whether any failed. PF_QUICK=1 gives the benchmarks --quick (a smoke run).
+# runs, in this order:
+#   tests   transport_gpu_test with Debian's UCX 1.13 and, when the bundle
+#           has it, UCX 1.22 with CUDA;
+#   python  given PY and a PYTHON with torch: builds the Python package there
+#           (PY/build_python.sh) and runs, from PY's sources against DEV's
+#           daemon, gpu_varlen_test, gpu_lifetime_test and client_test's
+#           held-tensor test;
+#   bench   transport_bench and e2e_bench on the staged ring, then the host
+#           ring (e2e_bench also on 1 000 documents with and without a 48x8
+#           int16 side field per token).
+# Every step runs and says how long it took; the exit status says whether
+# any failed. PF_PARTS (default "tests python bench") names the parts to run;
+# PF_STEP_TIMEOUT (seconds, default 300) bounds each step; PF_QUICK=1 gives
+# the benchmarks --quick (a smoke run).
 set -uo pipefail
 dev=$(cd "$(dirname "$0")" && pwd)
 py=${1:-}
 python=${2:-python3}
 failed=0
+# A step that hangs is killed after PF_STEP_TIMEOUT seconds (default 300)
+# and counts as failed: the others still run.
 step() {
   echo "== $*"
-  "$@" || { echo "== FAILED ($?): $*"; failed=1; }
+  local start=$SECONDS rc=0
+  timeout --kill-after=10 "${PF_STEP_TIMEOUT:-300}" "$@" || rc=$?
+  case $rc in
+    0) ;;
+    77) echo "== SKIPPED: $*" ;;  # every test of a Python file skipped (no device)
+    124 | 137) echo "== TIMED OUT: $*"; failed=1 ;;
+    *) echo "== FAILED ($rc): $*"; failed=1 ;;
+  esac
+  echo "== $((SECONDS - start)) s"
 }
-debian_ucx() { env LD_LIBRARY_PATH="$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules" "$@"; }
-cuda_ucx() {
-  env LD_LIBRARY_PATH="$dev/ucx-cuda:$dev/lib" UCX_MODULE_DIR="$dev/ucx-cuda/modules" "$@"
-}
+debian_ucx=(env LD_LIBRARY_PATH="$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules")
+cuda_ucx=(env LD_LIBRARY_PATH="$dev/ucx-cuda:$dev/lib" UCX_MODULE_DIR="$dev/ucx-cuda/modules")
 export PF_TRANSPORT_PEER=$dev/bin/transport_peer
 quick=()
 [[ -n ${PF_QUICK:-} ]] && quick=(--quick)
+# PF_PARTS picks what runs (default all): tests, python, bench.
+wanted() { [[ " ${PF_PARTS:-tests python bench} " == *" $1 "* ]]; }
 
 rings=(host)
 if nvidia-smi -L; then
@@ -34,16 +52,14 @@ if nvidia-smi -L; then
 else
   echo "== no GPU here: the tests skip, the benchmarks run on the host ring only"
 fi
-step debian_ucx "$dev/bin/transport_gpu_test"
-if [[ -d $dev/ucx-cuda ]]; then
-  step cuda_ucx "$dev/bin/transport_gpu_test"
+if wanted tests; then
+  step "${debian_ucx[@]}" "$dev/bin/transport_gpu_test"
+  if [[ -d $dev/ucx-cuda ]]; then
+    step "${cuda_ucx[@]}" "$dev/bin/transport_gpu_test"
+  fi
 fi
-for ring in "${rings[@]}"; do
-  step debian_ucx "$dev/bin/transport_bench" --ring "$ring" "${quick[@]}"
-  step debian_ucx "$dev/bin/e2e_bench" --daemon "$dev/bin/packfeedd" --ring "$ring" "${quick[@]}"
-done
 
-if [[ -n $py ]]; then
+if [[ -n $py ]] && wanted python; then
   step "$py/build_python.sh" "$python"
   # shellcheck source=/dev/null
   source "$py/env.sh"
@@ -51,9 +67,29 @@ if [[ -n $py ]]; then
   if [[ $("$python" -c 'import sys; print(sys.prefix != sys.base_prefix)') != True ]]; then
     venv_python=$py/venv-$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')/bin/python
   fi
-  step env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules" \
-    PYTHONPATH="$py/src/tests/python:$py/src/tests/integration" PF_BIN_DIR="$dev/bin" \
-    PF_SOURCE_ROOT="$py/src" "$venv_python" "$py/src/tests/python/gpu_varlen_test.py"
+  python_test() {
+    step env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules" \
+      PYTHONPATH="$py/src/tests/python:$py/src/tests/integration" PF_BIN_DIR="$dev/bin" \
+      PF_SOURCE_ROOT="$py/src" "$venv_python" "$py/src/tests/python/$1" "${@:2}"
+  }
+  python_test gpu_varlen_test.py
+  python_test gpu_lifetime_test.py
+  python_test client_test.py \
+    ClientTest.test_held_tensors_never_change_and_holding_more_than_the_ring_copies
+fi
+
+if wanted bench; then
+  # The staged ring first: its figures are the ones only a GPU machine gives.
+  for ((i = ${#rings[@]} - 1; i >= 0; --i)); do
+    e2e=("${debian_ucx[@]}" "$dev/bin/e2e_bench" --daemon "$dev/bin/packfeedd" --ring "${rings[i]}")
+    step "${debian_ucx[@]}" "$dev/bin/transport_bench" --ring "${rings[i]}" "${quick[@]}"
+    step "${e2e[@]}" "${quick[@]}"
+    # With and without the side field on the same small dataset (its side
+    # rows are 96x the tokens' bytes: the default datasets take minutes).
+    for experts in "" 48x8; do
+      step "${e2e[@]}" --docs 1000 ${experts:+--experts "$experts"} "${quick[@]}"
+    done
+  done
 fi
 echo "== $([[ $failed == 0 ]] && echo "all steps passed" || echo "some steps FAILED")"
 exit $failed

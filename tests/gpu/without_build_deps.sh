@@ -4,9 +4,9 @@
 # CMake configs, pkg-config files and libraries of gRPC, protobuf, Abseil, UCX,
 # spdlog, fmt, xxhash, CLI11, nlohmann-json, dlpack, OpenSSL's and zlib's
 # headers, c-ares, re2, and the cmake, ninja and pkg-config programs are
-# covered (directories by an empty tmpfs, files by /dev/null), so a build or a
-# program that still reached one fails. OpenSSL's and zlib's libraries stay:
-# every machine has them. Needs root (CI is).
+# covered (directories by an empty tmpfs, files by a line no tool accepts),
+# so a build or a program that still reached one fails. OpenSSL's and zlib's
+# libraries stay: every machine has them. Needs root (CI is).
 #
 #   tests/gpu/without_build_deps.sh CMD [ARG ...]
 set -euo pipefail
@@ -20,6 +20,11 @@ packages=(libabsl-dev libspdlog-dev libfmt-dev libprotobuf-dev protobuf-compiler
           libgrpc++1.51 libgrpc29 libprotobuf32 libprotoc32 libabsl20220623 libucx0
           libspdlog1.10 libfmt9 libxxhash0 libre2-9 libc-ares2 libpkgconf3
           cmake ninja-build)
+# A covered file reads as this line, which a compiler including it, a linker
+# reading it and a loader mapping it all refuse. (An empty file, or one of
+# `#` lines, passes as an empty linker script: -lre2 would link.)
+blocker=$(mktemp)
+echo "hidden by tests/gpu/without_build_deps.sh (" > "$blocker"
 # Under these parents a package owns whole directories (/usr/include/absl,
 # .../cmake/grpc): they are covered whole; any other file (a library, a UCX
 # module, a top-level header, a pkg-config file) on its own.
@@ -44,7 +49,7 @@ dpkg -L "${packages[@]}" | grep -Ev '^/usr/share/(doc|man|lintian|bug)/' |
     if [[ $path == */ ]]; then
       mount -t tmpfs -o ro,size=4k none "${path%/}"
     elif [[ -f $path ]]; then
-      mount --bind /dev/null "$path"
+      mount --bind "$blocker" "$path"
     fi
   done
 exec "$@"
