@@ -111,8 +111,9 @@ std::string ConnectionReply(uint64_t connection_id) {
 }
 
 absl::StatusOr<uint64_t> ConnectionIdOf(absl::string_view reply) {
+  absl::string_view id = reply;
   uint64_t connection_id = 0;
-  if (!absl::ConsumePrefix(&reply, kConnectionPrefix) || !absl::SimpleAtoi(reply, &connection_id)) {
+  if (!absl::ConsumePrefix(&id, kConnectionPrefix) || !absl::SimpleAtoi(id, &connection_id)) {
     return absl::InternalError(absl::StrCat("peer's reply to connect: ", reply));
   }
   return connection_id;
