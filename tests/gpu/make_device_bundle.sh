@@ -5,7 +5,7 @@
 # from glibc's and the C++ runtime, Debian's UCX modules, and, when given a
 # libucx-cu13 wheel, UCX built with CUDA (for a ring in device memory).
 #
-#   tests/gpu/make_device_bundle.sh OUT_DIR [libucx_cu13-*.whl]
+#   [PF_BUILD_DIR=build] tests/gpu/make_device_bundle.sh OUT_DIR [libucx_cu13-*.whl]
 #
 # On the GPU machine: OUT_DIR/run.sh (tests/gpu/run_gpu_checks.sh) runs the
 # checks and benchmarks.
@@ -13,7 +13,7 @@ set -euo pipefail
 out=${1:?usage: make_device_bundle.sh OUT_DIR [libucx-cu13 wheel]}
 wheel=${2:-}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-build=$root/build
+build=${PF_BUILD_DIR:-$root/build}  # PF_BUILD_DIR: another build folder
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/ucx-modules"
 bins=("$build/tests/transport_gpu_test" "$build/tests/transport_peer"
       "$build/bench/transport_bench" "$build/bench/e2e_bench" "$build/server/packfeedd"
