@@ -52,4 +52,7 @@ dpkg -L "${packages[@]}" | grep -Ev '^/usr/share/(doc|man|lintian|bug)/' |
       mount --bind "$blocker" "$path"
     fi
   done
-exec "$@"
+rc=0
+"$@" || rc=$?
+rm -f "$blocker"  # the mounts go with this namespace; the file would stay
+exit $rc

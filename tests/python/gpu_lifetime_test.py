@@ -89,7 +89,7 @@ class DeviceLifetimeTest(unittest.TestCase):
             with self.subTest(held=held), self.serve(f"1f1b-{held}") as daemon:
                 client = self.client(daemon)
                 weight = torch.randn(VOCAB + 1, WIDTH, device=self.device, requires_grad=True)
-                window, outputs, late_clones, count = [], [], [], 0
+                window, outputs, late_clones = [], [], []
                 for index, batch in enumerate(self.microbatches(client)):
                     tokens = batch["tokens"]
                     torch.cuda._sleep(SLEEP_CYCLES)
@@ -103,12 +103,11 @@ class DeviceLifetimeTest(unittest.TestCase):
                         late_clones.append((oldest, old_tokens.clone()))
                         del old_tokens
                     del batch, tokens
-                    count = index + 1
                 late_clones += [(i, t.clone()) for i, t in window]
                 ring = client.ring()
                 window.clear()
                 torch.cuda.synchronize()
-                self.assertEqual(count, len(self.expected))
+                self.assertEqual(len(outputs), len(self.expected))
                 for index, clone in late_clones:
                     self.assert_tokens(clone, index, f"K={held}: a late clone of the held tokens")
                 for index, output in enumerate(outputs):
