@@ -1,6 +1,7 @@
 #include "packfeed/dataset/indexed_dataset.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "packfeed/common/status_macros.h"
 
 namespace packfeed::dataset {
@@ -77,23 +79,37 @@ absl::Status WidenToInt64(DType dtype, const void* raw, size_t count, int64_t* o
   return absl::InternalError("unreachable dtype");
 }
 
+absl::StatusOr<IndexedDataset::FileStamp> IndexedDataset::StampOf(int fd, absl::string_view path) {
+  struct stat info;
+  if (::fstat(fd, &info) != 0) return ErrnoToStatus(errno, "fstat", path);
+  return FileStamp{static_cast<uint64_t>(info.st_size),
+                   absl::ToUnixNanos(absl::TimeFromTimespec(info.st_mtim))};
+}
+
 absl::StatusOr<IndexedDataset> IndexedDataset::Open(absl::string_view prefix,
                                                     const IndexedDatasetOptions& options) {
   if (absl::EndsWith(prefix, ".idx") || absl::EndsWith(prefix, ".bin")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dataset prefix '", prefix, "' ends in .idx/.bin: pass the prefix without the extension"));
   }
+  const std::string idx_path = absl::StrCat(prefix, ".idx");
   const std::string bin_path = absl::StrCat(prefix, ".bin");
-  PF_ASSIGN_OR_RETURN(MappedFile idx, MappedFile::Open(absl::StrCat(prefix, ".idx")));
-  // The view points into the map, which stays put when `idx` is moved.
-  PF_ASSIGN_OR_RETURN(IndexView index, ParseIndex(idx.bytes(), idx.path(), options.validation));
+  PF_ASSIGN_OR_RETURN(ScopedFd idx_fd, OpenForRead(idx_path));
+  PF_ASSIGN_OR_RETURN(const uint64_t idx_size, FileSize(idx_fd.get(), idx_path));
+  // Uninitialised: the read fills every byte (a size that shrank meanwhile
+  // is DataLoss from PreadFully).
+  std::unique_ptr<uint8_t[]> idx(new uint8_t[std::max<uint64_t>(idx_size, 1)]);
+  PF_RETURN_IF_ERROR(
+      PreadFully(idx_fd.get(), idx_path, 0, {reinterpret_cast<char*>(idx.get()), idx_size}));
+  PF_ASSIGN_OR_RETURN(IndexView index,
+                      ParseIndex({idx.get(), idx_size}, idx_path, options.validation));
   PF_ASSIGN_OR_RETURN(ScopedFd bin_fd, OpenForRead(bin_path));
   // Reads are exact (whole documents, coalesced by the caller): the kernel's
   // read-ahead would only fetch bytes nobody asked for.
   ::posix_fadvise(bin_fd.get(), 0, 0, POSIX_FADV_RANDOM);
-  PF_ASSIGN_OR_RETURN(uint64_t bin_bytes, FileSize(bin_fd.get(), bin_path));
-  if (bin_bytes < index.data_bytes()) {
-    return absl::DataLossError(absl::StrCat(bin_path, ": truncated data: file has ", bin_bytes,
+  PF_ASSIGN_OR_RETURN(const FileStamp bin_stamp, StampOf(bin_fd.get(), bin_path));
+  if (bin_stamp.size < index.data_bytes()) {
+    return absl::DataLossError(absl::StrCat(bin_path, ": truncated data: file has ", bin_stamp.size,
                                             " bytes but the index's ", index.num_sequences(),
                                             " sequences end at byte ", index.data_bytes()));
   }
@@ -101,19 +117,22 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(absl::string_view prefix,
   if (options.map_data) {
     PF_ASSIGN_OR_RETURN(bin_map, MappedFile::Open(bin_path));
   }
-  return IndexedDataset(std::string(prefix), bin_path, std::move(idx), index, std::move(bin_fd),
-                        bin_bytes, std::move(bin_map), options.validation);
+  return IndexedDataset(std::string(prefix), idx_path, bin_path, std::move(idx), idx_size, index,
+                        std::move(bin_fd), bin_stamp, std::move(bin_map), options.validation);
 }
 
-IndexedDataset::IndexedDataset(std::string prefix, std::string bin_path, MappedFile idx,
-                               IndexView index, ScopedFd bin_fd, uint64_t bin_bytes,
+IndexedDataset::IndexedDataset(std::string prefix, std::string idx_path, std::string bin_path,
+                               std::unique_ptr<uint8_t[]> idx, uint64_t idx_size, IndexView index,
+                               ScopedFd bin_fd, FileStamp bin_stamp,
                                std::optional<MappedFile> bin_map, IndexValidation validation)
     : prefix_(std::move(prefix)),
+      idx_path_(std::move(idx_path)),
       bin_path_(std::move(bin_path)),
       idx_(std::move(idx)),
+      idx_size_(idx_size),
       index_(index),
       bin_fd_(std::move(bin_fd)),
-      bin_bytes_(bin_bytes),
+      bin_stamp_(bin_stamp),
       bin_map_(std::move(bin_map)),
       validation_(validation),
       bytes_read_(std::make_unique<std::atomic<uint64_t>>(0)) {}
@@ -152,7 +171,19 @@ absl::Status IndexedDataset::PreadAndWiden(uint64_t offset, absl::Span<int64_t> 
       return absl::DataLossError(absl::StrCat(bin_path_, ": ", what, ": ", widened.message()));
     }
   }
-  return absl::OkStatus();
+  return CheckUnchanged();
+}
+
+absl::Status IndexedDataset::CheckUnchanged() const {
+  // After the read, not before: a writer stamps the file before its bytes
+  // land, so a read that saw new bytes sees the new stamp here.
+  PF_ASSIGN_OR_RETURN(const FileStamp now, StampOf(bin_fd_.get(), bin_path_));
+  if (now == bin_stamp_) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      bin_path_, ": changed since it was opened (", bin_stamp_.size, " bytes modified at ",
+      absl::FormatTime(absl::FromUnixNanos(bin_stamp_.mtime_ns)), ", now ", now.size,
+      " bytes modified at ", absl::FormatTime(absl::FromUnixNanos(now.mtime_ns)),
+      "): its bytes no longer match the index; restart the job once the dataset is whole"));
 }
 
 absl::Status IndexedDataset::Read(uint64_t sequence, absl::Span<int64_t> out,
@@ -186,7 +217,7 @@ absl::Status IndexedDataset::CheckDocument(uint64_t document) const {
   if (validation_ == IndexValidation::kFull && document < num_documents()) {
     return absl::OkStatus();
   }
-  return dataset::CheckDocument(index_, document, idx_.path());
+  return dataset::CheckDocument(index_, document, idx_path_);
 }
 
 absl::Status IndexedDataset::ReadBytes(uint64_t offset, absl::Span<char> out) const {
@@ -196,7 +227,8 @@ absl::Status IndexedDataset::ReadBytes(uint64_t offset, absl::Span<char> out) co
                                               index_.data_bytes(), " bytes"));
   }
   bytes_read_->fetch_add(out.size(), std::memory_order_relaxed);
-  return PreadFully(bin_fd_.get(), bin_path_, offset, out);
+  PF_RETURN_IF_ERROR(PreadFully(bin_fd_.get(), bin_path_, offset, out));
+  return CheckUnchanged();
 }
 
 absl::Status IndexedDataset::ReadRaw(uint64_t sequence, absl::Span<char> out) const {
@@ -211,7 +243,7 @@ absl::Status IndexedDataset::ReadRaw(uint64_t sequence, absl::Span<char> out) co
   PF_ASSIGN_OR_RETURN(uint64_t offset, CheckedByteRange(sequence, 0, out.size() / item));
   PF_RETURN_IF_ERROR(PreadFully(bin_fd_.get(), bin_path_, offset, out));
   bytes_read_->fetch_add(out.size(), std::memory_order_relaxed);
-  return absl::OkStatus();
+  return CheckUnchanged();
 }
 
 absl::Status IndexedDataset::ReadMapped(uint64_t sequence, absl::Span<int64_t> out,
@@ -228,7 +260,7 @@ absl::Status IndexedDataset::ReadMapped(uint64_t sequence, absl::Span<int64_t> o
     return absl::DataLossError(
         absl::StrCat(bin_path_, ": sequence ", sequence, ": ", widened.message()));
   }
-  return absl::OkStatus();
+  return CheckUnchanged();
 }
 
 }  // namespace packfeed::dataset

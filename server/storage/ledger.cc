@@ -97,10 +97,10 @@ absl::StatusOr<std::unique_ptr<Ledger>> Ledger::Open(const std::string& journal_
     spdlog::warn("ledger {}: removed {} left by a compaction that did not finish", journal_path,
                  AsidePath(journal_path));
   }
-  absl::StatusOr<MappedFile> existing = MappedFile::Open(journal_path);
+  // Read, not mapped: a journal truncated by hand meanwhile must not SIGBUS.
+  absl::StatusOr<std::string> existing = ReadWholeFile(journal_path);
   if (existing.ok()) {
-    const auto bytes = existing->bytes();
-    const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    const std::string& text = *existing;
     PF_ASSIGN_OR_RETURN(const size_t whole, ledger->Replay(text));
     // Cut a torn or corrupt last line off, so that the next record starts a
     // line of its own.

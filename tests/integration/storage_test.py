@@ -11,7 +11,10 @@ request, 1 GiB/s, every byte counted by the filesystem itself):
 - a read error, then a file truncated under the running daemon: one clear
   error to the ranks that need those bytes, while another job on another
   file keeps being served, byte for byte what a daemon reading the files
-  directly serves.
+  directly serves;
+- files changed under the running daemon (an index truncated, files
+  deleted and locked, data rewritten in place): the daemon lives, serves
+  what it opened or refuses by name, never new bytes as old.
 
 usage: storage_test.py BIN_DIR SOURCE_ROOT SLOWFS (exit 77: no /dev/fuse)"""
 import os
@@ -176,6 +179,64 @@ def faults(checks, work, mount, source):
             print(f"faults: {what} -> {message[message.find('job bad'):][:240]}")
 
 
+def files_changed(checks, work, source):
+    """Files changed under the running daemon, read directly (no FUSE):
+    'cut' has its index truncated while served (a mapped index was SIGBUS
+    for the whole daemon), 'gone' its files deleted and locked, 'rewritten'
+    its data rewritten in place with other tokens of the same size. The
+    first two keep serving what they opened, byte for byte; the third's rank
+    gets one clear error naming the file, the others go on, and a daemon
+    restarted once the file is whole again serves it right."""
+    names = ("cut", "gone", "rewritten")
+    for seed, name in enumerate(names, start=3):
+        checks.run("make-dataset", "--out", str(source / name), "--count", "300", "--min", "16",
+                   "--max", "1024", "--mean", "300", "--vocab", "1000", "--seed", str(seed))
+    text = "".join(job(name, source / name, dp=2) for name in names)
+    with Daemon(BIN, text, name="reference", workdir=work) as reference_daemon:
+        want = {name: dump(reference_daemon, name, [0, 1], 2 * STEPS) for name in names}
+    bin_path = source / "rewritten.bin"
+    original = bin_path.read_bytes()
+    with Daemon(BIN, text, name="changed", workdir=work) as daemon:
+        got = dump(daemon, "cut", [0, 1], STEPS)
+        os.truncate(source / "cut.idx", (source / "cut.idx").stat().st_size // 4)
+        for suffix in (".idx", ".bin"):
+            (source / ("gone" + suffix)).chmod(0)
+            (source / ("gone" + suffix)).unlink()
+        later = dump(daemon, "cut", [0, 1], STEPS, "--start-step", str(STEPS))
+        checks.check("an index truncated under the daemon: it lives and serves what it opened",
+                     daemon.process.poll() is None and all(
+                         got[r]["steps"] + later[r]["steps"] == want["cut"][r]["steps"]
+                         for r in (0, 1)))
+        gone = dump(daemon, "gone", [0, 1], 2 * STEPS)
+        checks.check("files deleted and locked under the daemon: what it opened, byte for byte",
+                     all(gone[r]["steps"] == want["gone"][r]["steps"] for r in (0, 1)))
+
+        changed = bytes(b ^ 0x5A for b in original)
+        with open(bin_path, "r+b") as f:  # in place: the same inode, the same size
+            f.write(changed)
+        stamp = bin_path.stat()
+        os.utime(bin_path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+        refused = daemon.start_dump("rewritten", 0, STEPS)
+        out, stderr = refused.communicate(timeout=60)
+        checks.check("data rewritten in place: the rank gets one clear error naming the file",
+                     refused.returncode != 0 and "rewritten.bin: changed since it was opened"
+                     in stderr, stderr)
+        checks.check("and nothing of the new file is served as the old", not out.strip(),
+                     out[:300])
+        again = dump(daemon, "cut", [0, 1], STEPS, "--start-step", str(STEPS))
+        checks.check("another job goes on after it, right bytes",
+                     daemon.process.poll() is None and all(
+                         again[r]["steps"] == want["cut"][r]["steps"][STEPS:] for r in (0, 1)))
+        print(f"files changed: {stderr.strip()[stderr.find('job rewritten'):][:300]}")
+
+    bin_path.write_bytes(original)
+    restored = job("rewritten", source / "rewritten", dp=2)
+    with Daemon(BIN, restored, name="restored", workdir=work) as daemon:
+        back = dump(daemon, "rewritten", [0, 1], 2 * STEPS)
+        checks.check("once the file is whole again, a restarted daemon serves it right",
+                     all(back[r]["steps"] == want["rewritten"][r]["steps"] for r in (0, 1)))
+
+
 def main():
     global BIN
     BIN = pathlib.Path(sys.argv[1])
@@ -199,6 +260,7 @@ def main():
             faults(checks, work, mount, source)
         finally:
             mount.close()
+        files_changed(checks, work, source)
     checks.finish()
 
 

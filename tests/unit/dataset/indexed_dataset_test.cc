@@ -1,5 +1,6 @@
 #include "packfeed/dataset/indexed_dataset.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -271,6 +272,63 @@ TEST(IndexedDatasetTest, BinTruncatedAfterOpenIsDataLossNotGarbage) {
   absl::Status status = dataset->Read(1, absl::MakeSpan(tokens));
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("end of file"));
+}
+
+// The index is read at Open: cutting or removing it afterwards changes
+// nothing the dataset serves (a mapped index would SIGBUS here).
+TEST(IndexedDatasetTest, IndexTruncatedOrRemovedAfterOpenKeepsWhatWasValidated) {
+  DatasetFiles files;
+  absl::StatusOr<IndexedDataset> dataset = files.Open(ValidIndex().Serialize(), ValidBin());
+  ASSERT_TRUE(dataset.ok());
+  const std::string idx = files.prefix() + ".idx";
+  ASSERT_EQ(::truncate(idx.c_str(), 0), 0);
+  ASSERT_EQ(::unlink(idx.c_str()), 0);
+  EXPECT_EQ(dataset->sequence_length(2), 1);
+  std::vector<int64_t> tokens(3);
+  ASSERT_TRUE(dataset->Read(1, absl::MakeSpan(tokens)).ok());
+  EXPECT_EQ(tokens, (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_TRUE(dataset->CheckDocument(1).ok());
+}
+
+TEST(IndexedDatasetTest, BinRewrittenInPlaceIsDataLossNotTheNewBytes) {
+  DatasetFiles files;
+  absl::StatusOr<IndexedDataset> dataset = files.Open(ValidIndex().Serialize(), ValidBin());
+  ASSERT_TRUE(dataset.ok());
+  // Same size, other tokens, and a modification time that surely differs
+  // from Open's (the kernel's clock may not have ticked since).
+  const std::string bin = files.prefix() + ".bin";
+  std::string other = ValidBin();
+  other[2] = 9;
+  testing::WriteFileBytes(bin, other);
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {12345, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, bin.c_str(), times, 0), 0);
+  std::vector<int64_t> tokens(3);
+  absl::Status status = dataset->Read(1, absl::MakeSpan(tokens));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr(".bin: changed since it was opened"));
+  std::vector<char> raw(6);
+  EXPECT_EQ(dataset->ReadRaw(1, absl::MakeSpan(raw)).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(dataset->ReadBytes(0, absl::MakeSpan(raw)).code(), absl::StatusCode::kDataLoss);
+  std::vector<int64_t> two(5);
+  EXPECT_EQ(dataset->ReadSequences(0, 2, absl::MakeSpan(two)).code(), absl::StatusCode::kDataLoss);
+}
+
+// Replaced by rename, deleted, or made unreadable: the open descriptor still
+// reads the inode the index describes, so serving goes on.
+TEST(IndexedDatasetTest, BinReplacedRemovedOrLockedAfterOpenStillReadsWhatWasOpened) {
+  DatasetFiles files;
+  absl::StatusOr<IndexedDataset> dataset = files.Open(ValidIndex().Serialize(), ValidBin());
+  ASSERT_TRUE(dataset.ok());
+  const std::string bin = files.prefix() + ".bin";
+  ASSERT_EQ(::chmod(bin.c_str(), 0), 0);
+  testing::WriteFileBytes(bin + ".new", std::string(12, '\x7f'));
+  ASSERT_EQ(::rename((bin + ".new").c_str(), bin.c_str()), 0);
+  std::vector<int64_t> tokens(3);
+  ASSERT_TRUE(dataset->Read(1, absl::MakeSpan(tokens)).ok());
+  EXPECT_EQ(tokens, (std::vector<int64_t>{3, 4, 5}));
+  ASSERT_EQ(::unlink(bin.c_str()), 0);
+  ASSERT_TRUE(dataset->Read(1, absl::MakeSpan(tokens)).ok());
+  EXPECT_EQ(tokens, (std::vector<int64_t>{3, 4, 5}));
 }
 
 TEST(IndexedDatasetTest, NonIntegerFloatTokenIsDataLoss) {

@@ -26,12 +26,19 @@ struct IndexedDatasetOptions {
   bool map_data = false;
   // kOnUse: Open checks the index's header, size and ends only, and each
   // document is checked by CheckDocument before its entries are trusted
-  // (what a daemon opening 10^8 sequences on network storage wants).
+  // (what a daemon opening 10^8 sequences wants: no pass over every entry
+  // before the first step).
   IndexValidation validation = IndexValidation::kFull;
 };
 
-// An opened dataset, validated as its options ask. The index is memory-mapped; token data
-// is read with pread (or through the optional map) into caller buffers.
+// An opened dataset, validated as its options ask. The index is read into
+// memory at Open (never mapped: a map of a file truncated or failing with EIO
+// under a running process kills it with SIGBUS), so what the dataset believes
+// about sequence lengths and offsets cannot change after validation. Token
+// data is read with pread (or through the optional map) into caller buffers,
+// and each read checks afterwards that .bin is still the file it opened (same
+// size and modification time): bytes of a file rewritten in place are never
+// returned as tokens the index describes.
 // Thread-safe: all const methods may be called concurrently.
 class IndexedDataset {
  public:
@@ -53,10 +60,10 @@ class IndexedDataset {
   uint64_t num_documents() const { return index_.num_documents(); }
   uint64_t total_tokens() const { return index_.total_tokens(); }
   int32_t sequence_length(uint64_t i) const { return index_.length(i); }
-  uint64_t idx_bytes() const { return idx_.bytes().size(); }
-  // The memory-mapped .idx (pages are read as they are touched).
-  absl::Span<const uint8_t> index_bytes() const { return idx_.bytes(); }
-  uint64_t bin_bytes() const { return bin_bytes_; }
+  uint64_t idx_bytes() const { return idx_size_; }
+  // The .idx as it was read at Open.
+  absl::Span<const uint8_t> index_bytes() const { return {idx_.get(), idx_size_}; }
+  uint64_t bin_bytes() const { return bin_stamp_.size; }
 
   // Reads tokens [first_token, first_token + out.size()) of sequence
   // `sequence`, widened to int64. For float dtypes every value must be an
@@ -74,7 +81,8 @@ class IndexedDataset {
 
   // Raw bytes [offset, offset + out.size()) of .bin with one pread (more if
   // the kernel returns less). OutOfRange past the index's data; DataLoss
-  // when the file ends early (truncated after Open).
+  // when the file ends early (truncated after Open) or was changed since
+  // Open (see CheckUnchanged). Every read below fails the same way.
   absl::Status ReadBytes(uint64_t offset, absl::Span<char> out) const;
 
   // Raw bytes of sequence `sequence` in the on-disk dtype. `out` must be
@@ -86,12 +94,32 @@ class IndexedDataset {
   absl::Status ReadMapped(uint64_t sequence, absl::Span<int64_t> out,
                           uint64_t first_token = 0) const;
 
+  // DataLoss naming .bin when its size or modification time is no longer
+  // what Open saw: the file was rewritten in place, and what it now holds is
+  // not what the index describes. (A file replaced by rename or deleted is
+  // no change: the open descriptor still reads the old inode.) Blind to a
+  // rewrite within the filesystem's timestamp granularity of Open (Linux
+  // stamps with a clock of a few ms) that keeps the size, and, on NFS, to
+  // one the client's attribute cache has not seen yet.
+  absl::Status CheckUnchanged() const;
+
   // Bytes of token data fetched from .bin since Open (pread and map reads).
   uint64_t bytes_read() const { return bytes_read_->load(); }
 
  private:
-  IndexedDataset(std::string prefix, std::string bin_path, MappedFile idx, IndexView index,
-                 ScopedFd bin_fd, uint64_t bin_bytes, std::optional<MappedFile> bin_map,
+  // What CheckUnchanged compares.
+  struct FileStamp {
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;
+    bool operator==(const FileStamp& other) const {
+      return size == other.size && mtime_ns == other.mtime_ns;
+    }
+  };
+  static absl::StatusOr<FileStamp> StampOf(int fd, absl::string_view path);
+
+  IndexedDataset(std::string prefix, std::string idx_path, std::string bin_path,
+                 std::unique_ptr<uint8_t[]> idx, uint64_t idx_size, IndexView index,
+                 ScopedFd bin_fd, FileStamp bin_stamp, std::optional<MappedFile> bin_map,
                  IndexValidation validation);
   // Reads out.size() tokens at byte `offset` and widens them; `what` names
   // the sequence(s) in errors.
@@ -101,11 +129,14 @@ class IndexedDataset {
                                             uint64_t count) const;
 
   std::string prefix_;
+  std::string idx_path_;
   std::string bin_path_;
-  MappedFile idx_;
+  // The index's bytes; `index_` points into them (they stay put on a move).
+  std::unique_ptr<uint8_t[]> idx_;
+  uint64_t idx_size_ = 0;
   IndexView index_;
   ScopedFd bin_fd_;
-  uint64_t bin_bytes_ = 0;
+  FileStamp bin_stamp_;  // at Open
   std::optional<MappedFile> bin_map_;
   IndexValidation validation_;
   // Boxed so the dataset stays movable.
