@@ -150,8 +150,21 @@ void MappedFile::Unmap() {
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   PF_ASSIGN_OR_RETURN(ScopedFd fd, OpenForRead(path));
   PF_ASSIGN_OR_RETURN(const uint64_t size, FileSize(fd.get(), path));
-  std::string text(size, '\0');
-  PF_RETURN_IF_ERROR(PreadFully(fd.get(), path, 0, absl::MakeSpan(text)));
+  // Read to the end, the size only a hint: files of /proc and /sys say 0 or
+  // 4096 whatever they hold, and a file may grow meanwhile.
+  std::string text(size + 1, '\0');
+  size_t done = 0;
+  for (;;) {
+    if (done == text.size()) text.resize(2 * text.size());
+    const ssize_t n = ::read(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "read", path);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  text.resize(done);
   return text;
 }
 

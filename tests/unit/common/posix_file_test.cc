@@ -1,6 +1,7 @@
 #include "packfeed/common/posix_file.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -50,6 +51,20 @@ TEST(PosixFileTest, ReadsWholeFilesAndNamesWhatIsMissing) {
   absl::StatusOr<std::string> missing = ReadWholeFile((dir.path() / "nope").string());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("nope"));
+}
+
+// /proc and /sys files report a size of 0 (or 4096) whatever they hold:
+// reading up to the reported size read nothing of /proc/self/cgroup, and
+// the default memory budget never saw a cgroup's limit.
+TEST(PosixFileTest, ReadsFilesWhoseReportedSizeIsNotTheirs) {
+  absl::StatusOr<std::string> status = ReadWholeFile("/proc/self/status");
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_THAT(*status, HasSubstr("Pid:\t" + std::to_string(getpid()) + "\n"));
+  // Longer than its first guess (the reported size + 1): grown as it reads.
+  testing::ScopedTempDir dir;
+  const std::string big(100000, 'x');
+  testing::WriteFileBytes(dir.path() / "big", big);
+  EXPECT_EQ(*ReadWholeFile((dir.path() / "big").string()), big);
 }
 
 TEST(PosixFileTest, MapsEmptyAndNonEmptyFiles) {

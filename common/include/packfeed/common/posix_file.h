@@ -49,8 +49,9 @@ absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path);
 // EINTR. A read that hits end of file is DataLoss naming the offsets.
 absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset, absl::Span<char> out);
 
-// The whole content of the file at `path`. Errors name the call and the
-// path (NotFound, PermissionDenied, … from errno).
+// The whole content of the file at `path`, read to its end (whatever size
+// it reports: those of /proc and /sys report 0 or 4096). Errors name the
+// call and the path (NotFound, PermissionDenied, … from errno).
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 // Writes all of `data`, retrying short writes and EINTR.
