@@ -4,7 +4,11 @@
 
 #include "server/storage/storage.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -162,18 +166,102 @@ TEST_F(StorageTest, AWithdrawnFetchNeverCallsBack) {
   EXPECT_EQ(storage.Stats().bytes_held(), 0u);
 }
 
-TEST_F(StorageTest, AFileTruncatedAfterOpenFailsItsSamplesOnly) {
+// A file cut after open is a file changed under the daemon: no sample of it
+// is served, not even one whose bytes are still there (the cut may be the
+// start of a rewrite). Samples held before stay served.
+TEST_F(StorageTest, AFileTruncatedAfterOpenFailsItsSamplesButNotThoseHeld) {
   Storage storage({});
   auto data = storage.Open(prefix_);
   ASSERT_TRUE(data.ok());
+  std::unique_ptr<FetchPin> held;
+  ASSERT_TRUE(FetchAndWait(storage, {"j", 0, 0}, Needs(**data, 2, 1), held)[0].status.ok());
   std::filesystem::resize_file(prefix_ + ".bin", 100);  // documents 0..2 end at byte 120
   std::unique_ptr<FetchPin> pin;
   std::vector<SampleNeed> needs = Needs(**data, 0, 1);
   needs.push_back(Needs(**data, 4, 1)[0]);  // not adjacent: its own read
-  std::vector<FetchedSample> samples = FetchAndWait(storage, {"j", 0, 0}, needs, pin);
-  EXPECT_TRUE(samples[0].status.ok()) << samples[0].status;
+  needs.push_back(Needs(**data, 2, 1)[0]);  // held
+  std::vector<FetchedSample> samples = FetchAndWait(storage, {"j", 0, 1}, needs, pin);
+  EXPECT_TRUE(absl::IsDataLoss(samples[0].status)) << samples[0].status;
+  EXPECT_THAT(samples[0].status.message(), ::testing::HasSubstr("changed since it was opened"));
   EXPECT_TRUE(absl::IsDataLoss(samples[1].status)) << samples[1].status;
-  EXPECT_THAT(samples[1].status.message(), ::testing::HasSubstr("end of file"));
+  EXPECT_TRUE(samples[2].status.ok()) << samples[2].status;
+}
+
+}  // namespace
+}  // namespace packfeed::server
+
+namespace packfeed::server {
+namespace {
+
+// The memory controller's folder of this process's cgroup (v2 when the
+// unified hierarchy has the memory controller, else v1), or "" when none.
+std::string OwnMemoryCgroup(std::string& limit_file) {
+  std::ifstream groups("/proc/self/cgroup");
+  std::string line, v2;
+  while (std::getline(groups, line)) {
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    if (line.rfind("0::", 0) == 0) {
+      v2 = "/sys/fs/cgroup" + path;
+    } else if (controllers.find("memory") != std::string::npos) {
+      limit_file = "memory.limit_in_bytes";
+      return "/sys/fs/cgroup/memory" + path;
+    }
+  }
+  std::ifstream available(v2 + "/cgroup.controllers");
+  std::string controllers;
+  std::getline(available, controllers);
+  if (controllers.find("memory") == std::string::npos) return "";
+  limit_file = "memory.max";
+  return v2;
+}
+
+// The default budget is a quarter of the cgroup's limit when that is below
+// the machine's memory: checked in a real transient cgroup with a limit, by
+// a child process moved into it.
+TEST(DefaultMemoryBudgetTest, IsAQuarterOfTheCgroupLimitBelowTheMachinesMemory) {
+  std::string limit_file;
+  const std::string own = OwnMemoryCgroup(limit_file);
+  if (own.empty()) GTEST_SKIP() << "no memory cgroup controller on this machine";
+  const std::filesystem::path group = own + "/packfeed-budget-test-" + std::to_string(getpid());
+  std::error_code error;
+  if (!std::filesystem::create_directory(group, error)) {
+    GTEST_SKIP() << "cannot create a cgroup under " << own << ": " << error.message();
+  }
+  constexpr uint64_t kLimit = uint64_t{512} << 20;  // less than any machine that runs this
+  ASSERT_LT(kLimit, static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+  { std::ofstream(group / limit_file) << kLimit << std::flush; }
+  ASSERT_EQ(testing::ReadFileBytes(group / limit_file), std::to_string(kLimit) + "\n");
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(pipe_fds[0]);
+    { std::ofstream(group / "cgroup.procs") << getpid() << std::flush; }
+    // 0 when the move did not take.
+    const uint64_t budget =
+        testing::ReadFileBytes("/proc/self/cgroup").find(group.filename().string()) !=
+                std::string::npos
+            ? DefaultMemoryBudget()
+            : 0;
+    (void)!write(pipe_fds[1], &budget, sizeof(budget));
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  uint64_t budget = 0;
+  const ssize_t got = read(pipe_fds[0], &budget, sizeof(budget));
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  std::filesystem::remove(group, error);
+  ASSERT_EQ(got, static_cast<ssize_t>(sizeof(budget)));
+  EXPECT_EQ(budget, kLimit / 4);
+  // Outside it: a quarter of the machine's memory, or of this process's own
+  // limit if that is lower; never more.
+  const uint64_t machine = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  EXPECT_LE(DefaultMemoryBudget(), machine / 4);
+  EXPECT_GT(DefaultMemoryBudget(), kLimit / 4);
 }
 
 }  // namespace
