@@ -76,7 +76,7 @@ class ControlService final : public v1::Control::CallbackService {
     args.ring_slots = request->ring().slots();
     if (!request->ring().shared_ring_token().empty()) {
       absl::StatusOr<std::shared_ptr<transport::SharedRing>> shared =
-          daemon_.TakeSharedRing(request->ring().shared_ring_token());
+          daemon_.TakeSharedRing(request->ring().shared_ring_token(), *context);
       if (!shared.ok()) {
         spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
                      shared.status().ToString());

@@ -359,6 +359,16 @@ absl::Status Daemon::CheckCaller(const grpc::ServerContextBase& context,
   return server::CheckCaller(*unix_, context, allowed_uids_, action);
 }
 
+absl::StatusOr<std::shared_ptr<transport::SharedRing>> Daemon::TakeSharedRing(
+    absl::string_view token, const grpc::ServerContextBase& context) const {
+  const std::optional<PeerCredentials> caller = unix_->CallerOf(context);
+  if (!caller.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a shared ring is taken only over the Unix socket (caller ", context.peer(), ")"));
+  }
+  return shared_rings_->Take(token, caller->uid, caller->pid);
+}
+
 JobRunner* Daemon::runner(const std::string& job) const {
   auto it = by_name_.find(job);
   return it == by_name_.end() ? nullptr : it->second;

@@ -83,10 +83,10 @@ class Daemon {
   absl::Status CheckCaller(const grpc::ServerContextBase& context, absl::string_view action) const;
   // The ring a client shared by file descriptor under `token`
   // (SharedRingListener::Take).
+  // The ring shared under `token`, for the call `context` (only the
+  // process that shared it may take it; see SharedRingListener::Take).
   absl::StatusOr<std::shared_ptr<transport::SharedRing>> TakeSharedRing(
-      absl::string_view token) const {
-    return shared_rings_->Take(token);
-  }
+      absl::string_view token, const grpc::ServerContextBase& context) const;
 
  private:
   Daemon() = default;
