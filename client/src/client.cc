@@ -102,8 +102,8 @@ class Client::Impl {
     std::unique_ptr<v1::Admin::Stub> admin;
     std::unique_ptr<WatchStream> watch;  // while attached
   };
-  v1::RankTimes RankTimesNow() const;
-  void ReportTimes();  // without waiting for the daemon's answer
+  v1::RankTimes RankTimesNow() const;  // the current connection's figures
+  void ReportTimes();                  // without waiting for the daemon's answer
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
   absl::Status AttachAt(int64_t start_step, int start_microbatch);
@@ -133,6 +133,11 @@ class Client::Impl {
   int64_t resume_step_ = -1;
   int resume_microbatch_ = 0;
   TrainerTimes times_;
+  // times_ and copied_out_ when the current connection began: the daemon is
+  // told each connection's own figures and adds those of the connections
+  // before it, so a re-attach counts nothing twice.
+  TrainerTimes times_at_attach_;
+  uint64_t copied_out_at_attach_ = 0;
   std::optional<absl::Time> returned_;  // when the last NextStep/Next returned
   absl::Time reported_ = absl::InfinitePast();
 };
@@ -349,6 +354,8 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch) {
   control_->watch.reset();
   control_->watch = std::make_unique<WatchStream>(*control_->control, std::move(watch));
   fingerprint_ = reply.fingerprint();
+  times_at_attach_ = times_;
+  copied_out_at_attach_ = copied_out_;
   num_chunks_ = std::max<int>(1, static_cast<int>(reply.vpp()));
   resume_step_ = start_step;
   resume_microbatch_ = start_microbatch;
@@ -426,10 +433,10 @@ void Client::Impl::Measured(absl::Time entered) {
 
 v1::RankTimes Client::Impl::RankTimesNow() const {
   v1::RankTimes times;
-  times.set_wait_seconds(absl::ToDoubleSeconds(times_.waited));
-  times.set_busy_seconds(absl::ToDoubleSeconds(times_.busy));
-  times.set_calls(times_.calls);
-  times.set_copied_out(copied_out_);
+  times.set_wait_seconds(absl::ToDoubleSeconds(times_.waited - times_at_attach_.waited));
+  times.set_busy_seconds(absl::ToDoubleSeconds(times_.busy - times_at_attach_.busy));
+  times.set_calls(times_.calls - times_at_attach_.calls);
+  times.set_copied_out(copied_out_ - copied_out_at_attach_);
   return times;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -23,10 +24,15 @@ class Family {
     absl::StrAppend(out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
   }
   void Sample(absl::string_view labels, double value) {
+    // The shortest text that reads back as the same double: StrAppend's six
+    // digits would turn a byte counter of 12 345 678 901 into 1.23457e+10.
+    char text[32];
+    const auto written = std::to_chars(text, text + sizeof(text), value);
+    const absl::string_view figure(text, static_cast<size_t>(written.ptr - text));
     if (labels.empty()) {
-      absl::StrAppend(out_, name_, " ", value, "\n");
+      absl::StrAppend(out_, name_, " ", figure, "\n");
     } else {
-      absl::StrAppend(out_, name_, "{", labels, "} ", value, "\n");
+      absl::StrAppend(out_, name_, "{", labels, "} ", figure, "\n");
     }
   }
 

@@ -414,6 +414,7 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
       out->set_wait_seconds(times.wait_seconds());
       out->set_busy_seconds(times.busy_seconds());
       out->set_copied_out(times.copied_out());
+      out->set_calls(times.calls());
       out->set_ring(rank.ring);
       wait_seconds += times.wait_seconds();
       if (const double total = times.wait_seconds() + times.busy_seconds(); total > 0) {

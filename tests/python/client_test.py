@@ -22,6 +22,7 @@ import unittest
 import torch
 
 import packfeed
+from daemon_harness import wait_until
 from pf_test_support import BIN_DIR, Daemon, main
 
 EOD = 5000
@@ -298,15 +299,57 @@ class ClientTest(unittest.TestCase):
             taken = len(got)
             daemon.process.kill()  # mid-step, the ring holding what was pushed ahead
             daemon.process.wait()
-        with self.daemon(text, name="restarted"):  # the same socket and config
+        calls_before = client.times()["calls"]
+        with self.daemon(text, name="restarted") as restarted:  # the same socket and config
             got += [{k: v.tolist() for k, v in b.items() if isinstance(v, torch.Tensor)}
                     for b in iterator]
             got += [b for step in take_steps(client, 2) for b in step]
+            calls = client.times()["calls"]
             client.close()
+            rank = restarted.ctl_json("stats")["jobs"][0]["ranks"][0]
+        # The restarted daemon counts the calls of the connection it served,
+        # not the ones the dead daemon had counted before.
+        self.assertGreater(int(rank.get("calls", 0)), 0)
+        self.assertLessEqual(int(rank.get("calls", 0)), calls - calls_before)
         self.assertEqual(len(got), len(expected))
         self.assertTrue(got == expected, "batches after the restart differ")
         print(f"restart: killed after {taken} of {len(expected)} microbatches (mid-step); "
               "all received once, bit-identical")
+
+    def check_times(self, daemon, port, measured, when):
+        """Every time figure the daemon shows, in stats and in each exported
+        series, equals what the ranks measured; the stats and the page."""
+        stats = daemon.ctl_json("stats")["jobs"][0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            metrics = page.read().decode()
+
+        def exported(series, rank=None):
+            where = f'[^}}]*rank="{rank}"' if rank is not None else ""
+            found = re.search(rf'{series}{{{where}[^}}]*}} (\S+)', metrics)
+            self.assertIsNotNone(found, f"{when}: no {series} (rank {rank}) in\n{metrics}")
+            return float(found.group(1))
+
+        ranks = {int(r.get("global_rank", 0)): r for r in stats["ranks"]}
+        for rank, figures in measured.items():
+            for key in ("wait_seconds", "busy_seconds", "input_bound", "calls", "copied_out"):
+                self.assertAlmostEqual(float(ranks[rank].get(key, 0)), figures.get(key, 0),
+                                       places=9, msg=f"{when}: rank {rank} {key}")
+            for series, key in (("packfeed_rank_wait_seconds_total", "wait_seconds"),
+                                ("packfeed_rank_busy_seconds_total", "busy_seconds"),
+                                ("packfeed_rank_copied_out_total", "copied_out"),
+                                ("packfeed_rank_input_bound", "input_bound")):
+                # Exactly what the rank measured; the ratio to the last bits
+                # (the daemon divides doubles, the client durations).
+                self.assertAlmostEqual(exported(series, rank), float(figures.get(key, 0)),
+                                       places=12 if key == "input_bound" else 15,
+                                       msg=f"{when}: {series} rank {rank}")
+        waiting = max(measured.values(), key=lambda f: f["input_bound"])
+        self.assertAlmostEqual(exported("packfeed_job_wait_seconds_total"),
+                               sum(f["wait_seconds"] for f in measured.values()), places=12,
+                               msg=when)
+        self.assertAlmostEqual(exported("packfeed_job_input_bound"), waiting["input_bound"],
+                               places=12, msg=when)
+        return stats, metrics
 
     def test_time_spent_waiting_for_data_is_measured_and_reported(self):
         """Rank 0's loop works 30 ms per microbatch, rank 1's not at all:
@@ -335,32 +378,33 @@ class ClientTest(unittest.TestCase):
                 thread.start()
             for thread in threads:
                 thread.join()
-            measured = {rank: client.times() for rank, client in clients.items()}
+            loop = {rank: client.times() for rank, client in clients.items()}
+            # Still attached: a call a second after the last report sends
+            # the figures it leaves (its own included) in the periodic report.
+            time.sleep(1.1)
+            for client in clients.values():
+                client.next_step(timeout=30)
+            measured = {rank: {**client.times(), "copied_out": client.ring()["copied_out"]}
+                        for rank, client in clients.items()}
+            wait_until(lambda: all(
+                int(r.get("calls", 0)) == measured[int(r.get("global_rank", 0))]["calls"]
+                for r in daemon.ctl_json("stats")["jobs"][0]["ranks"]), "the periodic reports")
+            self.check_times(daemon, port, measured, "while attached")
             for client in clients.values():
                 client.close()
-            stats = daemon.ctl_json("stats")["jobs"][0]
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
-                metrics = page.read().decode()
-        ranks = {int(r.get("global_rank", 0)): r for r in stats["ranks"]}
-        for rank in (0, 1):
-            for key in ("wait_seconds", "busy_seconds", "input_bound"):
-                self.assertAlmostEqual(float(ranks[rank].get(key, 0)), measured[rank][key],
-                                       places=9, msg=f"rank {rank} {key}")
-            exported = re.search(rf'packfeed_rank_wait_seconds_total{{[^}}]*rank="{rank}"[^}}]*}} '
-                                 r"(\S+)", metrics)
-            self.assertIsNotNone(exported, metrics)
-            self.assertAlmostEqual(float(exported.group(1)), measured[rank]["wait_seconds"],
-                                   places=6)
+            stats, _ = self.check_times(daemon, port, measured, "after detach")
         # Busy time is counted at the next call: the last microbatch's work
         # is followed by none.
-        self.assertGreaterEqual(measured[0]["busy_seconds"], slept[0] - work[0])
-        self.assertGreater(measured[1]["input_bound"], 0.5)
-        self.assertLess(measured[0]["input_bound"], 0.5)
-        self.assertEqual(int(stats.get("most_waiting_rank", 0)), 1)
-        self.assertAlmostEqual(float(stats["input_bound"]), measured[1]["input_bound"], places=9)
-        print(f"rank 0 (30 ms of work per microbatch): {measured[0]['input_bound']:.1%} waiting; "
-              f"rank 1 (none): {measured[1]['input_bound']:.1%} waiting, "
-              f"{measured[1]['wait_seconds']:.2f} s")
+        self.assertGreaterEqual(loop[0]["busy_seconds"], slept[0] - work[0])
+        self.assertGreater(loop[1]["input_bound"], 0.5)
+        self.assertLess(loop[0]["input_bound"], 0.5)
+        most = max(measured, key=lambda rank: measured[rank]["input_bound"])
+        self.assertEqual(int(stats.get("most_waiting_rank", 0)), most)
+        self.assertAlmostEqual(float(stats["input_bound"]), measured[most]["input_bound"], places=9)
+        print(f"rank 0 (30 ms of work per microbatch): {loop[0]['input_bound']:.1%} waiting; "
+              f"rank 1 (none): {loop[1]['input_bound']:.1%} waiting, "
+              f"{loop[1]['wait_seconds']:.2f} s; the daemon's figures equal the ranks' while "
+              "attached and after detach")
 
     def test_a_killed_daemon_is_an_exception_not_a_hang(self):
         # reconnect_timeout=0: at once; 2 s: after trying for that long.

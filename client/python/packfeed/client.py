@@ -149,12 +149,14 @@ class Client:
         return self._live().ring()
 
     def times(self) -> Dict[str, Any]:
-        """Where this rank's training loop spent its time since attach:
-        ``wait_seconds`` blocked in next_step()/next() waiting for data,
-        ``busy_seconds`` between one call's return and the next (the
-        training itself), ``calls``, and ``input_bound``, the share of the
-        time spent waiting. The daemon gets the same figures (packfeedctl
-        stats, Prometheus)."""
+        """Where this rank's training loop spent its time since attach
+        (re-attaches included): ``wait_seconds`` blocked in
+        next_step()/next() waiting for data, ``busy_seconds`` between one
+        call's return and the next (the training itself), ``calls``, and
+        ``input_bound``, the share of the time spent waiting. The daemon
+        gets the same figures about once a second and at close (packfeedctl
+        stats, Prometheus); a restarted daemon, those since the rank
+        re-attached to it."""
         return self._live().times()
 
     # --- checkpoints -----------------------------------------------------

@@ -457,6 +457,51 @@ TEST_F(JobRunnerTest, AReattachedRankGetsTheSameBytesFromWhereItStopped) {
   }
 }
 
+// Clients report each connection's own figures; the runner adds the
+// connections of a rank once each, and a late report of an ended
+// connection adds nothing.
+TEST_F(JobRunnerTest, ARanksTimesAddUpOverItsConnectionsOnceEach) {
+  StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/2);
+  auto report = [&](uint64_t id, double wait, uint64_t calls, uint64_t copied) {
+    v1::RankTimes times;
+    times.set_wait_seconds(wait);
+    times.set_busy_seconds(2 * wait);
+    times.set_calls(calls);
+    times.set_copied_out(copied);
+    absl::Notification done;
+    absl::Status status;
+    runner_->Report(0, id, times, [&](absl::Status result) {
+      status = std::move(result);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return status;
+  };
+  auto rank_stats = [&] {
+    absl::Notification done;
+    v1::JobStats stats;
+    runner_->Stats([&](v1::JobStats result) {
+      stats = std::move(result);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return stats.ranks(0);
+  };
+  const uint64_t first = Attach(0, /*slots=*/2);
+  ASSERT_TRUE(report(first, 1.0, 10, 1).ok());
+  ASSERT_TRUE(report(first, 0.5, 5, 0).ok());  // older, arriving late: ignored
+  ASSERT_TRUE(Detach(0, first, 0, 0, 2).ok());
+  const uint64_t second = Attach(0, /*slots=*/2);
+  EXPECT_EQ(report(first, 9.0, 90, 9).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(report(second, 0.25, 3, 2).ok());
+  const v1::RankStats stats = rank_stats();
+  EXPECT_DOUBLE_EQ(stats.wait_seconds(), 1.25);
+  EXPECT_DOUBLE_EQ(stats.busy_seconds(), 2.5);
+  EXPECT_EQ(stats.calls(), 13u);
+  EXPECT_EQ(stats.copied_out(), 3u);
+  EXPECT_DOUBLE_EQ(stats.input_bound(), 1.0 / 3);
+}
+
 TEST_F(JobRunnerTest, AFailedConnectionIsDroppedAndTheOtherRanksAreServed) {
   StartDatasetJob(/*dp=*/2, /*prefetch_steps=*/1);
   const uint64_t healthy = Attach(0, /*slots=*/2);

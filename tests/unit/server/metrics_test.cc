@@ -44,7 +44,9 @@ TEST(MetricsTest, RendersEveryFigureWithHelpTypeAndLabels) {
   file->set_bytes_read(300);
   file->set_read_latency_p99_ms(5);
   stats.mutable_storage()->set_bytes_in_flight(64);
+  stats.mutable_storage()->set_bytes_held(uint64_t{12345678901});  // every digit exported
   const std::string text = RenderMetrics(stats);
+  EXPECT_THAT(text, HasSubstr("\npackfeed_storage_bytes_held 12345678901\n"));
   EXPECT_THAT(text, HasSubstr("packfeed_file_read_bytes_total{path=\"/data/a.bin\"} 300\n"));
   EXPECT_THAT(text, HasSubstr("packfeed_file_read_latency_seconds{path=\"/data/a.bin\","
                               "quantile=\"0.99\"} 0.005\n"));

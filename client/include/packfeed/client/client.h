@@ -169,11 +169,14 @@ struct ClientState {
   int next_microbatch = 0;  // microbatches of next_step already taken
 };
 
-// Where the trainer's time went, as this client measured it since attach:
-// blocked in NextStep/Next waiting for data, and busy between the return of
-// one call and the next (its own forward, backward, optimizer step). The
-// daemon gets the same figures about once a second and at detach
-// (`packfeedctl stats`: wait_seconds, busy_seconds, input_bound).
+// Where the trainer's time went, as this client measured it since Attach
+// (across the re-attaches it made itself): blocked in NextStep/Next waiting
+// for data, and busy between the return of one call and the next (its own
+// forward, backward, optimizer step). The daemon gets each connection's own
+// figures about once a second and at detach, and adds up the connections it
+// served (`packfeedctl stats`: wait_seconds, busy_seconds, input_bound): a
+// daemon that never lost the rank shows these figures exactly; a restarted
+// one, those since the rank re-attached to it.
 struct TrainerTimes {
   absl::Duration waited;
   absl::Duration busy;
