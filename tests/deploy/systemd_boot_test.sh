@@ -14,17 +14,25 @@
 #   - feed the watchdog (its timestamp advances);
 #   - be restarted after a SIGKILL (Restart=on-failure) and serve again;
 #   - stop on `systemctl stop` by draining, with result success.
-# Skips (77, with the reason) where namespaces cannot be made or systemd
-# cannot boot in one. usage: systemd_boot_test.sh SOURCE_ROOT BIN_DIR
+# Skips (77, with the reason) only without root, without systemd, or where
+# the namespaces cannot be made; a systemd that does not boot in them fails.
+# usage: systemd_boot_test.sh SOURCE_ROOT BIN_DIR
 set -euo pipefail
 source_root=$1 bin_dir=$2
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: booting systemd in a namespace needs root"; exit 77; }
 systemd=/usr/lib/systemd/systemd
 [[ -x $systemd ]] || { echo "SKIP: no $systemd"; exit 77; }
+unshare --pid --fork --mount --uts --mount-proc true ||
+  { echo "SKIP: this machine cannot make PID and mount namespaces"; exit 77; }
 
-# Not under /tmp: the container gets its own /tmp.
 work=$(mktemp -d "$bin_dir/../systemd-boot-test.XXXXXX")
 chmod 755 "$work"
+# Where the container sees the build's binaries and this folder: not under
+# /tmp (the container's is fresh, and the unit's PrivateTmp= hides it from
+# the daemon), wherever the clone lies.
+inside=$(mktemp -d /var/lib/packfeed-boot-test.XXXXXX)
+chmod 755 "$inside"
+mkdir "$inside/bin" "$inside/work"
 unshare_pid=""
 made_state_dir=false
 [[ -d /var/lib/packfeed ]] || { mkdir /var/lib/packfeed; made_state_dir=true; }
@@ -33,6 +41,7 @@ cleanup() {
   [[ -n $unshare_pid ]] && wait "$unshare_pid" 2>/dev/null || true
   $made_state_dir && rmdir /var/lib/packfeed 2>/dev/null || true
   rm -rf "$work"
+  rm -rf --one-file-system "$inside"
 }
 trap cleanup EXIT
 
@@ -45,7 +54,7 @@ socket_path: "/run/packfeed/packfeedd.sock"
 state_dir: "/var/lib/packfeed"
 jobs {
   name: "job"
-  datasets { prefix: "$work/data" }
+  datasets { prefix: "$inside/work/data" }
   topology { tp: 1 cp: 1 dp: 1 }
   global_batch: 4
   seq_length: 256
@@ -54,11 +63,11 @@ jobs {
   scheduler { kind: "balanced" max_tokens_per_rank: 512 }
 }
 CONFIG
-sed -e "s|^ExecStart=/usr/local/bin/packfeedd --config /etc/packfeed/packfeedd.textproto|ExecStart=$bin_dir/packfeedd --config $work/packfeedd.textproto|" \
+sed -e "s|^ExecStart=/usr/local/bin/packfeedd --config /etc/packfeed/packfeedd.textproto|ExecStart=$inside/bin/packfeedd --config $inside/work/packfeedd.textproto|" \
     -e '/^After=network-online.target/d' -e '/^Wants=network-online.target/d' \
     -e 's/^WatchdogSec=.*/WatchdogSec=2/' \
     "$source_root/deploy/systemd/packfeedd.service" >"$work/packfeedd.service"
-grep -q "^ExecStart=$bin_dir/packfeedd" "$work/packfeedd.service" ||
+grep -q "^ExecStart=$inside/bin/packfeedd" "$work/packfeedd.service" ||
   { echo "FAILED: the unit's ExecStart line changed; update this test"; exit 1; }
 cat >"$work/pftest.target" <<TARGET
 [Unit]
@@ -78,11 +87,13 @@ cat >"$work/boot.sh" <<BOOT
 #!/usr/bin/env bash
 set -e
 mount --make-rprivate /
+mount --bind "$bin_dir" "$inside/bin"
+mount --bind "$work" "$inside/work"
 for dir in /run /tmp /var/tmp /var/log /var/lib/packfeed; do mount -t tmpfs tmpfs "\$dir"; done
 mkdir -p /run/systemd/system
-cp "$work/packfeedd.service" "$work/pftest.target" /run/systemd/system/
-mount --bind "$work/passwd" /etc/passwd
-mount --bind "$work/group" /etc/group
+cp "$inside/work/packfeedd.service" "$inside/work/pftest.target" /run/systemd/system/
+mount --bind "$inside/work/passwd" /etc/passwd
+mount --bind "$inside/work/group" /etc/group
 exec $systemd --system --unit=pftest.target --show-status=no --log-target=console
 BOOT
 chmod +x "$work/boot.sh"
@@ -93,7 +104,7 @@ for _ in $(seq 50); do
   [[ -n $init ]] && break
   sleep 0.1
 done
-[[ -n ${init:-} ]] || { cat "$work/systemd.log"; echo "SKIP: systemd did not start"; exit 77; }
+[[ -n ${init:-} ]] || { cat "$work/systemd.log"; echo "FAILED: systemd did not start"; exit 1; }
 in_container() { nsenter --target "$init" --mount --pid -- "$@"; }
 prop() { in_container systemctl show -p "$1" --value packfeedd; }
 
@@ -110,14 +121,14 @@ wait_for() {  # wait_for SECONDS COMMAND...
 if ! wait_for 30 in_container systemctl is-system-running --wait; then
   state=$(in_container systemctl is-system-running 2>/dev/null || true)
   [[ $state == running || $state == degraded ]] ||
-    { cat "$work/systemd.log"; echo "SKIP: systemd did not boot in the namespace ($state)"; exit 77; }
+    { cat "$work/systemd.log"; echo "FAILED: systemd did not boot in the namespace ($state)"; exit 1; }
 fi
 active() { [[ $(prop ActiveState) == active ]]; }
 check "the unit becomes active (READY=1)" wait_for 30 active
 echo "status: $(prop StatusText)"
 check "its status line is the daemon's" grep -q "serving 1 job(s) on /run/packfeed/packfeedd.sock" \
   <<<"$(prop StatusText)"
-health() { in_container runuser -u packfeed -- "$bin_dir/packfeedctl" health \
+health() { in_container runuser -u packfeed -- "$inside/bin/packfeedctl" health \
   --socket /run/packfeed/packfeedd.sock; }
 check "the packfeed user's packfeedctl health answers on the socket" wait_for 10 health
 check "the daemon runs as packfeed" [ "$(in_container ps -o user= -p "$(prop MainPID)")" = packfeed ]

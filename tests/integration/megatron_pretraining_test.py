@@ -293,9 +293,14 @@ def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss, cp_size
         check(f"{name} rank {rank}: {STEPS} steps of {microbatches} microbatches",
               len(steps) == STEPS and all(len(st["microbatches"]) == microbatches
                                           for st in steps))
-        for st in steps:
+        # The step a batch is checked against is the one the rank asked for
+        # in turn, not the number the daemon stamped on it.
+        check(f"{name} rank {rank}: steps numbered 0 to {STEPS - 1} in order",
+              [st["step"] for st in steps] == list(range(len(steps))),
+              [st["step"] for st in steps])
+        for index, st in enumerate(steps):
             for m, got in enumerate(st["microbatches"]):
-                want = expected_batch(train, st["step"], m, dp, cp, consumed, cp_size, thd)
+                want = expected_batch(train, index, m, dp, cp, consumed, cp_size, thd)
                 for key in fields:
                     served = numpy.asarray(got.get(key, []), dtype=want[key].dtype)
                     if served.size != want[key].size or not numpy.array_equal(

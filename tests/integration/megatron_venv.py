@@ -9,30 +9,47 @@ import subprocess
 import sys
 import types
 
-MEGATRON_CORE = "megatron-core==0.16.1"
+MEGATRON_CORE_VERSION = "0.16.1"
+MEGATRON_CORE = f"megatron-core=={MEGATRON_CORE_VERSION}"
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with numpy and torch 1.13
 SKIPPED = 77
+# What pip says when PyPI cannot be reached at all. Not "Could not find a
+# version": pip says that too for a version this Python cannot install, which
+# is a failure, not a reason to skip.
+UNREACHABLE = ("NewConnectionError", "Temporary failure in name resolution",
+               "Network is unreachable", "ConnectTimeout", "No route to host")
+
+
+def installed_version(python):
+    """megatron-core's version in the venv of `python`, or None when it (or
+    numpy, or torch) does not import there."""
+    probe = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m, numpy, torch, megatron.core; "
+         "print(m.version('megatron-core'))"], capture_output=True, text=True)
+    return probe.stdout.strip() if probe.returncode == 0 else None
 
 
 def ensure_venv(venv):
-    """The venv's python, installing megatron-core first when needed. Exits
-    77 (skipped) when PyPI cannot be reached, naming why."""
+    """The venv's python with megatron-core MEGATRON_CORE_VERSION, installing
+    it first when the venv lacks it or holds another version. Exits 77
+    (skipped) only when PyPI cannot be reached, naming why; any other pip
+    failure fails."""
     venv = pathlib.Path(venv)
     python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import megatron.core, numpy, torch"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+    if python.exists() and installed_version(python) == MEGATRON_CORE_VERSION:
         return python
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True)
     pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
                           MEGATRON_CORE], capture_output=True, text=True)
     if pip.returncode != 0:
-        unreachable = ("NewConnectionError", "Could not find a version", "Temporary failure",
-                       "Network is unreachable", "ConnectTimeout")
-        if any(s in pip.stderr for s in unreachable):
+        if any(s in pip.stderr for s in UNREACHABLE):
             print(f"SKIPPED: PyPI cannot be reached to install {MEGATRON_CORE}:\n{pip.stderr}")
             sys.exit(SKIPPED)
         sys.exit(f"pip install {MEGATRON_CORE} failed:\n{pip.stderr}")
+    found = installed_version(python)
+    if found != MEGATRON_CORE_VERSION:
+        sys.exit(f"{venv}: megatron-core {found} after installing {MEGATRON_CORE}")
     return python
 
 
