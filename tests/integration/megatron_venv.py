@@ -21,11 +21,14 @@ UNREACHABLE = ("NewConnectionError", "Temporary failure in name resolution",
 
 
 def installed_version(python):
-    """megatron-core's version in the venv of `python`, or None when it (or
-    numpy, or torch) does not import there."""
+    """megatron-core's version in the venv of `python`, or None when it is
+    not installed there or numpy or torch do not import. (Not megatron.core
+    itself: its __init__ needs a newer torch; import_megatron_datasets
+    goes around it.)"""
     probe = subprocess.run(
-        [str(python), "-c", "import importlib.metadata as m, numpy, torch, megatron.core; "
-         "print(m.version('megatron-core'))"], capture_output=True, text=True)
+        [str(python), "-c", "import importlib.metadata as m, importlib.util, numpy, torch; "
+         "assert importlib.util.find_spec('megatron'); print(m.version('megatron-core'))"],
+        capture_output=True, text=True)
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
