@@ -148,18 +148,19 @@ def judge_megatron_per_microbatch(sample_groups, lengths, model):
     return with_pipeline(times, model)
 
 
+# Both schedules are charged for the sequences' own lengths, not for the
+# padding either adds: one evaluator, the same lengths.
 def judge_packfeed(microbatches, model, cap):
     times, weighted, real = [], 0.0, 0
     seen = set()
     for ranks in microbatches:
         worst = 0.0
         for sequences in ranks:
-            worst = max(worst, sum(cost(model, q["padded_length"], q["cp_size"])
-                                   for q in sequences))
+            worst = max(worst, sum(cost(model, q["length"], q["cp_size"]) for q in sequences))
             for q in sequences:
                 if q["sample"] not in seen:
                     seen.add(q["sample"])
-                    weighted += q["length"] * q["cp_size"] / needed_cp(q["padded_length"], cap)
+                    weighted += q["length"] * q["cp_size"] / needed_cp(q["length"], cap)
                     real += q["length"]
         times.append(worst + model["microbatch"])
     return with_pipeline(times, model), weighted / real, len(microbatches)
@@ -217,7 +218,7 @@ def packfeed_graph_runs(microbatches, model, ranks):
         while rank < len(per_rank):
             c = per_rank[rank][0]["cp_size"]
             holders = tuple(range(rank, rank + c))
-            work = sum(cost(model, q["padded_length"], c) for q in per_rank[rank])
+            work = sum(cost(model, q["length"], c) for q in per_rank[rank])
             for h in holders:
                 runs[h].append((holders, work))
             rank += c
