@@ -13,8 +13,7 @@ import os
 import subprocess
 import sys
 
-UNREACHABLE = ("NewConnectionError", "Temporary failure in name resolution",
-               "Network is unreachable", "ConnectTimeout", "No route to host")
+from megatron_venv import UNREACHABLE
 SCHEDULES = 5  # packfeed under two models and two objectives, and Megatron-Core
 
 
