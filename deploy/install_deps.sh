@@ -12,7 +12,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libxxhash-dev libmicrohttpd-dev openssl
   fuse3 libfuse3-dev
   clang libclang-rt-14-dev clang-format
-  python3 python3-dev python3-venv python3-torch pybind11-dev libdlpack-dev
+  python3 python3-dev python3-venv python3-pip python3-torch pybind11-dev libdlpack-dev
   python3-scipy python3-matplotlib  # the MILP optimum (HiGHS) and plan --plot
 )
 
