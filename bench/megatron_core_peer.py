@@ -64,6 +64,10 @@ CONFIGS = [
 ]
 
 
+# s²/c alone: no per-microbatch cost, no pipeline bubble.
+S2 = {"alpha": 1.0, "beta": 0.0, "kappa": 0.0, "lambda": 0.0, "microbatch": 0.0, "bubble": 0.0}
+
+
 def load_megatron_scheduler():
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
                          "packfeed")
@@ -279,8 +283,6 @@ def main():
                 calibrated = summary["calibrated_model_coefficients"]
                 label = f"packfeed dynamic_cp ({cost_model}{', graph' if objective == 'graph' else ''})"
                 rows[label] = (plans, summary["schedule_ms_median"])
-        s2 = {"alpha": 1.0, "beta": 0.0, "kappa": 0.0, "lambda": 0.0, "microbatch": 0.0,
-              "bubble": 0.0}
         megatron_runs, megatron_ms = [], []
         for step in range(steps):
             batch = lengths[step * gbs:(step + 1) * gbs]
@@ -295,31 +297,31 @@ def main():
             acc = []
             for entry in plans:
                 batch = lengths[entry["step"] * gbs:(entry["step"] + 1) * gbs]
-                a, inflation, m = judge_packfeed(entry["microbatches"], s2, cap)
+                a, inflation, m = judge_packfeed(entry["microbatches"], S2, cap)
                 b, _, _ = judge_packfeed(entry["microbatches"], calibrated, cap)
-                ga = graph_time(packfeed_graph_runs(entry["microbatches"], s2, ranks), ranks, s2)
+                ga = graph_time(packfeed_graph_runs(entry["microbatches"], S2, ranks), ranks, S2)
                 gb = graph_time(packfeed_graph_runs(entry["microbatches"], calibrated, ranks),
                                 ranks, calibrated)
-                acc.append((a / ideal(batch, ranks, cap, s2),
+                acc.append((a / ideal(batch, ranks, cap, S2),
                             b / ideal(batch, ranks, cap, calibrated),
-                            ga / ideal(batch, ranks, cap, s2),
+                            ga / ideal(batch, ranks, cap, S2),
                             gb / ideal(batch, ranks, cap, calibrated),
-                            a / ideal(batch, ranks, cap, s2), inflation, m))
+                            a / ideal(batch, ranks, cap, S2), inflation, m))
             figures[label] = (acc, ms)
         acc = []
         for step, (groups, sample_groups) in enumerate(megatron_runs):
             batch = lengths[step * gbs:(step + 1) * gbs]
-            a, inflation, m = judge_megatron(groups, sample_groups, batch, s2, cap)
+            a, inflation, m = judge_megatron(groups, sample_groups, batch, S2, cap)
             b, _, _ = judge_megatron(groups, sample_groups, batch, calibrated, cap)
-            ga = graph_time(megatron_graph_runs(sample_groups, batch, s2, ranks), ranks, s2)
+            ga = graph_time(megatron_graph_runs(sample_groups, batch, S2, ranks), ranks, S2)
             gb = graph_time(megatron_graph_runs(sample_groups, batch, calibrated, ranks), ranks,
                             calibrated)
-            mb = judge_megatron_per_microbatch(sample_groups, batch, s2)
-            acc.append((a / ideal(batch, ranks, cap, s2),
+            mb = judge_megatron_per_microbatch(sample_groups, batch, S2)
+            acc.append((a / ideal(batch, ranks, cap, S2),
                         b / ideal(batch, ranks, cap, calibrated),
-                        ga / ideal(batch, ranks, cap, s2),
+                        ga / ideal(batch, ranks, cap, S2),
                         gb / ideal(batch, ranks, cap, calibrated),
-                        mb / ideal(batch, ranks, cap, s2), inflation, m))
+                        mb / ideal(batch, ranks, cap, S2), inflation, m))
         figures["Megatron-Core hybrid CP"] = (acc, statistics.median(megatron_ms))
         for label, (acc, ms) in figures.items():
             mean = [statistics.fmean(column) for column in zip(*acc)]

@@ -72,15 +72,11 @@ void SharedRingListener::Loop() {
   for (;;) {
     fds.assign({{listening_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}});
     for (const Pending& pending : pending_) fds.push_back({pending.connection.get(), POLLIN, 0});
+    // Every connection waits as long, so the oldest's deadline comes first.
     int timeout_ms = -1;
     if (!pending_.empty()) {
-      const absl::Time first = std::min_element(pending_.begin(), pending_.end(),
-                                                [](const Pending& a, const Pending& b) {
-                                                  return a.deadline < b.deadline;
-                                                })
-                                   ->deadline;
-      timeout_ms = static_cast<int>(
-          std::max<int64_t>(0, absl::ToInt64Milliseconds(first - absl::Now()) + 1));
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(pending_.front().deadline - absl::Now()) + 1));
     }
     if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;

@@ -29,8 +29,7 @@ def same_evaluator(source_root, packfeedctl):
     with open(trace) as f:
         lengths = [int(line) for line in f if line.strip()]
     ranks, cap, gbs = 16, 4096, 256
-    s2 = {"alpha": 1.0, "beta": 0.0, "kappa": 0.0, "lambda": 0.0, "microbatch": 0.0,
-          "bubble": 0.0}
+    s2 = peer.S2
     _, plans = peer.plan_packfeed(packfeedctl, trace, ranks, cap, gbs, 2, "megatron", "barrier")
     failures = []
     for entry in plans:
