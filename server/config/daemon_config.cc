@@ -81,15 +81,28 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
   if (job.side_fields_size() > 0) {
     return FieldError(where, "side_fields", "are not served with Megatron pretraining samples");
   }
-  if (p.balance_document_attention() && !p.reset_attention_mask()) {
+  const bool documents = p.reset_attention_mask() || p.inter_document_masking();
+  if (p.balance_document_attention() && !documents) {
     return FieldError(where, "pretraining.balance_document_attention",
-                      "needs reset_attention_mask (every sample costs the same otherwise)");
+                      "needs reset_attention_mask or inter_document_masking (every sample "
+                      "costs the same otherwise)");
+  }
+  if (p.reset_attention_mask() && p.inter_document_masking()) {
+    // Megatron 0.19 drops the [s, s] mask when both are on; serving one of
+    // two document definitions silently would hide a mistake.
+    return FieldError(where, "pretraining.reset_attention_mask",
+                      "and inter_document_masking are both set: the first splits documents at "
+                      "EOD tokens, the second at the sample's document pieces; choose one");
   }
   if (p.reset_attention_mask() && t.cp() > 1) {
-    // Each document would need padding to 2 x CP tokens for its own zigzag
-    // split, which changes the tokens a rank holds.
+    // Megatron splits its dense [s, s] mask by query rows under CP, which has
+    // no THD form; its own document masking under CP is the 0.19 one.
     return FieldError(where, "pretraining.reset_attention_mask",
-                      "document-masked attention (THD) is served with cp = 1 only");
+                      "is served with cp = 1 only; under CP use inter_document_masking "
+                      "(Megatron-Core 0.19's --dataloader-inter-document-masking)");
+  }
+  if (p.cp_split() != v1::Pretraining::CP_SPLIT_PER_SEQUENCE && !p.inter_document_masking()) {
+    return FieldError(where, "pretraining.cp_split", "applies to inter_document_masking only");
   }
 
   if (job.seed() > UINT32_MAX) {

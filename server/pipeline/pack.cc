@@ -135,34 +135,60 @@ void WritePositions(const std::vector<int64_t>& run, int64_t real, int64_t begin
   }
 }
 
-// Megatron's reset_attention_mask as THD (CP 1): each sample of
-// `seq_length` inputs split after every EOD input, so cu_seqlens mark the
-// documents whose attention Megatron's [s, s] mask keeps apart; no dense
-// mask is built.
-void DocumentBoundaries(int64_t seq_length, MicrobatchSource& source) {
-  const dataset::SampleRules& rules = source.rules;
-  source.cu_seqlens.assign(1, 0);
-  source.max_seqlen = 0;
-  int64_t j = 0;  // position in the microbatch
-  int64_t start = 0;
+// inter_document_masking: positions [range) of a sample count from the
+// start of their document (`bounds`), as Megatron-Core 0.19 restarts them.
+void RestartPositions(const SampleBounds& bounds, scheduler::TokenRange range, int64_t at,
+                      int64_t* position_ids) {
+  if (position_ids == nullptr) return;
+  auto next = std::upper_bound(bounds.begin(), bounds.end(), range.begin);
+  int64_t start = *(next - 1);
+  for (int64_t j = range.begin; j < range.end; ++j, ++at) {
+    for (; next != bounds.end() && *next <= j; ++next) start = *next;
+    position_ids[at] = j - start;
+  }
+}
+
+// A pretraining microbatch with document-masked attention: its samples as
+// one THD row with cu_seqlens at their documents, and the positions of the
+// row this rank holds (document_mask.h).
+absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSource& source) {
+  const v1::Pretraining& pretraining = job.config().pretraining();
+  const int64_t seq_length = job.config().seq_length();
+  std::vector<SampleBounds> samples;
   for (size_t i = 0; i < source.runs.size(); ++i) {
-    const std::vector<int64_t>& run = *source.runs[i];
-    const auto run_length = static_cast<int64_t>(run.size());
-    for (const scheduler::TokenRange& chunk : source.chunks[i]) {
-      for (int64_t k = chunk.begin; k < chunk.end; ++k, ++j) {
-        // As served: a pad id is 0, and a pad position is no EOD.
-        const int64_t token = k < run_length ? run[static_cast<size_t>(k)] : rules.pad_id;
-        const bool eod = k < run_length && (token == rules.pad_id ? 0 : token) == rules.eod_id;
-        if (eod || (j + 1) % seq_length == 0) {
-          source.cu_seqlens.push_back(static_cast<int32_t>(j + 1));
-          source.max_seqlen =
-              std::max<int32_t>(source.max_seqlen, static_cast<int32_t>(j + 1 - start));
-          start = j + 1;
-        }
-      }
+    if (!pretraining.inter_document_masking()) {
+      samples.push_back(EodBounds(*source.runs[i], seq_length, source.rules));
+      continue;
+    }
+    const scheduler::SampleRef& ref =
+        data.plan.samples[static_cast<size_t>(source.group->sequences[i].sample)];
+    std::vector<int64_t> pieces;
+    for (const dataset::SampleRun& run : job.pretraining()->Locate(ref.index).runs) {
+      pieces.push_back(run.length);
+    }
+    samples.push_back(PieceBounds(pieces, seq_length, !pretraining.no_extra_token()));
+    if (samples.back().back() != seq_length) {
+      // The index's runs cover more than the sample: never serve that.
+      return absl::InternalError(absl::StrCat("sample ", ref.index, "'s document pieces end at ",
+                                              samples.back().back(), ", not at seq_length ",
+                                              seq_length));
     }
   }
-  source.cu_seqlens_padded = source.cu_seqlens;
+  const DocumentRow row = RowOf(samples, seq_length);
+  const CpSplit split = pretraining.cp_split() == v1::Pretraining::CP_SPLIT_PER_DOCUMENT
+                            ? CpSplit::kPerDocument
+                            : CpSplit::kPerSequence;
+  PF_ASSIGN_OR_RETURN(source.chunks,
+                      CpRangesOfRow(row, seq_length, source.group->size, source.cp_rank, split));
+  source.tokens = 0;
+  for (const RankRanges& ranges : source.chunks) {
+    for (const scheduler::TokenRange& range : ranges) source.tokens += range.end - range.begin;
+  }
+  source.cu_seqlens = row.cu_seqlens;
+  source.cu_seqlens_padded = row.cu_seqlens;
+  source.max_seqlen = row.max_seqlen;
+  if (pretraining.inter_document_masking()) source.document_bounds = std::move(samples);
+  return absl::OkStatus();
 }
 
 // Bytes of one position of `slice`: its layer-axis entries' values.
@@ -421,7 +447,7 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
           absl::StrCat("sample ", sequence.sample, ": ", chunks.status().message()));
     }
     for (const scheduler::TokenRange& chunk : *chunks) out.tokens += chunk.end - chunk.begin;
-    out.chunks.push_back(*chunks);
+    out.chunks.emplace_back(chunks->begin(), chunks->end());
     real_total += real;
     padded_total += padded;
     if (padded_total > INT32_MAX) {
@@ -465,8 +491,9 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
   source.stage =
       FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
   if (job.pretraining() != nullptr) {
-    if (job.config().pretraining().reset_attention_mask()) {
-      DocumentBoundaries(job.config().seq_length(), source);
+    const v1::Pretraining& pretraining = job.config().pretraining();
+    if (pretraining.reset_attention_mask() || pretraining.inter_document_masking()) {
+      PF_RETURN_IF_ERROR(ServeDocumentRow(job, data, source));
     } else {
       source.bshd_rows = static_cast<int64_t>(group.sequences.size());
     }
@@ -540,6 +567,9 @@ void WriteMicrobatch(const MicrobatchSource& source,
     const int64_t real = source.group->sequences[i].length;
     for (const scheduler::TokenRange& chunk : source.chunks[i]) {
       WritePositions(*source.runs[i], real, chunk.begin, chunk.end, source.rules, at, out);
+      if (!source.document_bounds.empty()) {
+        RestartPositions(source.document_bounds[i], chunk, at, out.position_ids);
+      }
       for (size_t f = 0; f < source.sides.size(); ++f) {
         const SideRun& side = source.sides[f];
         if (side.slice.field->loss_mask) {
@@ -625,7 +655,8 @@ absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
   const int64_t max_tokens = job.config().scheduler().max_tokens_per_rank();
   // Split at every document, a microbatch has up to one sequence per token.
   const bool documents =
-      job.pretraining() != nullptr && job.config().pretraining().reset_attention_mask();
+      job.pretraining() != nullptr && (job.config().pretraining().reset_attention_mask() ||
+                                       job.config().pretraining().inter_document_masking());
   const int64_t sequences = documents ? std::max<int64_t>(job.config().global_batch(), max_tokens)
                                       : job.config().global_batch();
   uint64_t largest = 0;

@@ -21,6 +21,7 @@
 #include "packfeed/transport/wire.h"
 #include "server/config/model_stages.h"
 #include "server/config/side_fields.h"
+#include "server/pipeline/document_mask.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/read.h"
 
@@ -68,8 +69,8 @@ struct MicrobatchSource {
   dataset::SampleRules rules;
   std::vector<const std::vector<int64_t>*> runs;  // per sequence of the group
   std::vector<SideRun> sides;
-  std::vector<std::array<scheduler::TokenRange, 2>> chunks;  // per sequence, this rank's
-  int64_t tokens = 0;                                        // positions this rank holds
+  std::vector<RankRanges> chunks;  // per sequence, this rank's positions of it
+  int64_t tokens = 0;              // positions this rank holds
   std::vector<int32_t> cu_seqlens;
   std::vector<int32_t> cu_seqlens_padded;
   int32_t max_seqlen = 0;
@@ -77,6 +78,9 @@ struct MicrobatchSource {
   std::optional<int32_t> local_cp_size;
   std::vector<int32_t> cp_group_ranks;
   StageFields stage;  // which THD fields the rank's stage receives
+  // Per sequence, where its documents start when positions restart in each
+  // (inter_document_masking); empty otherwise.
+  std::vector<SampleBounds> document_bounds;
   // 0: THD ([1, T] per-token fields with cu_seqlens). Else Megatron's
   // BSHD batch of a pretraining job: per-token fields [bshd_rows =
   // micro_batch_size, S / CP], and no cu_seqlens (nothing is packed).

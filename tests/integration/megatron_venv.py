@@ -5,12 +5,14 @@ package's __init__ (which pulls distributed code that needs a newer torch)."""
 import importlib.util
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import types
 
 MEGATRON_CORE_VERSION = "0.16.1"
 MEGATRON_CORE = f"megatron-core=={MEGATRON_CORE_VERSION}"
+MEGATRON_CORE_019_VERSION = "0.19.2"  # fetched as a wheel: it installs on Python >= 3.12 only
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with numpy and torch 1.13
 SKIPPED = 77
 # What pip says when PyPI cannot be reached at all. Not "Could not find a
@@ -32,6 +34,17 @@ def installed_version(python):
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
+def _pip_or_exit(python, args, what):
+    """Runs pip with `args`; exits 77 (skipped) only when PyPI cannot be
+    reached, and fails on any other error."""
+    pip = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True)
+    if pip.returncode != 0:
+        if any(s in pip.stderr for s in UNREACHABLE):
+            print(f"SKIPPED: PyPI cannot be reached to fetch {what}:\n{pip.stderr}")
+            sys.exit(SKIPPED)
+        sys.exit(f"pip {' '.join(args)} failed:\n{pip.stderr}")
+
+
 def ensure_venv(venv):
     """The venv's python with megatron-core MEGATRON_CORE_VERSION, installing
     it first when the venv lacks it or holds another version. Exits 77
@@ -43,13 +56,7 @@ def ensure_venv(venv):
         return python
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True)
-    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
-                          MEGATRON_CORE], capture_output=True, text=True)
-    if pip.returncode != 0:
-        if any(s in pip.stderr for s in UNREACHABLE):
-            print(f"SKIPPED: PyPI cannot be reached to install {MEGATRON_CORE}:\n{pip.stderr}")
-            sys.exit(SKIPPED)
-        sys.exit(f"pip install {MEGATRON_CORE} failed:\n{pip.stderr}")
+    _pip_or_exit(python, ["install", "-q", "--no-deps", MEGATRON_CORE], MEGATRON_CORE)
     found = installed_version(python)
     if found != MEGATRON_CORE_VERSION:
         sys.exit(f"{venv}: megatron-core {found} after installing {MEGATRON_CORE}")
@@ -83,6 +90,65 @@ def import_megatron_datasets():
         BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     return BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+
+
+
+
+def fetch_megatron_019(directory):
+    """megatron-core 0.19.2's wheel unpacked under `directory`/src, with the
+    compiled index helper of the 0.16.1 install running this script (0.19.2
+    installs on Python >= 3.12 only; its helpers.cpp is identical, and its
+    datasets package runs on this Python). Returns the source root."""
+    import zipfile
+    directory = pathlib.Path(directory)
+    src = directory / "src"
+    datasets = src / "megatron" / "core" / "datasets"
+    if not (datasets / "gpt_dataset.py").exists():
+        wheels = directory / "wheel"
+        _pip_or_exit(sys.executable, ["download", "-q", "--no-deps", "--python-version", "3.12",
+                                      "--only-binary", ":all:", "-d", str(wheels),
+                                      f"megatron-core=={MEGATRON_CORE_019_VERSION}"],
+                     f"megatron-core {MEGATRON_CORE_019_VERSION}")
+        wheel = next(wheels.glob("megatron_core-*.whl"))
+        shutil.rmtree(src, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(src)
+    found = [d.name for d in src.glob("megatron_core-*.dist-info")]
+    if found != [f"megatron_core-{MEGATRON_CORE_019_VERSION}.dist-info"]:
+        sys.exit(f"{src}: {found}, not megatron-core {MEGATRON_CORE_019_VERSION}")
+    installed = pathlib.Path(importlib.util.find_spec("megatron").submodule_search_locations[0])
+    helper = next((installed / "core" / "datasets").glob("helpers_cpp.cpython-*.so"))
+    if not (datasets / helper.name).exists():
+        shutil.copy(helper, datasets / helper.name)
+    return src
+
+
+def import_megatron_019(src):
+    """megatron-core 0.19.2's datasets (BlendedMegatronDatasetBuilder,
+    GPTDataset, GPTDatasetConfig) from `src`, with stand-ins for the three
+    modules they import only for logging, tokenizer typing and a guarded
+    numpy.load; and the source of its megatron/core/utils.py, whose batch
+    functions a test takes by name."""
+    import numpy
+    root = os.path.join(str(src), "megatron")
+    for name, path in [("megatron", root), ("megatron.core", os.path.join(root, "core"))]:
+        module = types.ModuleType(name)
+        module.__path__ = [path]
+        sys.modules[name] = module
+    utils = types.ModuleType("megatron.core.utils")
+    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg)
+    sys.modules["megatron.core.utils"] = utils
+    tokenizers = types.ModuleType("megatron.core.tokenizers")
+    tokenizers.MegatronTokenizerBase = object
+    sys.modules["megatron.core.tokenizers"] = tokenizers
+    safe_globals = types.ModuleType("megatron.core.safe_globals")
+    safe_globals.safe_numpy_load = numpy.load
+    sys.modules["megatron.core.safe_globals"] = safe_globals
+    from megatron.core.datasets.blended_megatron_dataset_builder import \
+        BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    utils_source = pathlib.Path(root, "core", "utils.py").read_text()
+    return BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig, utils_source
 
 
 def init_single_process(workdir):

@@ -85,7 +85,17 @@ TEST(DaemonConfigTest, PretrainingKeepsNoWeightsAndChecksMegatronsOptions) {
               HasSubstr("mid_level_dataset_surplus"));
   std::string cp2 = PretrainingJob("", "reset_attention_mask: true");
   cp2.replace(cp2.find("global_batch"), 0, "topology { cp: 2 } ");
-  EXPECT_THAT(Message(cp2), HasSubstr("pretraining.reset_attention_mask"));
+  EXPECT_THAT(Message(cp2), HasSubstr("under CP use inter_document_masking"));
+  std::string cp2_pieces = PretrainingJob("", "inter_document_masking: true");
+  cp2_pieces.replace(cp2_pieces.find("global_batch"), 0, "topology { cp: 2 } ");
+  EXPECT_TRUE(ParseDaemonConfig(cp2_pieces, "c.textproto").ok());
+  EXPECT_THAT(
+      Message(PretrainingJob("", "reset_attention_mask: true inter_document_masking: true")),
+      HasSubstr("both set"));
+  EXPECT_THAT(Message(PretrainingJob("", "cp_split: CP_SPLIT_PER_DOCUMENT")),
+              HasSubstr("pretraining.cp_split: applies to inter_document_masking only"));
+  EXPECT_THAT(Message(PretrainingJob("", "balance_document_attention: true")),
+              HasSubstr("needs reset_attention_mask or inter_document_masking"));
   EXPECT_THAT(Message(PretrainingJob("", "micro_batch_size: 3")), HasSubstr("global_batch"));
 }
 

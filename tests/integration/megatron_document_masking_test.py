@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Megatron-Core 0.19's inter-document masking, held to Megatron's own code.
+
+megatron-core 0.19.2 installs on Python >= 3.12 only: its wheel is fetched and
+its datasets package run on Debian's python3 inside the 0.16.1 venv of
+megatron_venv.py, whose compiled index helper it shares (helpers.cpp is the
+same file). For every rank of TP2 x PP2 x CP x DP2 the test computes what
+Megatron's pretrain_gpt hands it with --dataloader-inter-document-masking:
+GPTDataset[i] (0.19.2, inter_document_masking=True) for the pretraining
+sampler's indices, torch's default_collate, the stage's fields as
+get_batch_on_this_tp_rank keeps them, then flatten_batch_for_packed_sequences
+and get_batch_on_this_cp_rank taken by name from 0.19.2's
+megatron/core/utils.py and run as written (the CP group's size and rank
+supplied, Transformer Engine's thd_get_partitioned_indices as its kernel
+defines it). A real packfeedd serves the same job; every field of every rank
+must be equal, for CP 1 and 2, both CP splits, and after a restart from
+consumed_samples. Two ranks are read through the Python client too, shapes
+and dtypes asserted. Nothing expected is written by hand.
+
+Usage: megatron_document_masking_test.py PACKFEEDCTL VENV_DIR FETCH_DIR PYTHON_PACKAGE_DIR
+Exit 77 (skipped) only when PyPI cannot be reached.
+"""
+import ast
+import os
+import pathlib
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,  # noqa: E402
+                           init_single_process, rerun_in_venv)
+
+if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
+    rerun_in_venv(sys.argv[2], __file__, [sys.argv[1], *sys.argv[3:]])
+
+# ---- inside the venv: argv = [script, PACKFEEDCTL, FETCH_DIR, PYTHON_PACKAGE_DIR] ----
+import logging  # noqa: E402
+
+import numpy  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import default_collate  # noqa: E402
+
+CTL, FETCH_DIR, PYTHON_DIR = sys.argv[1], sys.argv[2], sys.argv[3]
+Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(
+    fetch_megatron_019(FETCH_DIR))
+logging.getLogger("megatron").setLevel(logging.ERROR)
+from daemon_harness import Daemon  # noqa: E402
+
+EOD = 0
+TP, PP, DP = 2, 2, 2
+MBS, GBS, SEQ, SEED, STEPS = 2, 16, 64, 4321, 3
+SPLIT = "90,8,2"
+
+passed, failures = 0, []
+
+
+def check(name, condition, detail=""):
+    global passed
+    if condition:
+        passed += 1
+    else:
+        failures.append(f"{name}: {detail}")
+
+
+# ---- Megatron's batch functions, taken by name from its source ----
+class CpGroup:
+    def __init__(self, size, rank):
+        self.size, self.rank = size, rank
+
+
+class TorchWithCpGroup:
+    """torch, whose distributed world is the CpGroup a function is handed."""
+    class distributed:
+        get_world_size = staticmethod(lambda group: group.size)
+        get_rank = staticmethod(lambda group: group.rank)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def binary_search(target, array):
+    """Transformer Engine's device binary search (thd_utils)."""
+    left, right = 1, len(array) - 1
+    while left < right:
+        mid = (left + right) // 2
+        if array[mid] <= target:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+class TransformerEngine:
+    @staticmethod
+    def thd_get_partitioned_indices(cu_seqlens, total_tokens, world_size, rank):
+        """thd_partition_indices_kernel, one token at a time."""
+        local = [int(c) // world_size for c in cu_seqlens.tolist()]
+        out = []
+        for token in range(total_tokens // world_size):
+            sequence = binary_search(token, local)
+            length = local[sequence + 1] - local[sequence]
+            index = token - local[sequence]
+            chunk = rank if index < length // 2 else (world_size - 1) * 2 - rank
+            out.append(index + local[sequence] * world_size + length // 2 * chunk)
+        return torch.tensor(out, dtype=torch.int32)
+
+
+def megatron_functions(source, names):
+    tree = ast.parse(source)
+    found = [node for node in tree.body
+             if isinstance(node, ast.FunctionDef) and node.name in names]
+    missing = set(names) - {node.name for node in found}
+    if missing:
+        sys.exit(f"megatron/core/utils.py of 0.19.2 lacks {sorted(missing)}")
+    for node in found:
+        # Annotations name process-group types this torch need not have.
+        node.returns = None
+        for arg in node.args.args + node.args.kwonlyargs:
+            arg.annotation = None
+        node.decorator_list = []
+    namespace = {"torch": TorchWithCpGroup(), "tex": TransformerEngine, "Any": object}
+    exec(compile(ast.Module(body=found, type_ignores=[]), "megatron/core/utils.py", "exec"),
+         namespace)
+    return namespace
+
+
+MEGATRON = megatron_functions(UTILS_SOURCE, [
+    "_merge_cu_seqlens_across_micro_batch", "flatten_batch_for_packed_sequences",
+    "_get_batch_on_this_cp_rank_per_sequence_balancing",
+    "_get_batch_on_this_cp_rank_per_document_balancing", "get_batch_on_this_cp_rank"])
+# The kernel's definition, on a case worked by hand (documents of 4 and 12).
+check("TE partition: rank 0 of 2 over documents of 4 and 12",
+      TransformerEngine.thd_get_partitioned_indices(torch.tensor([0, 4, 16]), 16, 2, 0).tolist()
+      == [0, 3, 4, 5, 6, 13, 14, 15])
+
+BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded",
+              "max_seqlen")
+
+
+def megatron_get_batch(items, pp, cp_size, cp_rank, per_sequence):
+    """pretrain_gpt's get_batch of 0.19 on this rank, with
+    --dataloader-inter-document-masking: TP rank 0's collated batch (a key
+    the dataset does not make is None), the stage's fields (first: no
+    labels or loss_mask; last: no tokens or position_ids), flattened, then
+    split for CP."""
+    collated = default_collate(items)
+    batch = {key: collated.get(key) for key in BATCH_KEYS}
+    batch.update(attention_mask=None, local_cp_size=None)
+    if pp == 0:
+        batch["labels"] = batch["loss_mask"] = None
+    else:
+        batch["tokens"] = batch["position_ids"] = None
+    batch = MEGATRON["flatten_batch_for_packed_sequences"](batch)
+    return MEGATRON["get_batch_on_this_cp_rank"](
+        batch, is_hybrid_cp=False, cp_group=CpGroup(cp_size, cp_rank),
+        use_per_sequence_balancing=per_sequence)
+
+
+# ---- datasets, written with Megatron's own builder ----
+WORK = pathlib.Path(tempfile.mkdtemp(prefix="pf-docmask-"))
+init_single_process(WORK)
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: E402
+
+
+def write_dataset(prefix, documents, mean, seed, multiple=1):
+    """Lognormal document lengths around `mean` (rounded up to `multiple`),
+    each ending with the EOD; every fifth stored as two sequences."""
+    random = numpy.random.RandomState(seed)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=numpy.int32)
+    for d in range(documents):
+        length = int(numpy.clip(random.lognormal(numpy.log(mean), 0.8), 2, 20 * mean))
+        length = -(-length // multiple) * multiple
+        tokens = random.randint(1, 50000, size=length)
+        tokens[-1] = EOD
+        half = length // (2 * multiple) * multiple
+        lengths = [length] if d % 5 or half == 0 else [half, length - half]
+        builder.add_document(tokens, lengths)
+    builder.finalize(f"{prefix}.idx")
+    return prefix
+
+
+BLEND = ([write_dataset(str(WORK / f"web{i}"), 400, 30 + 20 * i, 11 + i) for i in range(3)],
+         [2.0, 1.0, 5.0])
+# Every sequence a multiple of 4 tokens: with seq 64 every document piece
+# divides by 2 x CP = 4, which a per-document split needs.
+DIVISIBLE = ([write_dataset(str(WORK / "even"), 600, 40, 7, multiple=4)], None)
+
+
+def megatron_train(blend):
+    config = GPTDatasetConfig(
+        random_seed=SEED, sequence_length=SEQ, blend=blend, split=SPLIT,
+        path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=True,
+        inter_document_masking=True)
+    return Builder(GPTDataset, [GBS * 20, GBS, GBS], lambda: True, config).build()[0]
+
+
+def job_text(blend, cp, consumed, split_name):
+    prefixes, weights = blend
+    datasets = "\n".join(
+        f'  datasets {{ prefix: "{p}" weight: {w} kind: DATASET_KIND_PRETRAINING }}'
+        for p, w in zip(prefixes, weights or [0] * len(prefixes)))
+    return f"""jobs {{
+  name: "gpt"
+{datasets}
+  topology {{ tp: {TP} pp: {PP} cp: {cp} dp: {DP} }}
+  global_batch: {GBS}
+  seq_length: {SEQ}
+  seed: {SEED}
+  eod_id: {EOD}
+  pretraining {{ split: "{SPLIT}" train_samples: {GBS * 20} valid_samples: {GBS}
+                 test_samples: {GBS} micro_batch_size: {MBS} consumed_samples: {consumed}
+                 eod_mask_loss: true inter_document_masking: true cp_split: {split_name} }}
+}}
+"""
+
+
+def coords(rank, cp_size):
+    return (rank % TP, (rank // TP) % cp_size, (rank // (TP * cp_size)) % DP,
+            rank // (TP * cp_size * DP))
+
+
+def served_equals(got, want, key):
+    if want is None:
+        return key not in got
+    want = want.numpy()
+    served = numpy.asarray(got.get(key, []), dtype=want.dtype)
+    return served.size == want.size and numpy.array_equal(served.reshape(want.shape), want)
+
+
+def serve_and_compare(name, blend, cp_size, per_sequence, consumed=0, python_ranks=()):
+    train = megatron_train(blend)
+    split_name = "CP_SPLIT_PER_SEQUENCE" if per_sequence else "CP_SPLIT_PER_DOCUMENT"
+    ranks = range(TP * PP * cp_size * DP)
+    microbatches = GBS // (MBS * DP)
+    (WORK / name).mkdir()
+    with Daemon(os.path.dirname(CTL), job_text(blend, cp_size, consumed, split_name),
+                workdir=WORK / name) as daemon:
+        dumps = daemon.dump_ranks("gpt", ranks, STEPS)
+        python_batches = {rank: python_step(daemon.socket, rank) for rank in python_ranks}
+    documents = 0
+    for rank in ranks:
+        _, cp, dp, pp = coords(rank, cp_size)
+        steps = dumps[rank]["steps"]
+        check(f"{name} rank {rank}: steps 0..{STEPS - 1} of {microbatches} microbatches",
+              [st["step"] for st in steps] == list(range(STEPS))
+              and all(len(st["microbatches"]) == microbatches for st in steps),
+              [(st["step"], len(st["microbatches"])) for st in steps])
+        wrong = []
+        for index, st in enumerate(steps):
+            for m, got in enumerate(st["microbatches"]):
+                first = consumed + index * GBS + (m * DP + dp) * MBS
+                want = megatron_get_batch([train[first + b] for b in range(MBS)], pp, cp_size,
+                                          cp, per_sequence)
+                documents += len(want["cu_seqlens"][0]) - 1
+                for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                            "max_seqlen"):
+                    if not served_equals(got, want[key], key):
+                        wrong.append(f"step {st['step']} mb {m} {key}")
+        check(f"{name} rank {rank} (cp {cp} dp {dp} pp {pp}) equals Megatron 0.19.2's get_batch",
+              not wrong, wrong[:5])
+    # The test means something only if samples hold several documents.
+    check(f"{name}: microbatches hold several documents each",
+          documents > 2 * microbatches * len(ranks) * STEPS, documents)
+    for rank, batches in python_batches.items():
+        _, cp, dp, pp = coords(rank, cp_size)
+        same = 0
+        for m, batch in enumerate(batches):
+            want = megatron_get_batch([train[consumed + (m * DP + dp) * MBS + b]
+                                       for b in range(MBS)], pp, cp_size, cp, per_sequence)
+            keys = ("tokens", "position_ids") if pp == 0 else ("labels", "loss_mask")
+            same += all(batch[k].dtype == want[k].dtype and torch.equal(batch[k], want[k])
+                        for k in keys) and \
+                torch.equal(batch["cu_seqlens"], want["cu_seqlens"][0]) and \
+                int(batch["max_seqlen"]) == int(want["max_seqlen"][0]) and \
+                batch["packed_seq_params"]["max_seqlen_q"] == int(want["max_seqlen"][0])
+        check(f"{name} python client rank {rank}: {microbatches} microbatches of "
+              f"[1, {MBS * SEQ // cp_size}] equal Megatron's", same == len(batches) == microbatches,
+              f"{same} of {len(batches)}")
+
+
+def python_step(socket, rank):
+    """Step 0 of `rank` through packfeed.Client, as the trainer's iterator."""
+    sys.path.insert(0, PYTHON_DIR)
+    import packfeed
+    client = packfeed.Client("gpt", socket_path=socket, rank=rank, copy=True)
+    iterator, _, _, _ = client.next_step()
+    batches = list(iterator)
+    client.close()
+    return batches
+
+
+serve_and_compare("cp1", BLEND, 1, True, python_ranks=(0, 5))
+serve_and_compare("cp2-per-sequence", BLEND, 2, True, python_ranks=(2, 13))
+serve_and_compare("cp2-per-sequence-resumed", BLEND, 2, True, consumed=2 * GBS)
+serve_and_compare("cp2-per-document", DIVISIBLE, 2, False, python_ranks=(2,))
+
+
+def per_document_refused():
+    """Documents that do not divide by 2 x CP under a per-document split:
+    Transformer Engine would hand out overlapping positions; the daemon ends
+    the ranks of such a microbatch with the reason and serves the others."""
+    (WORK / "refused").mkdir()
+    text = job_text(BLEND, 2, 0, "CP_SPLIT_PER_DOCUMENT")
+    with Daemon(os.path.dirname(CTL), text, workdir=WORK / "refused") as daemon:
+        processes = {r: daemon.start_dump("gpt", r, STEPS) for r in range(TP * PP * 2 * DP)}
+        results = {r: p.communicate(timeout=120) + (p.returncode,) for r, p in processes.items()}
+        alive = daemon.ctl_run("health").returncode == 0
+    refused = [r for r, (_, err, code) in results.items()
+               if code != 0 and "FAILED_PRECONDITION" in err and "divide by 2 x cp = 4" in err
+               and "CP_SPLIT_PER_SEQUENCE" in err]
+    check("per-document split of documents that do not divide: ranks ended with the reason",
+          refused, {r: err[-300:] for r, (_, err, _) in results.items()})
+    check("the daemon serves on after refusing them", alive)
+
+
+per_document_refused()
+
+for failure in failures:
+    print("FAILED", failure)
+print(f"{passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Mutants: small wrong changes to packfeed's side that a comparison test
+must catch. Each is applied to the source, the binaries rebuilt in BUILD,
+the test run, and the source restored; prints how many of the test's checks
+each mutant fails. The figures in docs/PRETRAINING.md come from here.
+
+Usage: run_mutants.py SOURCE_DIR BUILD_DIR [MUTANT_NAME ...]
+Leaves BUILD rebuilt from the restored source.
+"""
+import pathlib
+import re
+import subprocess
+import sys
+
+# name: (test, file, text, replacement)
+MUTANTS = {
+    "no position restart per document": (
+        "megatron_document_masking_test", "server/pipeline/pack.cc",
+        "      if (!source.document_bounds.empty()) {",
+        "      if (false) {"),
+    "extra token kept in the last piece": (
+        "megatron_document_masking_test", "server/pipeline/document_mask.cc",
+        "  if (extra_token && !lengths.empty()) {",
+        "  if (false) {"),
+    "per-sequence split cut per document": (
+        "megatron_document_masking_test", "server/pipeline/document_mask.cc",
+        "  if (split == CpSplit::kPerSequence || cp_size == 1) {",
+        "  if (cp_size == 1) {"),
+    "per-document chunks swapped": (
+        "megatron_document_masking_test", "server/pipeline/document_mask.cc",
+        "scheduler::ZigzagChunks(length, cp_size, cp_rank);",
+        "scheduler::ZigzagChunks(length, cp_size, cp_size - 1 - cp_rank);"),
+}
+TARGETS = ["packfeedd", "packfeedctl"]
+
+
+def build(build_dir):
+    subprocess.run(["ninja", "-C", build_dir, *TARGETS], check=True, capture_output=True)
+
+
+def main():
+    source, build_dir, chosen = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    for name, (test, file, text, replacement) in MUTANTS.items():
+        if chosen and name not in chosen:
+            continue
+        path = source / file
+        original = path.read_text()
+        if original.count(text) < 1:
+            sys.exit(f"mutant '{name}': {file} no longer holds {text!r}")
+        try:
+            path.write_text(original.replace(text, replacement, 1))
+            build(build_dir)
+            run = subprocess.run(["ctest", "--test-dir", build_dir, "-R", f"^{test}$", "-V"],
+                                 capture_output=True, text=True)
+            summary = re.findall(r"(\d+) passed, (\d+) failed", run.stdout)
+            errors = [line for line in run.stdout.splitlines() if "Error" in line]
+            how = (f"{summary[-1][1]} checks failed" if summary
+                   else f"stopped: {errors[-1].strip() if errors else run.stdout[-200:]}")
+            print(f"{name}: {test} {'FAILS' if run.returncode else 'PASSES'}, {how}", flush=True)
+        finally:
+            path.write_text(original)
+    build(build_dir)
+
+
+if __name__ == "__main__":
+    main()
