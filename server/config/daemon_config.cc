@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +36,9 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string first_;
 };
 
+// A blend_per_split job's own split string: all of its datasets train.
+constexpr char kWholeTrainSplit[] = "1,0,0";
+
 absl::Status FieldError(absl::string_view where, absl::string_view field,
                         absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(where, ".", field, ": ", problem));
@@ -58,7 +62,8 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
   for (auto [field, value] : {std::pair{"train_samples", p.train_samples()},
                               {"valid_samples", p.valid_samples()},
                               {"test_samples", p.test_samples()},
-                              {"consumed_samples", p.consumed_samples()}}) {
+                              {"consumed_samples", p.consumed_samples()},
+                              {"consumed_valid_samples", p.consumed_valid_samples()}}) {
     if (value < 0) return FieldError(where, absl::StrCat("pretraining.", field), "is negative");
   }
   if (!(p.mid_level_dataset_surplus() >= 0) || !std::isfinite(p.mid_level_dataset_surplus())) {
@@ -100,6 +105,17 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
     return FieldError(where, "pretraining.reset_attention_mask",
                       "is served with cp = 1 only; under CP use inter_document_masking "
                       "(Megatron-Core 0.19's --dataloader-inter-document-masking)");
+  }
+  const bool per_split = !p.valid_datasets().empty() || !p.test_datasets().empty();
+  if ((p.serve_every_split() || per_split) && p.serve_split() != v1::Pretraining::SPLIT_TRAIN) {
+    return FieldError(where, "pretraining.serve_split",
+                      "is the train split with serve_every_split or valid_datasets/test_datasets "
+                      "(the other splits are served as NAME.valid and NAME.test)");
+  }
+  if (per_split && p.split() != kWholeTrainSplit) {
+    return FieldError(where, "pretraining.split",
+                      "is not used with valid_datasets/test_datasets (Megatron's blend_per_split: "
+                      "each split draws on the whole of its datasets)");
   }
   if (p.cp_split() != v1::Pretraining::CP_SPLIT_PER_SEQUENCE && !p.inter_document_masking()) {
     return FieldError(where, "pretraining.cp_split", "applies to inter_document_masking only");
@@ -175,6 +191,50 @@ absl::Status ValidateIngest(const v1::DaemonConfig& config, absl::string_view so
   return absl::OkStatus();
 }
 
+// The valid and test splits of a job with serve_every_split, as jobs of
+// their own (docs/PRETRAINING.md): NAME.valid from consumed_valid_samples,
+// NAME.test from 0; under blend_per_split each on its own datasets, whole.
+std::vector<v1::JobConfig> SplitJobsOf(const v1::JobConfig& job) {
+  std::vector<v1::JobConfig> out;
+  const v1::Pretraining& p = job.pretraining();
+  if (!p.serve_every_split()) return out;
+  const bool per_split = !p.valid_datasets().empty() || !p.test_datasets().empty();
+  struct Split {
+    v1::Pretraining::Split split;
+    const char* suffix;
+    const char* whole;  // the split string of a blend_per_split split
+    const google::protobuf::RepeatedPtrField<v1::DatasetSpec>* datasets;
+    int64_t consumed;
+  };
+  for (const Split& split :
+       {Split{v1::Pretraining::SPLIT_VALID, ".valid", "0,1,0", &p.valid_datasets(),
+              p.consumed_valid_samples()},
+        Split{v1::Pretraining::SPLIT_TEST, ".test", "0,0,1", &p.test_datasets(), 0}}) {
+    if (per_split && split.datasets->empty()) continue;  // Megatron builds no such split
+    v1::JobConfig derived = job;
+    derived.set_name(job.name() + split.suffix);
+    v1::Pretraining& q = *derived.mutable_pretraining();
+    q.set_serve_every_split(false);
+    q.clear_valid_datasets();
+    q.clear_test_datasets();
+    q.set_serve_split(split.split);
+    q.set_consumed_samples(split.consumed);
+    q.set_consumed_valid_samples(0);
+    if (per_split) {
+      *derived.mutable_datasets() = *split.datasets;
+      for (v1::DatasetSpec& dataset : *derived.mutable_datasets()) {
+        if (dataset.kind() == v1::DATASET_KIND_UNSPECIFIED) {
+          dataset.set_kind(v1::DATASET_KIND_PRETRAINING);
+        }
+      }
+      if (derived.datasets_size() == 1) derived.mutable_datasets(0)->set_weight(0);
+      q.set_split(split.whole);
+    }
+    out.push_back(std::move(derived));
+  }
+  return out;
+}
+
 void FillDefaults(v1::JobConfig& job) {
   v1::Topology& t = *job.mutable_topology();
   for (auto [get, set] : {std::pair{&v1::Topology::tp, &v1::Topology::set_tp},
@@ -199,7 +259,11 @@ void FillDefaults(v1::JobConfig& job) {
   const bool pretraining = IsPretrainingJob(job);
   if (pretraining) {
     v1::Pretraining& p = *job.mutable_pretraining();
-    if (p.split().empty()) p.set_split("969,30,1");
+    const bool per_split = !p.valid_datasets().empty() || !p.test_datasets().empty();
+    if (p.split().empty()) p.set_split(per_split ? kWholeTrainSplit : "969,30,1");
+    // Megatron's blend_per_split builds a split of one dataset as that
+    // dataset alone, weighted or not.
+    if (per_split && job.datasets_size() == 1) job.mutable_datasets(0)->set_weight(0);
     if (!p.has_mid_level_dataset_surplus()) p.set_mid_level_dataset_surplus(0.005);
     if (p.micro_batch_size() == 0) p.set_micro_batch_size(1);
     // Megatron's batch is fixed: micro_batch_size samples per DP rank.
@@ -431,13 +495,24 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
     return absl::InvalidArgumentError(absl::StrCat(source, ": jobs: at least one job is required"));
   }
   std::set<std::string> names;
+  std::vector<v1::JobConfig> split_jobs;
   for (int i = 0; i < config.jobs_size(); ++i) {
     v1::JobConfig& job = *config.mutable_jobs(i);
     FillDefaults(job);
     const std::string where = absl::StrCat(source, ": jobs[", i, "]");
     PF_RETURN_IF_ERROR(ValidateJobConfig(job, where));
-    if (!names.insert(job.name()).second) {
-      return FieldError(where, "name", absl::StrCat("'", job.name(), "' names two jobs"));
+    for (v1::JobConfig& derived : SplitJobsOf(job)) {
+      FillDefaults(derived);
+      PF_RETURN_IF_ERROR(ValidateJobConfig(
+          derived, absl::StrCat(where, " (its job '", derived.name(), "', serve_every_split)")));
+      split_jobs.push_back(std::move(derived));
+    }
+  }
+  for (v1::JobConfig& derived : split_jobs) *config.add_jobs() = std::move(derived);
+  for (int i = 0; i < config.jobs_size(); ++i) {
+    if (!names.insert(config.jobs(i).name()).second) {
+      return FieldError(absl::StrCat(source, ": jobs[", i, "]"), "name",
+                        absl::StrCat("'", config.jobs(i).name(), "' names two jobs"));
     }
   }
   PF_RETURN_IF_ERROR(ValidateIngest(config, source));

@@ -111,44 +111,88 @@ def compare(name, prefixes, weights, seq, seed, split, samples, keep_partial=Fal
     for serve, theirs in zip(("SPLIT_TRAIN", "SPLIT_VALID", "SPLIT_TEST"), built):
         if theirs is None:
             continue
-        label = f"{name} {serve}"
         out = WORK / f"{name}-{serve}"
         out.mkdir()
         config = out / "daemon.conf"
         config.write_text(job_config(name, prefixes, weights, seq, seed, split, samples, serve,
                                      "keep_partial_validation_sequence: true" if keep_partial
                                      else ""))
-        count = min(len(theirs), 300)
-        printed = run_ctl("pretraining-samples", "--config", str(config), "--indices-dir",
-                          str(out), "--tokens", str(out / "tokens.npy"), "--count",
-                          str(count)).stdout
-        check(f"{label}: sample count", f": {len(theirs)} samples" in printed,
-              f"Megatron {len(theirs)}; packfeedctl: {printed}")
-        is_blend = hasattr(theirs, "dataset_index")
-        check(f"{label}: blend or not", (out / "blend-dataset_index.npy").exists() == is_blend)
-        gpts = theirs.datasets if is_blend else [theirs]
-        if is_blend:
-            for array in ("dataset_index", "dataset_sample_index"):
-                ours = numpy.load(out / f"blend-{array}.npy")
-                check(f"{label}: blend {array}",
-                      numpy.array_equal(ours, numpy.asarray(getattr(theirs, array))))
-        for d, gpt in enumerate(gpts):
-            for array in ("document_index", "sample_index", "shuffle_index"):
-                ours = numpy.load(out / f"{d}-{array}.npy")
-                mine = numpy.asarray(getattr(gpt, array))
-                check(f"{label}: dataset {d} {array}",
-                      ours.shape == mine.shape and numpy.array_equal(ours, mine),
-                      f"shapes {ours.shape} {mine.shape}")
-        tokens = numpy.load(out / "tokens.npy")
-        equal = 0
-        for i in range(count):
-            sample = theirs[i]
-            text = numpy.where(tokens[i] == -1, 0, tokens[i])
-            if (numpy.array_equal(sample["tokens"].numpy(), text[:-1])
-                    and numpy.array_equal(sample["labels"].numpy(), text[1:])):
-                equal += 1
-        check(f"{label}: tokens and labels of {count} samples", equal == count,
-              f"{count - equal} differ")
+        compare_split(f"{name} {serve}", theirs, config, name, out)
+
+
+def compare_split(label, theirs, config, job, out):
+    """packfeedctl pretraining-samples of `job` against Megatron's dataset
+    `theirs`: the sample count, every index array, and the tokens and labels
+    of up to 300 samples."""
+    count = min(len(theirs), 300)
+    printed = run_ctl("pretraining-samples", "--config", str(config), "--job", job,
+                      "--indices-dir", str(out), "--tokens", str(out / "tokens.npy"),
+                      "--count", str(count)).stdout
+    check(f"{label}: sample count", f": {len(theirs)} samples" in printed,
+          f"Megatron {len(theirs)}; packfeedctl: {printed}")
+    is_blend = hasattr(theirs, "dataset_index")
+    check(f"{label}: blend or not", (out / "blend-dataset_index.npy").exists() == is_blend)
+    gpts = theirs.datasets if is_blend else [theirs]
+    if is_blend:
+        for array in ("dataset_index", "dataset_sample_index"):
+            ours = numpy.load(out / f"blend-{array}.npy")
+            check(f"{label}: blend {array}",
+                  numpy.array_equal(ours, numpy.asarray(getattr(theirs, array))))
+    for d, gpt in enumerate(gpts):
+        for array in ("document_index", "sample_index", "shuffle_index"):
+            ours = numpy.load(out / f"{d}-{array}.npy")
+            mine = numpy.asarray(getattr(gpt, array))
+            check(f"{label}: dataset {d} {array}",
+                  ours.shape == mine.shape and numpy.array_equal(ours, mine),
+                  f"shapes {ours.shape} {mine.shape}")
+    tokens = numpy.load(out / "tokens.npy")
+    equal = 0
+    for i in range(count):
+        sample = theirs[i]
+        text = numpy.where(tokens[i] == -1, 0, tokens[i])
+        if (numpy.array_equal(sample["tokens"].numpy(), text[:-1])
+                and numpy.array_equal(sample["labels"].numpy(), text[1:])):
+            equal += 1
+    check(f"{label}: tokens and labels of {count} samples", equal == count,
+          f"{count - equal} differ")
+
+
+def compare_blend_per_split(name, blends, seq, seed, samples):
+    """Megatron's blend_per_split (--train-data-path, --valid-data-path,
+    --test-data-path) against one job with valid_datasets/test_datasets and
+    serve_every_split: NAME, NAME.valid and NAME.test."""
+    config = GPTDatasetConfig(
+        random_seed=seed, sequence_length=seq, blend_per_split=blends, split=None,
+        path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+    built = Builder(GPTDataset, list(samples), lambda: True, config).build()
+
+    def datasets(field, blend):
+        prefixes, weights = blend
+        return "\n".join(f'  {field} {{ prefix: "{p}" kind: DATASET_KIND_PRETRAINING'
+                         + (f" weight: {w}" if weights else "") + " }"
+                         for p, w in zip(prefixes, weights or [0] * len(prefixes)))
+    out = WORK / name
+    out.mkdir()
+    text = f"""socket_path: "{WORK}/unused.sock"
+jobs {{
+  name: "{name}"
+{datasets("datasets", blends[0])}
+  global_batch: 8
+  seq_length: {seq}
+  seed: {seed}
+  pretraining {{
+    train_samples: {samples[0]} valid_samples: {samples[1]} test_samples: {samples[2]}
+    serve_every_split: true
+{datasets("valid_datasets", blends[1])}
+{datasets("test_datasets", blends[2])}
+  }}
+}}
+"""
+    (out / "daemon.conf").write_text(text)
+    for job, theirs in zip((name, f"{name}.valid", f"{name}.test"), built):
+        (out / job).mkdir()
+        compare_split(f"{name}: job {job}", theirs, out / "daemon.conf", job, out / job)
 
 
 # One dataset, no weights (Megatron builds the GPTDataset alone), 3 epochs.
@@ -161,6 +205,10 @@ compare("three", DATASETS, [2.0, 1.0, 5.0], 96, 99, "80,15,5", (8000, 400, 120))
 compare("bysize", DATASETS, None, 64, 7, "70,20,10", (0, 0, 0))
 # A partial last validation sample kept and padded.
 compare("partial", DATASETS[1:2], None, 200, 5, "50,50", (0, 0, 0), keep_partial=True)
+# blend_per_split: a weighted train blend, a valid split of one weighted
+# dataset (Megatron builds it alone), a test blend by size.
+compare_blend_per_split("perSplit", [(DATASETS[:2], [1.0, 3.0]), (DATASETS[2:], [5.0]),
+                                     (DATASETS, None)], 64, 77, (2000, 300, 100))
 
 # Megatron's cache (--data-cache-path): the "three" case's indices are read
 # from the files Megatron wrote, and only when they hold up.
@@ -344,6 +392,71 @@ serve_and_compare("served", 0, True, True)
 serve_and_compare("resumed", 2 * GBS, False, False)
 # Document-masked attention (reset_attention_mask) as THD, CP 1.
 serve_and_compare("documents", 0, True, True, cp_size=1, thd=True)
+
+
+def every_split_served():
+    """serve_every_split: the same ranks read the train, valid and test
+    splits at once from one job's three names, each in Megatron's sampler
+    order (train and valid resumed from their consumed counts, as
+    pretrain_gpt resumes them); a step past the valid split's end is
+    refused, naming its size."""
+    samples = [GBS * 20, GBS * 4, GBS * 2]
+    config = GPTDatasetConfig(
+        random_seed=SEED, sequence_length=SEQ, blend=(DATASETS, WEIGHTS), split=SPLIT,
+        path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=True)
+    built = Builder(GPTDataset, samples, lambda: True, config).build()
+    datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
+                         'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
+    text = f"""jobs {{
+  name: "gpt"
+{datasets}
+  topology {{ dp: {DP} }}
+  global_batch: {GBS}
+  seq_length: {SEQ}
+  seed: {SEED}
+  eod_id: {EOD}
+  pretraining {{ split: "{SPLIT}" train_samples: {samples[0]} valid_samples: {samples[1]}
+                 test_samples: {samples[2]} micro_batch_size: {MBS} eod_mask_loss: true
+                 serve_every_split: true consumed_samples: {GBS}
+                 consumed_valid_samples: {GBS} }}
+}}
+"""
+    reads = {"gpt": (built[0], GBS, 2), "gpt.valid": (built[1], GBS, 3),
+             "gpt.test": (built[2], 0, 2)}
+    (WORK / "splits").mkdir()
+    with Daemon(os.path.dirname(CTL), text, workdir=WORK / "splits") as daemon:
+        processes = {(job, rank): daemon.start_dump(job, rank, steps)
+                     for job, (_, _, steps) in reads.items() for rank in range(DP)}
+        dumps = {}
+        for key, process in processes.items():
+            stdout, stderr = process.communicate(timeout=120)
+            check(f"splits: {key} served", process.returncode == 0, stderr[-300:])
+            dumps[key] = json.loads(stdout) if process.returncode == 0 else {"steps": []}
+        past = daemon.start_dump("gpt.valid", 0, 1, "--start-step", "3")
+        _, past_error = past.communicate(timeout=120)
+    check("splits: a step past the valid split's end is refused, naming its size",
+          past.returncode != 0 and "OUT_OF_RANGE" in past_error
+          and f"the valid split holds {len(built[1])} samples" in past_error, past_error[-300:])
+    for (job, rank), dump in dumps.items():
+        theirs, consumed, steps = reads[job]
+        wrong = []
+        check(f"splits: {job} rank {rank} steps 0..{steps - 1}",
+              [st["step"] for st in dump["steps"]] == list(range(steps)))
+        for index, st in enumerate(dump["steps"]):
+            for m, got in enumerate(st["microbatches"]):
+                first = consumed + index * GBS + (m * DP + rank) * MBS
+                items = [theirs[first + b] for b in range(MBS)]
+                for key in ("tokens", "labels", "loss_mask"):
+                    want = numpy.stack([item[key].numpy() for item in items])
+                    served = numpy.asarray(got[key], dtype=want.dtype).reshape(want.shape)
+                    if not numpy.array_equal(served, want):
+                        wrong.append(f"step {index} mb {m} {key}")
+        check(f"splits: {job} rank {rank} equals Megatron's {job.partition('.')[2] or 'train'} "
+              "split", not wrong, wrong[:5])
+
+
+every_split_served()
 
 
 def balanced_keeps_each_global_batch():

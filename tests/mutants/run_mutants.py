@@ -30,6 +30,28 @@ MUTANTS = {
         "megatron_document_masking_test", "server/pipeline/document_mask.cc",
         "scheduler::ZigzagChunks(length, cp_size, cp_rank);",
         "scheduler::ZigzagChunks(length, cp_size, cp_size - 1 - cp_rank);"),
+    "another seed": (
+        "megatron_pretraining_test", "server/config/job_config.cc",
+        "options.random_seed = static_cast<uint32_t>(job.seed());",
+        "options.random_seed = static_cast<uint32_t>(job.seed() + 1);"),
+    "consumed_samples off by one microbatch": (
+        "megatron_pretraining_test", "server/pipeline/plan.cc",
+        "const int64_t first = config.pretraining().consumed_samples() + out.step",
+        "const int64_t first = config.pretraining().consumed_samples() + mbs + out.step"),
+    "eod_mask_loss ignored": (
+        "megatron_pretraining_test", "server/pipeline/pack.cc",
+        "(rules.eod_mask_loss && token == rules.eod_id)",
+        "(false && token == rules.eod_id)"),
+    "reset_position_ids ignored": (
+        "megatron_pretraining_test", "server/pipeline/pack.cc",
+        "rules.reset_position_ids ? j - document_start : j;", "j;"),
+    "valid split resumed from consumed_samples": (
+        "megatron_pretraining_test", "server/config/daemon_config.cc",
+        "              p.consumed_valid_samples()},", "              p.consumed_samples()},"),
+    "blend_per_split keeps a lone dataset's weight": (
+        "megatron_pretraining_test", "server/config/daemon_config.cc",
+        "      if (derived.datasets_size() == 1) derived.mutable_datasets(0)->set_weight(0);",
+        ""),
 }
 TARGETS = ["packfeedd", "packfeedctl"]
 

@@ -99,6 +99,66 @@ TEST(DaemonConfigTest, PretrainingKeepsNoWeightsAndChecksMegatronsOptions) {
   EXPECT_THAT(Message(PretrainingJob("", "micro_batch_size: 3")), HasSubstr("global_batch"));
 }
 
+TEST(DaemonConfigTest, ServeEverySplitMakesAJobPerSplit) {
+  absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig(
+      PretrainingJob("",
+                     "serve_every_split: true consumed_samples: 16 "
+                     "consumed_valid_samples: 8 valid_samples: 24 test_samples: 8"),
+      "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->jobs_size(), 3);
+  const v1::JobConfig& valid = config->jobs(1);
+  EXPECT_EQ(valid.name(), "gpt.valid");
+  EXPECT_EQ(valid.pretraining().serve_split(), v1::Pretraining::SPLIT_VALID);
+  EXPECT_EQ(valid.pretraining().consumed_samples(), 8);
+  EXPECT_EQ(valid.pretraining().split(), "969,30,1");
+  EXPECT_EQ(valid.datasets_size(), 2);
+  const v1::JobConfig& test = config->jobs(2);
+  EXPECT_EQ(test.name(), "gpt.test");
+  EXPECT_EQ(test.pretraining().serve_split(), v1::Pretraining::SPLIT_TEST);
+  EXPECT_EQ(test.pretraining().consumed_samples(), 0);
+
+  EXPECT_THAT(Message(PretrainingJob("", "serve_every_split: true serve_split: SPLIT_VALID")),
+              HasSubstr("pretraining.serve_split: is the train split"));
+  EXPECT_THAT(Message(PretrainingJob("", "consumed_valid_samples: -1")),
+              HasSubstr("pretraining.consumed_valid_samples"));
+  // A job already named NAME.valid clashes with the one made for it.
+  std::string clash = PretrainingJob("", "serve_every_split: true");
+  clash += R"( jobs { name: "gpt.valid" seq_length: 64 global_batch: 8
+    datasets { prefix: "/a" kind: DATASET_KIND_PRETRAINING } pretraining {} })";
+  EXPECT_THAT(Message(clash), HasSubstr("'gpt.valid' names two jobs"));
+}
+
+TEST(DaemonConfigTest, BlendPerSplitServesEachSplitFromItsOwnDatasets) {
+  absl::StatusOr<v1::DaemonConfig> config =
+      ParseDaemonConfig(PretrainingJob("weight: 2", R"(serve_every_split: true
+          valid_datasets { prefix: "/v" weight: 3 }
+          test_datasets { prefix: "/t1" weight: 1 } test_datasets { prefix: "/t2" weight: 2 })"),
+                        "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->jobs_size(), 3);
+  EXPECT_EQ(config->jobs(0).pretraining().split(), "1,0,0");
+  const v1::JobConfig& valid = config->jobs(1);
+  EXPECT_EQ(valid.pretraining().split(), "0,1,0");
+  ASSERT_EQ(valid.datasets_size(), 1);
+  EXPECT_EQ(valid.datasets(0).prefix(), "/v");
+  EXPECT_EQ(valid.datasets(0).kind(), v1::DATASET_KIND_PRETRAINING);
+  EXPECT_EQ(valid.datasets(0).weight(), 0);  // one dataset: itself, as Megatron builds it
+  const v1::JobConfig& test = config->jobs(2);
+  EXPECT_EQ(test.pretraining().split(), "0,0,1");
+  EXPECT_EQ(PretrainingOptionsOf(test).weights, (std::vector<double>{1, 2}));
+  // No valid datasets: no valid split.
+  absl::StatusOr<v1::DaemonConfig> no_valid = ParseDaemonConfig(
+      PretrainingJob("", R"(serve_every_split: true test_datasets { prefix: "/t" })"),
+      "c.textproto");
+  ASSERT_TRUE(no_valid.ok()) << no_valid.status();
+  ASSERT_EQ(no_valid->jobs_size(), 2);
+  EXPECT_EQ(no_valid->jobs(1).name(), "gpt.test");
+
+  EXPECT_THAT(Message(PretrainingJob("", R"(split: "90,8,2" valid_datasets { prefix: "/v" })")),
+              HasSubstr("pretraining.split: is not used with valid_datasets/test_datasets"));
+}
+
 TEST(DaemonConfigTest, ModelLayersAndSideFieldsAreCheckedByPath) {
   auto with = [](const std::string& extra) {
     std::string text(kJob);
