@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fails when the tree breaks the layering of docs/ARCHITECTURE.md, in any of
-three ways:
+four ways:
 
 1. includes: a source file includes a library it may not depend on, or the
    private headers of another library;
@@ -8,7 +8,9 @@ three ways:
    folder it sits in may not depend on;
 3. namespaces: a file in top-level folder F declares a namespace other than
    packfeed::F (or one inside it); common/ is the shared vocabulary and lives
-   in packfeed itself.
+   in packfeed itself;
+4. status conversions: a gRPC status code cast to absl's (or back) anywhere
+   but packfeed/proto/grpc_status.h, the one conversion.
 
 A unit is a top-level folder, or one of server/'s libraries. Allowed
 directions are the ALLOWED table below: server's libraries in the order
@@ -56,6 +58,9 @@ SCHEDULER_FORBIDDEN = re.compile(
     r"^(thread|mutex|shared_mutex|condition_variable|future|atomic|fstream|"
     r"iostream|cstdio|stdio\.h|unistd\.h|fcntl\.h|sys/.*|spdlog/.*|ucp/.*|"
     r"grpc.*|google/protobuf/.*|cuda.*|absl/synchronization/.*)$")
+# A status code cast between gRPC and absl: only the one conversion may.
+STATUS_CAST = re.compile(r"static_cast<\s*(?:absl|grpc)::StatusCode\s*>")
+STATUS_CONVERSION = "proto/include/packfeed/proto/grpc_status.h"
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 NAMESPACE = re.compile(r"^\s*namespace\s+([\w:]+)\s*\{", re.M)
 LINK = re.compile(r"target_link_libraries\(\s*(\w+)([^)]*)\)", re.S)
@@ -98,6 +103,8 @@ def check_sources(root, errors):
             if unit == "scheduler" and SCHEDULER_FORBIDDEN.match(header):
                 errors.append(f"{rel}: includes <{header}>; scheduler/ "
                               "must stay pure (no I/O, threads or logging)")
+        if rel != STATUS_CONVERSION and STATUS_CAST.search(text):
+            errors.append(f"{rel}: converts a gRPC status by hand; use {STATUS_CONVERSION}")
         folder = unit.split("/")[0]
         expected = "packfeed" if folder == "common" else f"packfeed::{folder}"
         for namespace in NAMESPACE.findall(text):
@@ -157,6 +164,9 @@ def self_test():
         "dataset/CMakeLists.txt": "target_link_libraries(packfeed_dataset PUBLIC\n"
                                   "  packfeed::common packfeed::transport)\n",
         "scheduler/CMakeLists.txt": "target_link_libraries(packfeed_scheduler PUBLIC packfeed::common)\n",
+        "server/ctl/f.cc": "auto code = static_cast<absl::StatusCode>(status.error_code());\n",
+        STATUS_CONVERSION: "namespace packfeed::proto {\n"
+                           "auto a = static_cast<absl::StatusCode>(s.error_code());\n}\n",
     }
     expected = [
         "scheduler/src/a.cc: includes packfeed/server/x.h",
@@ -169,6 +179,7 @@ def self_test():
         "dataset/src/e.cc: includes packfeed/transport/wire.h",
         "dataset/src/e.cc: declares namespace packfeed ",
         "dataset/CMakeLists.txt: packfeed_dataset links packfeed transport",
+        "server/ctl/f.cc: converts a gRPC status by hand",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
@@ -185,7 +196,8 @@ def self_test():
         print("self-test: unexpected errors:", *errors, sep="\n  ")
         return 1
     print(f"layering self-test: all {len(expected)} planted violations caught "
-          "(includes, private headers, server's libraries, links, namespaces), "
+          "(includes, private headers, server's libraries, links, namespaces, status "
+          "conversions), "
           "0 false alarms")
     return 0
 

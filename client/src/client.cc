@@ -201,13 +201,13 @@ absl::Status RetryWithBackoff(absl::Duration timeout, const std::function<absl::
 }  // namespace
 
 void Microbatch::RecordStream(void* cuda_stream) const {
-  if (lease != nullptr) lease->RecordStream(cuda_stream);
+  if (lease_ != nullptr) lease_->RecordStream(cuda_stream);
 }
 
 void Microbatch::Release() {
   fields.clear();
-  ready_event = nullptr;
-  lease.reset();
+  ready_event_ = nullptr;
+  lease_.reset();
 }
 
 const FieldView* Microbatch::Field(absl::string_view name) const {
@@ -283,8 +283,8 @@ absl::Status Client::Impl::Open() {
     grpc::ClientContext context;
     SetDeadline(context, options.attach_timeout);
     v1::ListJobsReply jobs;
-    PF_RETURN_IF_ERROR(
-        FromGrpc(control.admin->ListJobs(&context, {}, &jobs), "list jobs", options.socket_path));
+    PF_RETURN_IF_ERROR(DaemonCallStatus(control.admin->ListJobs(&context, {}, &jobs), "list jobs",
+                                        options.socket_path));
     for (const v1::JobSummary& job : jobs.jobs()) {
       if (job.name() == options.job) slot_bytes = job.required_slot_bytes();
     }
@@ -341,9 +341,9 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch) {
   grpc::ClientContext context;
   SetDeadline(context, options_.attach_timeout);
   PF_RETURN_IF_ERROR(
-      FromGrpc(control_->control->Attach(&context, request, &reply),
-               absl::StrCat("attach job ", options_.job, " rank ", options_.global_rank),
-               options_.socket_path));
+      DaemonCallStatus(control_->control->Attach(&context, request, &reply),
+                       absl::StrCat("attach job ", options_.job, " rank ", options_.global_rank),
+                       options_.socket_path));
   PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.connection_id()));
   connection_id_ = reply.connection_id();
   v1::WatchRequest watch;
@@ -409,9 +409,10 @@ absl::Status Client::Impl::Detach() {
         v1::DetachReply reply;
         grpc::ClientContext context;
         SetDeadline(context, absl::Seconds(2));
-        return FromGrpc(control_->control->Detach(&context, request, &reply),
-                        absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
-                        options_.socket_path);
+        return DaemonCallStatus(
+            control_->control->Detach(&context, request, &reply),
+            absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
+            options_.socket_path);
       },
       [](const absl::Status& status) { return absl::IsUnavailable(status); });
   // After the detach: the stream's end is then no news to the daemon.
@@ -547,7 +548,7 @@ absl::StatusOr<Microbatch> Client::Impl::HandOut(const transport::ReceivedSlot& 
   out.microbatch = static_cast<int>(slot.microbatch);
   out.num_microbatches = step_->num_microbatches;
   out.memory_kind = receiver_->memory_kind();
-  out.ready_event = slot.ready_event;
+  out.ready_event_ = slot.ready_event;
   for (const transport::FieldView& field : slot.fields) {
     out.fields.push_back({field.descriptor.name, field.descriptor.type, field.descriptor.shape,
                           field.data, field.descriptor.bytes, field.host_copy});
@@ -558,7 +559,7 @@ absl::StatusOr<Microbatch> Client::Impl::HandOut(const transport::ReceivedSlot& 
   // already, so with all of them held the trainer would wait forever.
   if (!waits.ok() || receiver_->stats().held < options_.slots) {
     // Before any return: the lease is what gives the slot back.
-    out.lease = std::make_shared<MicrobatchLease>(receiver_, slot.lease, cuda_stream);
+    out.lease_ = std::make_shared<MicrobatchLease>(receiver_, slot.lease, cuda_stream);
     PF_RETURN_IF_ERROR(waits);
     return out;
   }
@@ -594,9 +595,9 @@ absl::StatusOr<Microbatch> Client::Impl::HandOut(const transport::ReceivedSlot& 
   void* const streams[] = {cuda_stream};
   PF_RETURN_IF_ERROR(receiver_->Release(slot.lease, streams));
   PF_RETURN_IF_ERROR(copied);
-  out.ready_event = nullptr;
+  out.ready_event_ = nullptr;
   out.copied_out = true;
-  out.lease = std::make_shared<MicrobatchLease>(std::move(host), std::move(device));
+  out.lease_ = std::make_shared<MicrobatchLease>(std::move(host), std::move(device));
   ++copied_out_;
   return out;
 }

@@ -162,8 +162,8 @@ absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.call_timeout));
   v1::PutReply reply;
-  PF_RETURN_IF_ERROR(FromGrpc(ingest_->Put(&context, request, &reply),
-                              absl::StrCat("put into step ", step), options_.socket_path));
+  PF_RETURN_IF_ERROR(DaemonCallStatus(ingest_->Put(&context, request, &reply),
+                                      absl::StrCat("put into step ", step), options_.socket_path));
   return PutResult{reply.samples_held(), reply.bytes_held()};
 }
 
@@ -175,8 +175,8 @@ absl::StatusOr<SealResult> Producer::Impl::Seal(int64_t step) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
   v1::SealReply reply;
-  PF_RETURN_IF_ERROR(FromGrpc(ingest_->Seal(&context, request, &reply),
-                              absl::StrCat("seal step ", step), options_.socket_path));
+  PF_RETURN_IF_ERROR(DaemonCallStatus(ingest_->Seal(&context, request, &reply),
+                                      absl::StrCat("seal step ", step), options_.socket_path));
   return SealResult{
       reply.samples(), reply.groups(), {reply.peers_behind().begin(), reply.peers_behind().end()}};
 }
@@ -187,8 +187,8 @@ absl::StatusOr<IngestStreamStatus> Producer::Impl::Status() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
   v1::IngestStatusReply reply;
-  PF_RETURN_IF_ERROR(
-      FromGrpc(ingest_->Status(&context, request, &reply), "ingest status", options_.socket_path));
+  PF_RETURN_IF_ERROR(DaemonCallStatus(ingest_->Status(&context, request, &reply), "ingest status",
+                                      options_.socket_path));
   const v1::IngestStreamStats& stats = reply.stream();
   IngestStreamStatus out;
   out.name = stats.name();

@@ -47,7 +47,7 @@ grpc::ServerUnaryReactor* AskEveryRunner(grpc::CallbackServerContext* context, c
     if (job.empty() || runner->job().name() == job) runners.push_back(runner.get());
   }
   if (runners.empty()) {
-    reactor->Finish(ToGrpcStatus(absl::NotFoundError(absl::StrCat("no job '", job, "'"))));
+    reactor->Finish(proto::ToGrpc(absl::NotFoundError(absl::StrCat("no job '", job, "'"))));
     return reactor;
   }
   auto collector = std::make_shared<PerJobCollector<Item, Reply>>();
@@ -120,7 +120,7 @@ class AdminService final : public v1::Admin::CallbackService {
       status = plan.status();
       if (plan.ok()) FillPlan(job, *plan, *reply);
     }
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->Finish(proto::ToGrpc(status));
     return reactor;
   }
 
@@ -161,13 +161,13 @@ class AdminService final : public v1::Admin::CallbackService {
     }
     if (!status.ok()) {
       spdlog::warn("ingest: forwarded step {} refused: {}", request->step(), status.ToString());
-      reactor->Finish(ToGrpcStatus(status));
+      reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
     daemon_.ingest()->Forward(*request,
                               [reactor, reply](absl::StatusOr<v1::ForwardStepReply> done) {
                                 if (done.ok()) *reply = *std::move(done);
-                                reactor->Finish(ToGrpcStatus(done.status()));
+                                reactor->Finish(proto::ToGrpc(done.status()));
                               });
     return reactor;
   }
@@ -182,7 +182,7 @@ class AdminService final : public v1::Admin::CallbackService {
     IngestStream* stream =
         daemon_.ingest() != nullptr ? daemon_.ingest()->stream(request->stream()) : nullptr;
     if (stream == nullptr) {
-      reactor->Finish(ToGrpcStatus(absl::NotFoundError(
+      reactor->Finish(proto::ToGrpc(absl::NotFoundError(
           absl::StrCat("no ingest stream '", request->stream(), "' on this daemon"))));
       return reactor;
     }
@@ -198,7 +198,7 @@ class AdminService final : public v1::Admin::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     if (absl::Status caller = daemon_.CheckCaller(*context, "drain the daemon"); !caller.ok()) {
       spdlog::warn("drain refused: {}", caller.ToString());
-      reactor->Finish(ToGrpcStatus(caller));
+      reactor->Finish(proto::ToGrpc(caller));
       return reactor;
     }
     for (const auto& runner : daemon_.runners()) {
@@ -206,7 +206,7 @@ class AdminService final : public v1::Admin::CallbackService {
           request->auth_token(), runner->job().config().auth_token(),
           absl::StrCat("auth token for job ", runner->job().name(), " (drain needs every job's)"));
       if (!token.ok()) {
-        reactor->Finish(ToGrpcStatus(token));
+        reactor->Finish(proto::ToGrpc(token));
         return reactor;
       }
     }
@@ -274,7 +274,7 @@ class AdminService final : public v1::Admin::CallbackService {
     absl::Status token = CheckToken(presented, required_token_, "admin token (admin_tcp_token)");
     if (token.ok()) return nullptr;
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(token));
+    reactor->Finish(proto::ToGrpc(token));
     return reactor;
   }
 

@@ -45,7 +45,7 @@ absl::StatusOr<JobRunner*> RankCallRunner(const Daemon& daemon,
 // A Watch call refused before it starts.
 class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEvent> {
  public:
-  explicit RefusedWatch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  explicit RefusedWatch(const absl::Status& status) { Finish(proto::ToGrpc(status)); }
   void OnDone() override { delete this; }
 };
 
@@ -64,7 +64,7 @@ class ControlService final : public v1::Control::CallbackService {
     if (!status.ok()) {
       spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
                    status.ToString());
-      reactor->Finish(ToGrpcStatus(status));
+      reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
     AttachArgs args;
@@ -80,7 +80,7 @@ class ControlService final : public v1::Control::CallbackService {
       if (!shared.ok()) {
         spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
                      shared.status().ToString());
-        reactor->Finish(ToGrpcStatus(shared.status()));
+        reactor->Finish(proto::ToGrpc(shared.status()));
         return reactor;
       }
       args.shared_ring = *std::move(shared);
@@ -90,7 +90,7 @@ class ControlService final : public v1::Control::CallbackService {
           if (!connection_id.ok()) {
             spdlog::warn("job {} rank {}: attach refused: {}", request->job(),
                          request->global_rank(), connection_id.status().ToString());
-            reactor->Finish(ToGrpcStatus(connection_id.status()));
+            reactor->Finish(proto::ToGrpc(connection_id.status()));
             return;
           }
           const Job& job = runner->job();
@@ -116,7 +116,7 @@ class ControlService final : public v1::Control::CallbackService {
     absl::StatusOr<JobRunner*> runner =
         RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "detach from");
     if (!runner.ok()) {
-      reactor->Finish(ToGrpcStatus(runner.status()));
+      reactor->Finish(proto::ToGrpc(runner.status()));
       return reactor;
     }
     std::optional<JobRunner::DetachPosition> consumed_to;
@@ -129,7 +129,7 @@ class ControlService final : public v1::Control::CallbackService {
     if (request->has_times()) times = request->times();
     (*runner)->Detach(static_cast<int>(request->global_rank()), request->connection_id(),
                       consumed_to, std::move(times),
-                      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+                      [reactor](absl::Status status) { reactor->Finish(proto::ToGrpc(status)); });
     return reactor;
   }
 
@@ -140,12 +140,12 @@ class ControlService final : public v1::Control::CallbackService {
     absl::StatusOr<JobRunner*> runner =
         RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "report to");
     if (!runner.ok()) {
-      reactor->Finish(ToGrpcStatus(runner.status()));
+      reactor->Finish(proto::ToGrpc(runner.status()));
       return reactor;
     }
     (*runner)->Report(static_cast<int>(request->global_rank()), request->connection_id(),
                       request->times(),
-                      [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+                      [reactor](absl::Status status) { reactor->Finish(proto::ToGrpc(status)); });
     return reactor;
   }
 

@@ -19,12 +19,12 @@ class IngestService final : public v1::Ingest::CallbackService {
     absl::Status status = Check(*context, request->stream(), request->auth_token(),
                                 absl::StrCat("put into step ", request->step()), stream);
     if (!status.ok()) {
-      reactor->Finish(ToGrpcStatus(status));
+      reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
     daemon_.ingest()->Put(*request, [reactor, reply](absl::StatusOr<v1::PutReply> done) {
       if (done.ok()) *reply = *std::move(done);
-      reactor->Finish(ToGrpcStatus(done.status()));
+      reactor->Finish(proto::ToGrpc(done.status()));
     });
     return reactor;
   }
@@ -37,7 +37,7 @@ class IngestService final : public v1::Ingest::CallbackService {
                                 absl::StrCat("seal step ", request->step()), stream);
     PeerForwarder* forwarder = daemon_.forwarder();
     if (!status.ok()) {
-      reactor->Finish(ToGrpcStatus(status));
+      reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
     // With peers, the step stays here until every peer's ranks consumed it.
@@ -49,7 +49,7 @@ class IngestService final : public v1::Ingest::CallbackService {
         status = forwarder->SealedAgain(*stream, step, status);
       }
       spdlog::warn("ingest: seal refused: {}", std::string(status.message()));
-      reactor->Finish(ToGrpcStatus(status));
+      reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
     *reply = *std::move(sealed);
@@ -69,7 +69,7 @@ class IngestService final : public v1::Ingest::CallbackService {
     if (!status.ok()) {
       spdlog::warn("ingest: step {} sealed but not forwarded: {}", step,
                    std::string(status.message()));
-      reactor->Finish(ToGrpcStatus(status));
+      reactor->Finish(proto::ToGrpc(status));
     }
     return reactor;
   }
@@ -81,7 +81,7 @@ class IngestService final : public v1::Ingest::CallbackService {
     IngestStream* stream =
         daemon_.ingest() != nullptr ? daemon_.ingest()->stream(request->stream()) : nullptr;
     if (stream == nullptr) {
-      reactor->Finish(ToGrpcStatus(
+      reactor->Finish(proto::ToGrpc(
           absl::NotFoundError(absl::StrCat("no ingest stream '", request->stream(), "'"))));
     } else {
       *reply->mutable_stream() = stream->Stats();

@@ -6,17 +6,12 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "grpcpp/support/status.h"
+#include "packfeed/proto/grpc_status.h"
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/control/attach_check.h"
 #include "server/control/daemon.h"
 
 namespace packfeed::server {
-
-// absl and gRPC share their codes, so the conversion is a cast.
-inline grpc::Status ToGrpcStatus(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon);
 std::unique_ptr<v1::Ingest::CallbackService> MakeIngestService(Daemon& daemon);

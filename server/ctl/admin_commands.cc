@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "packfeed/client/client.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/proto/grpc_status.h"
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/config/admin_tls.h"
 #include "server/config/daemon_config.h"
@@ -52,10 +53,7 @@ absl::Status Call(const AdminArgs& args, absl::string_view what,
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (!args.admin_token.empty()) context.AddMetadata(kAdminTokenMetadata, args.admin_token);
-  const grpc::Status status = call(*stub, context);
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, " (", target, "): ", status.error_message()));
+  return proto::FromGrpc(call(*stub, context), absl::StrCat(what, " (", target, ")"));
 }
 
 // Prints `reply` as JSON (--json) or as indented "key: value" lines.

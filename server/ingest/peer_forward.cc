@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/proto/grpc_status.h"
 #include "server/config/admin_tls.h"
 #include "spdlog/spdlog.h"
 
@@ -289,10 +290,8 @@ absl::StatusOr<PeerForwarder::PeerStream> PeerForwarder::AskPeer(Peer& peer,
   v1::IngestStatusRequest request;
   request.set_stream(stream);
   v1::IngestStatusReply reply;
-  const grpc::Status status = peer.stub->IngestStatus(&context, request, &reply);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-  }
+  PF_RETURN_IF_ERROR(proto::FromGrpc(peer.stub->IngestStatus(&context, request, &reply),
+                                     absl::StrCat("ingest status of peer ", peer.address)));
   PeerStream out;
   // A peer with no consumer job of the stream needs none of its steps.
   out.consumed_before = std::numeric_limits<int64_t>::max();

@@ -122,7 +122,15 @@ class Client:
         """Begins the next step; returns Megatron's wrap_data_iterator result:
         (iterator over the step's microbatches, num_microbatches, seqlen_sum,
         seqlen_squared_sum), the sums over padded lengths of the global batch
-        (Megatron's FLOPs inputs). The real-length sums are in last_step."""
+        (Megatron's FLOPs inputs). The real-length sums are in last_step.
+
+        Raises (packfeed.errors), here or from the step's iterator:
+        DeadlineExceededError when nothing arrived within `timeout` seconds
+        (None: wait forever; the client stays usable), UnavailableError when
+        the daemon went away for longer than reconnect_timeout,
+        FailedPreconditionError when the previous step was not consumed or the
+        daemon ended this rank (with its reason), DataLossError for a slot
+        that arrived malformed (nothing of it handed out)."""
         info = self._live().next_step(timeout)
         self._last_step = info
         # A step resumed inside (load_state_dict of a mid-step state) yields

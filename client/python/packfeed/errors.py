@@ -8,7 +8,9 @@ class Error(RuntimeError):
 
 
 class UnavailableError(Error, ConnectionError):
-    """No daemon answers, or the daemon (or the connection to it) died."""
+    """No daemon answers (or it is starting or draining), or the daemon (or
+    the connection to it) died and did not come back within
+    reconnect_timeout."""
 
 
 class DeadlineExceededError(Error, TimeoutError):
@@ -16,7 +18,8 @@ class DeadlineExceededError(Error, TimeoutError):
 
 
 class InvalidArgumentError(Error, ValueError):
-    """An option or request the daemon or client refuses as malformed."""
+    """An option or request the daemon or client refuses as malformed, or
+    ring slots smaller than the job's largest microbatch."""
 
 
 class NotFoundError(Error, LookupError):
@@ -32,8 +35,10 @@ class AlreadyExistsError(Error):
 
 
 class FailedPreconditionError(Error):
-    """Wrong state: a fingerprint mismatch, a ring too small, a draining daemon,
-    a step begun before the last one was consumed."""
+    """Wrong state: a fingerprint mismatch, a rank another daemon hosts, a
+    step begun before the last one was consumed, or the daemon ended this
+    rank (its reason in the message: a sample it needs cannot be read or
+    served)."""
 
 
 class DataLossError(Error):

@@ -129,15 +129,15 @@ struct Microbatch {
   int num_microbatches = 0;
   MemoryKind memory_kind = MemoryKind::kHost;
   std::vector<FieldView> fields;
-  // kStagedDevice: the cudaEvent_t recorded after the copy into device
-  // memory. Next's cuda_stream already waits on it; another stream reading
-  // the views must wait on it too. nullptr for a copy (copied_out), which is
-  // ready in Next's cuda_stream order.
-  void* ready_event = nullptr;
   // The client handed out a private copy, not the ring's memory: the trainer
   // held so many microbatches that the ring had no slot left to fill.
   bool copied_out = false;
-  std::shared_ptr<MicrobatchLease> lease;
+
+  // kStagedDevice: the cudaEvent_t recorded after the copy into device
+  // memory. Next's cuda_stream already waits on it; another stream reading
+  // the views must wait on it too. nullptr for a copy (copied_out), which is
+  // ready in Next's cuda_stream order, and for host memory.
+  void* ready_event() const { return ready_event_; }
 
   // Device memory: `cuda_stream` (a cudaStream_t) reads these views too, so
   // the memory is reused only once it is past what it was given before the
@@ -157,6 +157,11 @@ struct Microbatch {
   // chunk, targets in the last stage's last, a layer-axis side field cut to
   // the chunk's layers) under their plain names. Views of the same slot.
   Microbatch Chunk(int chunk) const;
+
+ private:
+  friend class Client;  // its Impl hands microbatches out
+  void* ready_event_ = nullptr;
+  std::shared_ptr<MicrobatchLease> lease_;
 };
 
 // Where a rank stands, for checkpoints: resuming with start_step =
@@ -201,23 +206,38 @@ struct RingUse {
 
 class Client {
  public:
-  // Attaches to the daemon; errors carry the daemon's message (unknown job,
-  // wrong fingerprint, token, rank, ring size, …). Unavailable when no
-  // daemon answers on the socket.
+  // Attaches to the daemon; errors carry the daemon's message and code:
+  // NotFound (no such job), PermissionDenied (wrong auth token),
+  // OutOfRange (a rank outside the job), FailedPrecondition (a rank another
+  // daemon hosts, or another fingerprint), AlreadyExists (the rank is
+  // attached), InvalidArgument (slots too small for the job, a bad start
+  // step). Unavailable when no daemon answers on the socket, or it is
+  // starting or draining.
   static absl::StatusOr<std::unique_ptr<Client>> Attach(const ClientOptions& options);
   ~Client();  // Detaches (best effort) unless Detach() did.
 
   // Tells the daemon this rank is gone, so the same rank may attach again at
   // once, and what it consumed (for the ledger); the ring stays mapped
-  // (views remain readable) until the client and every Microbatch are gone. With reconnect_timeout,
-  // a daemon that is away is waited for that long.
+  // (views remain readable) until the client and every Microbatch are gone.
+  // A daemon that is away is waited for at most min(reconnect_timeout,
+  // detach_timeout); then the error of the last try.
   absl::Status Detach();
 
-  // Begins the next step: waits for its first microbatch. FailedPrecondition
-  // when the previous step's microbatches were not all taken.
+  // Begins the next step: waits for its first microbatch. Errors, besides
+  // those Next shares: FailedPrecondition when the previous step's
+  // microbatches were not all taken.
   absl::StatusOr<StepInfo> NextStep(absl::Duration timeout = absl::InfiniteDuration());
-  // The next microbatch of the current step. OutOfRange after the step's
-  // last microbatch (call NextStep). When the trainer already holds
+  // The next microbatch of the current step. Errors:
+  // - OutOfRange after the step's last microbatch (call NextStep);
+  // - DeadlineExceeded when nothing arrived within `timeout` (the client
+  //   stays usable: call again);
+  // - Unavailable when the daemon went away and re-attaching failed for
+  //   reconnect_timeout (0: at once);
+  // - FailedPrecondition naming the daemon's reason when it ended this rank
+  //   (a sample it needs cannot be read or served, the job was drained);
+  // - DataLoss when a slot arrived malformed or out of order (nothing of it
+  //   is handed out).
+  // Both are called from one thread at a time. When the trainer already holds
   // slots - 1 microbatches, this one is a private copy (copied_out) and its
   // slot goes back at once, so the daemon always has a slot to fill and a
   // trainer holding more than the ring never deadlocks.
