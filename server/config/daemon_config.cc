@@ -191,6 +191,12 @@ absl::Status ValidateIngest(const v1::DaemonConfig& config, absl::string_view so
   return absl::OkStatus();
 }
 
+// Whether Megatron's split string `split` gives `which` any samples.
+bool HasShare(const std::string& split, v1::Pretraining::Split which) {
+  absl::StatusOr<dataset::SplitMatrix> matrix = dataset::ParseMegatronSplit(split);
+  return matrix.ok() && (*matrix)[static_cast<size_t>(which)].has_value();
+}
+
 // The valid and test splits of a job with serve_every_split, as jobs of
 // their own (docs/PRETRAINING.md): NAME.valid from consumed_valid_samples,
 // NAME.test from 0; under blend_per_split each on its own datasets, whole.
@@ -210,7 +216,8 @@ std::vector<v1::JobConfig> SplitJobsOf(const v1::JobConfig& job) {
        {Split{v1::Pretraining::SPLIT_VALID, ".valid", "0,1,0", &p.valid_datasets(),
               p.consumed_valid_samples()},
         Split{v1::Pretraining::SPLIT_TEST, ".test", "0,0,1", &p.test_datasets(), 0}}) {
-    if (per_split && split.datasets->empty()) continue;  // Megatron builds no such split
+    // Megatron builds no such split.
+    if (per_split ? split.datasets->empty() : !HasShare(p.split(), split.split)) continue;
     v1::JobConfig derived = job;
     derived.set_name(job.name() + split.suffix);
     v1::Pretraining& q = *derived.mutable_pretraining();

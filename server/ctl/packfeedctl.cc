@@ -6,6 +6,7 @@
 #include "packfeed/common/version.h"
 #include "server/ctl/admin_commands.h"
 #include "server/ctl/dataset_commands.h"
+#include "server/ctl/megatron_args.h"
 #include "server/ctl/plan_command.h"
 #include "server/ctl/pretraining_command.h"
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   packfeed::server::ctl::AddDatasetCommands(app, &exit_code);
   packfeed::server::ctl::AddPlanCommand(app, &exit_code);
   packfeed::server::ctl::AddPretrainingCommand(app, &exit_code);
+  packfeed::server::ctl::AddMegatronConfigCommand(app, &exit_code);
   packfeed::server::ctl::AddAdminCommands(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;

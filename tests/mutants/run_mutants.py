@@ -15,19 +15,19 @@ import sys
 # name: (test, file, text, replacement)
 MUTANTS = {
     "no position restart per document": (
-        "megatron_document_masking_test", "server/pipeline/pack.cc",
+        "megatron_core_019_test", "server/pipeline/pack.cc",
         "      if (!source.document_bounds.empty()) {",
         "      if (false) {"),
     "extra token kept in the last piece": (
-        "megatron_document_masking_test", "server/pipeline/document_mask.cc",
+        "megatron_core_019_test", "server/pipeline/document_mask.cc",
         "  if (extra_token && !lengths.empty()) {",
         "  if (false) {"),
     "per-sequence split cut per document": (
-        "megatron_document_masking_test", "server/pipeline/document_mask.cc",
+        "megatron_core_019_test", "server/pipeline/document_mask.cc",
         "  if (split == CpSplit::kPerSequence || cp_size == 1) {",
         "  if (cp_size == 1) {"),
     "per-document chunks swapped": (
-        "megatron_document_masking_test", "server/pipeline/document_mask.cc",
+        "megatron_core_019_test", "server/pipeline/document_mask.cc",
         "scheduler::ZigzagChunks(length, cp_size, cp_rank);",
         "scheduler::ZigzagChunks(length, cp_size, cp_size - 1 - cp_rank);"),
     "another seed": (

@@ -118,6 +118,13 @@ TEST(DaemonConfigTest, ServeEverySplitMakesAJobPerSplit) {
   EXPECT_EQ(test.pretraining().serve_split(), v1::Pretraining::SPLIT_TEST);
   EXPECT_EQ(test.pretraining().consumed_samples(), 0);
 
+  // A split string that gives the test split nothing: no test job.
+  absl::StatusOr<v1::DaemonConfig> no_test = ParseDaemonConfig(
+      PretrainingJob("", R"(serve_every_split: true split: "99,1,0")"), "c.textproto");
+  ASSERT_TRUE(no_test.ok()) << no_test.status();
+  ASSERT_EQ(no_test->jobs_size(), 2);
+  EXPECT_EQ(no_test->jobs(1).name(), "gpt.valid");
+
   EXPECT_THAT(Message(PretrainingJob("", "serve_every_split: true serve_split: SPLIT_VALID")),
               HasSubstr("pretraining.serve_split: is the train split"));
   EXPECT_THAT(Message(PretrainingJob("", "consumed_valid_samples: -1")),

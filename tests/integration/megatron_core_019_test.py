@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Megatron-Core 0.19's inter-document masking, held to Megatron's own code.
+"""Megatron-Core 0.19's inter-document masking and command line, held to
+Megatron's own code.
 
 megatron-core 0.19.2 installs on Python >= 3.12 only: its wheel is fetched and
 its datasets package run on Debian's python3 inside the 0.16.1 venv of
@@ -15,14 +16,20 @@ supplied, Transformer Engine's thd_get_partitioned_indices as its kernel
 defines it). A real packfeedd serves the same job; every field of every rank
 must be equal, for CP 1 and 2, both CP splits, and after a restart from
 consumed_samples. Two ranks are read through the Python client too, shapes
-and dtypes asserted. Nothing expected is written by hand.
+and dtypes asserted. Then `packfeedctl megatron-config` reads pretrain_gpt
+command lines: its blend, split and sample counts must be what 0.19.2's
+get_blend_from_list, parse_and_normalize_split, update_train_iters and
+get_train_valid_test_num_samples (taken by name from megatron/training)
+make of them. Nothing expected is written by hand.
 
-Usage: megatron_document_masking_test.py PACKFEEDCTL VENV_DIR FETCH_DIR PYTHON_PACKAGE_DIR
+Usage: megatron_core_019_test.py PACKFEEDCTL VENV_DIR FETCH_DIR PYTHON_PACKAGE_DIR
 Exit 77 (skipped) only when PyPI cannot be reached.
 """
 import ast
+import json
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -41,8 +48,8 @@ import torch  # noqa: E402
 from torch.utils.data import default_collate  # noqa: E402
 
 CTL, FETCH_DIR, PYTHON_DIR = sys.argv[1], sys.argv[2], sys.argv[3]
-Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(
-    fetch_megatron_019(FETCH_DIR))
+SRC = fetch_megatron_019(FETCH_DIR)
+Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(SRC)
 logging.getLogger("megatron").setLevel(logging.ERROR)
 from daemon_harness import Daemon  # noqa: E402
 
@@ -315,6 +322,80 @@ def per_document_refused():
 
 
 per_document_refused()
+
+def megatron_training_functions(names):
+    """Functions of 0.19.2's megatron/training/training.py, run as written
+    with `args` as get_args() answers."""
+    source = pathlib.Path(SRC, "megatron", "training", "training.py").read_text()
+    found = [node for node in ast.parse(source).body
+             if isinstance(node, ast.FunctionDef) and node.name in names]
+    if {node.name for node in found} != set(names):
+        sys.exit(f"megatron/training/training.py of 0.19.2 lacks some of {names}")
+    namespace = {"print_rank_0": lambda *a, **k: None}
+    exec(compile(ast.Module(body=found, type_ignores=[]), "training.py", "exec"), namespace)
+    return namespace
+
+
+def megatron_config_reads_the_command_line():
+    from types import SimpleNamespace
+
+    from megatron.core.datasets.blended_megatron_dataset_config import \
+        parse_and_normalize_split
+    from megatron.core.datasets.utils import get_blend_from_list
+    training = megatron_training_functions(["update_train_iters",
+                                            "get_train_valid_test_num_samples"])
+    cases = [
+        (16, ["--data-path", "0.3", "/d/a", "0.7", "/d/b", "--split", "90, 8, 2",
+              "--train-iters", "50", "--eval-interval", "20", "--eval-iters", "3",
+              "--global-batch-size", "16"]),
+        (8, ["--data-path", "/d/a", "/d/b", "/d/c", "--train-samples", "1000",
+             "--eval-interval", "40", "--eval-iters", "2", "--start-eval-at-iter", "60",
+             "--global-batch-size", "8", "--split", "99/1/0"]),
+        (4, ["--data-path", "/d/a", "--train-iters", "10", "--global-batch-size", "8"]),
+    ]
+    for world, argv in cases:
+        argv = argv + ["--seq-length", "64", "--micro-batch-size", "1"]
+        printed = subprocess.run([CTL, "megatron-config", "--world-size", str(world), "--eod-id",
+                                  "0", "--json", "--", *argv], capture_output=True, text=True)
+        if printed.returncode != 0:
+            check(f"megatron-config {argv}", False, printed.stderr)
+            continue
+        job = json.loads(printed.stdout)
+        flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1)
+                 if argv[i].startswith("--") and not argv[i + 1].startswith("--")}
+        args = SimpleNamespace(
+            train_iters=int(flags["--train-iters"]) if "--train-iters" in flags else None,
+            train_samples=int(flags["--train-samples"]) if "--train-samples" in flags else None,
+            global_batch_size=int(flags["--global-batch-size"]), step_batch_size_schedule=None,
+            full_validation=False, skip_train=False, eval_interval=int(flags.get(
+                "--eval-interval", 1000)), eval_iters=int(flags.get("--eval-iters", 100)),
+            start_eval_at_iter=int(flags["--start-eval-at-iter"])
+            if "--start-eval-at-iter" in flags else None,
+            phase_transition_iterations=None, iteration=0)
+        training["get_args"] = lambda: args
+        training["update_train_iters"](args)
+        train, valid, test = training["get_train_valid_test_num_samples"]()
+        ours = job["pretraining"]
+        check(f"megatron-config {argv[:2]}: train, valid, test samples",
+              (int(ours["trainSamples"]), int(ours.get("validSamples", 0)),
+               int(ours.get("testSamples", 0))) == (train, valid, test),
+              (ours, (train, valid, test)))
+        start = argv.index("--data-path") + 1
+        end = next(i for i in range(start, len(argv)) if argv[i].startswith("--"))
+        prefixes, weights = get_blend_from_list(argv[start:end])
+        check(f"megatron-config {argv[:2]}: the blend",
+              [d["prefix"] for d in job["datasets"]] == prefixes
+              and [d.get("weight", 0) for d in job["datasets"]] == (weights or [0] * len(prefixes)),
+              (job["datasets"], prefixes, weights))
+        split = flags.get("--split", "969, 30, 1")
+        check(f"megatron-config {argv[:2]}: the split",
+              parse_and_normalize_split(ours["split"]) == parse_and_normalize_split(split),
+              (ours["split"], split))
+        check(f"megatron-config {argv[:2]}: DP and the world",
+              job["topology"]["dp"] * job["topology"].get("tp", 1) == world)
+
+
+megatron_config_reads_the_command_line()
 
 for failure in failures:
     print("FAILED", failure)
