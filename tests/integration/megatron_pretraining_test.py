@@ -400,7 +400,7 @@ def every_split_served():
     order (train and valid resumed from their consumed counts, as
     pretrain_gpt resumes them); a step past the valid split's end is
     refused, naming its size."""
-    samples = [GBS * 20, GBS * 4, GBS * 2]
+    samples = [GBS * 20, GBS * 5, GBS * 2]
     config = GPTDatasetConfig(
         random_seed=SEED, sequence_length=SEQ, blend=(DATASETS, WEIGHTS), split=SPLIT,
         path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
@@ -419,10 +419,10 @@ def every_split_served():
   pretraining {{ split: "{SPLIT}" train_samples: {samples[0]} valid_samples: {samples[1]}
                  test_samples: {samples[2]} micro_batch_size: {MBS} eod_mask_loss: true
                  serve_every_split: true consumed_samples: {GBS}
-                 consumed_valid_samples: {GBS} }}
+                 consumed_valid_samples: {2 * GBS} }}
 }}
 """
-    reads = {"gpt": (built[0], GBS, 2), "gpt.valid": (built[1], GBS, 3),
+    reads = {"gpt": (built[0], GBS, 2), "gpt.valid": (built[1], 2 * GBS, 3),
              "gpt.test": (built[2], 0, 2)}
     (WORK / "splits").mkdir()
     with Daemon(os.path.dirname(CTL), text, workdir=WORK / "splits") as daemon:
