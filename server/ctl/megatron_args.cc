@@ -22,7 +22,11 @@ namespace {
 // does not serve; each with why.
 constexpr std::pair<const char*, const char*> kRefused[] = {
     {"--mock-data", "mock data is not read from files"},
-    {"--fim-data", "GPTFIMDataset is not served yet"},
+    {"--fim-data",
+     "GPTFIMDataset draws its permutations from one random stream per process, advanced by "
+     "every sample that process read before, so a sample's tokens depend on the data loader's "
+     "history (DP rank, workers, restarts), not on the seed and its index; packfeed serves "
+     "samples that depend on those alone (docs/PRETRAINING.md)"},
     {"--sft", "SFT data is served by DATASET_KIND_SFT jobs, not this command"},
     {"--data-args-path", "give the blend as --data-path"},
     {"--per-split-data-args-path", "give the blends as --train/valid/test-data-path"},

@@ -94,7 +94,7 @@ TEST(MegatronArgsTest, RefusesWhatItCannotServeNamingTheFlag) {
     return job.ok() ? std::string("accepted") : std::string(job.status().message());
   };
   EXPECT_THAT(refused({"--mock-data"}), HasSubstr("--mock-data"));
-  EXPECT_THAT(refused({"--fim-data"}), HasSubstr("GPTFIMDataset"));
+  EXPECT_THAT(refused({"--fim-data"}), HasSubstr("not on the seed and its index"));
   EXPECT_THAT(refused({"--dataloader-type", "cyclic"}), HasSubstr("--dataloader-type cyclic"));
   EXPECT_THAT(refused({"--rampup-batch-size", "16", "16", "1000"}),
               HasSubstr("--rampup-batch-size"));
