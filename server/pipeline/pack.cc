@@ -340,13 +340,6 @@ std::vector<SlotField> FieldsOf(const MicrobatchSource& source) {
                    source.stage, slices, source.bshd_rows);
 }
 
-template <typename T>
-std::vector<T> Values(const uint8_t* slot, const transport::FieldDescriptor& field) {
-  std::vector<T> out(field.bytes / sizeof(T));
-  if (field.bytes > 0) std::memcpy(out.data(), slot + field.offset, field.bytes);
-  return out;
-}
-
 }  // namespace
 
 StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage, int vpp) {
@@ -584,68 +577,6 @@ void WriteMicrobatch(const MicrobatchSource& source,
       at += chunk.end - chunk.begin;
     }
   }
-}
-
-PackedMicrobatch ReadBack(const MicrobatchSource& source) {
-  const std::vector<SlotField> fields = FieldsOf(source);
-  std::vector<transport::FieldSpec> specs;
-  for (const SlotField& field : fields) specs.push_back(field.spec);
-  // Every field of a source fits an unbounded slot.
-  const std::vector<transport::FieldDescriptor> layout =
-      transport::LayoutFields(specs, UINT64_MAX).value();
-  std::vector<uint8_t> slot(layout.back().offset + layout.back().bytes);
-  WriteMicrobatch(source, layout, slot.data());
-  PackedMicrobatch out;
-  for (size_t i = 0; i < fields.size(); ++i) {
-    const transport::FieldDescriptor& field = layout[i];
-    switch (fields[i].role) {
-      case Role::kTokens:
-        out.tokens = Values<int64_t>(slot.data(), field);
-        break;
-      case Role::kPositionIds:
-        out.position_ids = Values<int64_t>(slot.data(), field);
-        break;
-      case Role::kLabels:
-        out.labels = Values<int64_t>(slot.data(), field);
-        break;
-      case Role::kLossMask:
-        out.loss_mask = Values<float>(slot.data(), field);
-        break;
-      case Role::kPaddingMask:
-        out.padding_mask = Values<uint8_t>(slot.data(), field);
-        break;
-      case Role::kCuSeqlens:
-        out.cu_seqlens = Values<int32_t>(slot.data(), field);
-        break;
-      case Role::kCuSeqlensPadded:
-        out.cu_seqlens_padded = Values<int32_t>(slot.data(), field);
-        break;
-      case Role::kMaxSeqlen:
-        out.max_seqlen = Values<int32_t>(slot.data(), field)[0];
-        break;
-      case Role::kLocalCpSize:
-        out.local_cp_size = Values<int32_t>(slot.data(), field)[0];
-        break;
-      case Role::kCpGroupRanks:
-        out.cp_group_ranks = Values<int32_t>(slot.data(), field);
-        break;
-      case Role::kSide:
-        out.side.push_back({field.name, field.type,
-                            std::vector<int64_t>(field.shape.begin() + 2, field.shape.end()),
-                            Values<char>(slot.data(), field)});
-        break;
-    }
-  }
-  return out;
-}
-
-absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
-                                                absl::Span<const std::vector<int64_t>* const> runs,
-                                                int cp_rank, const dataset::SampleRules& rules,
-                                                std::vector<SideRun> sides) {
-  PF_ASSIGN_OR_RETURN(MicrobatchSource source,
-                      SourceOfGroup(group, runs, cp_rank, rules, std::move(sides)));
-  return ReadBack(source);
 }
 
 absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {

@@ -116,35 +116,6 @@ std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source
 void WriteMicrobatch(const MicrobatchSource& source,
                      absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot);
 
-// A written microbatch read back field by field (tests and tools); a field
-// the stage does not receive is empty.
-struct PackedMicrobatch {
-  std::vector<int64_t> tokens;
-  std::vector<int64_t> labels;
-  std::vector<float> loss_mask;
-  std::vector<int64_t> position_ids;
-  std::vector<uint8_t> padding_mask;  // bool
-  std::vector<int32_t> cu_seqlens;
-  std::vector<int32_t> cu_seqlens_padded;
-  int32_t max_seqlen = 0;
-  std::optional<int32_t> local_cp_size;
-  std::vector<int32_t> cp_group_ranks;
-  struct Side {
-    std::string name;
-    transport::ElementType type = transport::ElementType::kUInt8;
-    std::vector<int64_t> inner_shape;  // the layer axis cut to the slice
-    std::vector<char> bytes;           // [T_loc, *inner_shape]
-  };
-  std::vector<Side> side;
-};
-PackedMicrobatch ReadBack(const MicrobatchSource& source);
-
-// SourceOfGroup, written and read back.
-absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
-                                                absl::Span<const std::vector<int64_t>* const> runs,
-                                                int cp_rank, const dataset::SampleRules& rules,
-                                                std::vector<SideRun> sides = {});
-
 // The bytes of the largest slot any rank of `job` needs: at most
 // max_tokens_per_rank local tokens, the whole batch's sequences (or one per
 // token when documents split them), the dynamic-CP fields for groups of up

@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pack_read_back.h"
 
 namespace packfeed::server {
 namespace {
