@@ -36,6 +36,11 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string first_;
 };
 
+// Megatron's blend_per_split: the valid or test split has datasets of its own.
+bool IsBlendPerSplit(const v1::Pretraining& p) {
+  return !p.valid_datasets().empty() || !p.test_datasets().empty();
+}
+
 // A blend_per_split job's own split string: all of its datasets train.
 constexpr char kWholeTrainSplit[] = "1,0,0";
 
@@ -106,7 +111,7 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
                       "is served with cp = 1 only; under CP use inter_document_masking "
                       "(Megatron-Core 0.19's --dataloader-inter-document-masking)");
   }
-  const bool per_split = !p.valid_datasets().empty() || !p.test_datasets().empty();
+  const bool per_split = IsBlendPerSplit(p);
   if ((p.serve_every_split() || per_split) && p.serve_split() != v1::Pretraining::SPLIT_TRAIN) {
     return FieldError(where, "pretraining.serve_split",
                       "is the train split with serve_every_split or valid_datasets/test_datasets "
@@ -204,7 +209,7 @@ std::vector<v1::JobConfig> SplitJobsOf(const v1::JobConfig& job) {
   std::vector<v1::JobConfig> out;
   const v1::Pretraining& p = job.pretraining();
   if (!p.serve_every_split()) return out;
-  const bool per_split = !p.valid_datasets().empty() || !p.test_datasets().empty();
+  const bool per_split = IsBlendPerSplit(p);
   struct Split {
     v1::Pretraining::Split split;
     const char* suffix;
@@ -266,7 +271,7 @@ void FillDefaults(v1::JobConfig& job) {
   const bool pretraining = IsPretrainingJob(job);
   if (pretraining) {
     v1::Pretraining& p = *job.mutable_pretraining();
-    const bool per_split = !p.valid_datasets().empty() || !p.test_datasets().empty();
+    const bool per_split = IsBlendPerSplit(p);
     if (p.split().empty()) p.set_split(per_split ? kWholeTrainSplit : "969,30,1");
     // Megatron's blend_per_split builds a split of one dataset as that
     // dataset alone, weighted or not.

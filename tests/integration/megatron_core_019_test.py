@@ -34,6 +34,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ctl_checks import Checks  # noqa: E402
 from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,  # noqa: E402
                            init_single_process, rerun_in_venv)
 
@@ -58,15 +59,8 @@ TP, PP, DP = 2, 2, 2
 MBS, GBS, SEQ, SEED, STEPS = 2, 16, 64, 4321, 3
 SPLIT = "90,8,2"
 
-passed, failures = 0, []
-
-
-def check(name, condition, detail=""):
-    global passed
-    if condition:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
+CHECKS = Checks(CTL)
+check = CHECKS.check
 
 
 # ---- Megatron's batch functions, taken by name from its source ----
@@ -397,7 +391,4 @@ def megatron_config_reads_the_command_line():
 
 megatron_config_reads_the_command_line()
 
-for failure in failures:
-    print("FAILED", failure)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+CHECKS.finish()

@@ -20,11 +20,11 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ctl_checks import Checks  # noqa: E402
 from megatron_venv import (Tokenizer, import_megatron_datasets,  # noqa: E402
                            init_single_process, rerun_in_venv, write_megatron_dataset)
 
@@ -40,24 +40,10 @@ Builder, GPTDataset, GPTDatasetConfig = import_megatron_datasets()
 logging.getLogger("megatron").setLevel(logging.ERROR)
 CTL = sys.argv[1]
 EOD = 0
+CHECKS = Checks(CTL)
+check = CHECKS.check
 
 
-passed, failures = 0, []
-
-
-def check(name, condition, detail=""):
-    global passed
-    if condition:
-        passed += 1
-    else:
-        failures.append(f"{name}: {detail}")
-
-
-def run_ctl(*args, ok=True):
-    result = subprocess.run([CTL, *args], capture_output=True, text=True)
-    if ok and result.returncode != 0:
-        raise AssertionError(f"packfeedctl {args}: {result.stderr}")
-    return result
 
 
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="pf-megatron-"))
@@ -125,7 +111,7 @@ def compare_split(label, theirs, config, job, out):
     `theirs`: the sample count, every index array, and the tokens and labels
     of up to 300 samples."""
     count = min(len(theirs), 300)
-    printed = run_ctl("pretraining-samples", "--config", str(config), "--job", job,
+    printed = CHECKS.run("pretraining-samples", "--config", str(config), "--job", job,
                       "--indices-dir", str(out), "--tokens", str(out / "tokens.npy"),
                       "--count", str(count)).stdout
     check(f"{label}: sample count", f": {len(theirs)} samples" in printed,
@@ -218,7 +204,7 @@ def pretraining_with_cache(name, cache):
     config = out / "daemon.conf"
     config.write_text(job_config("three", DATASETS, [2.0, 1.0, 5.0], 96, 99, "80,15,5",
                                  (8000, 400, 120), "SPLIT_TRAIN", f'cache_dir: "{cache}"'))
-    return out, run_ctl("pretraining-samples", "--config", str(config), "--indices-dir", str(out),
+    return out, CHECKS.run("pretraining-samples", "--config", str(config), "--indices-dir", str(out),
                         "--tokens", str(out / "tokens.npy"), "--count", "10", ok=False)
 
 
@@ -265,6 +251,25 @@ SPLIT = "90,8,2"
 WEIGHTS = [2.0, 1.0, 5.0]
 
 
+def served_job(topology, pretraining, samples=(GBS * 20, GBS, GBS)):
+    """The job "gpt" a daemon serves: the WEIGHTS blend of DATASETS, seq SEQ,
+    global batch GBS, micro batch MBS, SPLIT, with `pretraining`'s options."""
+    datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
+                         'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
+    return f"""jobs {{
+  name: "gpt"
+{datasets}
+  topology {{ {topology} }}
+  global_batch: {GBS}
+  seq_length: {SEQ}
+  seed: {SEED}
+  eod_id: {EOD}
+  pretraining {{ split: "{SPLIT}" train_samples: {samples[0]} valid_samples: {samples[1]}
+                 test_samples: {samples[2]} micro_batch_size: {MBS} {pretraining} }}
+}}
+"""
+
+
 def megatron_train(reset_position_ids, eod_mask_loss, reset_attention_mask=False):
     config = GPTDatasetConfig(
         random_seed=SEED, sequence_length=SEQ, blend=(DATASETS, WEIGHTS), split=SPLIT,
@@ -308,21 +313,8 @@ def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss, cp_size
     flags = (f"reset_position_ids: {str(reset_position_ids).lower()} "
              f"eod_mask_loss: {str(eod_mask_loss).lower()} "
              f"reset_attention_mask: {str(thd).lower()}")
-    datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
-                         'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
-    config = f"""jobs {{
-  name: "gpt"
-{datasets}
-  topology {{ tp: {TP} pp: {PP} cp: {cp_size} dp: {DP} }}
-  global_batch: {GBS}
-  seq_length: {SEQ}
-  seed: {SEED}
-  eod_id: {EOD}
-  pretraining {{ split: "{SPLIT}" train_samples: {GBS * 20} valid_samples: {GBS} test_samples: {GBS}
-                 micro_batch_size: {MBS}
-                 consumed_samples: {consumed} {flags} }}
-}}
-"""
+    config = served_job(f"tp: {TP} pp: {PP} cp: {cp_size} dp: {DP}",
+                        f"consumed_samples: {consumed} {flags}")
     ranks = range(TP * PP * cp_size * DP)
     (WORK / name).mkdir()
     with Daemon(os.path.dirname(CTL), config, workdir=WORK / name) as daemon:
@@ -406,22 +398,8 @@ def every_split_served():
         path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=True)
     built = Builder(GPTDataset, samples, lambda: True, config).build()
-    datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
-                         'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
-    text = f"""jobs {{
-  name: "gpt"
-{datasets}
-  topology {{ dp: {DP} }}
-  global_batch: {GBS}
-  seq_length: {SEQ}
-  seed: {SEED}
-  eod_id: {EOD}
-  pretraining {{ split: "{SPLIT}" train_samples: {samples[0]} valid_samples: {samples[1]}
-                 test_samples: {samples[2]} micro_batch_size: {MBS} eod_mask_loss: true
-                 serve_every_split: true consumed_samples: {GBS}
-                 consumed_valid_samples: {2 * GBS} }}
-}}
-"""
+    text = served_job(f"dp: {DP}", f"eod_mask_loss: true serve_every_split: true "
+                      f"consumed_samples: {GBS} consumed_valid_samples: {2 * GBS}", samples)
     reads = {"gpt": (built[0], GBS, 2), "gpt.valid": (built[1], 2 * GBS, 3),
              "gpt.test": (built[2], 0, 2)}
     (WORK / "splits").mkdir()
@@ -463,21 +441,7 @@ def balanced_keeps_each_global_batch():
     """balance_document_attention moves samples between slots, never
     between global batches: each step's samples are Megatron's."""
     train = megatron_train(False, False, True)
-    datasets = "\n".join(f'  datasets {{ prefix: "{p}" weight: {w} '
-                         'kind: DATASET_KIND_PRETRAINING }' for p, w in zip(DATASETS, WEIGHTS))
-    config = f"""jobs {{
-  name: "gpt"
-{datasets}
-  topology {{ dp: {DP} }}
-  global_batch: {GBS}
-  seq_length: {SEQ}
-  seed: {SEED}
-  eod_id: {EOD}
-  pretraining {{ split: "{SPLIT}" train_samples: {GBS * 20} valid_samples: {GBS} test_samples: {GBS}
-                 micro_batch_size: {MBS} reset_attention_mask: true
-                 balance_document_attention: true }}
-}}
-"""
+    config = served_job(f"dp: {DP}", "reset_attention_mask: true balance_document_attention: true")
     (WORK / "balanced").mkdir()
     with Daemon(os.path.dirname(CTL), config, workdir=WORK / "balanced") as daemon:
         dumps = daemon.dump_ranks("gpt", range(DP), STEPS)
@@ -513,7 +477,7 @@ for what, text, needle in [
                                                   "SPLIT_VALID"), "serve_split"),
 ]:
     bad.write_text(text)
-    result = run_ctl("pretraining-samples", "--config", str(bad), "--tokens",
+    result = CHECKS.run("pretraining-samples", "--config", str(bad), "--tokens",
                      str(WORK / "bad.npy"), "--count", "1", ok=False)
     check(f"refuses {what}", result.returncode != 0 and needle in result.stderr, result.stderr)
     check(f"writes nothing for {what}", not (WORK / "bad.npy").exists())
@@ -527,7 +491,4 @@ code, errors = start_up_errors(os.path.dirname(CTL), refused)
 check("packfeedd refuses a dataset too small for one sample",
       code != 0 and any("fewer than one sample" in e and "gpt" in e for e in errors), errors)
 
-for failure in failures:
-    print("FAILED", failure)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+CHECKS.finish()

@@ -71,25 +71,38 @@ def rerun_in_venv(venv, script, args):
     sys.exit(subprocess.run([str(python), script, *args], env=env).returncode)
 
 
-def import_megatron_datasets():
-    """(BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig), with
-    stand-ins for the two modules the datasets import and do not need: the
-    logging helper and the tokenizer base class."""
-    root = list(importlib.util.find_spec("megatron").submodule_search_locations)[0]
+def _import_datasets_from(root, **stand_ins):
+    """(BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig) of the
+    megatron package at `root`, imported around its __init__ (which pulls
+    distributed code that needs a newer torch), with stand-ins for the
+    modules the datasets import only for logging and tokenizer typing, and
+    `stand_ins` ({module: {attribute: value}}) for more."""
     for name, path in [("megatron", root), ("megatron.core", os.path.join(root, "core"))]:
         module = types.ModuleType(name)
         module.__path__ = [path]
         sys.modules[name] = module
-    utils = types.ModuleType("megatron.core.utils")
-    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg)
-    sys.modules["megatron.core.utils"] = utils
-    tokenizers = types.ModuleType("megatron.core.tokenizers")
-    tokenizers.MegatronTokenizerBase = object
-    sys.modules["megatron.core.tokenizers"] = tokenizers
+    stand_ins = {
+        "megatron.core.utils": {"log_single_rank": lambda logger, level, msg, *a, **k:
+                                logger.log(level, msg)},
+        "megatron.core.tokenizers": {"MegatronTokenizerBase": object},
+        **stand_ins,
+    }
+    for name, attributes in stand_ins.items():
+        module = types.ModuleType(name)
+        for attribute, value in attributes.items():
+            setattr(module, attribute, value)
+        sys.modules[name] = module
     from megatron.core.datasets.blended_megatron_dataset_builder import \
         BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     return BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+
+
+def import_megatron_datasets():
+    """(BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig) of the
+    installed megatron-core."""
+    return _import_datasets_from(
+        list(importlib.util.find_spec("megatron").submodule_search_locations)[0])
 
 
 
@@ -125,30 +138,14 @@ def fetch_megatron_019(directory):
 
 def import_megatron_019(src):
     """megatron-core 0.19.2's datasets (BlendedMegatronDatasetBuilder,
-    GPTDataset, GPTDatasetConfig) from `src`, with stand-ins for the three
-    modules they import only for logging, tokenizer typing and a guarded
-    numpy.load; and the source of its megatron/core/utils.py, whose batch
-    functions a test takes by name."""
+    GPTDataset, GPTDatasetConfig) from `src`, with a stand-in for the guarded
+    numpy.load it also imports; and the source of its megatron/core/utils.py,
+    whose batch functions a test takes by name."""
     import numpy
     root = os.path.join(str(src), "megatron")
-    for name, path in [("megatron", root), ("megatron.core", os.path.join(root, "core"))]:
-        module = types.ModuleType(name)
-        module.__path__ = [path]
-        sys.modules[name] = module
-    utils = types.ModuleType("megatron.core.utils")
-    utils.log_single_rank = lambda logger, level, msg, *a, **k: logger.log(level, msg)
-    sys.modules["megatron.core.utils"] = utils
-    tokenizers = types.ModuleType("megatron.core.tokenizers")
-    tokenizers.MegatronTokenizerBase = object
-    sys.modules["megatron.core.tokenizers"] = tokenizers
-    safe_globals = types.ModuleType("megatron.core.safe_globals")
-    safe_globals.safe_numpy_load = numpy.load
-    sys.modules["megatron.core.safe_globals"] = safe_globals
-    from megatron.core.datasets.blended_megatron_dataset_builder import \
-        BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-    utils_source = pathlib.Path(root, "core", "utils.py").read_text()
-    return BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig, utils_source
+    classes = _import_datasets_from(
+        root, **{"megatron.core.safe_globals": {"safe_numpy_load": numpy.load}})
+    return (*classes, pathlib.Path(root, "core", "utils.py").read_text())
 
 
 def init_single_process(workdir):
