@@ -49,12 +49,18 @@ absl::Status PrepareSocketDirectory(const std::string& socket) {
 constexpr int kRankPingMs = 1000;
 constexpr int kRankPingTimeoutMs = 2000;
 
+// CANCELLED, naming what start-up was doing, once a stop was asked for.
+absl::Status StopRequested(const DaemonOptions& options, absl::string_view doing) {
+  if (options.stop == nullptr || !options.stop->HasBeenNotified()) return absl::OkStatus();
+  return absl::CancelledError(absl::StrCat("stopped while ", doing));
+}
+
 // Each peer daemon serves every job of this one with the same fingerprint.
 // Peers start at about the same time: each listens before it checks, and
 // an unanswered peer is asked again until the timeout.
 absl::Status CheckPeers(const v1::DaemonConfig& config,
                         const std::vector<std::unique_ptr<Job>>& jobs,
-                        const std::function<void(const std::string&)>& on_wait) {
+                        const DaemonOptions& options) {
   const absl::Time deadline = absl::Now() + absl::Seconds(config.peer_timeout_seconds());
   const v1::AdminTls& tls = config.admin_tls();
   PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
@@ -70,8 +76,9 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
     v1::ListJobsReply reply;
     grpc::Status status;
     do {
-      if (on_wait) {
-        on_wait(absl::StrCat(
+      PF_RETURN_IF_ERROR(StopRequested(options, absl::StrCat("waiting for peer ", peer)));
+      if (options.on_peer_wait) {
+        options.on_peer_wait(absl::StrCat(
             "waiting for peer ", peer, " (until ",
             absl::FormatDuration(absl::Trunc(deadline - absl::Now(), absl::Seconds(1))),
             " from now)"));
@@ -84,7 +91,11 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
         break;
       }
-      absl::SleepFor(absl::Milliseconds(250));
+      if (options.stop != nullptr) {
+        options.stop->WaitForNotificationWithTimeout(absl::Milliseconds(250));
+      } else {
+        absl::SleepFor(absl::Milliseconds(250));
+      }
     } while (absl::Now() < deadline);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
@@ -152,6 +163,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   const DatasetOpener open = [&storage](const std::string& prefix) { return storage.Open(prefix); };
   PF_RETURN_IF_ERROR(daemon->StartIngest(options));
   for (const v1::JobConfig& job_config : config.jobs()) {
+    PF_RETURN_IF_ERROR(StopRequested(options, absl::StrCat("starting job ", job_config.name())));
     IngestStream* stream = nullptr;
     for (const auto& s : daemon->streams_) {
       if (s->name() == job_config.ingest_stream()) stream = s.get();
@@ -251,7 +263,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                           return self->CollectStats(absl::Seconds(5));
                         }));
   }
-  PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_, options.on_peer_wait));
+  PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_, options));
   daemon->started_ = true;
   spdlog::info(
       "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), socket,

@@ -39,6 +39,11 @@ struct DaemonOptions {
   // peer it waits for: a supervisor extends its start timeout on it
   // (systemd's EXTEND_TIMEOUT_USEC). Null: nobody is told.
   std::function<void(const std::string& status)> on_peer_wait;
+  // Notified (a SIGTERM while starting): start-up stops waiting for peers
+  // and between jobs, and Start returns CANCELLED. A supervisor stopping a
+  // node whose peer has gone must not wait out peer_timeout_seconds. Null:
+  // start-up runs to its end.
+  const absl::Notification* stop = nullptr;
 };
 
 class Daemon {

@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "packfeed/common/version.h"
 #include "server/config/daemon_config.h"
 #include "server/control/daemon.h"
@@ -54,30 +56,59 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // The signal thread runs from here on, so a SIGTERM during start-up (a
+  // peer that never answers, a long index build) stops the daemon too.
+  absl::Mutex mutex;
+  absl::Notification stop;
+  packfeed::server::Daemon* running = nullptr;  // guarded by mutex
+  bool exiting = false;                         // guarded by mutex
+  std::thread signal_thread([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    absl::MutexLock lock(&mutex);
+    if (exiting) return;  // main's own SIGTERM, sent to end this wait
+    spdlog::info("signal {}: {}", signal, running != nullptr ? "draining" : "stopping start-up");
+    stop.Notify();
+    if (running != nullptr) running->Shutdown();
+  });
+  const auto release_signal_thread = [&] {
+    {
+      absl::MutexLock lock(&mutex);
+      exiting = true;
+    }
+    kill(getpid(), SIGTERM);
+    signal_thread.join();
+  };
+
   packfeed::server::DaemonOptions options;
   options.ucx_transports = ucx_tls;
   options.on_peer_wait = packfeed::server::NotifyStillStarting;
+  options.stop = &stop;
   absl::StatusOr<std::unique_ptr<packfeed::server::Daemon>> daemon =
       packfeed::server::Daemon::Start(*config, options);
   if (!daemon.ok()) {
+    release_signal_thread();
+    if (absl::IsCancelled(daemon.status()) && stop.HasBeenNotified()) {
+      spdlog::info("stopped during start-up: {}", std::string(daemon.status().message()));
+      return 0;
+    }
     spdlog::error("cannot start: {}", daemon.status().ToString());
     return 1;
   }
   packfeed::server::SystemdNotifier systemd(**daemon);
-  std::thread signal_thread([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    spdlog::info("signal {}: draining", signal);
-    (*daemon)->Shutdown();
-  });
+  {
+    absl::MutexLock lock(&mutex);
+    running = daemon->get();
+    // A signal that came as Start returned: drain at once.
+    if (stop.HasBeenNotified()) running->Shutdown();
+  }
   // Daemon::Start returned: the socket answers.
   systemd.Ready(config->jobs_size());
   spdlog::info("ready");
   (*daemon)->Wait();
   systemd.Stopping();
   // A Drain ended the wait: release the signal thread the same way.
-  kill(getpid(), SIGTERM);
-  signal_thread.join();
+  release_signal_thread();
   daemon->reset();
   spdlog::info("stopped");
   return 0;

@@ -4,8 +4,8 @@ only once the gRPC socket answers (packfeedctl health succeeds the moment
 READY arrives), that WATCHDOG=1 pings follow at WATCHDOG_USEC/2, and that
 SIGTERM sends STOPPING=1 and exits 0; that while start-up waits for a peer
 daemon, EXTEND_TIMEOUT_USEC comes every few seconds with a STATUS naming the
-peer (systemd's start timeout would otherwise end a long wait), and READY
-never comes for a start-up that failed. Also: start-up errors are one clear
+peer (systemd's start timeout would otherwise end a long wait), SIGTERM
+ends that wait at once, and READY never comes for a start-up that failed. Also: start-up errors are one clear
 line and a non-zero exit, and a closed log pipe does not kill the daemon.
 
 usage: daemon_readiness_test.py BIN_DIR SOURCE_ROOT"""
@@ -149,6 +149,44 @@ def test_peer_wait(checks, bin_dir, work, prefix):
     print(f"peer wait: {len(extensions)} start timeout extensions in 6 s, then one error line")
 
 
+def test_stop_while_waiting_for_peer(checks, bin_dir, work, prefix):
+    """SIGTERM while start-up waits for a peer that is gone: the daemon stops
+    within a few seconds (not after peer_timeout_seconds), exits 0 and says
+    what it was doing. Seen under Slurm: a node whose peer refused its
+    configuration waited out the whole timeout after packfeed_srun's stop."""
+    peer = f"127.0.0.1:{free_port()}"  # nobody listens there
+    config = pathlib.Path(work, "peers-stop.textproto")
+    config.write_text(config_text(f"{work}/peers-stop.sock", prefix) +
+                      f'admin_tcp_address: "127.0.0.1:{free_port()}"\n'
+                      f'admin_tcp_token: "t"\npeers: "{peer}"\npeer_timeout_seconds: 120\n')
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(f"{work}/notify-peers-stop")
+    env = dict(os.environ, NOTIFY_SOCKET=f"{work}/notify-peers-stop")
+    daemon = subprocess.Popen([f"{bin_dir}/packfeedd", "--config", str(config)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = receive(notify, 20.0)  # the first EXTEND_TIMEOUT_USEC: it is waiting
+    checks.check("stop while waiting: the daemon says it waits for the peer",
+                 first is not None and f"waiting for peer {peer}" in first, first)
+    sent = time.monotonic()
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        output = daemon.communicate(timeout=20)[0]
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        output = daemon.communicate()[0]
+    took = time.monotonic() - sent
+    notify.close()
+    checks.check("stop while waiting: exits within 5 s of SIGTERM, not after the peer timeout",
+                 took < 5, f"{took:.1f} s")
+    checks.check("stop while waiting: exit 0 (a requested stop is no failure)",
+                 daemon.returncode == 0, daemon.returncode)
+    checks.check("stop while waiting: one line says what start-up was doing",
+                 f"stopped during start-up: stopped while waiting for peer {peer}" in output,
+                 output)
+    checks.check("stop while waiting: no error line", "[error]" not in output, output)
+    print(f"stop while waiting for a peer: exit {daemon.returncode} {took:.1f} s after SIGTERM")
+
+
 def test_startup_errors(checks, bin_dir, work, prefix):
     """Each start-up error: a non-zero exit and one error line naming the cause."""
     readonly = pathlib.Path(work, "readonly")
@@ -208,6 +246,7 @@ def main():
     test_notify(checks, bin_dir, work, prefix)
     test_closed_log_pipe(checks, bin_dir, work, prefix)
     test_peer_wait(checks, bin_dir, work, prefix)
+    test_stop_while_waiting_for_peer(checks, bin_dir, work, prefix)
     test_startup_errors(checks, bin_dir, work, prefix)
     checks.finish()
 
