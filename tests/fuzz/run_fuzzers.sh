@@ -7,13 +7,14 @@
 # config_fuzz from one configuration using every field; attach_fuzz from
 # nothing (half its inputs are merged over a valid request); npy_fuzz (three
 # .npy files of cached indices) from nothing. Longer runs: pass more seconds, or run the binary
-# directly, e.g. build-fuzz/tests/fuzz/index_parser_fuzz -max_total_time=3600 DIR
+# directly, e.g. build-asan/tests/fuzz/index_parser_fuzz -max_total_time=3600 DIR
 set -euo pipefail
 build=$1
 seconds=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
 corpus=$(mktemp -d)
-trap 'rm -rf "$corpus"' EXIT
+logs=$(mktemp -d)  # apart: index_parser_fuzz takes every file under $corpus
+trap 'rm -rf "$corpus" "$logs"' EXIT
 
 find "$root/tests/fixtures" -name '*.idx' -exec cp {} "$corpus/" \;
 ctl=$root/build/server/packfeedctl
@@ -25,16 +26,23 @@ if [[ -x $ctl ]]; then
   done
 fi
 
+# Targets run side by side, one per core: each still has a core to itself
+# for its whole time.
 run() {  # run TARGET CORPUS_DIR
-  local log=$corpus/$1.log
+  local log=$logs/$1.log
   if ! "$build/tests/fuzz/$1" -max_total_time="$seconds" -max_len=4096 \
       -print_final_stats=1 "$2" >"$log" 2>&1; then
     cat "$log"
     echo "run_fuzzers: $1 FAILED"
-    exit 1
+    touch "$logs/$1.failed"
+    return 1
   fi
   grep -E '^(Done|stat::(number_of_executed_units|new_units_added))' "$log"
   echo "run_fuzzers: $1 ran ${seconds}s without a crash"
+}
+start() {  # start TARGET CORPUS_DIR, once fewer than nproc targets run
+  while (($(jobs -rp | wc -l) >= $(nproc))); do wait -n || true; done
+  run "$@" &
 }
 mkdir -p "$corpus/wire" "$corpus/config" "$corpus/attach" "$corpus/npy"
 cat >"$corpus/config/seed.textproto" <<'CONFIG'
@@ -58,8 +66,10 @@ jobs {
   scheduler { kind: "dynamic_cp" max_tokens_per_rank: 128 }
 }
 CONFIG
-run index_parser_fuzz "$corpus"
-run wire_fuzz "$corpus/wire"
-run config_fuzz "$corpus/config"
-run attach_fuzz "$corpus/attach"
-run npy_fuzz "$corpus/npy"
+start index_parser_fuzz "$corpus"
+start wire_fuzz "$corpus/wire"
+start config_fuzz "$corpus/config"
+start attach_fuzz "$corpus/attach"
+start npy_fuzz "$corpus/npy"
+wait
+! compgen -G "$logs/*.failed" >/dev/null

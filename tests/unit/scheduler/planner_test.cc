@@ -5,8 +5,10 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/lower_bound.h"
@@ -155,10 +157,14 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind, int index) {
   return c;
 }
 
-void RunRandomCases(SchedulerKind kind, int cases) {
+// Cases [first, first + cases) of one random stream: the cases before
+// `first` are drawn (cheap) and not planned, so a part holds the same
+// cases as when the whole range ran in one test.
+void RunRandomCases(SchedulerKind kind, int first, int cases) {
   std::mt19937_64 rng(20261121 + static_cast<int>(kind));
+  for (int i = 0; i < first; ++i) MakeCase(rng, kind, i);
   int planned = 0;
-  for (int i = 0; i < cases; ++i) {
+  for (int i = first; i < first + cases; ++i) {
     const RandomCase c = MakeCase(rng, kind, i);
     absl::StatusOr<GlobalPlan> plan = PlanGlobalBatch(c.lengths, c.options);
     if (!plan.ok()) {
@@ -203,13 +209,27 @@ void RunRandomCases(SchedulerKind kind, int cases) {
   EXPECT_GE(planned, cases * 85 / 100);
 }
 
-TEST(PlannerPropertyTest, BalancedKeepsEveryPromise) {
-  RunRandomCases(SchedulerKind::kBalanced, 1500);
+// 1 500 random cases per planner, in parts of 250: separate tests, so that
+// ctest's shards of scheduler_test (tests/CMakeLists.txt) run them side by
+// side, which matters under ASan.
+constexpr int kCasesPerPart = 250;
+class PlannerPropertyTest : public ::testing::TestWithParam<std::tuple<SchedulerKind, int>> {};
+
+TEST_P(PlannerPropertyTest, KeepsEveryPromise) {
+  const auto [kind, part] = GetParam();
+  RunRandomCases(kind, part * kCasesPerPart, kCasesPerPart);
 }
 
-TEST(PlannerPropertyTest, DynamicCpKeepsEveryPromise) {
-  RunRandomCases(SchedulerKind::kDynamicCp, 1500);
-}
+INSTANTIATE_TEST_SUITE_P(Parts, PlannerPropertyTest,
+                         ::testing::Combine(::testing::Values(SchedulerKind::kBalanced,
+                                                              SchedulerKind::kDynamicCp),
+                                            ::testing::Range(0, 1500 / kCasesPerPart)),
+                         [](const ::testing::TestParamInfo<PlannerPropertyTest::ParamType>& info) {
+                           return absl::StrCat(std::get<0>(info.param) == SchedulerKind::kBalanced
+                                                   ? "Balanced"
+                                                   : "DynamicCp",
+                                               "Part", std::get<1>(info.param));
+                         });
 
 PlannerOptions Options(SchedulerKind kind, int dp, int cp, int64_t cap) {
   PlannerOptions options;

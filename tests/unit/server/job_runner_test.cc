@@ -135,7 +135,10 @@ class FakeSlotSender : public transport::SlotSender {
   // Waits up to 10 s for connection `id` to have been pushed `count` slots.
   std::vector<PushedSlot> WaitForPushes(uint64_t id, size_t count) {
     absl::MutexLock lock(&mutex_);
-    auto enough = [&] { return rings_[id].pushed.size() >= count; };
+    auto enough = [&] {
+      mutex_.AssertHeld();  // absl::Condition runs it under the lock
+      return rings_[id].pushed.size() >= count;
+    };
     mutex_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
     return rings_[id].pushed;
   }
