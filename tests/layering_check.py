@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fails when the tree breaks the layering of docs/ARCHITECTURE.md, in any of
-four ways:
+five ways:
 
 1. includes: a source file includes a library it may not depend on, or the
    private headers of another library;
@@ -10,7 +10,11 @@ four ways:
    packfeed::F (or one inside it); common/ is the shared vocabulary and lives
    in packfeed itself;
 4. status conversions: a gRPC status code cast to absl's (or back) anywhere
-   but packfeed/proto/grpc_status.h, the one conversion.
+   but packfeed/proto/grpc_status.h, the one conversion;
+5. words: a word of the Words table used in the sense it says it is not
+   (BANNED_WORDS: a CP part called a chunk, a held step or a dp-cp rank
+   called a slot, a planner pass called a phase), in sources, tests,
+   benchmarks, the Python package and the docs.
 
 A unit is a top-level folder, or one of server/'s libraries. Allowed
 directions are the ALLOWED table below: server's libraries in the order
@@ -61,11 +65,24 @@ SCHEDULER_FORBIDDEN = re.compile(
 # A status code cast between gRPC and absl: only the one conversion may.
 STATUS_CAST = re.compile(r"static_cast<\s*(?:absl|grpc)::StatusCode\s*>")
 STATUS_CONVERSION = "proto/include/packfeed/proto/grpc_status.h"
+# The Words table of docs/ARCHITECTURE.md, as (where, pattern, what to say).
+# A line that says "model chunk" speaks of VPP and may mention CP beside it.
+CP_CONTEXT = r"(?:zigzag|\b2\s*[·x*]\s*c(?:p)?\b|\bcp[ _]split|\bcp rank)"
+BANNED_WORDS = [
+    ("", re.compile(rf"(?i){CP_CONTEXT}[^.\n]{{0,60}}\bchunks?\b|\bchunks?\b[^.\n]{{0,60}}"
+                    rf"{CP_CONTEXT}|zigzag\w*chunk"),
+     "a chunk is a VPP model chunk; the zigzag CP split cuts parts, a rank holds its slice"),
+    ("", re.compile(r"(?i)StepSlot|dp-cp slot|dp_cp_slot"),
+     "a slot is a microbatch's place in a ring; a step is held, a dp-cp rank is a rank"),
+    ("scheduler/", re.compile(r"(?i)\bphases?\b"),
+     "a phase is a part of the daemon's pipeline; the planner runs passes"),
+]
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 NAMESPACE = re.compile(r"^\s*namespace\s+([\w:]+)\s*\{", re.M)
 LINK = re.compile(r"target_link_libraries\(\s*(\w+)([^)]*)\)", re.S)
 PACKFEED_LIBRARY = re.compile(r"\bpackfeed(?:::|_)(\w+)")
 SOURCES = ("*.h", "*.hpp", "*.cc", "*.cpp", "*.cu")
+WORD_FILES = SOURCES + ("*.py", "*.md")
 
 
 def unit_of(rel):
@@ -134,11 +151,30 @@ def check_links(root, errors):
                                   f"({where} may not depend on {dependency})")
 
 
+def check_words(root, errors):
+    folders = sorted({unit.split("/")[0] for unit in ALLOWED} | {"tests", "bench"})
+    roots = [root / folder for folder in folders if (root / folder).is_dir()]
+    files = [p for folder in roots for pattern in WORD_FILES for p in folder.rglob(pattern)]
+    files += [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.exists()]
+    for path in sorted(set(files)):
+        rel = path.relative_to(root).as_posix()
+        if rel == "tests/layering_check.py":  # names the words it bans
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if "model chunk" in line.lower():
+                continue
+            for where, pattern, meaning in BANNED_WORDS:
+                if rel.startswith(where) and pattern.search(line):
+                    errors.append(f"{rel}:{number}: words: {meaning} "
+                                  f"(docs/ARCHITECTURE.md): {line.strip()[:80]}")
+
+
 def check(root):
     root = pathlib.Path(root)
     errors = []
     check_sources(root, errors)
     check_links(root, errors)
+    check_words(root, errors)
     return errors
 
 
@@ -165,6 +201,11 @@ def self_test():
                                   "  packfeed::common packfeed::transport)\n",
         "scheduler/CMakeLists.txt": "target_link_libraries(packfeed_scheduler PUBLIC packfeed::common)\n",
         "server/ctl/f.cc": "auto code = static_cast<absl::StatusCode>(status.error_code());\n",
+        "scheduler/src/g.cc": "// the packer's second phase\n",
+        "server/pipeline/h.cc": "// CP rank k takes chunk k and its mirror\n"
+                                "// the zigzag split of a model chunk is fine here\n"
+                                "struct JobRunner::StepSlot;\n",
+        "docs/W.md": "each sequence in 2·CP chunks\n",
         STATUS_CONVERSION: "namespace packfeed::proto {\n"
                            "auto a = static_cast<absl::StatusCode>(s.error_code());\n}\n",
     }
@@ -180,6 +221,10 @@ def self_test():
         "dataset/src/e.cc: declares namespace packfeed ",
         "dataset/CMakeLists.txt: packfeed_dataset links packfeed transport",
         "server/ctl/f.cc: converts a gRPC status by hand",
+        "scheduler/src/g.cc:1: words: a phase",
+        "server/pipeline/h.cc:1: words: a chunk",
+        "server/pipeline/h.cc:3: words: a slot",
+        "docs/W.md:1: words: a chunk",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
@@ -197,7 +242,7 @@ def self_test():
         return 1
     print(f"layering self-test: all {len(expected)} planted violations caught "
           "(includes, private headers, server's libraries, links, namespaces, status "
-          "conversions), "
+          "conversions, words), "
           "0 false alarms")
     return 0
 
@@ -211,7 +256,8 @@ def main():
     if errors:
         print(f"{len(errors)} violation(s) of the layering in docs/ARCHITECTURE.md")
         return 1
-    print("layering: includes, link dependencies and namespaces follow docs/ARCHITECTURE.md")
+    print("layering: includes, link dependencies, namespaces and words follow "
+          "docs/ARCHITECTURE.md")
     return 0
 
 

@@ -160,9 +160,9 @@ absl::Status IndexedDataset::PreadAndWiden(uint64_t offset, absl::Span<int64_t> 
                                            absl::string_view what) const {
   thread_local std::vector<char> staging(kStagingBytes);
   const size_t item = DTypeSize(dtype());
-  const size_t chunk_tokens = kStagingBytes / item;
-  for (size_t done = 0; done < out.size(); done += chunk_tokens) {
-    const size_t count = std::min(chunk_tokens, out.size() - done);
+  const size_t block_tokens = kStagingBytes / item;
+  for (size_t done = 0; done < out.size(); done += block_tokens) {
+    const size_t count = std::min(block_tokens, out.size() - done);
     PF_RETURN_IF_ERROR(
         PreadFully(bin_fd_.get(), bin_path_, offset + done * item, {staging.data(), count * item}));
     bytes_read_->fetch_add(count * item, std::memory_order_relaxed);

@@ -6,7 +6,7 @@
 // Only balance *within* a microbatch matters: ranks meet at the end of every
 // microbatch, so the step costs Σ_m max_r W[m][r]. Microbatches may differ
 // from one another as much as they like. The packer therefore builds M rows
-// (microbatches) of N ranks in two phases:
+// (microbatches) of N ranks in two passes:
 //   1. Anchors. Sequences, heaviest first, open CP groups row after row, so
 //      each row's groups start from sequences of similar cost. A row's
 //      target is its heaviest group. A sequence whose group could never

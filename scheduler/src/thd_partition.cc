@@ -5,8 +5,8 @@
 
 namespace packfeed::scheduler {
 
-absl::StatusOr<std::array<TokenRange, 2>> ZigzagChunks(int64_t padded_length, int cp_size,
-                                                       int cp_rank) {
+absl::StatusOr<std::array<TokenRange, 2>> ZigzagSlice(int64_t padded_length, int cp_size,
+                                                      int cp_rank) {
   if (cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("zigzag: CP rank ", cp_rank, " outside a group of ", cp_size));
@@ -14,14 +14,13 @@ absl::StatusOr<std::array<TokenRange, 2>> ZigzagChunks(int64_t padded_length, in
   if (cp_size == 1) return std::array<TokenRange, 2>{{{0, padded_length}, {0, 0}}};
   const int64_t pieces = 2 * int64_t{cp_size};
   if (padded_length < 0 || padded_length % pieces != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("zigzag: padded length ", padded_length,
-                                                   " does not split into ", pieces,
-                                                   " chunks (2·cp)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "zigzag: padded length ", padded_length, " does not split into ", pieces, " parts (2·cp)"));
   }
-  const int64_t chunk = padded_length / pieces;
+  const int64_t part = padded_length / pieces;
   const int64_t mirror = pieces - 1 - cp_rank;
   return std::array<TokenRange, 2>{
-      {{cp_rank * chunk, (cp_rank + 1) * chunk}, {mirror * chunk, (mirror + 1) * chunk}}};
+      {{cp_rank * part, (cp_rank + 1) * part}, {mirror * part, (mirror + 1) * part}}};
 }
 
 absl::StatusOr<std::vector<int64_t>> ZigzagIndices(absl::Span<const int64_t> cu_seqlens_padded,
@@ -37,7 +36,7 @@ absl::StatusOr<std::vector<int64_t>> ZigzagIndices(absl::Span<const int64_t> cu_
       return absl::InvalidArgumentError(
           absl::StrCat("zigzag: cu_seqlens_padded decreases at ", j + 1));
     }
-    absl::StatusOr<std::array<TokenRange, 2>> ranges = ZigzagChunks(length, cp_size, cp_rank);
+    absl::StatusOr<std::array<TokenRange, 2>> ranges = ZigzagSlice(length, cp_size, cp_rank);
     if (!ranges.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cu_seqlens_padded[", j + 1,
                                                      "] = ", cu_seqlens_padded[j + 1], ": ",

@@ -86,7 +86,7 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
   if (t.cp() > 1 && job.seq_length() % (2 * int64_t{t.cp()}) != 0) {
     return FieldError(where, "seq_length",
                       absl::StrCat(job.seq_length(), " does not split into 2 x cp = ", 2 * t.cp(),
-                                   " chunks (Megatron's CP split)"));
+                                   " parts (Megatron's CP split)"));
   }
   if (job.side_fields_size() > 0) {
     return FieldError(where, "side_fields", "are not served with Megatron pretraining samples");

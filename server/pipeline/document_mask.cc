@@ -67,17 +67,17 @@ absl::StatusOr<std::vector<RankRanges>> CpRangesOfRow(const DocumentRow& row, in
   // The rank's spans of the row, in order.
   std::vector<scheduler::TokenRange> spans;
   if (split == CpSplit::kPerSequence || cp_size == 1) {
-    absl::StatusOr<std::array<scheduler::TokenRange, 2>> chunks =
-        scheduler::ZigzagChunks(row_tokens, cp_size, cp_rank);
-    if (!chunks.ok()) return chunks.status();
-    spans.assign(chunks->begin(), chunks->end());
+    absl::StatusOr<std::array<scheduler::TokenRange, 2>> slice =
+        scheduler::ZigzagSlice(row_tokens, cp_size, cp_rank);
+    if (!slice.ok()) return slice.status();
+    spans.assign(slice->begin(), slice->end());
   } else {
     for (size_t j = 0; j + 1 < row.cu_seqlens.size(); ++j) {
       const int64_t start = row.cu_seqlens[j];
       const int64_t length = row.cu_seqlens[j + 1] - start;
-      absl::StatusOr<std::array<scheduler::TokenRange, 2>> chunks =
-          scheduler::ZigzagChunks(length, cp_size, cp_rank);
-      if (!chunks.ok()) {
+      absl::StatusOr<std::array<scheduler::TokenRange, 2>> slice =
+          scheduler::ZigzagSlice(length, cp_size, cp_rank);
+      if (!slice.ok()) {
         // Transformer Engine's partition assumes it and, unchecked in
         // release builds, would hand out overlapping positions.
         return absl::FailedPreconditionError(absl::StrCat(
@@ -86,8 +86,8 @@ absl::StatusOr<std::vector<RankRanges>> CpRangesOfRow(const DocumentRow& row, in
             "), in its sample ", start / seq_length, ") has ", length,
             " tokens; use cp_split: CP_SPLIT_PER_SEQUENCE"));
       }
-      for (const scheduler::TokenRange& chunk : *chunks) {
-        spans.push_back({start + chunk.begin, start + chunk.end});
+      for (const scheduler::TokenRange& range : *slice) {
+        spans.push_back({start + range.begin, start + range.end});
       }
     }
   }
@@ -99,7 +99,7 @@ absl::StatusOr<std::vector<RankRanges>> CpRangesOfRow(const DocumentRow& row, in
       RankRanges& ranges = out[static_cast<size_t>(sample)];
       const scheduler::TokenRange piece = {at - sample * seq_length, end - sample * seq_length};
       if (!ranges.empty() && ranges.back().end == piece.begin) {
-        ranges.back().end = piece.end;  // adjacent chunks of one sample
+        ranges.back().end = piece.end;  // adjacent parts of one sample
       } else {
         ranges.push_back(piece);
       }

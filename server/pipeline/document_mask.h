@@ -52,13 +52,13 @@ struct DocumentRow {
 DocumentRow RowOf(absl::Span<const SampleBounds> samples, int64_t seq_length);
 
 enum class CpSplit {
-  kPerSequence,  // the whole row in 2·cp chunks
-  kPerDocument,  // each document in 2·cp chunks
+  kPerSequence,  // the whole row in 2·cp parts
+  kPerDocument,  // each document in 2·cp parts
 };
 
 // Per sample of the row, the positions [begin, end) within it that CP rank
 // `cp_rank` of `cp_size` holds, in row order (the row's order is the rank's
-// order: chunk r of each span before chunk 2·cp − 1 − r). FailedPrecondition
+// order: part r of each span before part 2·cp − 1 − r). FailedPrecondition
 // naming the document when a per-document split meets a document that does
 // not divide by 2·cp; InvalidArgument when the row does not.
 using RankRanges = absl::InlinedVector<scheduler::TokenRange, 2>;

@@ -55,9 +55,9 @@ struct JobRunner::RankState {
   }
 };
 
-// A step being fetched or held: its samples stay in the storage while the
-// slot lives.
-struct JobRunner::StepSlot {
+// A step being fetched or held: its samples stay in the storage while this
+// entry of steps_ lives.
+struct JobRunner::HeldStep {
   uint64_t generation = 0;
   // Waiting for its plan (StepPlanner), for `rank`'s need, urgent or not.
   bool planning = false;
@@ -449,9 +449,9 @@ void JobRunner::Stats(std::function<void(v1::JobStats)> done) {
 
 uint64_t JobRunner::CachedBytes() const {
   uint64_t bytes = 0;
-  for (const auto& [_, slot] : steps_) {
-    if (slot.data == nullptr) continue;
-    for (const auto& [_, run] : slot.data->runs) bytes += run.size() * sizeof(int64_t);
+  for (const auto& [_, held] : steps_) {
+    if (held.data == nullptr) continue;
+    for (const auto& [_, run] : held.data->runs) bytes += run.size() * sizeof(int64_t);
   }
   return bytes;
 }
@@ -486,9 +486,9 @@ void JobRunner::Evict() {
 }
 
 const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
-  auto slot = steps_.find(step);
-  if (slot != steps_.end()) {
-    StepSlot& held = slot->second;
+  auto found = steps_.find(step);
+  if (found != steps_.end()) {
+    HeldStep& held = found->second;
     if (held.planning) {
       held.urgent = held.urgent || urgent;
       return nullptr;
@@ -505,7 +505,7 @@ const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
     return held.data.get();
   }
   if (planner_ != nullptr) {
-    StepSlot& planned = steps_[step];
+    HeldStep& planned = steps_[step];
     planned.generation = ++fetches_;
     planned.planning = true;
     planned.rank = rank;
@@ -524,7 +524,7 @@ const StepData* JobRunner::StepAt(int64_t step, int rank, bool urgent) {
     KeepPlanFailure(step, plan.status());
     return nullptr;
   }
-  StepSlot& held = steps_[step];
+  HeldStep& held = steps_[step];
   held.generation = ++fetches_;
   held.fetched = start;
   OnStepRead(
@@ -543,17 +543,17 @@ void JobRunner::KeepPlanFailure(int64_t step, const absl::Status& status) {
 
 void JobRunner::OnStepPlanned(int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took) {
   plan_seconds_ += absl::ToDoubleSeconds(took);
-  auto slot = steps_.find(step);
-  if (slot == steps_.end() || !slot->second.planning) return;  // evicted since
+  auto held = steps_.find(step);
+  if (held == steps_.end() || !held->second.planning) return;  // evicted since
   if (!plan.ok()) {
     // Planned again when a rank next needs the step.
-    steps_.erase(slot);
+    steps_.erase(held);
     KeepPlanFailure(step, plan.status());
     return;
   }
-  slot->second.planning = false;
-  StartFetch(step, slot->second, std::make_shared<StepPlan>(*std::move(plan)), slot->second.rank,
-             slot->second.urgent);
+  held->second.planning = false;
+  StartFetch(step, held->second, std::make_shared<StepPlan>(*std::move(plan)), held->second.rank,
+             held->second.urgent);
 }
 
 void JobRunner::ReportConsumed() {
@@ -570,16 +570,16 @@ void JobRunner::ReportConsumed() {
   job_.ingest()->Consumed(job_.name(), before);
 }
 
-void JobRunner::StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const StepPlan> plan,
+void JobRunner::StartFetch(int64_t step, HeldStep& held, std::shared_ptr<const StepPlan> plan,
                            int rank, bool urgent) {
   StepNeeds needs = NeedsOfStep(job_, *plan, job_.local_ranks());
-  slot.generation = ++fetches_;
-  slot.fetched = absl::Now();
-  slot.pin.reset();  // the previous fetch's, when fetching again
+  held.generation = ++fetches_;
+  held.fetched = absl::Now();
+  held.pin.reset();  // the previous fetch's, when fetching again
   // Assembled on the storage's thread, handed to this one.
-  slot.pin = storage_.Fetch(
+  held.pin = storage_.Fetch(
       {job_.name(), rank, step}, std::move(needs.needs), urgent,
-      [this, step, generation = slot.generation, plan, samples = std::move(needs.samples),
+      [this, step, generation = held.generation, plan, samples = std::move(needs.samples),
        counts = std::move(needs.counts)](std::vector<FetchedSample> fetched) {
         std::shared_ptr<const StepData> data =
             std::make_shared<StepData>(AssembleStep(job_, *plan, samples, counts, fetched));
@@ -589,11 +589,11 @@ void JobRunner::StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const S
 
 void JobRunner::OnStepRead(int64_t step, uint64_t generation,
                            std::shared_ptr<const StepData> data) {
-  auto slot = steps_.find(step);
-  if (slot == steps_.end() || slot->second.generation != generation) return;  // evicted since
-  slot->second.data = std::move(data);
-  const StepData& ready = *slot->second.data;
-  read_seconds_ += absl::ToDoubleSeconds(absl::Now() - slot->second.fetched);
+  auto held = steps_.find(step);
+  if (held == steps_.end() || held->second.generation != generation) return;  // evicted since
+  held->second.data = std::move(data);
+  const StepData& ready = *held->second.data;
+  read_seconds_ += absl::ToDoubleSeconds(absl::Now() - held->second.fetched);
   ++steps_planned_;
   samples_truncated_ += ready.plan.samples_truncated;
   tokens_truncated_ += ready.plan.tokens_truncated;

@@ -112,7 +112,7 @@ class JobRunner {
 
  private:
   struct RankState;
-  struct StepSlot;
+  struct HeldStep;
   JobRunner(const Job& job, Storage& storage, JobRunnerOptions options);
   void Post(std::function<void()> task);
   void Loop();
@@ -135,7 +135,7 @@ class JobRunner {
   // (the fetch begins here, for `rank`) or when the step cannot be planned
   // (failed_step_ and failure_ say so).
   const StepData* StepAt(int64_t step, int rank, bool urgent);
-  void StartFetch(int64_t step, StepSlot& slot, std::shared_ptr<const StepPlan> plan, int rank,
+  void StartFetch(int64_t step, HeldStep& held, std::shared_ptr<const StepPlan> plan, int rank,
                   bool urgent);
   void OnStepRead(int64_t step, uint64_t generation, std::shared_ptr<const StepData> data);
   // Logs a step's plan failure once and keeps it for the ranks (failure_).
@@ -165,13 +165,13 @@ class JobRunner {
   std::map<int, RankState> ranks_;
   std::unique_ptr<Ledger> ledger_;
   absl::Time last_sync_;
-  std::map<int64_t, StepSlot> steps_;
+  std::map<int64_t, HeldStep> steps_;
   // Where the first rank to attach began, and when: steps from there stay
   // held for the local ranks not yet attached, for kAttachGrace at most.
   static constexpr absl::Duration kAttachGrace = absl::Seconds(60);
   std::optional<int64_t> first_start_;
   absl::Time first_attach_;
-  uint64_t fetches_ = 0;  // generations of StepSlot
+  uint64_t fetches_ = 0;  // generations of HeldStep
   int64_t steps_planned_ = 0;
   int64_t samples_truncated_ = 0;
   int64_t tokens_truncated_ = 0;

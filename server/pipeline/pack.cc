@@ -178,10 +178,10 @@ absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSo
   const CpSplit split = pretraining.cp_split() == v1::Pretraining::CP_SPLIT_PER_DOCUMENT
                             ? CpSplit::kPerDocument
                             : CpSplit::kPerSequence;
-  PF_ASSIGN_OR_RETURN(source.chunks,
+  PF_ASSIGN_OR_RETURN(source.slices,
                       CpRangesOfRow(row, seq_length, source.group->size, source.cp_rank, split));
   source.tokens = 0;
-  for (const RankRanges& ranges : source.chunks) {
+  for (const RankRanges& ranges : source.slices) {
     for (const scheduler::TokenRange& range : ranges) source.tokens += range.end - range.begin;
   }
   source.cu_seqlens = row.cu_seqlens;
@@ -433,14 +433,14 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
                                                      run_length, " tokens for length ", real,
                                                      " padded to ", padded));
     }
-    absl::StatusOr<std::array<scheduler::TokenRange, 2>> chunks =
-        scheduler::ZigzagChunks(padded, group.size, cp_rank);
-    if (!chunks.ok()) {
+    absl::StatusOr<std::array<scheduler::TokenRange, 2>> slice =
+        scheduler::ZigzagSlice(padded, group.size, cp_rank);
+    if (!slice.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("sample ", sequence.sample, ": ", chunks.status().message()));
+          absl::StrCat("sample ", sequence.sample, ": ", slice.status().message()));
     }
-    for (const scheduler::TokenRange& chunk : *chunks) out.tokens += chunk.end - chunk.begin;
-    out.chunks.emplace_back(chunks->begin(), chunks->end());
+    for (const scheduler::TokenRange& range : *slice) out.tokens += range.end - range.begin;
+    out.slices.emplace_back(slice->begin(), slice->end());
     real_total += real;
     padded_total += padded;
     if (padded_total > INT32_MAX) {
@@ -558,23 +558,23 @@ void WriteMicrobatch(const MicrobatchSource& source,
   int64_t at = 0;  // position in the microbatch
   for (size_t i = 0; i < source.runs.size(); ++i) {
     const int64_t real = source.group->sequences[i].length;
-    for (const scheduler::TokenRange& chunk : source.chunks[i]) {
-      WritePositions(*source.runs[i], real, chunk.begin, chunk.end, source.rules, at, out);
+    for (const scheduler::TokenRange& range : source.slices[i]) {
+      WritePositions(*source.runs[i], real, range.begin, range.end, source.rules, at, out);
       if (!source.document_bounds.empty()) {
-        RestartPositions(source.document_bounds[i], chunk, at, out.position_ids);
+        RestartPositions(source.document_bounds[i], range, at, out.position_ids);
       }
       for (size_t f = 0; f < source.sides.size(); ++f) {
         const SideRun& side = source.sides[f];
         if (side.slice.field->loss_mask) {
           if (out.loss_mask != nullptr) {
-            ApplyLossMask(side.rows[i], real, chunk.begin, chunk.end, out.loss_mask + at);
+            ApplyLossMask(side.rows[i], real, range.begin, range.end, out.loss_mask + at);
           }
         } else if (side_out[f] != nullptr) {
-          side_out[f] = WriteSideRows(side.slice, side.rows[i], real, chunk.begin, chunk.end,
+          side_out[f] = WriteSideRows(side.slice, side.rows[i], real, range.begin, range.end,
                                       pad_rows[f], side_out[f]);
         }
       }
-      at += chunk.end - chunk.begin;
+      at += range.end - range.begin;
     }
   }
 }

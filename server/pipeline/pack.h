@@ -69,7 +69,7 @@ struct MicrobatchSource {
   dataset::SampleRules rules;
   std::vector<const std::vector<int64_t>*> runs;  // per sequence of the group
   std::vector<SideRun> sides;
-  std::vector<RankRanges> chunks;  // per sequence, this rank's positions of it
+  std::vector<RankRanges> slices;  // per sequence, this rank's CP slice of it
   int64_t tokens = 0;              // positions this rank holds
   std::vector<int32_t> cu_seqlens;
   std::vector<int32_t> cu_seqlens_padded;
@@ -92,7 +92,7 @@ struct MicrobatchSource {
 // of each side field the rank receives (a loss-mask field replaces
 // loss_mask). Every field is served (stage {true, true}), THD.
 // InvalidArgument when a run does not fit its padded length, a padded
-// length does not split evenly into 2·size chunks, or cp_rank is outside
+// length does not split evenly into 2·size parts, or cp_rank is outside
 // the group.
 absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
                                                absl::Span<const std::vector<int64_t>* const> runs,

@@ -101,8 +101,8 @@ class TransformerEngine:
             sequence = binary_search(token, local)
             length = local[sequence + 1] - local[sequence]
             index = token - local[sequence]
-            chunk = rank if index < length // 2 else (world_size - 1) * 2 - rank
-            out.append(index + local[sequence] * world_size + length // 2 * chunk)
+            part = rank if index < length // 2 else (world_size - 1) * 2 - rank
+            out.append(index + local[sequence] * world_size + length // 2 * part)
         return torch.tensor(out, dtype=torch.int32)
 
 

@@ -86,9 +86,9 @@ def rank_fields(plan_microbatch, dp_cp_rank, runs, kind, pad, stage, dynamic, gl
         if c == 1:
             positions += full
         else:
-            chunk = padded // (2 * c)
-            positions += full[k * chunk:(k + 1) * chunk]
-            positions += full[(2 * c - 1 - k) * chunk:(2 * c - k) * chunk]
+            part = padded // (2 * c)
+            positions += full[k * part:(k + 1) * part]
+            positions += full[(2 * c - 1 - k) * part:(2 * c - k) * part]
         cu.append(cu[-1] + real)
         cu_padded.append(cu_padded[-1] + padded)
         max_len = max(max_len, padded)
@@ -164,9 +164,9 @@ def rank_positions(plan_microbatch, dp_cp_rank):
         if c == 1:
             out += [(s, j) for j in range(padded)]
         else:
-            chunk = padded // (2 * c)
-            out += [(s, j) for j in range(k * chunk, (k + 1) * chunk)]
-            out += [(s, j) for j in range((2 * c - 1 - k) * chunk, (2 * c - k) * chunk)]
+            part = padded // (2 * c)
+            out += [(s, j) for j in range(k * part, (k + 1) * part)]
+            out += [(s, j) for j in range((2 * c - 1 - k) * part, (2 * c - k) * part)]
     return out
 
 

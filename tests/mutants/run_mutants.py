@@ -28,8 +28,8 @@ MUTANTS = {
         "  if (cp_size == 1) {"),
     "per-document chunks swapped": (
         "megatron_core_019_test", "server/pipeline/document_mask.cc",
-        "scheduler::ZigzagChunks(length, cp_size, cp_rank);",
-        "scheduler::ZigzagChunks(length, cp_size, cp_size - 1 - cp_rank);"),
+        "scheduler::ZigzagSlice(length, cp_size, cp_rank);",
+        "scheduler::ZigzagSlice(length, cp_size, cp_size - 1 - cp_rank);"),
     "another seed": (
         "megatron_pretraining_test", "server/config/job_config.cc",
         "options.random_seed = static_cast<uint32_t>(job.seed());",

@@ -67,22 +67,22 @@ def token_losses(model, tokens, labels, positions, segments):
 
 def reassemble(slices, padded_lengths):
     """The full per-token buffer of a CP group from its members' zigzag slices
-    (slices[k] is CP rank k's): sequence by sequence, rank k holds chunks k and
-    2c-1-k of the sequence's 2c chunks."""
+    (slices[k] is CP rank k's): sequence by sequence, rank k holds parts k and
+    2c-1-k of the sequence's 2c parts."""
     c = len(slices)
     out, offsets = [], [0] * c
     for padded in padded_lengths:
-        chunk = padded // (2 * c) if c > 1 else padded
-        chunks = [None] * (2 * c if c > 1 else 1)
+        part = padded // (2 * c) if c > 1 else padded
+        parts = [None] * (2 * c if c > 1 else 1)
         for k in range(c):
             start = offsets[k]
             if c == 1:
-                chunks[0] = slices[k][start:start + padded]
+                parts[0] = slices[k][start:start + padded]
             else:
-                chunks[k] = slices[k][start:start + chunk]
-                chunks[2 * c - 1 - k] = slices[k][start + chunk:start + 2 * chunk]
+                parts[k] = slices[k][start:start + part]
+                parts[2 * c - 1 - k] = slices[k][start + part:start + 2 * part]
             offsets[k] += padded // c
-        out.extend(torch.cat(chunks))
+        out.extend(torch.cat(parts))
     return torch.stack(out)
 
 

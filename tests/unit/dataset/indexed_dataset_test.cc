@@ -347,7 +347,7 @@ TEST(IndexedDatasetTest, NonIntegerFloatTokenIsDataLoss) {
 }
 
 TEST(IndexedDatasetTest, ReadsSequencesLongerThanTheStagingBuffer) {
-  // 100 000 int32 tokens = 400 KB: several staging chunks.
+  // 100 000 int32 tokens = 400 KB: several staging blocks.
   testing::ScopedTempDir dir;
   std::vector<int32_t> lengths = {100000, 3};
   RawIndex raw = RawIndex::Contiguous(DType::kInt32, lengths, {0, 2});

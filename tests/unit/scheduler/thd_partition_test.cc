@@ -84,19 +84,19 @@ TEST(ThdPartitionTest, SmallestFittingCpCountsThePadding) {
   EXPECT_EQ(SmallestFittingCp(4097, 3, 3, 1365, 1, false), 0);
 }
 
-TEST(ThdPartitionTest, ChunksAreKThenMirror) {
-  auto ranges = ZigzagChunks(24, 3, 1);
+TEST(ThdPartitionTest, SliceIsPartKThenItsMirror) {
+  auto ranges = ZigzagSlice(24, 3, 1);
   ASSERT_TRUE(ranges.ok()) << ranges.status();
   EXPECT_EQ((*ranges)[0].begin, 4);
   EXPECT_EQ((*ranges)[0].end, 8);
   EXPECT_EQ((*ranges)[1].begin, 16);
   EXPECT_EQ((*ranges)[1].end, 20);
-  auto whole = ZigzagChunks(7, 1, 0);
+  auto whole = ZigzagSlice(7, 1, 0);
   ASSERT_TRUE(whole.ok());
   EXPECT_EQ((*whole)[0].end, 7);
   EXPECT_EQ((*whole)[1].end - (*whole)[1].begin, 0);
-  EXPECT_FALSE(ZigzagChunks(10, 2, 0).ok());
-  EXPECT_FALSE(ZigzagChunks(8, 2, -1).ok());
+  EXPECT_FALSE(ZigzagSlice(10, 2, 0).ok());
+  EXPECT_FALSE(ZigzagSlice(8, 2, -1).ok());
 }
 
 TEST(ThdPartitionTest, RejectsBadInputs) {

@@ -67,22 +67,22 @@ TEST(RowOfTest, OffsetsEachSampleAndKeepsTheLongestDocument) {
 }
 
 TEST(CpRangesOfRowTest, PerSequenceSplitsTheWholeRowAcrossSamples) {
-  // Two samples of 8: the row of 16 in 4 chunks of 4 for CP 2.
+  // Two samples of 8: the row of 16 in 4 parts of 4 for CP 2.
   const DocumentRow row = RowOf(std::vector<SampleBounds>{{0, 3, 8}, {0, 8}}, 8);
   absl::StatusOr<std::vector<RankRanges>> rank0 =
       CpRangesOfRow(row, 8, 2, 0, CpSplit::kPerSequence);
   ASSERT_TRUE(rank0.ok()) << rank0.status();
-  EXPECT_THAT(RowPositions(*rank0, 8), ElementsAre(0, 1, 2, 3, 12, 13, 14, 15));  // chunks 0 and 3
+  EXPECT_THAT(RowPositions(*rank0, 8), ElementsAre(0, 1, 2, 3, 12, 13, 14, 15));  // parts 0 and 3
   absl::StatusOr<std::vector<RankRanges>> rank1 =
       CpRangesOfRow(row, 8, 2, 1, CpSplit::kPerSequence);
   ASSERT_TRUE(rank1.ok()) << rank1.status();
-  // Chunks 1 and 2 meet in sample 0 and 1: one range each.
+  // Parts 1 and 2 meet in sample 0 and 1: one range each.
   EXPECT_EQ((*rank1)[0].size(), 1u);
   EXPECT_THAT(RowPositions(*rank1, 8), ElementsAre(4, 5, 6, 7, 8, 9, 10, 11));
 }
 
 TEST(CpRangesOfRowTest, PerDocumentSplitsEachDocumentAsTransformerEngineDoes) {
-  // Documents of 4 and 12 in one sample of 16, CP 2: chunks of 1 and 3.
+  // Documents of 4 and 12 in one sample of 16, CP 2: parts of 1 and 3.
   const DocumentRow row = RowOf(std::vector<SampleBounds>{{0, 4, 16}}, 16);
   absl::StatusOr<std::vector<RankRanges>> rank0 =
       CpRangesOfRow(row, 16, 2, 0, CpSplit::kPerDocument);

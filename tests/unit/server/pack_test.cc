@@ -69,8 +69,8 @@ TEST(PackTest, PretrainingFollowsMegatronsGetItem) {
   ASSERT_TRUE(reset.ok());
   EXPECT_THAT(reset->loss_mask, ElementsAre(1, 1, 0, 1, 1, 0, 1, 1));
   EXPECT_THAT(reset->position_ids, ElementsAre(0, 1, 2, 0, 1, 2, 0, 1));
-  // CP 2: rank 1 holds chunks 1 and 2 of 4, positions counted from the
-  // sample's last EOD before each chunk.
+  // CP 2: rank 1 holds parts 1 and 2 of 4, positions counted from the
+  // sample's last EOD before each part.
   scheduler::CpGroup cp2{0, 2, {{0, 8, 8}}};
   absl::StatusOr<PackedMicrobatch> rank1 = PackMicrobatch(cp2, runs, 1, Pretraining(true, true));
   ASSERT_TRUE(rank1.ok());
@@ -93,9 +93,9 @@ TEST(PackTest, PretrainingPartialSampleIsPaddedAndMasked) {
   EXPECT_THAT(packed->padding_mask, ElementsAre(0, 0, 0, 0, 0, 1, 1, 1));
 }
 
-TEST(PackTest, ZigzagGivesRankKChunksKAnd2cMinus1MinusK) {
+TEST(PackTest, ZigzagGivesRankKPartsKAnd2cMinus1MinusK) {
   std::vector<int64_t> run(9);
-  for (int i = 0; i < 9; ++i) run[i] = 100 + i;  // real 8, padded 8, c = 2: chunks of 2
+  for (int i = 0; i < 9; ++i) run[i] = 100 + i;  // real 8, padded 8, c = 2: parts of 2
   scheduler::CpGroup group{4, 2, {{7, 8, 8}}};
   const std::vector<const std::vector<int64_t>*> runs = {&run};
   absl::StatusOr<PackedMicrobatch> rank0 = PackMicrobatch(group, runs, 0, Varlen());
@@ -113,7 +113,7 @@ TEST(PackTest, RefusesWhatCannotBePacked) {
   const std::vector<int64_t> run = {1, 2, 3, 99};
   const std::vector<const std::vector<int64_t>*> runs = {&run};
   EXPECT_THAT(PackMicrobatch({0, 2, {{0, 3, 6}}}, runs, 0, Varlen()).status().message(),
-              HasSubstr("does not split into 4 chunks"));
+              HasSubstr("does not split into 4 parts"));
   EXPECT_THAT(PackMicrobatch({0, 2, {{0, 3, 8}}}, runs, 2, Varlen()).status().message(),
               HasSubstr("outside a group"));
   EXPECT_THAT(PackMicrobatch({0, 1, {{0, 5, 8}}}, runs, 0, Varlen()).status().message(),
@@ -207,7 +207,7 @@ TEST(PackTest, SideFieldFollowsTokensOrLabelsWithPadsAndZigzag) {
     absl::StatusOr<PackedMicrobatch> rank1 = PackMicrobatch(group, runs, 1, Varlen(), sides);
     ASSERT_TRUE(rank1.ok()) << rank1.status();
     ASSERT_EQ(rank1->side.size(), 1u);
-    // Rank 1 of 2 holds positions 2, 3, 4, 5 (chunks 1 and 2); all real.
+    // Rank 1 of 2 holds positions 2, 3, 4, 5 (parts 1 and 2); all real.
     EXPECT_THAT(Values(rank1->side[0]), labels ? ElementsAre(3, 4, 5, 6) : ElementsAre(2, 3, 4, 5));
     absl::StatusOr<PackedMicrobatch> rank0 = PackMicrobatch(group, runs, 0, Varlen(), sides);
     ASSERT_TRUE(rank0.ok());
