@@ -1,0 +1,79 @@
+#ifndef PACKFEED_SERVER_PIPELINE_JOB_RUNNER_STATE_H_
+#define PACKFEED_SERVER_PIPELINE_JOB_RUNNER_STATE_H_
+
+// The runner's per-rank and per-step state, shared by its files:
+// job_runner.cc (the loop, attaches, serving), job_runner_steps.cc (the
+// held steps: plan, fetch, evict), job_runner_ledger.cc (what the trainers
+// consumed) and job_runner_stats.cc (the figures). Runner thread only.
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/pipeline/job_runner.h"
+
+namespace packfeed::server {
+
+struct JobRunner::RankState {
+  int global_rank = 0;
+  RankCoords coords;
+  uint64_t connection_id = 0;
+  bool failed = false;    // its connection broke
+  bool detached = false;  // it said goodbye; kept for its figures
+  int64_t next_step = 0;
+  int next_microbatch = 0;
+  uint64_t pushed = 0;
+  uint64_t bytes_sent = 0;
+  // As last seen from its connection: microbatches its trainer took
+  // (consumed, for the ledger) and released (no tensor of them alive).
+  uint64_t taken = 0;
+  uint64_t released = 0;
+  // Pushed and not yet taken, oldest first, with what the ledger needs.
+  struct InFlight {
+    LedgerPosition at;
+    int num_microbatches = 0;
+    std::vector<EpochShare> shares;
+  };
+  std::deque<InFlight> in_flight;
+  uint64_t ledgered = 0;  // microbatches taken and moved into the ledger
+  uint32_t ring_slots = 0;
+  std::string ring;     // RankStats.ring
+  bool mapped = false;  // its slots are written in place (Sender::MapNextSlot)
+  // The trainer's time as its client reported it: this connection's latest
+  // figures, and the sum of the rank's earlier connections'.
+  v1::RankTimes times;
+  v1::RankTimes earlier_times;
+
+  bool live() const { return !failed && !detached; }
+  v1::RankTimes all_times() const {
+    v1::RankTimes all = earlier_times;
+    all.set_wait_seconds(all.wait_seconds() + times.wait_seconds());
+    all.set_busy_seconds(all.busy_seconds() + times.busy_seconds());
+    all.set_calls(all.calls() + times.calls());
+    all.set_copied_out(all.copied_out() + times.copied_out());
+    return all;
+  }
+};
+
+// A step being fetched or held: its samples stay in the storage while this
+// entry of steps_ lives.
+struct JobRunner::HeldStep {
+  uint64_t generation = 0;
+  // Waiting for its plan (StepPlanner), for `rank`'s need, urgent or not.
+  bool planning = false;
+  int rank = 0;
+  bool urgent = false;
+  absl::Time fetched;
+  std::unique_ptr<FetchPin> pin;
+  std::shared_ptr<const StepData> data;  // once every sample is held
+  // Samples failed and the step was fetched again for the rank that needed
+  // it first: what failed now is served as failed.
+  bool retried = false;
+};
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_PIPELINE_JOB_RUNNER_STATE_H_
