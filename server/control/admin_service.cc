@@ -8,6 +8,7 @@
 #include "packfeed/scheduler/plan_stats.h"
 #include "server/config/admin_tls.h"
 #include "server/control/services.h"
+#include "server/control/stats_proto.h"
 #include "server/pipeline/plan.h"
 #include "spdlog/spdlog.h"
 
@@ -88,7 +89,7 @@ class AdminService final : public v1::Admin::CallbackService {
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
-    *reply->mutable_storage() = daemon_.storage().Stats();
+    *reply->mutable_storage() = StorageStatsProto(daemon_.storage().Stats());
     daemon_.AddIngestStats(*reply);
     return AskEveryRunner<v1::JobStats>(context, daemon_, request->job(), reply, &JobRunner::Stats);
   }

@@ -19,6 +19,7 @@
 #include "server/config/fingerprint.h"
 #include "server/control/rank_partition.h"
 #include "server/control/services.h"
+#include "server/control/stats_proto.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
 #include "spdlog/spdlog.h"
@@ -301,7 +302,7 @@ absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) c
             [](const v1::JobStats& a, const v1::JobStats& b) { return a.name() < b.name(); });
   v1::GetStatsReply reply;
   for (v1::JobStats& job : jobs) *reply.add_jobs() = std::move(job);
-  *reply.mutable_storage() = storage_->Stats();
+  *reply.mutable_storage() = StorageStatsProto(storage_->Stats());
   AddIngestStats(reply);
   return reply;
 }

@@ -285,10 +285,9 @@ void Storage::RecordReRead(const FetchCause& cause, const std::string& path, uin
   // it took (the reads of a fetch's files interleave, so look a few back).
   const uint32_t rank = static_cast<uint32_t>(std::max(0, cause.rank));
   for (auto it = rereads_.rbegin(); it != rereads_.rend() && it - rereads_.rbegin() < 4; ++it) {
-    if (it->job() == cause.job && it->rank() == rank && it->step() == cause.step &&
-        it->path() == path) {
-      it->set_samples(it->samples() + samples);
-      it->set_bytes(it->bytes() + bytes);
+    if (it->job == cause.job && it->rank == rank && it->step == cause.step && it->path == path) {
+      it->samples += samples;
+      it->bytes += bytes;
       return;
     }
   }
@@ -298,14 +297,7 @@ void Storage::RecordReRead(const FetchCause& cause, const std::string& path, uin
       cause.job, cause.rank, cause.step,
       samples == 1 ? "1 sample" : absl::StrCat(samples, " samples"), path);
   ++reread_events_;
-  v1::ReRead record;
-  record.set_job(cause.job);
-  record.set_rank(rank);
-  record.set_step(cause.step);
-  record.set_path(path);
-  record.set_samples(samples);
-  record.set_bytes(bytes);
-  rereads_.push_back(std::move(record));
+  rereads_.push_back({cause.job, rank, cause.step, path, samples, bytes});
   if (rereads_.size() > kReReadsKept) rereads_.pop_front();
 }
 
@@ -495,42 +487,39 @@ Storage::JobIo Storage::JobFigures(const std::string& job) const {
   return it == jobs_.end() ? JobIo{} : it->second;
 }
 
-v1::StorageStats Storage::Stats() const {
+StorageFigures Storage::Stats() const {
   absl::MutexLock lock(&mutex_);
-  v1::StorageStats stats;
-  uint64_t read = 0;
-  uint64_t distinct = 0;
+  StorageFigures stats;
   for (const auto& [_, file] : files_) {
-    v1::StorageFileStats* out = stats.add_files();
-    out->set_path(file.path);
-    out->set_jobs(file.jobs);
-    out->set_bytes_read(file.bytes_read);
-    out->set_reads(file.reads);
-    out->set_distinct_bytes(file.distinct_bytes);
-    out->set_reread_bytes(file.reread_bytes);
+    StorageFileFigures& out = stats.files.emplace_back();
+    out.path = file.path;
+    out.jobs = file.jobs;
+    out.bytes_read = file.bytes_read;
+    out.reads = file.reads;
+    out.distinct_bytes = file.distinct_bytes;
+    out.reread_bytes = file.reread_bytes;
     if (file.distinct_bytes > 0) {
-      out->set_io_amplification(static_cast<double>(file.bytes_read) /
-                                static_cast<double>(file.distinct_bytes));
+      out.io_amplification =
+          static_cast<double>(file.bytes_read) / static_cast<double>(file.distinct_bytes);
     }
-    out->set_read_latency_p50_ms(Percentile(file.latencies_ms, 0.50));
-    out->set_read_latency_p99_ms(Percentile(file.latencies_ms, 0.99));
-    out->set_read_latency_max_ms(Percentile(file.latencies_ms, 1.0));
-    read += file.bytes_read;
-    distinct += file.distinct_bytes;
+    out.read_latency_p50_ms = Percentile(file.latencies_ms, 0.50);
+    out.read_latency_p99_ms = Percentile(file.latencies_ms, 0.99);
+    out.read_latency_max_ms = Percentile(file.latencies_ms, 1.0);
+    stats.bytes_read += file.bytes_read;
+    stats.distinct_bytes += file.distinct_bytes;
   }
-  stats.set_bytes_read(read);
-  stats.set_distinct_bytes(distinct);
-  if (distinct > 0) {
-    stats.set_io_amplification(static_cast<double>(read) / static_cast<double>(distinct));
+  if (stats.distinct_bytes > 0) {
+    stats.io_amplification =
+        static_cast<double>(stats.bytes_read) / static_cast<double>(stats.distinct_bytes);
   }
-  stats.set_bytes_in_flight(bytes_in_flight_);
-  stats.set_bytes_held(cost_held_);
-  stats.set_bytes_kept(kept_bytes_);
-  stats.set_peak_bytes_held(peak_cost_held_);
-  stats.set_memory_budget_bytes(options_.memory_budget_bytes);
-  stats.set_read_threads(static_cast<uint32_t>(threads_.size()));
-  stats.set_reread_events(reread_events_);
-  for (const v1::ReRead& record : rereads_) *stats.add_rereads() = record;
+  stats.bytes_in_flight = bytes_in_flight_;
+  stats.bytes_held = cost_held_;
+  stats.bytes_kept = kept_bytes_;
+  stats.peak_bytes_held = peak_cost_held_;
+  stats.memory_budget_bytes = options_.memory_budget_bytes;
+  stats.read_threads = static_cast<uint32_t>(threads_.size());
+  stats.reread_events = reread_events_;
+  stats.rereads.assign(rereads_.begin(), rereads_.end());
   return stats;
 }
 

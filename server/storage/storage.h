@@ -57,9 +57,46 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "packfeed/dataset/indexed_dataset.h"
-#include "packfeed/v1/service.pb.h"
 
 namespace packfeed::server {
+
+// The storage's figures (control/ turns them into the admin API's
+// StorageStats, field for field).
+struct ReReadRecord {  // a fetch that read again what the node read before
+  std::string job;
+  uint32_t rank = 0;  // whose need triggered the fetch
+  int64_t step = 0;
+  std::string path;
+  uint64_t samples = 0;
+  uint64_t bytes = 0;
+};
+struct StorageFileFigures {
+  std::string path;  // the .bin, as the first job named it
+  uint32_t jobs = 0;
+  uint64_t bytes_read = 0;
+  uint64_t reads = 0;
+  uint64_t distinct_bytes = 0;
+  uint64_t reread_bytes = 0;
+  double io_amplification = 0;  // bytes_read / distinct_bytes; 0 before any
+  // Over the latest reads.
+  double read_latency_p50_ms = 0;
+  double read_latency_p99_ms = 0;
+  double read_latency_max_ms = 0;
+};
+struct StorageFigures {
+  std::vector<StorageFileFigures> files;
+  uint64_t bytes_read = 0;
+  uint64_t distinct_bytes = 0;
+  double io_amplification = 0;
+  uint64_t bytes_in_flight = 0;
+  uint64_t bytes_held = 0;
+  uint64_t peak_bytes_held = 0;
+  uint64_t memory_budget_bytes = 0;  // 0 = unbounded
+  uint32_t read_threads = 0;
+  uint64_t reread_events = 0;
+  std::vector<ReReadRecord> rereads;  // the latest few
+  uint64_t bytes_kept = 0;
+};
 
 // The memory budget when the configuration sets none: a quarter of what
 // this process may use, the node's physical memory or its cgroup's limit
@@ -146,7 +183,7 @@ class Storage {
     uint64_t distinct_bytes = 0;
   };
   JobIo JobFigures(const std::string& job) const;
-  v1::StorageStats Stats() const;
+  StorageFigures Stats() const;
   // When the oldest read still outstanding was issued; InfiniteFuture when
   // none is. A read that never returns (a hung NFS or Lustre server) makes
   // the daemon unhealthy to systemd's watchdog.
@@ -200,7 +237,7 @@ class Storage {
   std::deque<std::function<void()>> urgent_work_ ABSL_GUARDED_BY(mutex_);
   std::deque<std::function<void()>> work_ ABSL_GUARDED_BY(mutex_);
   std::map<std::string, JobIo> jobs_ ABSL_GUARDED_BY(mutex_);
-  std::deque<v1::ReRead> rereads_ ABSL_GUARDED_BY(mutex_);  // the latest few
+  std::deque<ReReadRecord> rereads_ ABSL_GUARDED_BY(mutex_);  // the latest few
   uint64_t reread_events_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t next_id_ ABSL_GUARDED_BY(mutex_) = 1;
   uint64_t cost_held_ ABSL_GUARDED_BY(mutex_) = 0;

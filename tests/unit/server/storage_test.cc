@@ -54,7 +54,7 @@ class StorageTest : public ::testing::Test {
     return out;
   }
 
-  static const v1::StorageFileStats& File(const v1::StorageStats& stats) { return stats.files(0); }
+  static const StorageFileFigures& File(const StorageFigures& stats) { return stats.files.at(0); }
 
   testing::ScopedTempDir dir_;
   std::string prefix_;
@@ -67,7 +67,7 @@ TEST_F(StorageTest, OpensEachFileOnceHoweverNamed) {
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(first->get(), second->get());
-  EXPECT_EQ(File(storage.Stats()).jobs(), 2u);
+  EXPECT_EQ(File(storage.Stats()).jobs, 2u);
   EXPECT_TRUE(absl::IsNotFound(storage.Open(prefix_ + "-missing").status()));
 }
 
@@ -87,11 +87,11 @@ TEST_F(StorageTest, ReadsAdjacentSamplesWithOneRequestAndReturnsTheirBytes) {
     ASSERT_TRUE((*data)->ReadRaw(needs[i].document, absl::MakeSpan(want)).ok());
     EXPECT_EQ(std::vector<char>(samples[i].bytes().begin(), samples[i].bytes().end()), want) << i;
   }
-  const v1::StorageStats stats = storage.Stats();
-  EXPECT_EQ(File(stats).reads(), 1u);
-  EXPECT_EQ(File(stats).bytes_read(), (10u + 20 + 30 + 40) * 2);
-  EXPECT_EQ(File(stats).distinct_bytes(), File(stats).bytes_read());
-  EXPECT_EQ(stats.io_amplification(), 1.0);
+  const StorageFigures stats = storage.Stats();
+  EXPECT_EQ(File(stats).reads, 1u);
+  EXPECT_EQ(File(stats).bytes_read, (10u + 20 + 30 + 40) * 2);
+  EXPECT_EQ(File(stats).distinct_bytes, File(stats).bytes_read);
+  EXPECT_EQ(stats.io_amplification, 1.0);
 }
 
 TEST_F(StorageTest, HeldSamplesAreSharedAndAReReadIsCountedAndNamed) {
@@ -102,28 +102,28 @@ TEST_F(StorageTest, HeldSamplesAreSharedAndAReReadIsCountedAndNamed) {
   FetchAndWait(storage, {"actor", 0, 0}, Needs(**data, 0, 2), first);
   // Another job, same documents and epoch, while they are held: no read.
   FetchAndWait(storage, {"reference", 3, 0}, Needs(**data, 0, 2), second);
-  EXPECT_EQ(File(storage.Stats()).reads(), 1u);
+  EXPECT_EQ(File(storage.Stats()).reads, 1u);
   EXPECT_EQ(storage.JobFigures("reference").bytes_read, 0u);
   first.reset();
   second.reset();
   // Nothing is held (no budget to keep within): read again, and named.
   std::unique_ptr<FetchPin> again;
   FetchAndWait(storage, {"actor", 5, 7}, Needs(**data, 0, 2), again);
-  const v1::StorageStats stats = storage.Stats();
-  EXPECT_EQ(File(stats).reads(), 2u);
-  EXPECT_EQ(File(stats).reread_bytes(), 60u);
-  EXPECT_EQ(stats.io_amplification(), 2.0);
-  ASSERT_EQ(stats.rereads_size(), 1);
-  EXPECT_EQ(stats.rereads(0).job(), "actor");
-  EXPECT_EQ(stats.rereads(0).rank(), 5u);
-  EXPECT_EQ(stats.rereads(0).step(), 7);
-  EXPECT_EQ(stats.rereads(0).samples(), 2u);
+  const StorageFigures stats = storage.Stats();
+  EXPECT_EQ(File(stats).reads, 2u);
+  EXPECT_EQ(File(stats).reread_bytes, 60u);
+  EXPECT_EQ(stats.io_amplification, 2.0);
+  ASSERT_EQ(stats.rereads.size(), 1u);
+  EXPECT_EQ(stats.rereads[0].job, "actor");
+  EXPECT_EQ(stats.rereads[0].rank, 5u);
+  EXPECT_EQ(stats.rereads[0].step, 7);
+  EXPECT_EQ(stats.rereads[0].samples, 2u);
   // A later epoch of the same documents is distinct, not a re-read.
   std::unique_ptr<FetchPin> next_epoch;
   again.reset();
   FetchAndWait(storage, {"actor", 5, 8}, Needs(**data, 0, 2, /*epoch=*/1), next_epoch);
-  EXPECT_EQ(storage.Stats().reread_events(), 1u);
-  EXPECT_EQ(File(storage.Stats()).distinct_bytes(), 120u);
+  EXPECT_EQ(storage.Stats().reread_events, 1u);
+  EXPECT_EQ(File(storage.Stats()).distinct_bytes, 120u);
 }
 
 TEST_F(StorageTest, ReadAheadWaitsForTheBudgetButAnUrgentFetchDoesNot) {
@@ -145,7 +145,7 @@ TEST_F(StorageTest, ReadAheadWaitsForTheBudgetButAnUrgentFetchDoesNot) {
   held.reset();
   urgent.reset();
   EXPECT_TRUE(ahead_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_GE(storage.Stats().peak_bytes_held(), 500u);
+  EXPECT_GE(storage.Stats().peak_bytes_held, 500u);
 }
 
 TEST_F(StorageTest, AWithdrawnFetchNeverCallsBack) {
@@ -163,7 +163,7 @@ TEST_F(StorageTest, AWithdrawnFetchNeverCallsBack) {
   held.reset();
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_FALSE(called);
-  EXPECT_EQ(storage.Stats().bytes_held(), 0u);
+  EXPECT_EQ(storage.Stats().bytes_held, 0u);
 }
 
 // A file cut after open is a file changed under the daemon: no sample of it

@@ -1,0 +1,42 @@
+#include "server/control/stats_proto.h"
+
+namespace packfeed::server {
+
+v1::StorageStats StorageStatsProto(const StorageFigures& figures) {
+  v1::StorageStats out;
+  for (const StorageFileFigures& file : figures.files) {
+    v1::StorageFileStats* f = out.add_files();
+    f->set_path(file.path);
+    f->set_jobs(file.jobs);
+    f->set_bytes_read(file.bytes_read);
+    f->set_reads(file.reads);
+    f->set_distinct_bytes(file.distinct_bytes);
+    f->set_reread_bytes(file.reread_bytes);
+    f->set_io_amplification(file.io_amplification);
+    f->set_read_latency_p50_ms(file.read_latency_p50_ms);
+    f->set_read_latency_p99_ms(file.read_latency_p99_ms);
+    f->set_read_latency_max_ms(file.read_latency_max_ms);
+  }
+  out.set_bytes_read(figures.bytes_read);
+  out.set_distinct_bytes(figures.distinct_bytes);
+  out.set_io_amplification(figures.io_amplification);
+  out.set_bytes_in_flight(figures.bytes_in_flight);
+  out.set_bytes_held(figures.bytes_held);
+  out.set_peak_bytes_held(figures.peak_bytes_held);
+  out.set_memory_budget_bytes(figures.memory_budget_bytes);
+  out.set_read_threads(figures.read_threads);
+  out.set_reread_events(figures.reread_events);
+  for (const ReReadRecord& record : figures.rereads) {
+    v1::ReRead* r = out.add_rereads();
+    r->set_job(record.job);
+    r->set_rank(record.rank);
+    r->set_step(record.step);
+    r->set_path(record.path);
+    r->set_samples(record.samples);
+    r->set_bytes(record.bytes);
+  }
+  out.set_bytes_kept(figures.bytes_kept);
+  return out;
+}
+
+}  // namespace packfeed::server

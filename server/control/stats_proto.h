@@ -1,0 +1,16 @@
+#ifndef PACKFEED_SERVER_CONTROL_STATS_PROTO_H_
+#define PACKFEED_SERVER_CONTROL_STATS_PROTO_H_
+
+// The libraries below control/ report in plain structs; the admin API's
+// messages are made from them here, field for field, and nowhere else.
+
+#include "packfeed/v1/service.pb.h"
+#include "server/storage/storage.h"
+
+namespace packfeed::server {
+
+v1::StorageStats StorageStatsProto(const StorageFigures& figures);
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_CONTROL_STATS_PROTO_H_

@@ -1,0 +1,64 @@
+#include "server/control/stats_proto.h"
+
+#include <vector>
+
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "gtest/gtest.h"
+
+namespace packfeed::server {
+namespace {
+
+// Every field of `message` and of the messages in its repeated fields holds
+// a value other than its default: a field added to the proto and not to the
+// conversion fails here.
+void ExpectEveryFieldSet(const google::protobuf::Message& message) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> set;
+  reflection->ListFields(message, &set);
+  EXPECT_EQ(static_cast<int>(set.size()), message.GetDescriptor()->field_count())
+      << message.GetTypeName() << ": " << message.DebugString();
+  for (const google::protobuf::FieldDescriptor* field : set) {
+    if (field->is_repeated() &&
+        field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+        ExpectEveryFieldSet(reflection->GetRepeatedMessage(message, field, i));
+      }
+    }
+  }
+}
+
+TEST(StatsProtoTest, StorageFiguresBecomeStorageStatsFieldForField) {
+  StorageFigures figures;
+  figures.files.push_back({"/data/a.bin", 2, 100, 3, 90, 10, 100.0 / 90, 1.5, 2.5, 3.5});
+  figures.bytes_read = 100;
+  figures.distinct_bytes = 90;
+  figures.io_amplification = 100.0 / 90;
+  figures.bytes_in_flight = 7;
+  figures.bytes_held = 8;
+  figures.peak_bytes_held = 9;
+  figures.memory_budget_bytes = 1 << 20;
+  figures.read_threads = 4;
+  figures.reread_events = 1;
+  figures.rereads.push_back({"actor", 5, 7, "/data/a.bin", 2, 10});
+  figures.bytes_kept = 11;
+
+  const v1::StorageStats stats = StorageStatsProto(figures);
+  ExpectEveryFieldSet(stats);
+  ASSERT_EQ(stats.files_size(), 1);
+  EXPECT_EQ(stats.files(0).path(), "/data/a.bin");
+  EXPECT_EQ(stats.files(0).jobs(), 2u);
+  EXPECT_EQ(stats.files(0).reread_bytes(), 10u);
+  EXPECT_EQ(stats.files(0).read_latency_max_ms(), 3.5);
+  EXPECT_EQ(stats.memory_budget_bytes(), 1u << 20);
+  EXPECT_EQ(stats.read_threads(), 4u);
+  ASSERT_EQ(stats.rereads_size(), 1);
+  EXPECT_EQ(stats.rereads(0).job(), "actor");
+  EXPECT_EQ(stats.rereads(0).rank(), 5u);
+  EXPECT_EQ(stats.rereads(0).step(), 7);
+  EXPECT_EQ(stats.rereads(0).bytes(), 10u);
+  EXPECT_EQ(stats.bytes_kept(), 11u);
+}
+
+}  // namespace
+}  // namespace packfeed::server
