@@ -10,7 +10,9 @@ five ways:
    packfeed::F (or one inside it); common/ is the shared vocabulary and lives
    in packfeed itself;
 4. status conversions: a gRPC status code cast to absl's (or back) anywhere
-   but packfeed/proto/grpc_status.h, the one conversion;
+   but packfeed/proto/grpc_status.h, the one conversion; and the admin API's
+   messages (service.pb.h) included by server/config or server/storage,
+   which report plain structs;
 5. words: a word of the Words table used in the sense it says it is not
    (BANNED_WORDS: a CP part called a chunk, a held step or a dp-cp rank
    called a slot, a planner pass called a phase), in sources, tests,
@@ -62,6 +64,10 @@ SCHEDULER_FORBIDDEN = re.compile(
     r"^(thread|mutex|shared_mutex|condition_variable|future|atomic|fstream|"
     r"iostream|cstdio|stdio\.h|unistd\.h|fcntl\.h|sys/.*|spdlog/.*|ucp/.*|"
     r"grpc.*|google/protobuf/.*|cuda.*|absl/synchronization/.*)$")
+# The admin and control API's messages: made from plain structs in
+# server/control (stats_proto.h), never known to the libraries these list.
+ADMIN_PROTO = re.compile(r"^packfeed/v1/service(?:\.grpc)?\.pb\.h$")
+ADMIN_PROTO_FREE = ("server/config", "server/storage")
 # A status code cast between gRPC and absl: only the one conversion may.
 STATUS_CAST = re.compile(r"static_cast<\s*(?:absl|grpc)::StatusCode\s*>")
 STATUS_CONVERSION = "proto/include/packfeed/proto/grpc_status.h"
@@ -117,6 +123,9 @@ def check_sources(root, errors):
                 errors.append(f"{rel}: includes {header} ({unit} may not depend on {target})")
             elif private and target.split("/")[0] != unit.split("/")[0]:
                 errors.append(f"{rel}: includes {header}, private to {target}/")
+            if unit in ADMIN_PROTO_FREE and ADMIN_PROTO.match(header):
+                errors.append(f"{rel}: includes {header}; {unit} reports plain structs "
+                              "(server/control/stats_proto.h makes the messages)")
             if unit == "scheduler" and SCHEDULER_FORBIDDEN.match(header):
                 errors.append(f"{rel}: includes <{header}>; scheduler/ "
                               "must stay pure (no I/O, threads or logging)")
@@ -192,6 +201,7 @@ def self_test():
                                '#include "scheduler/src/row_packer.h"\n'
                                '#include "server/pipeline/job.h"\n',
         "server/storage/s.cc": '#include "server/pipeline/job.h"\n'
+                               '#include "packfeed/v1/service.pb.h"\n'
                                "namespace packfeed::server {\n}\n",
         "server/ingest/CMakeLists.txt": "target_link_libraries(packfeed_server_ingest PUBLIC\n"
                                         "  packfeed_server_config packfeed_server_pipeline)\n",
@@ -216,6 +226,7 @@ def self_test():
         "server/control/d.cc: includes packfeed/client/client.h",
         "server/control/d.cc: includes scheduler/src/row_packer.h",
         "server/storage/s.cc: includes server/pipeline/job.h",
+        "server/storage/s.cc: includes packfeed/v1/service.pb.h; server/storage reports",
         "server/ingest/CMakeLists.txt: packfeed_server_ingest links packfeed server_pipeline",
         "dataset/src/e.cc: includes packfeed/transport/wire.h",
         "dataset/src/e.cc: declares namespace packfeed ",

@@ -36,12 +36,17 @@ struct PerJobCollector {
   }
 };
 
+// A runner's answer as the admin API sends it.
+v1::JobStats JobProto(v1::JobStats stats) { return stats; }
+v1::JobLedger JobProto(const LedgerSnapshot& ledger) { return JobLedgerProto(ledger); }
+
 // Asks each runner `job` names (every one for an empty name) through `ask`
 // and finishes the call with all the answers: NotFound for an unknown job.
 template <typename Item, typename Reply>
 grpc::ServerUnaryReactor* AskEveryRunner(grpc::CallbackServerContext* context, const Daemon& daemon,
                                          const std::string& job, Reply* reply,
                                          void (JobRunner::*ask)(std::function<void(Item)>)) {
+  using Proto = decltype(JobProto(std::declval<Item>()));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::vector<JobRunner*> runners;
   for (const auto& runner : daemon.runners()) {
@@ -51,12 +56,12 @@ grpc::ServerUnaryReactor* AskEveryRunner(grpc::CallbackServerContext* context, c
     reactor->Finish(proto::ToGrpc(absl::NotFoundError(absl::StrCat("no job '", job, "'"))));
     return reactor;
   }
-  auto collector = std::make_shared<PerJobCollector<Item, Reply>>();
+  auto collector = std::make_shared<PerJobCollector<Proto, Reply>>();
   collector->reactor = reactor;
   collector->reply = reply;
   collector->expected = runners.size();
   for (JobRunner* runner : runners) {
-    (runner->*ask)([collector](Item item) { collector->Add(std::move(item)); });
+    (runner->*ask)([collector](Item item) { collector->Add(JobProto(std::move(item))); });
   }
   return reactor;
 }
@@ -98,8 +103,8 @@ class AdminService final : public v1::Admin::CallbackService {
                                       const v1::GetLedgerRequest* request,
                                       v1::GetLedgerReply* reply) override {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
-    return AskEveryRunner<v1::JobLedger>(context, daemon_, request->job(), reply,
-                                         &JobRunner::GetLedger);
+    return AskEveryRunner<LedgerSnapshot>(context, daemon_, request->job(), reply,
+                                          &JobRunner::GetLedger);
   }
 
   // A dry run: plans the step (no data is read) on the gRPC thread; planning

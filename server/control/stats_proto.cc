@@ -39,4 +39,31 @@ v1::StorageStats StorageStatsProto(const StorageFigures& figures) {
   return out;
 }
 
+v1::JobLedger JobLedgerProto(const LedgerSnapshot& snapshot) {
+  v1::JobLedger out;
+  out.set_name(snapshot.name);
+  out.set_journal(snapshot.journal);
+  for (const RankLedgerFigures& rank : snapshot.ranks) {
+    v1::RankLedger* r = out.add_ranks();
+    r->set_global_rank(static_cast<uint32_t>(rank.global_rank));
+    r->set_first_step(rank.first_step);
+    r->set_next_step(rank.next_step);
+    r->set_next_microbatch(static_cast<uint32_t>(rank.next_microbatch));
+    r->set_microbatches(rank.microbatches);
+    r->set_samples(rank.samples);
+    r->set_duplicates(rank.duplicates);
+    r->set_gaps(rank.gaps);
+    r->set_rewinds(rank.rewinds);
+    r->set_claimed(rank.claimed);
+    for (const EpochShare& epoch : rank.epochs) {
+      v1::LedgerEpoch* e = r->add_epochs();
+      e->set_dataset(static_cast<uint32_t>(epoch.dataset));
+      e->set_epoch(epoch.epoch);
+      e->set_samples(epoch.samples);
+      e->set_digest(epoch.digest);
+    }
+  }
+  return out;
+}
+
 }  // namespace packfeed::server

@@ -5,11 +5,13 @@
 // messages are made from them here, field for field, and nowhere else.
 
 #include "packfeed/v1/service.pb.h"
+#include "server/storage/ledger.h"
 #include "server/storage/storage.h"
 
 namespace packfeed::server {
 
 v1::StorageStats StorageStatsProto(const StorageFigures& figures);
+v1::JobLedger JobLedgerProto(const LedgerSnapshot& snapshot);
 
 }  // namespace packfeed::server
 

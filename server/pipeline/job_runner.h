@@ -99,7 +99,7 @@ class JobRunner {
   // The rank's process is gone (its Watch stream broke): ends connection
   // `connection_id` of the rank, when that is still the rank's live one.
   void RankGone(int global_rank, uint64_t connection_id, std::string why);
-  void GetLedger(std::function<void(v1::JobLedger)> done);
+  void GetLedger(std::function<void(LedgerSnapshot)> done);
   int attached_ranks() const;
   // Makes the runner look again at what it waits for (an ingest step that
   // was sealed). Safe from any thread.

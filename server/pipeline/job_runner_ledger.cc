@@ -61,7 +61,7 @@ void JobRunner::AccountTaken(RankState& rank) {
   }
 }
 
-void JobRunner::GetLedger(std::function<void(v1::JobLedger)> done) {
+void JobRunner::GetLedger(std::function<void(LedgerSnapshot)> done) {
   Post([this, done = std::move(done)] {
     for (auto& [_, rank] : ranks_) {
       if (rank.live()) AccountTaken(rank);

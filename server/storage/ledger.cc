@@ -434,39 +434,33 @@ std::optional<LedgerPosition> Ledger::next(int rank) const {
   return it->second.next;
 }
 
-v1::JobLedger Ledger::Snapshot(const std::string& job) const {
-  v1::JobLedger out;
-  out.set_name(job);
-  out.set_journal(journal_path_);
+LedgerSnapshot Ledger::Snapshot(const std::string& job) const {
+  LedgerSnapshot out;
+  out.name = job;
+  out.journal = journal_path_;
   for (const auto& [rank, record] : ranks_) {
-    v1::RankLedger* r = out.add_ranks();
-    r->set_global_rank(static_cast<uint32_t>(rank));
-    r->set_first_step(record.first_step);
-    r->set_next_step(record.next.step);
-    r->set_next_microbatch(static_cast<uint32_t>(record.next.microbatch));
-    r->set_microbatches(record.consumed.size() + record.folded_microbatches);
-    r->set_duplicates(record.duplicates);
-    r->set_gaps(record.gaps);
-    r->set_rewinds(record.rewinds);
-    r->set_claimed(record.claimed);
+    RankLedgerFigures& r = out.ranks.emplace_back();
+    r.global_rank = rank;
+    r.first_step = record.first_step;
+    r.next_step = record.next.step;
+    r.next_microbatch = record.next.microbatch;
+    r.microbatches = record.consumed.size() + record.folded_microbatches;
+    r.duplicates = record.duplicates;
+    r.gaps = record.gaps;
+    r.rewinds = record.rewinds;
+    r.claimed = record.claimed;
     std::map<std::pair<int, int64_t>, EpochShare> epochs = record.folded;
-    uint64_t samples = 0;
-    for (const auto& [_, share] : record.folded) samples += share.samples;
+    for (const auto& [_, share] : record.folded) r.samples += share.samples;
     for (const auto& [_, entry] : record.consumed) {
       for (const EpochShare& share : entry.shares) {
         EpochShare& sum = epochs[{share.dataset, share.epoch}];
         sum.samples += share.samples;
         sum.digest += share.digest;
-        samples += share.samples;
+        r.samples += share.samples;
       }
     }
-    r->set_samples(samples);
     for (const auto& [key, sum] : epochs) {
-      v1::LedgerEpoch* e = r->add_epochs();
-      e->set_dataset(static_cast<uint32_t>(key.first));
-      e->set_epoch(key.second);
-      e->set_samples(sum.samples);
-      e->set_digest(sum.digest);
+      r.epochs.push_back({key.first, key.second, sum.samples, sum.digest});
     }
   }
   return out;

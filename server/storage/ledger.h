@@ -52,7 +52,6 @@
 #include "absl/status/statusor.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/scheduler/sampler.h"
-#include "packfeed/v1/service.pb.h"
 
 namespace packfeed::server {
 
@@ -75,6 +74,30 @@ struct EpochShare {
   friend bool operator==(const EpochShare&, const EpochShare&) = default;
 };
 std::vector<EpochShare> SharesOf(const std::vector<scheduler::SampleRef>& samples);
+
+// One rank's ledger as the admin API shows it (control/ makes its
+// RankLedger message field for field). `epochs`: per (dataset, epoch), the
+// samples consumed and the sum of their digests, ascending.
+struct RankLedgerFigures {
+  int global_rank = 0;
+  int64_t first_step = 0;  // where the ledger begins for this rank
+  int64_t next_step = 0;   // the position after the last consumed
+  int next_microbatch = 0;
+  uint64_t microbatches = 0;
+  uint64_t samples = 0;
+  uint64_t duplicates = 0;  // consumed twice without a rewind: a bug
+  uint64_t gaps = 0;        // skipped, never consumed: a bug or a jump
+  uint64_t rewinds = 0;     // re-attached before its position
+  uint64_t claimed = 0;     // consumed per the rank's own position at re-attach
+  std::vector<EpochShare> epochs;
+  friend bool operator==(const RankLedgerFigures&, const RankLedgerFigures&) = default;
+};
+struct LedgerSnapshot {
+  std::string name;                      // the job's
+  std::string journal;                   // the file it survives restarts in; empty = memory only
+  std::vector<RankLedgerFigures> ranks;  // ascending
+  friend bool operator==(const LedgerSnapshot&, const LedgerSnapshot&) = default;
+};
 
 struct LedgerOptions {
   int64_t keep_steps = 1000;
@@ -118,7 +141,7 @@ class Ledger {
   std::optional<LedgerPosition> next(int rank) const;
 
   // The ledger as the admin API shows it, ranks ascending.
-  v1::JobLedger Snapshot(const std::string& job) const;
+  LedgerSnapshot Snapshot(const std::string& job) const;
   const std::string& journal_path() const { return journal_path_; }
 
   // fdatasync of the journal when lines were written since the last Sync.

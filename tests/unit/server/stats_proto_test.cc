@@ -60,5 +60,27 @@ TEST(StatsProtoTest, StorageFiguresBecomeStorageStatsFieldForField) {
   EXPECT_EQ(stats.bytes_kept(), 11u);
 }
 
+TEST(StatsProtoTest, LedgerSnapshotBecomesJobLedgerFieldForField) {
+  LedgerSnapshot snapshot;
+  snapshot.name = "pretrain";
+  snapshot.journal = "/var/lib/packfeed/pretrain.ledger";
+  snapshot.ranks.push_back({3, 5, 7, 1, 9, 12, 1, 2, 1, 4, {{1, 2, 12, 0xfeedULL}}});
+
+  const v1::JobLedger ledger = JobLedgerProto(snapshot);
+  ExpectEveryFieldSet(ledger);
+  ASSERT_EQ(ledger.ranks_size(), 1);
+  const v1::RankLedger& rank = ledger.ranks(0);
+  EXPECT_EQ(rank.global_rank(), 3u);
+  EXPECT_EQ(rank.first_step(), 5);
+  EXPECT_EQ(rank.next_step(), 7);
+  EXPECT_EQ(rank.next_microbatch(), 1u);
+  EXPECT_EQ(rank.gaps(), 2u);
+  EXPECT_EQ(rank.claimed(), 4u);
+  ASSERT_EQ(rank.epochs_size(), 1);
+  EXPECT_EQ(rank.epochs(0).dataset(), 1u);
+  EXPECT_EQ(rank.epochs(0).epoch(), 2);
+  EXPECT_EQ(rank.epochs(0).digest(), 0xfeedULL);
+}
+
 }  // namespace
 }  // namespace packfeed::server
