@@ -37,7 +37,7 @@ struct PerJobCollector {
 };
 
 // A runner's answer as the admin API sends it.
-v1::JobStats JobProto(v1::JobStats stats) { return stats; }
+v1::JobStats JobProto(const JobFigures& stats) { return JobStatsProto(stats); }
 v1::JobLedger JobProto(const LedgerSnapshot& ledger) { return JobLedgerProto(ledger); }
 
 // Asks each runner `job` names (every one for an empty name) through `ask`
@@ -96,7 +96,7 @@ class AdminService final : public v1::Admin::CallbackService {
     if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
     *reply->mutable_storage() = StorageStatsProto(daemon_.storage().Stats());
     daemon_.AddIngestStats(*reply);
-    return AskEveryRunner<v1::JobStats>(context, daemon_, request->job(), reply, &JobRunner::Stats);
+    return AskEveryRunner<JobFigures>(context, daemon_, request->job(), reply, &JobRunner::Stats);
   }
 
   grpc::ServerUnaryReactor* GetLedger(grpc::CallbackServerContext* context,

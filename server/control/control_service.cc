@@ -6,6 +6,7 @@
 #include "packfeed/common/status_macros.h"
 #include "server/control/attach_check.h"
 #include "server/control/services.h"
+#include "server/control/stats_proto.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
@@ -125,8 +126,8 @@ class ControlService final : public v1::Control::CallbackService {
           {request->consumed_to().step(), static_cast<int>(request->consumed_to().microbatch())},
           request->ring_slots()};
     }
-    std::optional<v1::RankTimes> times;
-    if (request->has_times()) times = request->times();
+    std::optional<TrainerTimes> times;
+    if (request->has_times()) times = TrainerTimesOf(request->times());
     (*runner)->Detach(static_cast<int>(request->global_rank()), request->connection_id(),
                       consumed_to, std::move(times),
                       [reactor](absl::Status status) { reactor->Finish(proto::ToGrpc(status)); });
@@ -144,7 +145,7 @@ class ControlService final : public v1::Control::CallbackService {
       return reactor;
     }
     (*runner)->Report(static_cast<int>(request->global_rank()), request->connection_id(),
-                      request->times(),
+                      TrainerTimesOf(request->times()),
                       [reactor](absl::Status status) { reactor->Finish(proto::ToGrpc(status)); });
     return reactor;
   }

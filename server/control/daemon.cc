@@ -285,9 +285,9 @@ absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) c
   auto collected = std::make_shared<Collected>();
   const size_t expected = runners_.size();
   for (const auto& runner : runners_) {
-    runner->Stats([collected, expected](v1::JobStats stats) {
+    runner->Stats([collected, expected](JobFigures figures) {
       absl::MutexLock lock(&collected->mutex);
-      collected->jobs.push_back(std::move(stats));
+      collected->jobs.push_back(JobStatsProto(figures));
       collected->all_in = collected->jobs.size() == expected;
     });
   }

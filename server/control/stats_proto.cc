@@ -66,4 +66,49 @@ v1::JobLedger JobLedgerProto(const LedgerSnapshot& snapshot) {
   return out;
 }
 
+v1::JobStats JobStatsProto(const JobFigures& figures) {
+  v1::JobStats out;
+  out.set_name(figures.name);
+  out.set_steps_planned(figures.steps_planned);
+  out.set_steps_served(figures.steps_served);
+  out.set_bytes_read(figures.bytes_read);
+  out.set_unique_bytes_needed(figures.unique_bytes_needed);
+  out.set_io_amplification(figures.io_amplification);
+  for (const RankFigures& rank : figures.ranks) {
+    v1::RankStats* r = out.add_ranks();
+    r->set_global_rank(static_cast<uint32_t>(rank.global_rank));
+    r->set_attached(rank.attached);
+    r->set_next_step(rank.next_step);
+    r->set_slots_pushed(rank.slots_pushed);
+    r->set_slots_released(rank.slots_released);
+    r->set_bytes_sent(rank.bytes_sent);
+    r->set_slots_in_flight(rank.slots_in_flight);
+    r->set_consumed_step(rank.consumed_step);
+    r->set_consumed_microbatch(static_cast<uint32_t>(rank.consumed_microbatch));
+    r->set_wait_seconds(rank.times.wait_seconds);
+    r->set_busy_seconds(rank.times.busy_seconds);
+    r->set_input_bound(rank.input_bound);
+    r->set_copied_out(rank.times.copied_out);
+    r->set_ring(rank.ring);
+    r->set_calls(rank.times.calls);
+  }
+  out.set_mean_step_over_ideal(figures.mean_step_over_ideal);
+  out.set_slowest_rank(static_cast<uint32_t>(figures.slowest_rank));
+  out.set_slowest_rank_steps_behind(figures.slowest_rank_steps_behind);
+  out.set_cached_bytes(figures.cached_bytes);
+  out.set_plan_seconds(figures.plan_seconds);
+  out.set_read_seconds(figures.read_seconds);
+  out.set_documents_split(figures.documents_split);
+  out.set_samples_truncated(figures.samples_truncated);
+  out.set_tokens_truncated(figures.tokens_truncated);
+  out.set_most_waiting_rank(static_cast<uint32_t>(figures.most_waiting_rank));
+  out.set_input_bound(figures.input_bound);
+  out.set_wait_seconds(figures.wait_seconds);
+  return out;
+}
+
+TrainerTimes TrainerTimesOf(const v1::RankTimes& times) {
+  return {times.wait_seconds(), times.busy_seconds(), times.calls(), times.copied_out()};
+}
+
 }  // namespace packfeed::server

@@ -120,7 +120,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
                        plan.plan.num_microbatches(), " microbatches"));
     }
   }
-  v1::RankTimes earlier_times;
+  TrainerTimes earlier_times;
   if (existing != ranks_.end()) {
     AccountTaken(existing->second);
     sender_->Disconnect(existing->second.connection_id).IgnoreError();
@@ -173,8 +173,8 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
 }
 
 void JobRunner::Detach(int global_rank, uint64_t connection_id,
-                       std::optional<DetachPosition> consumed_to,
-                       std::optional<v1::RankTimes> times, std::function<void(absl::Status)> done) {
+                       std::optional<DetachPosition> consumed_to, std::optional<TrainerTimes> times,
+                       std::function<void(absl::Status)> done) {
   Post([this, global_rank, connection_id, consumed_to, times = std::move(times),
         done = std::move(done)] {
     auto rank = ranks_.find(global_rank);
@@ -208,7 +208,7 @@ void JobRunner::Detach(int global_rank, uint64_t connection_id,
   });
 }
 
-void JobRunner::Report(int global_rank, uint64_t connection_id, v1::RankTimes times,
+void JobRunner::Report(int global_rank, uint64_t connection_id, TrainerTimes times,
                        std::function<void(absl::Status)> done) {
   Post([this, global_rank, connection_id, times = std::move(times), done = std::move(done)] {
     auto rank = ranks_.find(global_rank);

@@ -29,8 +29,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "packfeed/transport/sender.h"
-#include "packfeed/v1/service.pb.h"
 #include "server/pipeline/job.h"
+#include "server/pipeline/job_figures.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
 #include "server/pipeline/step_planner.h"
@@ -88,14 +88,14 @@ class JobRunner {
     LedgerPosition at;
     uint32_t ring_slots = 0;
   };
-  // `times`: the rank's final RankTimes, when its client sent them.
+  // `times`: the rank's final figures, when its client sent them.
   void Detach(int global_rank, uint64_t connection_id, std::optional<DetachPosition> consumed_to,
-              std::optional<v1::RankTimes> times, std::function<void(absl::Status)> done);
-  // A rank's client reports where its trainer spends its time (RankTimes).
+              std::optional<TrainerTimes> times, std::function<void(absl::Status)> done);
+  // A rank's client reports where its trainer spends its time.
   // NotFound when `connection_id` is not the rank's connection.
-  void Report(int global_rank, uint64_t connection_id, v1::RankTimes times,
+  void Report(int global_rank, uint64_t connection_id, TrainerTimes times,
               std::function<void(absl::Status)> done);
-  void Stats(std::function<void(v1::JobStats)> done);
+  void Stats(std::function<void(JobFigures)> done);
   // The rank's process is gone (its Watch stream broke): ends connection
   // `connection_id` of the rank, when that is still the rank's live one.
   void RankGone(int global_rank, uint64_t connection_id, std::string why);
@@ -121,7 +121,7 @@ class JobRunner {
   // the ledger (taken is consumed; a held one may be released much later).
   void AccountTaken(RankState& rank);
   // Keeps `times` as the rank's connection's latest figures.
-  void TakeTimes(RankState& rank, const v1::RankTimes& times);
+  void TakeTimes(RankState& rank, const TrainerTimes& times);
   // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
   absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
   void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);

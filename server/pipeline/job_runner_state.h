@@ -44,16 +44,16 @@ struct JobRunner::RankState {
   bool mapped = false;  // its slots are written in place (Sender::MapNextSlot)
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
-  v1::RankTimes times;
-  v1::RankTimes earlier_times;
+  TrainerTimes times;
+  TrainerTimes earlier_times;
 
   bool live() const { return !failed && !detached; }
-  v1::RankTimes all_times() const {
-    v1::RankTimes all = earlier_times;
-    all.set_wait_seconds(all.wait_seconds() + times.wait_seconds());
-    all.set_busy_seconds(all.busy_seconds() + times.busy_seconds());
-    all.set_calls(all.calls() + times.calls());
-    all.set_copied_out(all.copied_out() + times.copied_out());
+  TrainerTimes all_times() const {
+    TrainerTimes all = earlier_times;
+    all.wait_seconds += times.wait_seconds;
+    all.busy_seconds += times.busy_seconds;
+    all.calls += times.calls;
+    all.copied_out += times.copied_out;
     return all;
   }
 };

@@ -82,5 +82,64 @@ TEST(StatsProtoTest, LedgerSnapshotBecomesJobLedgerFieldForField) {
   EXPECT_EQ(rank.epochs(0).digest(), 0xfeedULL);
 }
 
+TEST(StatsProtoTest, JobFiguresBecomeJobStatsFieldForField) {
+  JobFigures figures;
+  figures.name = "pretrain";
+  figures.steps_planned = 12;
+  figures.steps_served = 10;
+  figures.bytes_read = 1000;
+  figures.unique_bytes_needed = 800;
+  figures.io_amplification = 1.25;
+  RankFigures rank;
+  rank.global_rank = 3;
+  rank.attached = true;
+  rank.next_step = 11;
+  rank.slots_pushed = 40;
+  rank.slots_released = 36;
+  rank.bytes_sent = 4096;
+  rank.slots_in_flight = 4;
+  rank.consumed_step = 9;
+  rank.consumed_microbatch = 2;
+  rank.times = {1.5, 4.5, 80, 1};
+  rank.input_bound = 0.25;
+  rank.ring = "shm";
+  figures.ranks.push_back(rank);
+  figures.mean_step_over_ideal = 1.02;
+  figures.slowest_rank = 3;
+  figures.slowest_rank_steps_behind = 1;
+  figures.cached_bytes = 512;
+  figures.plan_seconds = 0.5;
+  figures.read_seconds = 0.75;
+  figures.documents_split = 6;
+  figures.samples_truncated = 2;
+  figures.tokens_truncated = 300;
+  figures.most_waiting_rank = 3;
+  figures.input_bound = 0.25;
+  figures.wait_seconds = 1.5;
+
+  const v1::JobStats stats = JobStatsProto(figures);
+  ExpectEveryFieldSet(stats);
+  ASSERT_EQ(stats.ranks_size(), 1);
+  EXPECT_EQ(stats.ranks(0).global_rank(), 3u);
+  EXPECT_EQ(stats.ranks(0).consumed_microbatch(), 2u);
+  EXPECT_EQ(stats.ranks(0).busy_seconds(), 4.5);
+  EXPECT_EQ(stats.ranks(0).calls(), 80u);
+  EXPECT_EQ(stats.ranks(0).copied_out(), 1u);
+  EXPECT_EQ(stats.ranks(0).ring(), "shm");
+  EXPECT_EQ(stats.slowest_rank_steps_behind(), 1);
+  EXPECT_EQ(stats.tokens_truncated(), 300);
+  EXPECT_EQ(stats.wait_seconds(), 1.5);
+}
+
+TEST(StatsProtoTest, RankTimesBecomeTrainerTimes) {
+  v1::RankTimes times;
+  times.set_wait_seconds(1.5);
+  times.set_busy_seconds(4.5);
+  times.set_calls(80);
+  times.set_copied_out(1);
+  ExpectEveryFieldSet(times);
+  EXPECT_EQ(TrainerTimesOf(times), (TrainerTimes{1.5, 4.5, 80, 1}));
+}
+
 }  // namespace
 }  // namespace packfeed::server

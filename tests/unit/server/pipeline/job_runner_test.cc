@@ -426,7 +426,7 @@ TEST_F(JobRunnerTest, APlanUnderWayHoldsNoPushOfTheStepsPlannedBefore) {
   const size_t first_two = static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1));
   EXPECT_EQ(sender_->WaitForPushes(id, first_two).size(), first_two);
   absl::Notification answered;
-  runner_->Stats([&answered](v1::JobStats) { answered.Notify(); });
+  runner_->Stats([&answered](JobFigures) { answered.Notify(); });
   EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)))
       << "the runner thread is stuck behind a plan";
   EXPECT_EQ(sender_->Pushed(id).size(), first_two);  // step 2 is not planned yet
@@ -466,11 +466,7 @@ TEST_F(JobRunnerTest, AReattachedRankGetsTheSameBytesFromWhereItStopped) {
 TEST_F(JobRunnerTest, ARanksTimesAddUpOverItsConnectionsOnceEach) {
   StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/2);
   auto report = [&](uint64_t id, double wait, uint64_t calls, uint64_t copied) {
-    v1::RankTimes times;
-    times.set_wait_seconds(wait);
-    times.set_busy_seconds(2 * wait);
-    times.set_calls(calls);
-    times.set_copied_out(copied);
+    const TrainerTimes times{wait, 2 * wait, calls, copied};
     absl::Notification done;
     absl::Status status;
     runner_->Report(0, id, times, [&](absl::Status result) {
@@ -482,13 +478,13 @@ TEST_F(JobRunnerTest, ARanksTimesAddUpOverItsConnectionsOnceEach) {
   };
   auto rank_stats = [&] {
     absl::Notification done;
-    v1::JobStats stats;
-    runner_->Stats([&](v1::JobStats result) {
+    JobFigures stats;
+    runner_->Stats([&](JobFigures result) {
       stats = std::move(result);
       done.Notify();
     });
     done.WaitForNotification();
-    return stats.ranks(0);
+    return stats.ranks.at(0);
   };
   const uint64_t first = Attach(0, /*slots=*/2);
   ASSERT_TRUE(report(first, 1.0, 10, 1).ok());
@@ -497,12 +493,12 @@ TEST_F(JobRunnerTest, ARanksTimesAddUpOverItsConnectionsOnceEach) {
   const uint64_t second = Attach(0, /*slots=*/2);
   EXPECT_EQ(report(first, 9.0, 90, 9).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(report(second, 0.25, 3, 2).ok());
-  const v1::RankStats stats = rank_stats();
-  EXPECT_DOUBLE_EQ(stats.wait_seconds(), 1.25);
-  EXPECT_DOUBLE_EQ(stats.busy_seconds(), 2.5);
-  EXPECT_EQ(stats.calls(), 13u);
-  EXPECT_EQ(stats.copied_out(), 3u);
-  EXPECT_DOUBLE_EQ(stats.input_bound(), 1.0 / 3);
+  const RankFigures stats = rank_stats();
+  EXPECT_DOUBLE_EQ(stats.times.wait_seconds, 1.25);
+  EXPECT_DOUBLE_EQ(stats.times.busy_seconds, 2.5);
+  EXPECT_EQ(stats.times.calls, 13u);
+  EXPECT_EQ(stats.times.copied_out, 3u);
+  EXPECT_DOUBLE_EQ(stats.input_bound, 1.0 / 3);
 }
 
 TEST_F(JobRunnerTest, AFailedConnectionIsDroppedAndTheOtherRanksAreServed) {
