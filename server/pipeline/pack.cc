@@ -2,151 +2,18 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/thd_partition.h"
+#include "server/pipeline/position_writers.h"
+#include "server/pipeline/side_rows.h"
 
 namespace packfeed::server {
 namespace {
 
 using dataset::SampleKind;
 using transport::ElementType;
-
-// Where a microbatch's per-token fields lie (in the slot); null: the
-// rank's stage does not receive the field.
-struct TokenFields {
-  int64_t* tokens = nullptr;
-  int64_t* labels = nullptr;
-  float* loss_mask = nullptr;
-  int64_t* position_ids = nullptr;
-  uint8_t* padding_mask = nullptr;
-};
-
-template <typename T>
-void Fill(T* field, int64_t at, int64_t count, T value) {
-  if (field != nullptr && count > 0) std::fill_n(field + at, count, value);
-}
-
-// Tokens [from, from + count) of `run` at position `at` of `field`.
-void CopyRun(int64_t* field, int64_t at, const std::vector<int64_t>& run, int64_t from,
-             int64_t count) {
-  if (field != nullptr && count > 0) {
-    std::memcpy(field + at, run.data() + from, static_cast<size_t>(count) * sizeof(int64_t));
-  }
-}
-
-void Positions(int64_t* field, int64_t at, int64_t count, int64_t first) {
-  if (field != nullptr && count > 0) std::iota(field + at, field + at + count, first);
-}
-
-// Positions [begin, end) of a varlen sequence (real length `real`, the run
-// holding its label t[real] too) at position `at`: Megatron zeroes every
-// field of a pad slot.
-void WriteVarlenPositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
-                          int64_t at, const TokenFields& out) {
-  const int64_t kept = std::clamp(real, begin, end) - begin;
-  const int64_t pads = end - begin - kept;
-  CopyRun(out.tokens, at, run, begin, kept);
-  Fill<int64_t>(out.tokens, at + kept, pads, 0);
-  CopyRun(out.labels, at, run, begin + 1, kept);
-  Fill<int64_t>(out.labels, at + kept, pads, 0);
-  Fill(out.loss_mask, at, kept, 1.0f);
-  Fill(out.loss_mask, at + kept, pads, 0.0f);
-  Positions(out.position_ids, at, kept, begin);
-  Fill<int64_t>(out.position_ids, at + kept, pads, 0);
-  Fill<uint8_t>(out.padding_mask, at, kept, 0);
-  Fill<uint8_t>(out.padding_mask, at + kept, pads, 1);
-}
-
-// The same for SFT's b = t + pads: pad slots keep the pad id and running
-// positions; a position whose label is a pad (or Megatron's ignore index)
-// is not trained.
-void WriteSftPositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
-                       int64_t pad_id, int64_t at, const TokenFields& out) {
-  const auto run_length = static_cast<int64_t>(run.size());
-  const int64_t count = end - begin;
-  const int64_t stored_tokens = std::clamp(run_length, begin, end) - begin;
-  const int64_t stored_labels = std::clamp(run_length - 1, begin, end) - begin;
-  CopyRun(out.tokens, at, run, begin, stored_tokens);
-  Fill(out.tokens, at + stored_tokens, count - stored_tokens, pad_id);
-  CopyRun(out.labels, at, run, begin + 1, stored_labels);
-  Fill(out.labels, at + stored_labels, count - stored_labels, pad_id);
-  if (out.loss_mask != nullptr) {
-    for (int64_t k = 0; k < count; ++k) {
-      const int64_t label = k < stored_labels ? run[static_cast<size_t>(begin + k + 1)] : pad_id;
-      out.loss_mask[at + k] = label == pad_id || label == -100 ? 0.0f : 1.0f;
-    }
-  }
-  Positions(out.position_ids, at, count, begin);
-  const int64_t real_positions = std::clamp(real, begin, end) - begin;
-  Fill<uint8_t>(out.padding_mask, at, real_positions, 0);
-  Fill<uint8_t>(out.padding_mask, at + real_positions, count - real_positions, 1);
-}
-
-// Positions [begin, end) of a Megatron pretraining sample, as
-// GPTDataset.__getitem__ makes them: tokens = text[:-1], labels = text[1:]
-// (text padded with the pad id to seq_length + 1); the loss masked at an
-// EOD input (eod_mask_loss) and a pad label; positions restarting after each
-// EOD input (reset_position_ids); pad ids served as 0.
-void WritePretrainingPositions(const std::vector<int64_t>& run, int64_t begin, int64_t end,
-                               const dataset::SampleRules& rules, int64_t at,
-                               const TokenFields& out) {
-  const auto run_length = static_cast<int64_t>(run.size());
-  auto text = [&](int64_t j) {
-    return j < run_length ? run[static_cast<size_t>(j)] : rules.pad_id;
-  };
-  int64_t document_start = 0;
-  if (rules.reset_position_ids) {
-    for (int64_t k = begin - 1; k >= 0; --k) {
-      if (text(k) == rules.eod_id) {
-        document_start = k + 1;
-        break;
-      }
-    }
-  }
-  for (int64_t j = begin; j < end; ++j, ++at) {
-    const int64_t token = text(j);
-    const int64_t label = text(j + 1);
-    const bool masked = (rules.eod_mask_loss && token == rules.eod_id) || label == rules.pad_id;
-    if (out.padding_mask != nullptr) out.padding_mask[at] = j >= run_length ? 1 : 0;
-    if (out.tokens != nullptr) out.tokens[at] = token == rules.pad_id ? 0 : token;
-    if (out.labels != nullptr) out.labels[at] = label == rules.pad_id ? 0 : label;
-    if (out.loss_mask != nullptr) out.loss_mask[at] = masked ? 0.0f : 1.0f;
-    if (out.position_ids != nullptr) {
-      out.position_ids[at] = rules.reset_position_ids ? j - document_start : j;
-    }
-    if (rules.reset_position_ids && token == rules.eod_id) document_start = j + 1;
-  }
-}
-
-void WritePositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
-                    const dataset::SampleRules& rules, int64_t at, const TokenFields& out) {
-  switch (rules.kind) {
-    case SampleKind::kPretraining:
-      WritePretrainingPositions(run, begin, end, rules, at, out);
-      break;
-    case SampleKind::kVarlen:
-      WriteVarlenPositions(run, real, begin, end, at, out);
-      break;
-    default:
-      WriteSftPositions(run, real, begin, end, rules.pad_id, at, out);
-  }
-}
-
-// inter_document_masking: positions [range) of a sample count from the
-// start of their document (`bounds`), as Megatron-Core 0.19 restarts them.
-void RestartPositions(const SampleBounds& bounds, scheduler::TokenRange range, int64_t at,
-                      int64_t* position_ids) {
-  if (position_ids == nullptr) return;
-  auto next = std::upper_bound(bounds.begin(), bounds.end(), range.begin);
-  int64_t start = *(next - 1);
-  for (int64_t j = range.begin; j < range.end; ++j, ++at) {
-    for (; next != bounds.end() && *next <= j; ++next) start = *next;
-    position_ids[at] = j - start;
-  }
-}
 
 // A pretraining microbatch with document-masked attention: its samples as
 // one THD row with cu_seqlens at their documents, and the positions of the
@@ -189,81 +56,6 @@ absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSo
   source.max_seqlen = row.max_seqlen;
   if (pretraining.inter_document_masking()) source.document_bounds = std::move(samples);
   return absl::OkStatus();
-}
-
-// Bytes of one position of `slice`: its layer-axis entries' values.
-uint64_t SliceRowBytes(const SideSlice& slice) {
-  const SideFieldInfo& field = *slice.field;
-  if (slice.entries.empty()) return field.row_bytes();
-  uint64_t bytes = 0;
-  for (const IndexRange& range : slice.entries) bytes += static_cast<uint64_t>(range.size());
-  return bytes * (field.row_bytes() / static_cast<uint64_t>(field.inner_shape[0]));
-}
-
-std::vector<int64_t> SliceInnerShape(const SideSlice& slice) {
-  std::vector<int64_t> shape = slice.field->inner_shape;
-  if (!slice.entries.empty()) {
-    shape[0] = 0;
-    for (const IndexRange& range : slice.entries) shape[0] += range.size();
-  }
-  return shape;
-}
-
-// One position's pad of `slice`: the field's pad value in every entry.
-std::vector<char> PadRow(const SideSlice& slice) {
-  std::vector<char> pad_row;
-  const uint64_t row_bytes = SliceRowBytes(slice);
-  for (uint64_t b = 0; b < row_bytes; b += slice.field->element_bytes) {
-    pad_row.insert(pad_row.end(), slice.field->pad.begin(), slice.field->pad.end());
-  }
-  return pad_row;
-}
-
-// Writes positions [begin, end) of one sequence's side rows at `out` and
-// returns the end of what it wrote: stored row j (j + 1 aligned with
-// labels) of a real position, else the pad.
-uint8_t* WriteSideRows(const SideSlice& slice, absl::Span<const char> rows, int64_t real_length,
-                       int64_t begin, int64_t end, const std::vector<char>& pad_row, uint8_t* out) {
-  const SideFieldInfo& field = *slice.field;
-  const uint64_t row_bytes = field.row_bytes();
-  const int64_t shift = field.labels_aligned ? 1 : 0;
-  const int64_t stored = static_cast<int64_t>(rows.size() / row_bytes);
-  // Positions [begin, served) take stored rows, the rest pads.
-  const int64_t served = std::max(begin, std::min({end, real_length, stored - shift}));
-  const uint64_t served_bytes = static_cast<uint64_t>(served - begin) * row_bytes;
-  if (served_bytes > 0) {
-    const char* first = rows.data() + static_cast<uint64_t>(begin + shift) * row_bytes;
-    if (slice.entries.empty()) {  // whole rows: one copy
-      out = static_cast<uint8_t*>(std::memcpy(out, first, served_bytes)) + served_bytes;
-    } else {
-      const uint64_t layer_bytes = row_bytes / static_cast<uint64_t>(field.inner_shape[0]);
-      for (const char* row = first; row < first + served_bytes; row += row_bytes) {
-        for (const IndexRange& range : slice.entries) {
-          const uint64_t bytes = static_cast<uint64_t>(range.size()) * layer_bytes;
-          std::memcpy(out, row + static_cast<uint64_t>(range.begin) * layer_bytes, bytes);
-          out += bytes;
-        }
-      }
-    }
-  }
-  for (int64_t j = served; j < end; ++j) {
-    std::memcpy(out, pad_row.data(), pad_row.size());
-    out += pad_row.size();
-  }
-  return out;
-}
-
-// The loss mask of positions [begin, end): stored value j + 1 of a real
-// position is 0 = not trained.
-void ApplyLossMask(absl::Span<const char> mask, int64_t real_length, int64_t begin, int64_t end,
-                   float* loss_mask) {
-  for (int64_t j = begin; j < end; ++j, ++loss_mask) {
-    const int64_t i = j + 1;
-    if (j >= real_length || i >= static_cast<int64_t>(mask.size()) ||
-        mask[static_cast<size_t>(i)] == 0) {
-      *loss_mask = 0.0f;
-    }
-  }
 }
 
 // What a slot field holds.
