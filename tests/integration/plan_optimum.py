@@ -138,6 +138,13 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
                            for k in members}, y: -1}, -np.inf, 0)
             constraint({**{index[k]: cost(model, padded(lengths[k[1]], size), size) / unit
                            for k in members}, index[("t", m)]: -1}, -np.inf, 0)
+        # Valid and tightening: t_m is at least the ranks' average cost, each
+        # group's per-rank cost weighted by its share of the n ranks.
+        average = {index[k]: cost(model, padded(lengths[k[1]], groups[k[3]][1]), groups[k[3]][1])
+                   * groups[k[3]][1] / (n * unit) for g in range(len(groups))
+                   for k in by_group.get((m, g), [])}
+        average[index[("t", m)]] = -1
+        constraint(average, -np.inf, 0)
     if budget is not None:
         terms = {}
         for k in xs:
