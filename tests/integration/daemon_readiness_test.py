@@ -119,17 +119,25 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def test_peer_wait(checks, bin_dir, work, prefix):
-    peer = f"127.0.0.1:{free_port()}"  # nobody listens there
-    config = pathlib.Path(work, "peers.textproto")
-    config.write_text(config_text(f"{work}/peers.sock", prefix) +
+def start_waiting_for_peer(bin_dir, work, prefix, name, timeout_seconds):
+    """A daemon whose one peer nobody answers, under a notify socket of the
+    test's: (daemon, notify socket, the peer's address)."""
+    peer = f"127.0.0.1:{free_port()}"
+    config = pathlib.Path(work, f"{name}.textproto")
+    config.write_text(config_text(f"{work}/{name}.sock", prefix) +
                       f'admin_tcp_address: "127.0.0.1:{free_port()}"\n'
-                      f'admin_tcp_token: "t"\npeers: "{peer}"\npeer_timeout_seconds: 6\n')
+                      f'admin_tcp_token: "t"\npeers: "{peer}"\n'
+                      f"peer_timeout_seconds: {timeout_seconds}\n")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(f"{work}/notify-peers")
-    env = dict(os.environ, NOTIFY_SOCKET=f"{work}/notify-peers")
+    notify.bind(f"{work}/notify-{name}")
+    env = dict(os.environ, NOTIFY_SOCKET=f"{work}/notify-{name}")
     daemon = subprocess.Popen([f"{bin_dir}/packfeedd", "--config", str(config)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return daemon, notify, peer
+
+
+def test_peer_wait(checks, bin_dir, work, prefix):
+    daemon, notify, peer = start_waiting_for_peer(bin_dir, work, prefix, "peers", 6)
     messages = []
     while daemon.poll() is None or (messages and messages[-1] is not None):
         messages.append(receive(notify, 1.0))
@@ -154,16 +162,7 @@ def test_stop_while_waiting_for_peer(checks, bin_dir, work, prefix):
     within a few seconds (not after peer_timeout_seconds), exits 0 and says
     what it was doing. Seen under Slurm: a node whose peer refused its
     configuration waited out the whole timeout after packfeed_srun's stop."""
-    peer = f"127.0.0.1:{free_port()}"  # nobody listens there
-    config = pathlib.Path(work, "peers-stop.textproto")
-    config.write_text(config_text(f"{work}/peers-stop.sock", prefix) +
-                      f'admin_tcp_address: "127.0.0.1:{free_port()}"\n'
-                      f'admin_tcp_token: "t"\npeers: "{peer}"\npeer_timeout_seconds: 120\n')
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(f"{work}/notify-peers-stop")
-    env = dict(os.environ, NOTIFY_SOCKET=f"{work}/notify-peers-stop")
-    daemon = subprocess.Popen([f"{bin_dir}/packfeedd", "--config", str(config)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemon, notify, peer = start_waiting_for_peer(bin_dir, work, prefix, "peers-stop", 120)
     first = receive(notify, 20.0)  # the first EXTEND_TIMEOUT_USEC: it is waiting
     checks.check("stop while waiting: the daemon says it waits for the peer",
                  first is not None and f"waiting for peer {peer}" in first, first)
