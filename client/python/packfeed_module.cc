@@ -118,8 +118,9 @@ py::capsule ToCapsule(const FieldView& field, int cuda_device,
 std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string& job,
                                int global_rank, const std::string& fingerprint,
                                const std::string& auth_token, int64_t start_step,
-                               int start_microbatch, bool elastic, uint32_t slots,
-                               uint64_t slot_bytes, const std::string& placement, int cuda_device,
+                               int start_microbatch, std::optional<int64_t> start_sample,
+                               bool elastic, uint32_t slots, uint64_t slot_bytes,
+                               const std::string& placement, int cuda_device,
                                const std::string& ucx_transports, double attach_timeout,
                                double reconnect_timeout) {
   ClientOptions options;
@@ -130,6 +131,7 @@ std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string
   options.auth_token = auth_token;
   options.start_step = start_step;
   options.start_microbatch = start_microbatch;
+  options.start_sample = start_sample;
   options.elastic = elastic;
   options.slots = slots;
   options.slot_bytes = slot_bytes;
@@ -368,7 +370,7 @@ PYBIND11_MODULE(_native, m) {
         py::arg("ucx_transports"));
   m.def("attach", &Attach, py::arg("socket_path"), py::arg("job"), py::arg("global_rank"),
         py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"),
-        py::arg("start_microbatch"), py::arg("elastic"), py::arg("slots"), py::arg("slot_bytes"),
-        py::arg("placement"), py::arg("cuda_device"), py::arg("ucx_transports"),
-        py::arg("attach_timeout"), py::arg("reconnect_timeout"));
+        py::arg("start_microbatch"), py::arg("start_sample"), py::arg("elastic"), py::arg("slots"),
+        py::arg("slot_bytes"), py::arg("placement"), py::arg("cuda_device"),
+        py::arg("ucx_transports"), py::arg("attach_timeout"), py::arg("reconnect_timeout"));
 }

@@ -106,7 +106,10 @@ class Client::Impl {
   void ReportTimes();                  // without waiting for the daemon's answer
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
-  absl::Status AttachAt(int64_t start_step, int start_microbatch);
+  // Attaches from start_step (or, on the first attach, the step beginning
+  // at start_sample); resume_step_ is then where serving starts.
+  absl::Status AttachAt(int64_t start_step, int start_microbatch,
+                        std::optional<int64_t> start_sample = std::nullopt);
   // Hands the slot to the trainer: its own views, or a private copy when
   // the trainer holds every slot but this one.
   absl::StatusOr<Microbatch> HandOut(const transport::ReceivedSlot& slot, void* cuda_stream);
@@ -310,12 +313,13 @@ absl::Status Client::Impl::Open() {
                       transport::Receiver::Create(receiver));
   receiver_ = std::move(created);
   slot_bytes_ = slot_bytes;
-  PF_RETURN_IF_ERROR(AttachAt(options.start_step, options.start_microbatch));
-  next_step_ = options.start_step;
+  PF_RETURN_IF_ERROR(AttachAt(options.start_step, options.start_microbatch, options.start_sample));
+  next_step_ = resume_step_;
   return absl::OkStatus();
 }
 
-absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch) {
+absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch,
+                                    std::optional<int64_t> start_sample) {
   v1::AttachRequest request;
   request.set_job(options_.job);
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
@@ -335,6 +339,7 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch) {
   }
   request.set_start_step(start_step);
   request.set_start_microbatch(static_cast<uint32_t>(start_microbatch));
+  if (start_sample.has_value()) request.set_start_sample(*start_sample);
   // Elastic only for the first attach: a re-attach is to the same job.
   request.set_elastic(options_.elastic && fingerprint_.empty());
   v1::AttachReply reply;
@@ -357,7 +362,7 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch) {
   times_at_attach_ = times_;
   copied_out_at_attach_ = copied_out_;
   num_chunks_ = std::max<int>(1, static_cast<int>(reply.vpp()));
-  resume_step_ = start_step;
+  resume_step_ = reply.start_step();
   resume_microbatch_ = start_microbatch;
   return absl::OkStatus();
 }

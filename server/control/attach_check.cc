@@ -51,7 +51,27 @@ absl::Status CheckAttachRequest(const Job& job, const v1::AttachRequest& request
                      request.start_microbatch(), " of step ", request.start_step(),
                      " (another layout plans that step's microbatches differently)"));
   }
-  return absl::OkStatus();
+  return AttachStartStep(job, request).status();
+}
+
+absl::StatusOr<int64_t> AttachStartStep(const Job& job, const v1::AttachRequest& request) {
+  if (!request.has_start_sample()) return request.start_step();
+  if (job.pretraining() == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("start_sample is for pretraining jobs; job ",
+                                                   job.name(),
+                                                   " counts in steps: attach with start_step"));
+  }
+  const int64_t first = job.config().pretraining().consumed_samples();
+  const int64_t global_batch = job.config().global_batch();
+  const int64_t sample = request.start_sample();
+  if (sample < first || (sample - first) % global_batch != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", job.name(), " serves its steps from sample ", first,
+                     " (consumed_samples) in ", "global batches of ", global_batch, "; sample ",
+                     sample, sample < first ? " lies before its first step" : " lies inside a step",
+                     ": restart the daemon with consumed_samples set to the trainer's count"));
+  }
+  return (sample - first) / global_batch;
 }
 
 namespace {

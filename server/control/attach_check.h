@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "packfeed/v1/service.pb.h"
 #include "server/pipeline/job.h"
@@ -20,6 +21,13 @@ namespace packfeed::server {
 // this node), FailedPrecondition (fingerprint), InvalidArgument (ring,
 // start position).
 absl::Status CheckAttachRequest(const Job& job, const v1::AttachRequest& request);
+
+// The step an attach starts at: the request's start_step, or the step of a
+// pretraining job that begins at its start_sample (Megatron's consumed
+// samples). InvalidArgument naming the job's consumed_samples and global
+// batch when start_sample is set for another kind, lies before the job's
+// first sample or between two steps.
+absl::StatusOr<int64_t> AttachStartStep(const Job& job, const v1::AttachRequest& request);
 
 // The one rule for every secret the daemon checks (a job's auth_token on
 // attach, detach and drain; admin_tcp_token on the TCP listener): OK when

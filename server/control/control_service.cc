@@ -72,7 +72,9 @@ class ControlService final : public v1::Control::CallbackService {
     args.global_rank = static_cast<int>(request->global_rank());
     args.worker_address = request->worker_address();
     args.ring_descriptor = request->ring().ring_descriptor();
-    args.start_step = request->start_step();
+    // CheckAttach has checked it.
+    const int64_t start_step = AttachStartStep(runner->job(), *request).value();
+    args.start_step = start_step;
     args.start_microbatch = static_cast<int>(request->start_microbatch());
     args.ring_slots = request->ring().slots();
     if (!request->ring().shared_ring_token().empty()) {
@@ -86,27 +88,28 @@ class ControlService final : public v1::Control::CallbackService {
       }
       args.shared_ring = *std::move(shared);
     }
-    runner->Attach(
-        std::move(args), [reactor, reply, runner, request](absl::StatusOr<uint64_t> connection_id) {
-          if (!connection_id.ok()) {
-            spdlog::warn("job {} rank {}: attach refused: {}", request->job(),
-                         request->global_rank(), connection_id.status().ToString());
-            reactor->Finish(proto::ToGrpc(connection_id.status()));
-            return;
-          }
-          const Job& job = runner->job();
-          const RankCoords coords = job.layout().Coords(static_cast<int>(request->global_rank()));
-          reply->set_sender_address(runner->sender_address());
-          reply->set_connection_id(*connection_id);
-          reply->set_fingerprint(job.fingerprint());
-          reply->set_tp(coords.tp);
-          reply->set_pp(coords.pp);
-          reply->set_cp(coords.cp);
-          reply->set_dp(coords.dp);
-          reply->set_required_slot_bytes(job.required_slot_bytes());
-          reply->set_vpp(static_cast<uint32_t>(job.stages().vpp()));
-          reactor->Finish(grpc::Status::OK);
-        });
+    runner->Attach(std::move(args), [reactor, reply, runner, request,
+                                     start_step](absl::StatusOr<uint64_t> connection_id) {
+      if (!connection_id.ok()) {
+        spdlog::warn("job {} rank {}: attach refused: {}", request->job(), request->global_rank(),
+                     connection_id.status().ToString());
+        reactor->Finish(proto::ToGrpc(connection_id.status()));
+        return;
+      }
+      const Job& job = runner->job();
+      const RankCoords coords = job.layout().Coords(static_cast<int>(request->global_rank()));
+      reply->set_sender_address(runner->sender_address());
+      reply->set_connection_id(*connection_id);
+      reply->set_fingerprint(job.fingerprint());
+      reply->set_tp(coords.tp);
+      reply->set_pp(coords.pp);
+      reply->set_cp(coords.cp);
+      reply->set_dp(coords.dp);
+      reply->set_required_slot_bytes(job.required_slot_bytes());
+      reply->set_vpp(static_cast<uint32_t>(job.stages().vpp()));
+      reply->set_start_step(start_step);
+      reactor->Finish(grpc::Status::OK);
+    });
     return reactor;
   }
 

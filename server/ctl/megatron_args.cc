@@ -153,9 +153,13 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
     if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
   }
   PF_ASSIGN_OR_RETURN(std::optional<std::string> loader, args.One("--dataloader-type"));
-  if (loader && *loader != "single") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dataloader-type ", *loader, ": packfeed serves the order of 'single' (the default)"));
+  // 'external' is the drop-in's (packfeed.megatron), which serves the
+  // order of 'single'.
+  if (loader && *loader != "single" && *loader != "external") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dataloader-type ", *loader,
+                     ": packfeed serves the order of 'single' (the default), or of 'external' "
+                     "with packfeed.megatron's provider"));
   }
   v1::JobConfig job;
   job.set_name(context.job);

@@ -53,6 +53,8 @@ SRC = fetch_megatron_019(FETCH_DIR)
 Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(SRC)
 logging.getLogger("megatron").setLevel(logging.ERROR)
 from daemon_harness import Daemon  # noqa: E402
+from megatron_source import (CpGroup, TransformerEngine, megatron_functions,  # noqa: E402
+                             write_dataset)
 
 EOD = 0
 TP, PP, DP = 2, 2, 2
@@ -61,68 +63,6 @@ SPLIT = "90,8,2"
 
 CHECKS = Checks(CTL)
 check = CHECKS.check
-
-
-# ---- Megatron's batch functions, taken by name from its source ----
-class CpGroup:
-    def __init__(self, size, rank):
-        self.size, self.rank = size, rank
-
-
-class TorchWithCpGroup:
-    """torch, whose distributed world is the CpGroup a function is handed."""
-    class distributed:
-        get_world_size = staticmethod(lambda group: group.size)
-        get_rank = staticmethod(lambda group: group.rank)
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-def binary_search(target, array):
-    """Transformer Engine's device binary search (thd_utils)."""
-    left, right = 1, len(array) - 1
-    while left < right:
-        mid = (left + right) // 2
-        if array[mid] <= target:
-            left = mid + 1
-        else:
-            right = mid
-    return left - 1
-
-
-class TransformerEngine:
-    @staticmethod
-    def thd_get_partitioned_indices(cu_seqlens, total_tokens, world_size, rank):
-        """thd_partition_indices_kernel, one token at a time."""
-        local = [int(c) // world_size for c in cu_seqlens.tolist()]
-        out = []
-        for token in range(total_tokens // world_size):
-            sequence = binary_search(token, local)
-            length = local[sequence + 1] - local[sequence]
-            index = token - local[sequence]
-            part = rank if index < length // 2 else (world_size - 1) * 2 - rank
-            out.append(index + local[sequence] * world_size + length // 2 * part)
-        return torch.tensor(out, dtype=torch.int32)
-
-
-def megatron_functions(source, names):
-    tree = ast.parse(source)
-    found = [node for node in tree.body
-             if isinstance(node, ast.FunctionDef) and node.name in names]
-    missing = set(names) - {node.name for node in found}
-    if missing:
-        sys.exit(f"megatron/core/utils.py of 0.19.2 lacks {sorted(missing)}")
-    for node in found:
-        # Annotations name process-group types this torch need not have.
-        node.returns = None
-        for arg in node.args.args + node.args.kwonlyargs:
-            arg.annotation = None
-        node.decorator_list = []
-    namespace = {"torch": TorchWithCpGroup(), "tex": TransformerEngine, "Any": object}
-    exec(compile(ast.Module(body=found, type_ignores=[]), "megatron/core/utils.py", "exec"),
-         namespace)
-    return namespace
 
 
 MEGATRON = megatron_functions(UTILS_SOURCE, [
@@ -160,31 +100,13 @@ def megatron_get_batch(items, pp, cp_size, cp_rank, per_sequence):
 # ---- datasets, written with Megatron's own builder ----
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="pf-docmask-"))
 init_single_process(WORK)
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: E402
 
 
-def write_dataset(prefix, documents, mean, seed, multiple=1):
-    """Lognormal document lengths around `mean` (rounded up to `multiple`),
-    each ending with the EOD; every fifth stored as two sequences."""
-    random = numpy.random.RandomState(seed)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=numpy.int32)
-    for d in range(documents):
-        length = int(numpy.clip(random.lognormal(numpy.log(mean), 0.8), 2, 20 * mean))
-        length = -(-length // multiple) * multiple
-        tokens = random.randint(1, 50000, size=length)
-        tokens[-1] = EOD
-        half = length // (2 * multiple) * multiple
-        lengths = [length] if d % 5 or half == 0 else [half, length - half]
-        builder.add_document(tokens, lengths)
-    builder.finalize(f"{prefix}.idx")
-    return prefix
-
-
-BLEND = ([write_dataset(str(WORK / f"web{i}"), 400, 30 + 20 * i, 11 + i) for i in range(3)],
+BLEND = ([write_dataset(str(WORK / f"web{i}"), 400, 30 + 20 * i, 11 + i, EOD) for i in range(3)],
          [2.0, 1.0, 5.0])
 # Every sequence a multiple of 4 tokens: with seq 64 every document piece
 # divides by 2 x CP = 4, which a per-document split needs.
-DIVISIBLE = ([write_dataset(str(WORK / "even"), 600, 40, 7, multiple=4)], None)
+DIVISIBLE = ([write_dataset(str(WORK / "even"), 600, 40, 7, EOD, multiple=4)], None)
 
 
 def megatron_train(blend):

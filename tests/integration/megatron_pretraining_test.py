@@ -22,6 +22,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ctl_checks import Checks  # noqa: E402
@@ -35,6 +36,8 @@ if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
 import logging  # noqa: E402
 
 import numpy  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import default_collate  # noqa: E402
 
 Builder, GPTDataset, GPTDatasetConfig = import_megatron_datasets()
 logging.getLogger("megatron").setLevel(logging.ERROR)
@@ -242,6 +245,14 @@ check("a cached index that does not fit is refused, naming the file",
 
 # ---- served by a real packfeedd to every rank of TP2 x PP2 x CP2 x DP2 ----
 from daemon_harness import Daemon, start_up_errors  # noqa: E402
+from megatron_source import CpGroup, megatron_functions  # noqa: E402
+
+MEGATRON_016 = megatron_functions(
+    pathlib.Path(sys.modules["megatron"].__path__[0], "core", "utils.py").read_text(),
+    ["get_batch_on_this_cp_rank"], get_pg_size=lambda group: group.size,
+    get_pg_rank=lambda group: group.rank)
+# What pretrain_gpt's get_batch of 0.16 returns, in order.
+MEGATRON_016_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 
 TP, PP, CP, DP = 2, 2, 2, 2
 MBS, GBS, SEQ, SEED, STEPS = 2, 16, 64, 4321, 3
@@ -320,8 +331,10 @@ def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss, cp_size
     with Daemon(os.path.dirname(CTL), config, workdir=WORK / name) as daemon:
         dumps = daemon.dump_ranks("gpt", ranks, STEPS)
         job = next(j for j in daemon.ctl_json("stats")["jobs"] if j["name"] == "gpt")
-        if len(sys.argv) > 2 and not thd:
-            python_client_step(daemon.socket, train, consumed)
+        if len(sys.argv) > 2:
+            if not thd:
+                python_client_step(daemon.socket, train, consumed)
+            dropin_016_step(daemon.socket, train, consumed, cp_size, thd)
     microbatches = GBS // (MBS * DP)
     for rank in ranks:
         tp, cp = rank % TP, (rank // TP) % cp_size
@@ -377,6 +390,54 @@ def python_client_step(socket, train, consumed):
         client.close()
         check(f"python client rank {rank}: {count} microbatches of [{MBS}, {SEQ // CP}]",
               same == count == GBS // (MBS * DP), f"{same} of {count}")
+
+
+def megatron_016_get_batch(items, stage, cp_size, cp_rank):
+    """pretrain_gpt's get_batch of Megatron-Core 0.16 on a rank of pipeline
+    stage `stage`: TP rank 0's batch of five keys (the dataset's attention
+    mask with them), the first stage without labels and loss_mask, the last
+    without tokens and position_ids, then 0.16.1's get_batch_on_this_cp_rank
+    as written; its values in order."""
+    collated = default_collate(items)
+    batch = {key: collated.get(key) for key in MEGATRON_016_KEYS}
+    if stage == 0:
+        batch["labels"] = batch["loss_mask"] = None
+    else:
+        batch["tokens"] = batch["position_ids"] = None
+    return tuple(MEGATRON_016["get_batch_on_this_cp_rank"](batch, CpGroup(cp_size, cp_rank))
+                 .values())
+
+
+def dropin_016_step(socket, train, consumed, cp_size, thd):
+    """A first-stage and a last-stage rank through packfeed.megatron's
+    provider and get_batch_016, as a 0.16 pretrain_gpt with
+    --dataloader-type external calls them: step 0's values must be 0.16's
+    get_batch's, the dense attention mask included (with `thd`, each
+    sample's document mask rebuilt from the THD row)."""
+    sys.path.insert(0, sys.argv[2])
+    from packfeed import megatron as packfeed_megatron
+    args = types.SimpleNamespace(consumed_train_samples=consumed, consumed_valid_samples=0)
+    for rank in (TP * cp_size, TP * cp_size * DP * PP - 1):
+        cp, dp, pp = (rank // TP) % cp_size, (rank // (TP * cp_size)) % DP, \
+            rank // (TP * cp_size * DP)
+        settings = packfeed_megatron.Settings(
+            micro_batch_size=MBS, seq_length=SEQ, create_attention_mask=True,
+            reset_attention_mask=thd, cp_size=cp_size, cp_rank=cp)
+        provider = packfeed_megatron.datasets_provider("gpt", socket_path=socket, args=args,
+                                                       settings=settings, rank=rank, copy=True)
+        iterators = provider([0, 0, 0])
+        wrong = [] if iterators[1:] == (None, None) else ["a valid or test split not served"]
+        for m in range(GBS // (MBS * DP)):
+            got = packfeed_megatron.get_batch_016(iterators[0])
+            first = consumed + (m * DP + dp) * MBS
+            want = megatron_016_get_batch([train[first + b] for b in range(MBS)], pp, cp_size, cp)
+            for key, a, b in zip(MEGATRON_016_KEYS, got, want):
+                if (a is None) != (b is None) or (a is not None and (
+                        a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b))):
+                    wrong.append(f"microbatch {m} {key}")
+        packfeed_megatron.close()
+        check(f"drop-in rank {rank} (cp {cp} dp {dp} pp {pp}{', THD served' if thd else ''}): "
+              f"get_batch_016 equals Megatron 0.16's", not wrong, wrong[:5])
 
 
 serve_and_compare("served", 0, True, True)

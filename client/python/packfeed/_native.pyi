@@ -32,9 +32,9 @@ class Client:
         """"cuda" or "host"."""
 
 def attach(socket_path: str, job: str, global_rank: int, fingerprint: str, auth_token: str,
-           start_step: int, start_microbatch: int, elastic: bool, slots: int, slot_bytes: int,
-           placement: str, cuda_device: int, ucx_transports: str, attach_timeout: float,
-           reconnect_timeout: float) -> Client: ...
+           start_step: int, start_microbatch: int, start_sample: Optional[int], elastic: bool,
+           slots: int, slot_bytes: int, placement: str, cuda_device: int, ucx_transports: str,
+           attach_timeout: float, reconnect_timeout: float) -> Client: ...
 
 class Producer:
     def put(self, step: int, fields: List[str],

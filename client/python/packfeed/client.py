@@ -62,6 +62,11 @@ class Client:
     safe. When the trainer holds slots - 1 microbatches, the next ones come
     as private copies, so the daemon keeps a slot to fill (ring() counts
     them). copy=True always hands out owned copies and frees the slot at once.
+    start_sample: pretraining jobs, in place of start_step: Megatron's
+    consumed sample count of the job's split (consumed_train_samples, or
+    consumed_valid_samples for NAME.valid); serving starts at the step that
+    begins there. InvalidArgumentError when it lies before the job's
+    consumed_samples or inside a step, or the job is of another kind.
     elastic: with fingerprint and start_step (or state), accept a job whose
     topology or scheduler changed since (another DP size) as long as its data
     did not; start at a step boundary (docs/RELIABILITY.md).
@@ -85,7 +90,8 @@ class Client:
 
     def __init__(self, job: Optional[str] = None, *, rank: Optional[int] = None,
                  socket_path: Optional[str] = None, fingerprint: str = "",
-                 auth_token: Optional[str] = None, start_step: int = 0, slots: int = 4,
+                 auth_token: Optional[str] = None, start_step: int = 0,
+                 start_sample: Optional[int] = None, slots: int = 4,
                  slot_bytes: int = 0, device: Optional[str | torch.device] = None,
                  copy: bool = False, ucx_transports: str = "", attach_timeout: float = 30.0,
                  reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
@@ -110,7 +116,7 @@ class Client:
         if state is not None:
             self.load_state_dict(state, elastic=elastic)
         else:
-            self._attach(fingerprint, start_step, 0, elastic)
+            self._attach(fingerprint, start_step, 0, elastic, start_sample)
 
     # --- iteration -------------------------------------------------------
     def __iter__(self) -> Iterator[Step]:
@@ -231,13 +237,13 @@ class Client:
 
     # --- internals -------------------------------------------------------
     def _attach(self, fingerprint: str, start_step: int, start_microbatch: int = 0,
-                elastic: bool = False) -> None:
+                elastic: bool = False, start_sample: Optional[int] = None) -> None:
         cuda_device = (self._device.index or 0) if (
             self._device is not None and self._device.type == "cuda") else None
         self._native = _native.attach(
             socket_path=self.socket_path, job=self.job, global_rank=self.rank,
             fingerprint=fingerprint, auth_token=self._auth_token, start_step=start_step,
-            start_microbatch=start_microbatch, elastic=elastic,
+            start_microbatch=start_microbatch, start_sample=start_sample, elastic=elastic,
             placement="host" if cuda_device is None else "staged",
             cuda_device=cuda_device or 0, slots=self._slots, slot_bytes=self._slot_bytes,
             ucx_transports=self._ucx_transports, attach_timeout=self._attach_timeout,

@@ -59,6 +59,13 @@ struct ClientOptions {
   // Microbatches of start_step already consumed (a resume inside a step:
   // ClientState::next_microbatch); NextStep then begins the step there.
   int start_microbatch = 0;
+  // Pretraining jobs, in place of start_step: Megatron's consumed sample
+  // count of the job's split (consumed_train_samples, or
+  // consumed_valid_samples for NAME.valid). The daemon starts at the step
+  // that begins there; Create fails with InvalidArgument when the count lies
+  // before the job's consumed_samples or inside a step, or the job is of
+  // another kind.
+  std::optional<int64_t> start_sample;
   // An elastic resume: `fingerprint` (required) may differ from the daemon's
   // in topology and scheduler (another DP size), not in data; start at a step
   // boundary. docs/RELIABILITY.md.

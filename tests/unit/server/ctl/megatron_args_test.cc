@@ -85,6 +85,19 @@ TEST(MegatronArgsTest, ReadsBlendsPerSplitAndSampleBasedTraining) {
   EXPECT_FALSE(p.serve_every_split());  // nothing evaluated: the train split alone
 }
 
+// packfeed.megatron's drop-in runs pretrain_gpt with --dataloader-type
+// external: the same order as 'single'.
+TEST(MegatronArgsTest, TheDropInsExternalLoaderServesSinglesOrder) {
+  std::vector<std::string> argv = Base();
+  argv.insert(argv.end(), {"--data-path", "/d", "--dataloader-type", "external"});
+  absl::StatusOr<v1::JobConfig> external = JobFromMegatronArgs(argv, World(8));
+  ASSERT_TRUE(external.ok()) << external.status();
+  argv.resize(argv.size() - 2);
+  absl::StatusOr<v1::JobConfig> single = JobFromMegatronArgs(argv, World(8));
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ(external->DebugString(), single->DebugString());
+}
+
 TEST(MegatronArgsTest, RefusesWhatItCannotServeNamingTheFlag) {
   auto refused = [](std::vector<std::string> extra, int64_t ranks = 8) {
     std::vector<std::string> argv = Base();

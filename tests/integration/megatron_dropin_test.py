@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""packfeed.megatron as pretrain_gpt's data path, held to Megatron-Core
+0.19.2's own code.
+
+For every rank of a job, the drop-in (datasets_provider, then get_batch per
+microbatch, as pretrain_gpt calls them with --dataloader-type external)
+must return what pretrain_gpt's get_batch of Megatron-Core 0.19 returns on
+that rank with Megatron's own data path: GPTDataset[i] of 0.19.2 for the
+pretraining sampler's indices, torch's default_collate, then 0.19.2's
+get_batch_on_this_tp_rank (TP rank 0's side: every TP rank ends with its
+batch), flatten_batch_for_packed_sequences and get_batch_on_this_cp_rank,
+taken by name from its megatron/core/utils.py and run as written. The
+values of the ten batch keys are compared in order: None where Megatron has
+None, else dtype, shape and every element.
+
+Cases: inter-document masking under TP1 x PP3 x CP2 (a middle stage gets
+cu_seqlens and max_seqlen only), resumed from consumed_train_samples, over
+a step boundary; a BSHD job with Megatron's default dense causal mask under
+PP2 x CP2 x DP2, with its valid and test splits from the same provider (the
+valid split resumed from consumed_valid_samples); reset_attention_mask,
+whose dense per-document mask is rebuilt from packfeed's THD row; and a
+consumed count between two steps, refused with the reason.
+
+Usage: megatron_dropin_test.py PACKFEEDCTL VENV_DIR FETCH_DIR PYTHON_PACKAGE_DIR
+Exit 77 (skipped) only when PyPI cannot be reached.
+"""
+import inspect
+import os
+import pathlib
+import sys
+import tempfile
+import threading
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ctl_checks import Checks  # noqa: E402
+from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,  # noqa: E402
+                           init_single_process, rerun_in_venv)
+
+if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
+    rerun_in_venv(sys.argv[2], __file__, [sys.argv[1], *sys.argv[3:]])
+
+# ---- inside the venv: argv = [script, PACKFEEDCTL, FETCH_DIR, PYTHON_PACKAGE_DIR] ----
+import logging  # noqa: E402
+
+import torch  # noqa: E402
+from torch.utils.data import default_collate  # noqa: E402
+
+CTL, FETCH_DIR, PYTHON_DIR = sys.argv[1], sys.argv[2], sys.argv[3]
+SRC = fetch_megatron_019(FETCH_DIR)
+Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(SRC)
+logging.getLogger("megatron").setLevel(logging.ERROR)
+from daemon_harness import Daemon  # noqa: E402
+from megatron_source import CpGroup, megatron_functions, write_dataset  # noqa: E402
+
+sys.path.insert(0, PYTHON_DIR)
+import packfeed  # noqa: E402
+from packfeed import megatron as packfeed_megatron  # noqa: E402
+
+EOD = 0
+MBS, GBS, SEQ, SEED = 2, 16, 64, 97
+SPLIT = "90,8,2"
+CHECKS = Checks(CTL)
+check = CHECKS.check
+
+MEGATRON = megatron_functions(UTILS_SOURCE, [
+    "get_batch_on_this_tp_rank", "_merge_cu_seqlens_across_micro_batch",
+    "flatten_batch_for_packed_sequences", "_get_batch_on_this_cp_rank_per_sequence_balancing",
+    "_get_batch_on_this_cp_rank_per_document_balancing", "get_batch_on_this_cp_rank"])
+# pretrain_gpt's BATCH_KEYS (0.19): what its get_batch returns, in order.
+MEGATRON_KEYS = ("attention_mask", "cu_seqlens", "cu_seqlens_padded", "hybrid_cp_group", "labels",
+                 "local_cp_size", "loss_mask", "max_seqlen", "position_ids", "tokens")
+
+
+def megatron_get_batch(items, args, stage, cp_rank):
+    """pretrain_gpt's get_batch (Megatron-Core 0.19) on a rank of pipeline
+    stage `stage` and CP rank `cp_rank`, its steps as that function takes
+    them, over TP rank 0's collated batch."""
+    has_cu_seqlens = args.dataloader_inter_document_masking
+    first, last = stage == 0, stage == args.pipeline_model_parallel_size - 1
+    if not (first or last) and not has_cu_seqlens:
+        return [None] * len(MEGATRON_KEYS)
+    batch = default_collate(items)
+    # BlendedDataset adds dataset_id (one value per sample), which 0.19.2's
+    # CP split cannot cut (IndexError under CP > 1); it is not returned.
+    batch.pop("dataset_id", None)
+    for key in MEGATRON_KEYS:
+        batch[key] = batch.get(key)
+    batch = MEGATRON["get_batch_on_this_tp_rank"](
+        batch, broadcast_src_rank=0, broadcast_group=None, has_cu_seqlens=has_cu_seqlens,
+        is_hybrid_cp=False,
+        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
+        cp_size=args.context_parallel_size, tp_rank=0, micro_batch_size=MBS, seq_length=SEQ,
+        mtp_on_this_rank=False, pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        is_pipeline_first_stage=first, is_pipeline_last_stage=last)
+    batch = MEGATRON["flatten_batch_for_packed_sequences"](batch)
+    if not (first or last):
+        values = dict.fromkeys(MEGATRON_KEYS)
+        for key in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen"):
+            values[key] = batch[key]
+        return [values[key] for key in MEGATRON_KEYS]
+    batch = MEGATRON["get_batch_on_this_cp_rank"](
+        batch, is_hybrid_cp=False, cp_group=CpGroup(args.context_parallel_size, cp_rank),
+        hybrid_cp_group_func=None, use_per_sequence_balancing=has_cu_seqlens)
+    return [batch[key] for key in MEGATRON_KEYS]
+
+
+def differences(got, want):
+    """Where packfeed's get_batch values differ from Megatron's."""
+    out = []
+    for key, a, b in zip(MEGATRON_KEYS, got, want):
+        if a is None or b is None:
+            if a is not b:
+                out.append(f"{key}: {'None' if a is None else 'a tensor'} against "
+                           f"{'None' if b is None else 'a tensor'}")
+        elif a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+            out.append(f"{key}: {a.dtype} {tuple(a.shape)} against {b.dtype} {tuple(b.shape)}"
+                       f"{'' if a.shape != b.shape else ', other values'}")
+    return out
+
+
+# ---- datasets, written with Megatron's own builder ----
+WORK = pathlib.Path(tempfile.mkdtemp(prefix="pf-dropin-"))
+init_single_process(WORK)
+BLEND = ([write_dataset(str(WORK / f"web{i}"), 400, 30 + 20 * i, 31 + i, EOD) for i in range(2)],
+         [1.0, 3.0])
+
+
+def megatron_args(tp, pp, cp, dp, consumed_train=0, consumed_valid=0, inter_document=False,
+                  reset_attention_mask=False, create_attention_mask=True):
+    """pretrain_gpt's arguments as far as the data path reads them (0.19's
+    argument check turns the attention mask off with inter-document masking)."""
+    return types.SimpleNamespace(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        context_parallel_size=cp, data_parallel_size=dp, micro_batch_size=MBS,
+        global_batch_size=GBS, seq_length=SEQ, consumed_train_samples=consumed_train,
+        consumed_valid_samples=consumed_valid, dataloader_inter_document_masking=inter_document,
+        reset_attention_mask=reset_attention_mask, reset_position_ids=reset_attention_mask,
+        eod_mask_loss=True, create_attention_mask_in_dataloader=create_attention_mask
+        and not inter_document)
+
+
+def megatron_splits(args):
+    """Megatron's own train, valid and test datasets for `args`."""
+    config = GPTDatasetConfig(
+        random_seed=SEED, sequence_length=SEQ, blend=BLEND, split=SPLIT,
+        path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.create_attention_mask_in_dataloader,
+        inter_document_masking=args.dataloader_inter_document_masking)
+    return Builder(GPTDataset, [GBS * 20, GBS * 4, GBS * 2], lambda: True, config).build()
+
+
+def job_text(args):
+    prefixes, weights = BLEND
+    datasets = "\n".join(
+        f'  datasets {{ prefix: "{p}" weight: {w} kind: DATASET_KIND_PRETRAINING }}'
+        for p, w in zip(prefixes, weights))
+    flags = {"inter_document_masking": args.dataloader_inter_document_masking,
+             "reset_attention_mask": args.reset_attention_mask,
+             "reset_position_ids": args.reset_position_ids, "eod_mask_loss": args.eod_mask_loss}
+    return f"""jobs {{
+  name: "gpt"
+{datasets}
+  topology {{ tp: {args.tensor_model_parallel_size} pp: {args.pipeline_model_parallel_size}
+             cp: {args.context_parallel_size} dp: {args.data_parallel_size} }}
+  global_batch: {GBS}
+  seq_length: {SEQ}
+  seed: {SEED}
+  eod_id: {EOD}
+  pretraining {{ split: "{SPLIT}" train_samples: {GBS * 20} valid_samples: {GBS * 4}
+                 test_samples: {GBS * 2} micro_batch_size: {MBS} serve_every_split: true
+                 {" ".join(f"{k}: {str(v).lower()}" for k, v in flags.items())} }}
+}}
+"""
+
+
+def coords(rank, args):
+    """(cp, dp, pp) of a global rank, TP fastest then CP, DP, PP."""
+    tp, cp, dp = (args.tensor_model_parallel_size, args.context_parallel_size,
+                  args.data_parallel_size)
+    return (rank // tp) % cp, (rank // (tp * cp)) % dp, rank // (tp * cp * dp)
+
+
+def run_ranks(socket, args, microbatches):
+    """Each rank's drop-in, as pretrain_gpt drives it: the provider once,
+    then get_batch `microbatches[split]` times per split; every rank on a
+    thread of its own, as the ranks run at once. ({rank: {split: [values]}},
+    {rank: error})."""
+    world = (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+             * args.context_parallel_size * args.data_parallel_size)
+    out, failures = {}, {}
+
+    def rank_main(rank):
+        try:
+            provider = packfeed_megatron.datasets_provider(
+                "gpt", socket_path=socket, args=args, settings=settings_of(args, rank),
+                rank=rank, copy=True)
+            iterators = dict(zip(("train", "valid", "test"), provider([0, 0, 0])))
+            out[rank] = {split: [packfeed_megatron.get_batch(iterators[split])
+                                 for _ in range(count)]
+                         for split, count in microbatches.items()}
+        except Exception as error:  # noqa: BLE001 - reported as the rank's failure
+            failures[rank] = repr(error)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return out, failures
+
+
+def settings_of(args, rank):
+    """What settings_from_args makes of `args`, with the CP rank Megatron's
+    parallel_state would answer on `rank`."""
+    base = packfeed_megatron.settings_from_args(
+        types.SimpleNamespace(**{**vars(args), "context_parallel_size": 1}))
+    return packfeed_megatron.Settings(**{**vars(base), "cp_size": args.context_parallel_size,
+                                         "cp_rank": coords(rank, args)[0]})
+
+
+def serve_and_compare(name, args, microbatches):
+    """Serves the job of `args`; every rank's get_batch values for
+    `microbatches` = {split: count} must be Megatron's."""
+    datasets = dict(zip(("train", "valid", "test"), megatron_splits(args)))
+    consumed = {"train": args.consumed_train_samples, "valid": args.consumed_valid_samples,
+                "test": 0}
+    (WORK / name).mkdir()
+    with Daemon(os.path.dirname(CTL), job_text(args), workdir=WORK / name) as daemon:
+        served, failures = run_ranks(daemon.socket, args, microbatches)
+        packfeed_megatron.close()
+    world = (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+             * args.context_parallel_size * args.data_parallel_size)
+    check(f"{name}: every rank's drop-in ran", sorted(served) == list(range(world)), failures)
+    per_step = GBS // (MBS * args.data_parallel_size)
+    documents = 0
+    for rank, splits in sorted(served.items()):
+        cp, dp, pp = coords(rank, args)
+        wrong = []
+        for split, values in splits.items():
+            for index, got in enumerate(values):
+                step, m = divmod(index, per_step)
+                first = consumed[split] + step * GBS + (m * args.data_parallel_size + dp) * MBS
+                want = megatron_get_batch([datasets[split][first + b] for b in range(MBS)], args,
+                                          pp, cp)
+                wrong += [f"{split} microbatch {index}: {d}" for d in differences(got, want)]
+                cu_seqlens = got[MEGATRON_KEYS.index("cu_seqlens")]
+                documents += 0 if cu_seqlens is None else cu_seqlens.numel() - 1
+        check(f"{name} rank {rank} (cp {cp} dp {dp} pp {pp}): get_batch equals Megatron 0.19's",
+              not wrong, wrong[:5])
+    return documents
+
+
+# Inter-document masking, TP1 x PP3 x CP2: the middle stage gets only the
+# row's cu_seqlens and max_seqlen; resumed at consumed_train_samples, 12
+# microbatches from step 2 on cross into step 3.
+ARGS = megatron_args(1, 3, 2, 1, consumed_train=2 * GBS, inter_document=True)
+documents = serve_and_compare("inter-document", ARGS, {"train": 12})
+check("inter-document: microbatches hold several documents each", documents > 2 * 12 * 6,
+      documents)
+
+# Megatron's default: BSHD with the dense causal mask (cut to each CP
+# rank's rows); the valid split resumed at consumed_valid_samples, the
+# test split from 0, from the same provider.
+serve_and_compare("dense-mask", megatron_args(1, 2, 2, 2, consumed_valid=GBS),
+                  {"train": 6, "valid": 4, "test": 4})
+
+# reset_attention_mask: the dense per-document mask rebuilt from the THD row.
+serve_and_compare("document-mask", megatron_args(2, 1, 1, 2, reset_attention_mask=True),
+                  {"train": 4})
+
+
+def provider_as_megatron_calls_it():
+    """What Megatron's training loop asks of a provider: is_distributed
+    (every rank builds its own iterators), a vp_stage keyword; a consumed
+    count inside a step is refused, naming why, and the daemon serves on."""
+    check("the provider builds on every rank (is_distributed)",
+          getattr(packfeed_megatron.train_valid_test_datasets_provider, "is_distributed", False))
+    check("the provider takes vp_stage, as Megatron's VPP path asserts",
+          "vp_stage" in inspect.signature(
+              packfeed_megatron.train_valid_test_datasets_provider).parameters)
+    args = megatron_args(1, 1, 1, 2, consumed_train=GBS + MBS)
+    (WORK / "refused").mkdir()
+    with Daemon(os.path.dirname(CTL), job_text(args), workdir=WORK / "refused") as daemon:
+        provider = packfeed_megatron.datasets_provider("gpt", socket_path=daemon.socket,
+                                                       args=args, rank=0)
+        try:
+            provider([0, 0, 0])
+            refused = "not refused"
+        except packfeed.errors.InvalidArgumentError as error:
+            refused = str(error)
+        alive = daemon.ctl_run("health").returncode == 0
+        packfeed_megatron.close()
+    check("a consumed count inside a step is refused with the reason",
+          "sample 18 lies inside a step" in refused and "consumed_samples" in refused, refused)
+    check("the daemon serves on after refusing it", alive)
+
+
+provider_as_megatron_calls_it()
+CHECKS.finish()
