@@ -1,6 +1,7 @@
 // packfeed._native: the C++ client for Python. Thin on purpose: options in,
-// microbatches out as DLPack capsules (zero-copy views of the ring slot);
-// the Python package (client/python/packfeed) builds the Megatron dict.
+// microbatches out as DLPack capsules (zero-copy views of the ring slot),
+// or, on the hot path (next_batch), as the torch tensors of the Megatron
+// dict the Python package (client/python/packfeed) hands out.
 //
 // Errors: every absl::Status becomes a Python exception in Raise(), the one
 // place that does it (classes in packfeed/errors.py, chosen by status code).
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -195,6 +197,89 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
   return out;
 }
 
+// torch's objects next_batch uses, looked up once (leaked on purpose: a
+// static destroyed after the interpreter would touch freed objects).
+struct TorchHandles {
+  py::object from_dlpack;  // torch._C._from_dlpack
+  py::object bool_dtype;   // torch.bool
+};
+const TorchHandles& Torch() {
+  static const TorchHandles* handles =
+      new TorchHandles{py::module_::import("torch._C").attr("_from_dlpack"),
+                       py::module_::import("torch").attr("bool")};
+  return *handles;
+}
+
+// A one-element integer field (max_seqlen, local_cp_size) as an int, read
+// without waiting for the device where its bytes are on the host (a staged
+// ring's host copy, a host ring); else through torch, which waits.
+py::object SmallInt(const FieldView& field, MemoryKind memory, const py::object& tensor) {
+  const void* bytes = field.host_copy.empty() ? field.data : field.host_copy.data();
+  if (!field.host_copy.empty() || memory == MemoryKind::kHost) {
+    if (field.dtype == ElementType::kInt32) {
+      int32_t value = 0;
+      std::memcpy(&value, bytes, sizeof(value));
+      return py::int_(value);
+    }
+    if (field.dtype == ElementType::kInt64) {
+      int64_t value = 0;
+      std::memcpy(&value, bytes, sizeof(value));
+      return py::int_(value);
+    }
+  }
+  return py::int_(tensor);
+}
+
+// One microbatch as packfeed.Client hands it out (client.py's Batch): a copy
+// of `keys` (Megatron's keys, each None), every field as a torch tensor
+// viewing the slot, and "packed_seq_params" (PackedSeqParams' arguments, or
+// None without cu_seqlens). The same dict client.py would build from next(),
+// built here because the Python loop over the fields cost more than the
+// whole C++ Next (docs/PYTHON.md, "Speed").
+py::dict NextBatch(const std::shared_ptr<Client>& client, std::optional<double> timeout,
+                   uintptr_t cuda_stream, const py::dict& keys) {
+  absl::StatusOr<Microbatch> next;
+  {
+    py::gil_scoped_release release;
+    next = client->Next(Timeout(timeout), reinterpret_cast<void*>(cuda_stream));
+  }
+  auto microbatch = std::make_shared<const Microbatch>(ValueOrRaise(std::move(next)));
+  const TorchHandles& torch = Torch();
+  py::dict batch = py::reinterpret_steal<py::dict>(PyDict_Copy(keys.ptr()));
+  py::object cu_seqlens = py::none();
+  py::object cu_seqlens_padded = py::none();
+  py::object max_seqlen = py::none();
+  py::object local_cp_size = py::none();
+  for (const FieldView& field : microbatch->fields) {
+    py::object tensor =
+        torch.from_dlpack(ToCapsule(field, client->options().cuda_device, microbatch));
+    if (field.dtype == ElementType::kBool) tensor = tensor.attr("view")(torch.bool_dtype);
+    if (field.name == "cu_seqlens") cu_seqlens = tensor;
+    if (field.name == "cu_seqlens_padded") cu_seqlens_padded = tensor;
+    if (field.name == "max_seqlen") max_seqlen = SmallInt(field, microbatch->memory_kind, tensor);
+    if (field.name == "local_cp_size") {
+      local_cp_size = SmallInt(field, microbatch->memory_kind, tensor);
+    }
+    batch[py::str(field.name)] = std::move(tensor);
+  }
+  if (cu_seqlens.is_none()) {
+    batch["packed_seq_params"] = py::none();
+    return batch;
+  }
+  if (max_seqlen.is_none()) Raise(absl::DataLossError("a THD microbatch without max_seqlen"));
+  py::dict params;
+  params["qkv_format"] = "thd";
+  params["cu_seqlens_q"] = cu_seqlens;
+  params["cu_seqlens_kv"] = cu_seqlens;
+  params["cu_seqlens_q_padded"] = cu_seqlens_padded;
+  params["cu_seqlens_kv_padded"] = cu_seqlens_padded;
+  params["max_seqlen_q"] = max_seqlen;
+  params["max_seqlen_kv"] = max_seqlen;
+  params["local_cp_size"] = local_cp_size;
+  batch["packed_seq_params"] = std::move(params);
+  return batch;
+}
+
 std::shared_ptr<Producer> MakeProducer(const std::string& socket_path, const std::string& stream,
                                        const std::string& auth_token,
                                        const std::string& ucx_transports) {
@@ -334,6 +419,7 @@ PYBIND11_MODULE(_native, m) {
              out["input_bound"] = times.input_bound();
              return out;
            })
+      .def("next_batch", &NextBatch, py::arg("timeout"), py::arg("cuda_stream"), py::arg("keys"))
       .def_property_readonly("fingerprint", &Client::fingerprint)
       .def_property_readonly("num_chunks", &Client::num_chunks)
       .def_property_readonly("memory_kind", [](const Client& client) {

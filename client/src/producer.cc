@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "client/src/grpc_status.h"
 #include "grpcpp/create_channel.h"
+#include "packfeed/common/mutex_mode.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/memory_region.h"
 #include "packfeed/transport/ucx_context.h"
@@ -66,6 +67,7 @@ class Producer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions& options) {
+  UseReleaseMutexChecks();
   if (options.stream.empty())
     return absl::InvalidArgumentError("ProducerOptions.stream is required");
   transport::UcxOptions ucx;

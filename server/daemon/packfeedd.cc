@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "packfeed/common/mutex_mode.h"
 #include "packfeed/common/version.h"
 #include "server/config/daemon_config.h"
 #include "server/control/daemon.h"
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
   CLI11_PARSE(app, argc, argv);
 
+  packfeed::UseReleaseMutexChecks();
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("packfeedd [%l] %v");
   // Every line reaches the journal (or a log file) when it is written: stdout

@@ -114,6 +114,35 @@ class ClientTest(unittest.TestCase):
             owned.close()
             again.close()
 
+    def test_the_native_batch_is_the_one_python_builds(self):
+        """The zero-copy batches (built by _native.next_batch) equal the
+        copies (built in Python from next()) of the same steps: keys, None
+        entries, dtypes, shapes, values and packed_seq_params."""
+        def described(batch):
+            out = {}
+            for key, value in batch.items():
+                if isinstance(value, torch.Tensor):
+                    out[key] = (value.dtype, tuple(value.shape), value.tolist())
+                elif isinstance(value, dict):
+                    out[key] = described(value)
+                else:
+                    out[key] = value
+            return out
+
+        with self.daemon(name="native") as daemon:
+            steps = {}
+            for copy in (False, True):
+                client = packfeed.Client("job", rank=1, socket_path=daemon.socket, copy=copy)
+                steps[copy] = [[described(b) for b in client.next_step(timeout=30)[0]]
+                               for _ in range(3)]
+                client.close()
+        self.assertEqual(steps[False], steps[True])
+        first = steps[False][0][0]
+        self.assertEqual(first["padding_mask"][0], torch.bool)
+        self.assertEqual(first["packed_seq_params"]["qkv_format"], "thd")
+        self.assertIsInstance(first["packed_seq_params"]["max_seqlen_q"], int)
+        self.assertIsNone(first["attention_mask"])
+
     def test_held_tensors_never_change_and_holding_more_than_the_ring_copies(self):
         """A trainer keeps the tensors of its last K microbatches alive, as
         autograd keeps every in-flight microbatch's inputs until its backward

@@ -26,6 +26,9 @@ MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_id
                  "padding_mask", "cu_seqlens", "cu_seqlens_padded", "max_seqlen",
                  "local_cp_size")
 
+# A batch before its fields are filled in (next_batch copies it).
+_NO_FIELDS: Dict[str, Any] = dict.fromkeys(MEGATRON_KEYS)
+
 STATE_VERSION = 1
 
 # One microbatch: Megatron's keys (tensors, or None where this rank's stage
@@ -254,14 +257,17 @@ class Client:
             raise RuntimeError("packfeed client is closed")
         return self._native
 
+    def _stream(self) -> int:
+        """The cudaStream_t that reads the next microbatch (0: none)."""
+        if self._device is None:
+            return 0
+        return int(torch.cuda.current_stream(self._device).cuda_stream)
+
     def _next_fields(self, timeout: Optional[float]
                      ) -> Tuple[Dict[str, torch.Tensor], Tuple[int, Optional[int]]]:
         """The microbatch's tensors, and max_seqlen and local_cp_size read
         without a device synchronisation."""
-        stream = 0
-        if self._device is not None:
-            stream = torch.cuda.current_stream(self._device).cuda_stream
-        native = self._live().next(timeout, stream)
+        native = self._live().next(timeout, self._stream())
         fields = {}
         for name, dtype, capsule in native["fields"]:
             tensor = torch.utils.dlpack.from_dlpack(capsule)
@@ -269,6 +275,10 @@ class Client:
         return fields, _slot_lengths(fields, native["host_copies"])
 
     def _next_batch(self, timeout: Optional[float]) -> Batch:
+        if not self._copy:
+            # The same dict as below, built by the native module: the
+            # per-field Python work cost more than the C++ Next itself.
+            return self._live().next_batch(timeout, self._stream(), _NO_FIELDS)
         batch = dict.fromkeys(MEGATRON_KEYS)
         fields, lengths = self._next_fields(timeout)
         batch.update(fields)
