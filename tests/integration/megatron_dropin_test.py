@@ -15,7 +15,8 @@ None, else dtype, shape and every element.
 
 Cases: inter-document masking under TP1 x PP3 x CP2 (a middle stage gets
 cu_seqlens and max_seqlen only), resumed from consumed_train_samples, over
-a step boundary; a BSHD job with Megatron's default dense causal mask under
+a step boundary; the same under PP2 x VPP2, each model chunk's iterator
+from its own provider call, chunk 0 a step ahead; a BSHD job with Megatron's default dense causal mask under
 PP2 x CP2 x DP2, with its valid and test splits from the same provider (the
 valid split resumed from consumed_valid_samples); reset_attention_mask,
 whose dense per-document mask is rebuilt from packfeed's THD row; and a
@@ -72,12 +73,16 @@ MEGATRON_KEYS = ("attention_mask", "cu_seqlens", "cu_seqlens_padded", "hybrid_cp
                  "local_cp_size", "loss_mask", "max_seqlen", "position_ids", "tokens")
 
 
-def megatron_get_batch(items, args, stage, cp_rank):
+def megatron_get_batch(items, args, stage, cp_rank, vp_stage=None):
     """pretrain_gpt's get_batch (Megatron-Core 0.19) on a rank of pipeline
-    stage `stage` and CP rank `cp_rank`, its steps as that function takes
-    them, over TP rank 0's collated batch."""
+    stage `stage` and CP rank `cp_rank`, for model chunk `vp_stage` under
+    VPP, its steps as that function takes them, over TP rank 0's collated
+    batch. A chunk is first (last) when it is the first (last) stage's first
+    (last) chunk, as is_first_or_last_pipeline_stage(vp_stage) says."""
     has_cu_seqlens = args.dataloader_inter_document_masking
-    first, last = stage == 0, stage == args.pipeline_model_parallel_size - 1
+    first = stage == 0 and (vp_stage or 0) == 0
+    last = stage == args.pipeline_model_parallel_size - 1 and (
+        vp_stage is None or vp_stage == args.virtual_pipeline_model_parallel_size - 1)
     if not (first or last) and not has_cu_seqlens:
         return [None] * len(MEGATRON_KEYS)
     batch = default_collate(items)
@@ -127,11 +132,12 @@ BLEND = ([write_dataset(str(WORK / f"web{i}"), 400, 30 + 20 * i, 31 + i, EOD) fo
 
 
 def megatron_args(tp, pp, cp, dp, consumed_train=0, consumed_valid=0, inter_document=False,
-                  reset_attention_mask=False, create_attention_mask=True):
+                  reset_attention_mask=False, create_attention_mask=True, vpp=None):
     """pretrain_gpt's arguments as far as the data path reads them (0.19's
     argument check turns the attention mask off with inter-document masking)."""
     return types.SimpleNamespace(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
         context_parallel_size=cp, data_parallel_size=dp, micro_batch_size=MBS,
         global_batch_size=GBS, seq_length=SEQ, consumed_train_samples=consumed_train,
         consumed_valid_samples=consumed_valid, dataloader_inter_document_masking=inter_document,
@@ -164,7 +170,8 @@ def job_text(args):
   name: "gpt"
 {datasets}
   topology {{ tp: {args.tensor_model_parallel_size} pp: {args.pipeline_model_parallel_size}
-             cp: {args.context_parallel_size} dp: {args.data_parallel_size} }}
+             cp: {args.context_parallel_size} dp: {args.data_parallel_size}
+             vpp: {args.virtual_pipeline_model_parallel_size or 1} }}
   global_batch: {GBS}
   seq_length: {SEQ}
   seed: {SEED}
@@ -197,9 +204,22 @@ def run_ranks(socket, args, microbatches):
             provider = packfeed_megatron.datasets_provider(
                 "gpt", socket_path=socket, args=args, settings=settings_of(args, rank),
                 rank=rank, copy=True)
-            iterators = dict(zip(("train", "valid", "test"), provider([0, 0, 0])))
-            out[rank] = {split: [packfeed_megatron.get_batch(iterators[split])
-                                 for _ in range(count)]
+            splits = ("train", "valid", "test")
+            if not args.virtual_pipeline_model_parallel_size:
+                iterators = dict(zip(splits, provider([0, 0, 0])))
+                out[rank] = {split: [packfeed_megatron.get_batch(iterators[split])
+                                     for _ in range(count)]
+                             for split, count in microbatches.items()}
+                return
+            # Under VPP Megatron asks once per model chunk; chunk 0 here
+            # takes all its microbatches before chunk 1 takes any (the
+            # interleaved schedule's warm-up, stretched over a step
+            # boundary). Per microbatch: each chunk's values.
+            chunks = [dict(zip(splits, provider([0, 0, 0], vp_stage=k)))
+                      for k in range(args.virtual_pipeline_model_parallel_size)]
+            out[rank] = {split: list(zip(*[[packfeed_megatron.get_batch(c[split], k)
+                                            for _ in range(count)]
+                                           for k, c in enumerate(chunks)]))
                          for split, count in microbatches.items()}
         except Exception as error:  # noqa: BLE001 - reported as the rank's failure
             failures[rank] = repr(error)
@@ -243,11 +263,15 @@ def serve_and_compare(name, args, microbatches):
             for index, got in enumerate(values):
                 step, m = divmod(index, per_step)
                 first = consumed[split] + step * GBS + (m * args.data_parallel_size + dp) * MBS
-                want = megatron_get_batch([datasets[split][first + b] for b in range(MBS)], args,
-                                          pp, cp)
-                wrong += [f"{split} microbatch {index}: {d}" for d in differences(got, want)]
-                cu_seqlens = got[MEGATRON_KEYS.index("cu_seqlens")]
-                documents += 0 if cu_seqlens is None else cu_seqlens.numel() - 1
+                items = [datasets[split][first + b] for b in range(MBS)]
+                chunks = args.virtual_pipeline_model_parallel_size
+                for vp_stage, values in (enumerate(got) if chunks else [(None, got)]):
+                    want = megatron_get_batch(items, args, pp, cp, vp_stage)
+                    where = "" if vp_stage is None else f" chunk {vp_stage}"
+                    wrong += [f"{split} microbatch {index}{where}: {d}"
+                              for d in differences(values, want)]
+                    cu_seqlens = values[MEGATRON_KEYS.index("cu_seqlens")]
+                    documents += 0 if cu_seqlens is None else cu_seqlens.numel() - 1
         check(f"{name} rank {rank} (cp {cp} dp {dp} pp {pp}): get_batch equals Megatron 0.19's",
               not wrong, wrong[:5])
     return documents
@@ -266,6 +290,11 @@ check("inter-document: microbatches hold several documents each", documents > 2 
 # test split from 0, from the same provider.
 serve_and_compare("dense-mask", megatron_args(1, 2, 2, 2, consumed_valid=GBS),
                   {"train": 6, "valid": 4, "test": 4})
+
+# VPP 2 over PP2 with inter-document masking: each model chunk's iterator,
+# chunk 0 running a step ahead of chunk 1; the middle chunks (stage 0's
+# second, stage 1's first) get the row's cu_seqlens and max_seqlen only.
+serve_and_compare("vpp", megatron_args(1, 2, 1, 2, inter_document=True, vpp=2), {"train": 6})
 
 # reset_attention_mask: the dense per-document mask rebuilt from the THD row.
 serve_and_compare("document-mask", megatron_args(2, 1, 1, 2, reset_attention_mask=True),
