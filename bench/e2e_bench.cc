@@ -14,11 +14,12 @@
 // With --ring device every rank's ring is in CUDA device memory (UCX built
 // with CUDA, a GPU present); with --ring staged each rank's page-locked host
 // ring is copied to its device on arrival (a GPU present; a slot's credit
-// returns when its copy is done, so the rate is the rate into device memory). With --experts
+// returns when its copy is done, so the rate is the rate into device memory); with --ring daemon
+// each rank's ring is device memory the daemon copies every slot into. With --experts
 // LAYERSxTOP_K every token also carries router-replay expert indices (an int16 [LAYERS, TOP_K] side
 // field, all layers on every rank: PP 1), so bytes/s served is the figure to watch.
 //
-//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device|staged]
+//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device|staged|daemon]
 //             [--experts 48x8] [--memory-budget-mib N] [--quick] [--json]
 
 #include <signal.h>
@@ -137,6 +138,7 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   options.job = "bench";
   options.placement = args.ring == "device"   ? packfeed::RingPlacement::kDevice
                       : args.ring == "staged" ? packfeed::RingPlacement::kStagedDevice
+                      : args.ring == "daemon" ? packfeed::RingPlacement::kDaemonDevice
                                               : packfeed::RingPlacement::kHost;
 
   // Throughput: every rank as fast as it can.
@@ -157,6 +159,12 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
         std::fprintf(stderr, "rank %d: %s\n", r, c.status().ToString().c_str());
         ++failures;
         return;
+      }
+      if (!(*c)->DeviceRingFallback().empty()) {
+        // Its figures would be the staged ring's: not what was asked for.
+        std::fprintf(stderr, "rank %d: no device ring the daemon writes: %s\n", r,
+                     (*c)->DeviceRingFallback().c_str());
+        ++failures;
       }
       attached.wait();
       for (int s = 0; s < args.steps; ++s) {
@@ -234,9 +242,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--daemon", daemon, "packfeedd binary")->capture_default_str();
   app.add_option("--ring", args.ring,
-                 "where each rank's ring lives: host, device (CUDA, written by UCX) or staged "
-                 "(host, copied to the device on arrival)")
-      ->check(CLI::IsMember({"host", "device", "staged"}));
+                 "where each rank's ring lives: host, device (CUDA, written by UCX), staged "
+                 "(host, copied to the device on arrival) or daemon (CUDA, copied in by the "
+                 "daemon)")
+      ->check(CLI::IsMember({"host", "device", "staged", "daemon"}));
   app.add_option("--experts", args.experts,
                  "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
   app.add_option("--memory-budget-mib", args.memory_budget_mib,

@@ -15,9 +15,13 @@
 // page-locked host ring whose slots the receiver copies to device memory on
 // arrival (a credit returns when the copy is done, so the put rate is the
 // rate into device memory) and the baseline is cudaMemcpy from page-locked
-// memory. Both need a GPU.
+// memory. With --ring daemon the ring is device memory the receiver exports
+// by descriptor and the sender imports and copies each slot into from its
+// page-locked staging (RingPlacement::kDaemonDevice); the baseline is the
+// page-locked cudaMemcpy. All three need a GPU.
 //
-//   transport_bench [--tls sm,self] [--slots 4] [--ring host|device|staged] [--json] [--quick]
+//   transport_bench [--tls sm,self] [--slots 4] [--ring host|device|staged|daemon] [--json]
+//                   [--quick]
 
 #include <grp.h>
 #include <signal.h>
@@ -65,10 +69,13 @@ struct Flags {
   int receiver_uid = -1;    // run the receiver as this uid (from root)
   std::string ring_socket;  // internal: where a shared ring's descriptor goes
   // The bytes end in device memory.
-  bool device() const { return ring == "device" || ring == "staged"; }
+  bool device() const { return ring == "device" || ring == "staged" || ring == "daemon"; }
+  // The ring's descriptor travels over a Unix socket, as to the daemon.
+  bool by_descriptor() const { return ring == "shared" || ring == "daemon"; }
   transport::RingPlacement placement() const {
     if (ring == "device") return transport::RingPlacement::kDevice;
     if (ring == "staged") return transport::RingPlacement::kStagedDevice;
+    if (ring == "daemon") return transport::RingPlacement::kDaemonDevice;
     return transport::RingPlacement::kHost;
   }
 };
@@ -118,13 +125,14 @@ int RunReceiver(const Flags& flags) {
   std::unique_ptr<Receiver> receiver = Check(Receiver::Create(options));
   Check(testing::SendFrame(testing::kControlFd, receiver->worker_address()));
   Check(testing::SendFrame(testing::kControlFd, receiver->ring_descriptor()));
-  if (options.shared_by_fd) {
+  if (flags.by_descriptor()) {
     ScopedFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     const sockaddr_un address = UnixAddress(flags.ring_socket);
     if (connect(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
       Die(ErrnoToStatus(errno, "connect", flags.ring_socket));
     }
-    Check(transport::SendWithFd(socket.get(), "ring", receiver->ring_fd()));
+    Check(transport::SendWithFd(socket.get(), transport::FormatRingOffer(receiver->ring_offer()),
+                                receiver->ring_fd()));
   }
   while (true) {
     absl::StatusOr<std::string> command =
@@ -215,9 +223,9 @@ class Bench {
     std::vector<double> memcpy_rates, put_rates, mapped_rates;
     for (int round = 0; round < rounds; ++round) {
       memcpy_rates.push_back(
-          flags_.device()
-              ? CudaCopyGiBPerSecond(size, count, flags_.slots, sources, flags_.ring == "staged")
-              : MemcpyGiBPerSecond(size, count, flags_.slots, sources));
+          flags_.device() ? CudaCopyGiBPerSecond(size, count, flags_.slots, sources,
+                                                 flags_.ring == "staged" || flags_.ring == "daemon")
+                          : MemcpyGiBPerSecond(size, count, flags_.slots, sources));
       put_rates.push_back(Throughput(sources, count, /*in_place=*/false));
       if (mapped) mapped_rates.push_back(Throughput(sources, count, /*in_place=*/true));
     }
@@ -310,7 +318,7 @@ int RunSender(const Flags& flags, const std::string& self) {
   // a receiver of another uid), as a client hands it to its daemon.
   const std::string socket_path = absl::StrCat("/tmp/pf-transport-bench-", getpid(), ".sock");
   ScopedFd listening;
-  if (flags.ring == "shared") {
+  if (flags.by_descriptor()) {
     listening = ScopedFd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     const sockaddr_un address = UnixAddress(socket_path);
     unlink(socket_path.c_str());
@@ -330,13 +338,15 @@ int RunSender(const Flags& flags, const std::string& self) {
   const std::string address = Check(child.Receive());
   const std::string ring = Check(child.Receive());
   uint64_t connection_id = 0;
-  if (flags.ring == "shared") {
+  if (flags.by_descriptor()) {
     ScopedFd peer(accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC));
     unlink(socket_path.c_str());
     auto [message, fd] = Check(transport::ReceiveWithFd(peer.get()));
-    const transport::RingDescriptor descriptor = Check(transport::DecodeRingDescriptor(ring));
+    const transport::RingOffer offer = Check(transport::ParseRingOffer(message));
     auto shared = std::make_shared<transport::SharedRing>(
-        Check(transport::SharedRing::Map(std::move(fd), descriptor.slots * descriptor.slot_bytes)));
+        offer.device()
+            ? Check(transport::SharedRing::ImportDevice(std::move(fd), offer.bytes, offer.gpu_uuid))
+            : Check(transport::SharedRing::Map(std::move(fd), offer.bytes)));
     connection_id = Check(sender->ConnectShared(address, ring, std::move(shared)));
   } else {
     connection_id = Check(sender->Connect(address, ring));
@@ -404,9 +414,10 @@ int main(int argc, char** argv) {
   app.add_option("--spin-us", flags.spin_us, "polling before sleeping, both sides");
   app.add_option("--ring", flags.ring,
                  "where the receiver's ring lives: host, shared (host, a memfd handed over a "
-                 "Unix socket), device (CUDA, written by UCX) or staged (host, copied to the "
-                 "device on arrival)")
-      ->check(CLI::IsMember({"host", "shared", "device", "staged"}));
+                 "Unix socket), device (CUDA, written by UCX), staged (host, copied to the "
+                 "device on arrival) or daemon (CUDA memory shared by descriptor, copied in by "
+                 "the sender)")
+      ->check(CLI::IsMember({"host", "shared", "device", "staged", "daemon"}));
   app.add_option("--receiver-uid", flags.receiver_uid,
                  "run the receiver as this uid (from root; with --ring shared and --tls tcp,self)");
   app.add_option("--ring-socket", flags.ring_socket, "internal");

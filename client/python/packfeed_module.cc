@@ -55,8 +55,9 @@ absl::StatusOr<RingPlacement> Placement(const std::string& name) {
   if (name == "host") return RingPlacement::kHost;
   if (name == "device") return RingPlacement::kDevice;
   if (name == "staged") return RingPlacement::kStagedDevice;
+  if (name == "daemon") return RingPlacement::kDaemonDevice;
   return absl::InvalidArgumentError("placement '" + name +
-                                    "': expected 'auto', 'host', 'device' or 'staged'");
+                                    "': expected 'auto', 'host', 'device', 'staged' or 'daemon'");
 }
 
 // DLPack 0.6 has no bool: bools travel as uint8 and Python views them back.
@@ -397,6 +398,7 @@ PYBIND11_MODULE(_native, m) {
              out["held"] = use.held;
              out["handed_out"] = use.handed_out;
              out["copied_out"] = use.copied_out;
+             out["device_ring_fallback"] = client.DeviceRingFallback();
              return out;
            })
       .def("state",

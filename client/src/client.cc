@@ -92,6 +92,7 @@ class Client::Impl {
   // daemon when a report is due.
   void Measured(absl::Time entered);
   const std::string& fingerprint() const { return fingerprint_; }
+  const std::string& device_ring_fallback() const { return device_ring_fallback_; }
   const ClientOptions& options() const { return options_; }
   MemoryKind memory_kind() const { return receiver_->memory_kind(); }
   int num_chunks() const { return num_chunks_; }
@@ -126,6 +127,8 @@ class Client::Impl {
   uint64_t copied_out_ = 0;  // of those, private copies
   uint64_t connection_id_ = 0;
   uint64_t slot_bytes_ = 0;
+  std::string shared_token_;          // a ring Open shared, for the first attach
+  std::string device_ring_fallback_;  // why kDaemonDevice was not had
   std::string fingerprint_;
   int num_chunks_ = 1;
   std::optional<transport::ReceivedSlot> pending_;  // a step's first slot, taken by NextStep
@@ -151,10 +154,12 @@ constexpr absl::Duration kReportEvery = absl::Seconds(1);
 
 namespace {
 
-// Hands the ring's memfd to the daemon at `path` (its SOCKET.rings) and
-// returns the token its Attach names.
-absl::StatusOr<std::string> ShareRing(const std::string& path, int ring_fd, uint64_t bytes,
-                                      absl::Duration timeout) {
+// Hands the ring's descriptor (a memfd, or exported device memory) to the
+// daemon at `path` (its SOCKET.rings) and returns the token its Attach
+// names. FailedPrecondition carrying the daemon's reason when it refuses a
+// device ring (it cannot import it: the client then stages its own copies).
+absl::StatusOr<std::string> ShareRing(const std::string& path, int ring_fd,
+                                      const transport::RingOffer& offer, absl::Duration timeout) {
   ScopedFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
@@ -167,7 +172,7 @@ absl::StatusOr<std::string> ShareRing(const std::string& path, int ring_fd, uint
   // A daemon that refuses this uid answers before it reads: its reply says
   // why better than the broken pipe the send then meets.
   const absl::Status sent =
-      transport::SendWithFd(socket.get(), absl::StrCat("packfeed-ring ", bytes), ring_fd);
+      transport::SendWithFd(socket.get(), transport::FormatRingOffer(offer), ring_fd);
   pollfd readable{socket.get(), POLLIN, 0};
   std::string reply(4096, '\0');
   ssize_t got = 0;
@@ -180,8 +185,9 @@ absl::StatusOr<std::string> ShareRing(const std::string& path, int ring_fd, uint
   absl::string_view rest = reply;
   if (absl::ConsumePrefix(&rest, "token ")) return std::string(rest);
   absl::ConsumePrefix(&rest, "error ");
-  return absl::PermissionDeniedError(
-      absl::StrCat("the daemon at ", path, " refused the ring: ", rest));
+  const std::string refusal = absl::StrCat("the daemon at ", path, " refused the ring: ", rest);
+  return offer.device() ? absl::FailedPreconditionError(refusal)
+                        : absl::PermissionDeniedError(refusal);
 }
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
@@ -264,6 +270,7 @@ ClientState Client::State() const { return impl_->State(); }
 TrainerTimes Client::Times() const { return impl_->Times(); }
 RingUse Client::Ring() const { return impl_->Ring(); }
 const std::string& Client::fingerprint() const { return impl_->fingerprint(); }
+const std::string& Client::DeviceRingFallback() const { return impl_->device_ring_fallback(); }
 const ClientOptions& Client::options() const { return impl_->options(); }
 MemoryKind Client::memory_kind() const { return impl_->memory_kind(); }
 int Client::num_chunks() const { return impl_->num_chunks(); }
@@ -311,9 +318,31 @@ absl::Status Client::Impl::Open() {
        stat(options.socket_path.c_str(), &socket_info) == 0 && socket_info.st_uid != geteuid());
   // UCX's shared memory does not connect two uids: notifications go by TCP.
   if (receiver.shared_by_fd && receiver.ucx.transports.empty()) receiver.ucx.transports = "tcp";
-  PF_ASSIGN_OR_RETURN(std::unique_ptr<transport::Receiver> created,
-                      transport::Receiver::Create(receiver));
-  receiver_ = std::move(created);
+  absl::StatusOr<std::unique_ptr<transport::Receiver>> created =
+      transport::Receiver::Create(receiver);
+  if (options.placement == RingPlacement::kDaemonDevice && created.ok()) {
+    // The daemon imports it now: a refusal (no such GPU visible to it, a
+    // driver that will not) is the reason to stage, like any local one.
+    absl::StatusOr<std::string> token =
+        ShareRing(options.socket_path + ".rings", (*created)->ring_fd(), (*created)->ring_offer(),
+                  options.attach_timeout);
+    if (token.ok()) {
+      shared_token_ = *std::move(token);
+    } else {
+      created = token.status();
+    }
+  }
+  if (options.placement == RingPlacement::kDaemonDevice && !created.ok()) {
+    // Said out loud: here, in the daemon's log and stats (RankStats), and
+    // by DeviceRingFallback().
+    device_ring_fallback_ = std::string(created.status().message());
+    transport::Logger().warn("a staged device ring, not one the daemon writes: {}",
+                             device_ring_fallback_);
+    receiver.placement = RingPlacement::kStagedDevice;
+    created = transport::Receiver::Create(receiver);
+  }
+  if (!created.ok()) return created.status();
+  receiver_ = *std::move(created);
   slot_bytes_ = slot_bytes;
   PF_RETURN_IF_ERROR(AttachAt(options.start_step, options.start_microbatch, options.start_sample));
   next_step_ = resume_step_;
@@ -333,12 +362,16 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch,
   request.mutable_ring()->set_slots(options_.slots);
   request.mutable_ring()->set_slot_bytes(slot_bytes_);
   request.mutable_ring()->set_ring_descriptor(receiver_->ring_descriptor());
-  if (receiver_->ring_fd() >= 0) {
+  if (!shared_token_.empty()) {
+    // Shared by Open (a device ring, to learn whether the daemon takes it).
+    request.mutable_ring()->set_shared_ring_token(std::exchange(shared_token_, ""));
+  } else if (receiver_->ring_fd() >= 0) {
     PF_ASSIGN_OR_RETURN(std::string token,
                         ShareRing(options_.socket_path + ".rings", receiver_->ring_fd(),
-                                  receiver_->ring_bytes(), options_.attach_timeout));
+                                  receiver_->ring_offer(), options_.attach_timeout));
     request.mutable_ring()->set_shared_ring_token(token);
   }
+  request.mutable_ring()->set_device_ring_fallback(device_ring_fallback_);
   request.set_start_step(start_step);
   request.set_start_microbatch(static_cast<uint32_t>(start_microbatch));
   if (start_sample.has_value()) request.set_start_sample(*start_sample);
@@ -556,9 +589,19 @@ absl::StatusOr<Microbatch> Client::Impl::HandOut(const transport::ReceivedSlot& 
   out.num_microbatches = step_->num_microbatches;
   out.memory_kind = receiver_->memory_kind();
   out.ready_event_ = slot.ready_event;
+  // A device ring the daemon writes: its small fields' bytes ride in the
+  // metadata, readable without waiting for the device.
+  v1::SlotMetadata metadata;
+  if (out.memory_kind == MemoryKind::kCuda && slot.ready_event == nullptr) {
+    metadata.ParseFromString(slot.inline_metadata);
+  }
   for (const transport::FieldView& field : slot.fields) {
+    const auto small = metadata.small_fields().find(field.descriptor.name);
     out.fields.push_back({field.descriptor.name, field.descriptor.type, field.descriptor.shape,
-                          field.data, field.descriptor.bytes, field.host_copy});
+                          field.data, field.descriptor.bytes,
+                          field.host_copy.empty() && small != metadata.small_fields().end()
+                              ? small->second
+                              : field.host_copy});
   }
   ++handed_out_;
   absl::Status waits = receiver_->StreamWaitsFor(slot, cuda_stream);

@@ -77,6 +77,7 @@ class ControlService final : public v1::Control::CallbackService {
     args.start_step = start_step;
     args.start_microbatch = static_cast<int>(request->start_microbatch());
     args.ring_slots = request->ring().slots();
+    args.device_ring_fallback = request->ring().device_ring_fallback();
     if (!request->ring().shared_ring_token().empty()) {
       absl::StatusOr<std::shared_ptr<transport::SharedRing>> shared =
           daemon_.TakeSharedRing(request->ring().shared_ring_token(), *context);

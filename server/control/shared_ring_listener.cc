@@ -167,12 +167,10 @@ absl::StatusOr<std::string> SharedRingListener::Serve(const Pending& pending) {
     return absl::Status(received.status().code(),
                         absl::StrCat(Who(peer), ": ", received.status().message()));
   }
-  absl::string_view message = received->first;
-  uint64_t bytes = 0;
-  if (!absl::ConsumePrefix(&message, "packfeed-ring ") || !absl::SimpleAtoi(message, &bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat(Who(peer), ": a message \"",
-                                                   received->first.substr(0, 64),
-                                                   "\", not \"packfeed-ring BYTES\""));
+  absl::StatusOr<transport::RingOffer> offer = transport::ParseRingOffer(received->first);
+  if (!offer.ok()) {
+    return absl::Status(offer.status().code(),
+                        absl::StrCat(Who(peer), ": ", offer.status().message()));
   }
   {
     // Checked before mapping: a refused share costs the daemon nothing.
@@ -191,11 +189,17 @@ absl::StatusOr<std::string> SharedRingListener::Serve(const Pending& pending) {
                        absl::FormatDuration(limits_.token_lifetime), " after it was shared"));
     }
   }
+  // A device ring is imported on the GPU of its UUID (the GPU's context is
+  // opened here the first time); what the driver refuses is the client's
+  // reason to fall back to its staged ring.
   absl::StatusOr<transport::SharedRing> ring =
-      transport::SharedRing::Map(std::move(received->second), bytes);
+      offer->device() ? transport::SharedRing::ImportDevice(std::move(received->second),
+                                                            offer->bytes, offer->gpu_uuid)
+                      : transport::SharedRing::Map(std::move(received->second), offer->bytes);
   if (!ring.ok()) {
     return absl::Status(ring.status().code(),
-                        absl::StrCat(Who(peer), ": ", ring.status().message()));
+                        absl::StrCat(Who(peer), offer->device() ? ": device ring: " : ": ",
+                                     ring.status().message()));
   }
   const std::string token = NewToken();
   absl::MutexLock lock(&mutex_);

@@ -90,6 +90,7 @@ v1::JobStats JobStatsProto(const JobFigures& figures) {
     r->set_input_bound(rank.input_bound);
     r->set_copied_out(rank.times.copied_out);
     r->set_ring(rank.ring);
+    r->set_device_ring_fallback(rank.device_ring_fallback);
     r->set_calls(rank.times.calls);
   }
   out.set_mean_step_over_ideal(figures.mean_step_over_ideal);

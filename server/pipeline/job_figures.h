@@ -33,7 +33,9 @@ struct RankFigures {
   int consumed_microbatch = 0;
   TrainerTimes times;      // over every connection of the rank so far
   double input_bound = 0;  // wait / (wait + busy)
-  std::string ring;        // "memfd", "shm" or "ucx"
+  std::string ring;        // "device", "memfd", "shm" or "ucx"
+  // Why a device ring the daemon writes was asked for and not used.
+  std::string device_ring_fallback;
 };
 
 struct JobFigures {

@@ -157,8 +157,13 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   state.ring_slots = args.ring_slots;
   if (absl::StatusOr<transport::ConnectionStats> stats = sender_->Stats(connection_id);
       stats.ok()) {
-    state.ring = stats->shared ? "memfd" : stats->mapped ? "shm" : "ucx";
+    state.ring = stats->device ? "device" : stats->shared ? "memfd" : stats->mapped ? "shm" : "ucx";
     state.mapped = stats->mapped;
+  }
+  state.device_ring_fallback = args.device_ring_fallback;
+  if (!args.device_ring_fallback.empty()) {
+    spdlog::warn("job {} rank {}: a staged device ring, not one the daemon writes: {}", job_.name(),
+                 args.global_rank, args.device_ring_fallback);
   }
   state.earlier_times = std::move(earlier_times);
   ranks_.emplace(args.global_rank, std::move(state));
@@ -264,8 +269,9 @@ bool JobRunner::ServeRank(RankState& rank) {
       EndRank(rank, source.status());
       break;
     }
-    absl::Status status = PushMicrobatch(*sender_, rank.connection_id, rank.mapped, data->plan,
-                                         rank.next_microbatch, *source, staging_);
+    absl::Status status =
+        PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device", data->plan,
+                       rank.next_microbatch, *source, staging_);
     if (status.ok()) {
       absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.connection_id);
       if (after.ok()) rank.bytes_sent = after->bytes;

@@ -62,8 +62,12 @@ struct AttachArgs {
   int64_t start_step = 0;
   int start_microbatch = 0;  // of start_step, already consumed
   uint32_t ring_slots = 0;   // how many microbatches it may hold unreleased
-  // A ring the client shared by file descriptor, mapped here.
+  // A ring the client shared by file descriptor, mapped (or, device
+  // memory, imported) here.
   std::shared_ptr<transport::SharedRing> shared_ring;
+  // RingInfo.device_ring_fallback: why the client serves a staged ring
+  // though it asked for a device ring the daemon writes.
+  std::string device_ring_fallback;
 };
 
 class JobRunner {

@@ -40,8 +40,9 @@ struct JobRunner::RankState {
   std::deque<InFlight> in_flight;
   uint64_t ledgered = 0;  // microbatches taken and moved into the ledger
   uint32_t ring_slots = 0;
-  std::string ring;     // RankStats.ring
-  bool mapped = false;  // its slots are written in place (Sender::MapNextSlot)
+  std::string ring;                  // RankStats.ring
+  bool mapped = false;               // its slots are written in place (Sender::MapNextSlot)
+  std::string device_ring_fallback;  // AttachArgs'
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
   TrainerTimes times;

@@ -60,6 +60,7 @@ void JobRunner::Stats(std::function<void(JobFigures)> done) {
       if (out.attached) out.slots_in_flight = static_cast<uint32_t>(rank.pushed - rank.released);
       out.times = rank.all_times();
       out.ring = rank.ring;
+      out.device_ring_fallback = rank.device_ring_fallback;
       stats.wait_seconds += out.times.wait_seconds;
       if (const double total = out.times.wait_seconds + out.times.busy_seconds; total > 0) {
         out.input_bound = out.times.wait_seconds / total;

@@ -6,8 +6,8 @@
 namespace packfeed::server {
 
 absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,
-                            const StepPlan& plan, int microbatch, const MicrobatchSource& source,
-                            std::vector<uint8_t>& staging) {
+                            bool inline_small_fields, const StepPlan& plan, int microbatch,
+                            const MicrobatchSource& source, std::vector<uint8_t>& staging) {
   transport::SlotContent content;
   content.step = plan.step;
   content.microbatch = static_cast<uint32_t>(microbatch);
@@ -22,12 +22,22 @@ absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_i
   metadata.set_padded_squared_sum(flops.padded_squared_sum);
   metadata.set_real_sum(flops.real_sum);
   metadata.set_real_squared_sum(flops.real_squared_sum);
-  content.inline_metadata = metadata.SerializeAsString();
+  // Once the fields are written: a device ring's small fields ride along.
+  const auto finish_metadata = [&](const std::vector<transport::FieldDescriptor>& layout,
+                                   const uint8_t* written) {
+    for (size_t i = 0; inline_small_fields && i < layout.size(); ++i) {
+      if (layout[i].bytes > kInlineFieldBytes) continue;
+      (*metadata.mutable_small_fields())[specs[i].name] =
+          std::string(reinterpret_cast<const char*>(written + layout[i].offset), layout[i].bytes);
+    }
+    content.inline_metadata = metadata.SerializeAsString();
+  };
   if (mapped) {
     PF_ASSIGN_OR_RETURN(transport::MappedSlot slot, sender.MapNextSlot(connection_id));
     PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
                         transport::LayoutFields(specs, slot.bytes));
     WriteMicrobatch(source, layout, slot.data);
+    finish_metadata(layout, slot.data);
     for (const transport::FieldSpec& spec : specs) content.fields.push_back({spec, nullptr});
     return sender.CommitMapped(connection_id, content);
   }
@@ -37,6 +47,7 @@ absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_i
   const uint64_t bytes = layout.back().offset + layout.back().bytes;
   if (staging.size() < bytes) staging.resize(bytes);
   WriteMicrobatch(source, layout, staging.data());
+  finish_metadata(layout, staging.data());
   for (size_t i = 0; i < specs.size(); ++i) {
     content.fields.push_back({specs[i], staging.data() + layout[i].offset});
   }

@@ -19,12 +19,16 @@
 namespace packfeed::server {
 
 // Pushes `source`, microbatch `microbatch` of `plan`, to connection
-// `connection_id`; `mapped`: the connection's Stats said so.
+// `connection_id`; `mapped`: the connection's Stats said so;
+// `inline_small_fields`: its ring is device memory, so the bytes of fields
+// of at most kInlineFieldBytes also go in the slot's metadata (the client
+// reads max_seqlen without waiting for the device).
 // ResourceExhausted when the rank has no free slot; InvalidArgument when
 // the microbatch does not fit a slot; any other error is the connection's.
+inline constexpr uint64_t kInlineFieldBytes = 64;
 absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,
-                            const StepPlan& plan, int microbatch, const MicrobatchSource& source,
-                            std::vector<uint8_t>& staging);
+                            bool inline_small_fields, const StepPlan& plan, int microbatch,
+                            const MicrobatchSource& source, std::vector<uint8_t>& staging);
 
 }  // namespace packfeed::server
 

@@ -48,7 +48,7 @@ wanted() { [[ " ${PF_PARTS:-tests python bench} " == *" $1 "* ]]; }
 
 rings=(host)
 if nvidia-smi -L; then
-  rings+=(staged)
+  rings+=(staged daemon)
 else
   echo "== no GPU here: the tests skip, the benchmarks run on the host ring only"
 fi
@@ -74,6 +74,9 @@ if [[ -n $py ]] && wanted python; then
   }
   python_test gpu_varlen_test.py
   python_test gpu_lifetime_test.py
+  # The same against device rings the daemon copies into.
+  PF_DEVICE_RING=daemon python_test gpu_varlen_test.py
+  PF_DEVICE_RING=daemon python_test gpu_lifetime_test.py
   python_test client_test.py \
     ClientTest.test_held_tensors_never_change_and_holding_more_than_the_ring_copies
 fi

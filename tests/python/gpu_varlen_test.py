@@ -15,6 +15,7 @@ For every microbatch of a `balanced` job (CP 1) and of a `dynamic_cp` job
 Skips (exit 77) without a CUDA device or without torch.nn.attention.varlen
 (torch >= 2.10)."""
 import importlib
+import os
 import subprocess
 import tempfile
 import unittest
@@ -24,6 +25,9 @@ import torch.nn.functional as F
 
 import packfeed
 from pf_test_support import BIN_DIR, Daemon, main
+
+# "staged" or "daemon": run_gpu_checks.sh runs this file with each.
+DEVICE_RING = os.environ.get("PF_DEVICE_RING", "staged")
 
 VOCAB = 1000
 EOD = VOCAB
@@ -85,7 +89,8 @@ class VarlenAttentionTest(unittest.TestCase):
             expected = daemon.dump_ranks("train", range(RANKS), steps=STEPS)
         checked = 0
         with Daemon(BIN_DIR, text, name=scheduler, workdir=self.workdir) as daemon:
-            clients = [packfeed.Client("train", rank=r, socket_path=daemon.socket, device=device)
+            clients = [packfeed.Client("train", rank=r, socket_path=daemon.socket, device=device,
+                                       device_ring=DEVICE_RING)
                        for r in range(RANKS)]
             for step in range(STEPS):
                 for rank, client in enumerate(clients):

@@ -190,6 +190,38 @@ absl::Status CudaCopyAsync(void* destination, const void* source, size_t length,
                     "cudaMemcpyAsync");
 }
 
+absl::StatusOr<CudaStreamMarks> CudaStreamMarks::Record(int device,
+                                                        absl::Span<void* const> streams) {
+  PF_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  void* const legacy_default = nullptr;
+  if (streams.empty()) streams = absl::MakeConstSpan(&legacy_default, 1);
+  CudaStreamMarks marks(device);
+  for (void* stream : streams) {
+    cudaEvent_t event = nullptr;
+    PF_RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
+    marks.events_.push_back(event);
+    PF_RETURN_IF_ERROR(
+        CudaStatus(cudaEventRecord(event, static_cast<cudaStream_t>(stream)), "cudaEventRecord"));
+  }
+  return marks;
+}
+
+CudaStreamMarks::~CudaStreamMarks() {
+  if (events_.empty()) return;
+  cudaSetDevice(device_);
+  for (void* event : events_) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+absl::StatusOr<bool> CudaStreamMarks::Passed() const {
+  for (void* event : events_) {
+    const cudaError_t error = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (error == cudaErrorNotReady) return false;
+    PF_RETURN_IF_ERROR(CudaStatus(error, "cudaEventQuery"));
+  }
+  return true;
+}
+
 #else  // !PF_HAVE_CUDA
 
 namespace {
@@ -207,6 +239,11 @@ absl::StatusOr<CudaDeviceBuffer> CudaDeviceBuffer::Allocate(int, size_t) { retur
 CudaDeviceBuffer::~CudaDeviceBuffer() = default;
 absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
 absl::Status CudaCopyAsync(void*, const void*, size_t, void*) { return NoCuda(); }
+absl::StatusOr<CudaStreamMarks> CudaStreamMarks::Record(int, absl::Span<void* const>) {
+  return NoCuda();
+}
+CudaStreamMarks::~CudaStreamMarks() = default;
+absl::StatusOr<bool> CudaStreamMarks::Passed() const { return NoCuda(); }
 
 struct CudaSlotCopier::Handles {};
 absl::StatusOr<std::unique_ptr<CudaSlotCopier>> CudaSlotCopier::Create(int, uint32_t, uint64_t,
@@ -225,6 +262,11 @@ absl::Status CudaSlotCopier::Consumed(uint32_t, absl::Span<void* const>) { retur
 
 CudaHostRegistration::CudaHostRegistration(CudaHostRegistration&& other) noexcept
     : address_(std::exchange(other.address_, nullptr)) {}
+
+CudaStreamMarks::CudaStreamMarks(CudaStreamMarks&& other) noexcept
+    : device_(other.device_), events_(std::move(other.events_)) {
+  other.events_.clear();
+}
 
 CudaSlotCopier::CudaSlotCopier(std::unique_ptr<Handles> handles) : handles_(std::move(handles)) {}
 CudaSlotCopier::~CudaSlotCopier() = default;

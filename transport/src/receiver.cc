@@ -93,7 +93,13 @@ absl::Status Receiver::CreateRing() {
   if (options_.shared_by_fd && options_.placement == RingPlacement::kDevice) {
     return absl::InvalidArgumentError("a ring shared by file descriptor is host memory");
   }
-  if (options_.placement == RingPlacement::kDevice) {
+  if (options_.placement == RingPlacement::kDaemonDevice) {
+    PF_ASSIGN_OR_RETURN(ExportedDeviceMemory memory,
+                        ExportedDeviceMemory::Create(options_.cuda_device, length));
+    exported_ring_.emplace(std::move(memory));
+    ring_base_ = exported_ring_->data();
+    memory_kind_ = MemoryKind::kCuda;
+  } else if (options_.placement == RingPlacement::kDevice) {
     PF_ASSIGN_OR_RETURN(CudaDeviceBuffer buffer,
                         CudaDeviceBuffer::Allocate(options_.cuda_device, length));
     device_ring_.emplace(std::move(buffer));
@@ -149,6 +155,16 @@ absl::Status Receiver::CreateRing() {
   return absl::OkStatus();
 }
 
+int Receiver::ring_fd() const {
+  if (exported_ring_.has_value()) return exported_ring_->fd();
+  return shared_ring_.has_value() ? shared_ring_->fd() : -1;
+}
+
+RingOffer Receiver::ring_offer() const {
+  if (exported_ring_.has_value()) return {exported_ring_->size(), exported_ring_->gpu_uuid()};
+  return {ring_bytes(), ""};
+}
+
 absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t connection_id) {
   absl::StatusOr<std::string> decoded = DecodeWorkerAddress(sender_address);
   if (!decoded.ok()) {
@@ -190,9 +206,10 @@ void Receiver::ProgressLoop() {
     for (std::function<void()>& task : tasks) task();
     // Every step runs each round: no short-circuit.
     const bool staged = StageArrived();
+    const bool drained = DrainReleased();
     const bool sent_credit = SendCredit();
     const bool progressed = worker_.Progress();
-    const bool busy = !tasks.empty() || staged || sent_credit || progressed;
+    const bool busy = !tasks.empty() || staged || drained || sent_credit || progressed;
     CloseFailedEndpoint();
     const absl::Time now = absl::Now();
     if (busy) {
@@ -337,6 +354,28 @@ absl::StatusOr<ReceivedSlot> Receiver::Next(absl::Duration timeout) {
   return next;
 }
 
+bool Receiver::DrainReleased() {
+  if (!exported_ring_.has_value()) return false;
+  absl::MutexLock lock(&mutex_);
+  bool freed = false;
+  for (auto it = draining_.begin(); it != draining_.end();) {
+    absl::StatusOr<bool> passed = it->second.Passed();
+    if (!passed.ok()) {
+      FailConnection(absl::InternalError(
+          absl::StrCat("slot ", it->first, ": its readers' streams: ", passed.status().message())));
+      return true;
+    }
+    if (!*passed) {
+      ++it;
+      continue;
+    }
+    occupied_[it->first] = false;
+    it = draining_.erase(it);
+    freed = true;
+  }
+  return freed;
+}
+
 bool Receiver::StageArrived() {
   if (copier_ == nullptr) return false;
   bool progressed = false;
@@ -425,6 +464,17 @@ absl::Status Receiver::Release(uint64_t lease, absl::Span<void* const> cuda_stre
     if (copier_ != nullptr) {
       device_busy_[held.slot] = false;
       PF_RETURN_IF_ERROR(copier_->Consumed(held.slot, cuda_streams));
+    } else if (exported_ring_.has_value()) {
+      absl::StatusOr<CudaStreamMarks> marks =
+          CudaStreamMarks::Record(options_.cuda_device, cuda_streams);
+      if (!marks.ok()) {
+        // Not knowing when the streams are done, the slot stays taken:
+        // the daemon must not overwrite what a kernel may still read.
+        FailConnection(absl::InternalError(
+            absl::StrCat("releasing slot ", held.slot, ": ", marks.status().message())));
+        return marks.status();
+      }
+      draining_.emplace_back(held.slot, *std::move(marks));
     } else {
       occupied_[held.slot] = false;
     }

@@ -29,6 +29,11 @@ struct Sender::Connection {
   RemoteKey remote_key;                // destroyed before the endpoint closes
   uint8_t* mapped = nullptr;           // the ring in this process, when shared memory
   std::shared_ptr<SharedRing> shared;  // a ring passed by file descriptor: no key
+  // A device ring passed by descriptor: slots are packed into this
+  // page-locked staging buffer (MapNextSlot) or gathered there (Push), then
+  // copied into the ring by the copy engine before they are announced.
+  ImportedDeviceMemory* device = nullptr;
+  uint8_t* staging = nullptr;
   // A host ring this process cannot map: slots travel inside their
   // notifications (see kSlotDataMessageId) instead of as puts.
   bool slots_as_messages = false;
@@ -121,10 +126,20 @@ absl::StatusOr<uint64_t> Sender::Open(absl::string_view receiver_address,
         ring.shared_by_fd() ? "a ring shared by file descriptor, and none was given (ConnectShared)"
                             : "a ring with a UCX key given a file descriptor too");
   }
-  if (shared != nullptr && shared->bytes() != ring.slots * ring.slot_bytes) {
+  // A device allocation is rounded up to the GPU's granularity.
+  if (shared != nullptr &&
+      (shared->device() != nullptr ? shared->bytes() < ring.slots * ring.slot_bytes
+                                   : shared->bytes() != ring.slots * ring.slot_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat("a shared ring of ", shared->bytes(),
                                                    " bytes for ", ring.slots, " slots of ",
                                                    ring.slot_bytes));
+  }
+  if (shared != nullptr &&
+      (shared->device() != nullptr) != (ring.memory_kind == MemoryKind::kCuda)) {
+    return absl::InvalidArgumentError(
+        shared->device() != nullptr
+            ? "a device ring shared by descriptor for a ring descriptor of host memory"
+            : "a host ring shared by descriptor for a ring descriptor of device memory");
   }
   absl::StatusOr<std::string> address = DecodeWorkerAddress(receiver_address);
   if (!address.ok()) {
@@ -139,7 +154,12 @@ absl::StatusOr<uint64_t> Sender::Open(absl::string_view receiver_address,
       UcpEndpoint endpoint,
       UcpEndpoint::Connect(worker_, *address, &Sender::OnEndpointError, connection.get()));
   connection->endpoint.emplace(std::move(endpoint));
-  if (shared != nullptr) {
+  if (shared != nullptr && shared->device() != nullptr) {
+    connection->device = shared->device();
+    PF_ASSIGN_OR_RETURN(connection->staging,
+                        connection->device->Staging(connection->ring.slot_bytes));
+    connection->shared = std::move(shared);
+  } else if (shared != nullptr) {
     connection->mapped = shared->data();
     connection->shared = std::move(shared);
   } else {
@@ -155,13 +175,14 @@ absl::StatusOr<uint64_t> Sender::Open(absl::string_view receiver_address,
       connection->slots_as_messages = true;
     }
   }
-  if (connection->ring.memory_kind == MemoryKind::kCuda) {
+  if (connection->ring.memory_kind == MemoryKind::kCuda && connection->device == nullptr) {
     PF_RETURN_IF_ERROR(CheckDeviceRingPuts(*connection));
   }
   const uint64_t connection_id = connection->connection_id;
   Logger().debug("connection {}: {} slots of {} B, {}; lanes: {}", connection_id,
                  connection->ring.slots, connection->ring.slot_bytes,
-                 connection->shared != nullptr   ? "shared by file descriptor"
+                 connection->device != nullptr   ? "device memory shared by file descriptor"
+                 : connection->shared != nullptr ? "shared by file descriptor"
                  : connection->mapped != nullptr ? "mapped"
                  : connection->slots_as_messages ? "slots as messages"
                                                  : "puts",
@@ -243,7 +264,16 @@ absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
   }
   const absl::Time deadline = absl::Now() + options_.operation_timeout;
   absl::Status status;
-  if (connection->shared != nullptr) {
+  if (connection->device != nullptr) {
+    // Gathered into page-locked staging, then one copy-engine transfer.
+    uint64_t extent = 0;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      std::memcpy(connection->staging + layout[i].offset, content.fields[i].data, layout[i].bytes);
+      extent = std::max(extent, layout[i].offset + layout[i].bytes);
+    }
+    status = connection->device->CopyIn(*slot * connection->ring.slot_bytes, connection->staging,
+                                        extent);
+  } else if (connection->shared != nullptr) {
     // A ring shared by file descriptor: plain copies, made visible before
     // the notification can be seen.
     uint8_t* base = connection->mapped + *slot * connection->ring.slot_bytes;
@@ -277,7 +307,7 @@ absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
 
 absl::StatusOr<MappedSlot> Sender::MapNextSlot(uint64_t connection_id) {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
-  if (connection->mapped == nullptr) {
+  if (connection->mapped == nullptr && connection->device == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("connection ", connection_id,
                      ": the receiver's ring is not mapped into this process "
@@ -290,14 +320,17 @@ absl::StatusOr<MappedSlot> Sender::MapNextSlot(uint64_t connection_id) {
   }
   // Kept until CommitMapped: a credit arriving in between may free a lower slot.
   connection->mapped_slot = slot;
-  return MappedSlot{connection->mapped + *slot * connection->ring.slot_bytes,
-                    connection->ring.slot_bytes, connection->pushed};
+  // A device ring's slot is packed in staging and copied at CommitMapped.
+  uint8_t* data = connection->device != nullptr
+                      ? connection->staging
+                      : connection->mapped + *slot * connection->ring.slot_bytes;
+  return MappedSlot{data, connection->ring.slot_bytes, connection->pushed};
 }
 
 absl::Status Sender::CommitMapped(uint64_t connection_id, const SlotContent& content) {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
   PF_RETURN_IF_ERROR(CheckInline(content));
-  if (connection->mapped == nullptr || !connection->mapped_slot.has_value()) {
+  if (!connection->mapped_slot.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrCat("connection ", connection_id, ": CommitMapped without a mapped slot"));
   }
@@ -307,8 +340,18 @@ absl::Status Sender::CommitMapped(uint64_t connection_id, const SlotContent& con
   // notification can be seen.
   std::atomic_thread_fence(std::memory_order_release);
   const uint32_t slot = *std::exchange(connection->mapped_slot, std::nullopt);
-  absl::Status status =
-      Notify(*connection, slot, layout, content, absl::Now() + options_.operation_timeout);
+  absl::Status status;
+  if (connection->device != nullptr) {
+    uint64_t extent = 0;
+    for (const FieldDescriptor& field : layout) {
+      extent = std::max(extent, field.offset + field.bytes);
+    }
+    status =
+        connection->device->CopyIn(slot * connection->ring.slot_bytes, connection->staging, extent);
+  }
+  if (status.ok()) {
+    status = Notify(*connection, slot, layout, content, absl::Now() + options_.operation_timeout);
+  }
   if (!status.ok()) return Fail(*connection, std::move(status));
   return absl::OkStatus();
 }
@@ -393,10 +436,16 @@ void Sender::ProgressOrWait(absl::Duration timeout) {
 
 absl::StatusOr<ConnectionStats> Sender::Stats(uint64_t connection_id) const {
   PF_ASSIGN_OR_RETURN(Connection * connection, Usable(connection_id));
-  return ConnectionStats{connection->pushed,           connection->credit.taken,
-                         connection->credit.released,  connection->bytes,
-                         connection->credits(),        connection->mapped != nullptr,
-                         connection->shared != nullptr};
+  ConnectionStats stats;
+  stats.pushed = connection->pushed;
+  stats.taken = connection->credit.taken;
+  stats.released = connection->credit.released;
+  stats.bytes = connection->bytes;
+  stats.credits = connection->credits();
+  stats.mapped = connection->mapped != nullptr || connection->device != nullptr;
+  stats.shared = connection->shared != nullptr;
+  stats.device = connection->device != nullptr;
+  return stats;
 }
 
 absl::StatusOr<std::string> Sender::Transports(uint64_t connection_id) const {

@@ -10,7 +10,12 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace packfeed::transport {
 namespace {
@@ -58,13 +63,48 @@ absl::StatusOr<SharedRing> SharedRing::Map(ScopedFd fd, uint64_t bytes) {
   return SharedRing(std::move(fd), *data, bytes);
 }
 
+absl::StatusOr<SharedRing> SharedRing::ImportDevice(ScopedFd fd, uint64_t size,
+                                                    absl::string_view gpu_uuid) {
+  absl::StatusOr<std::unique_ptr<ImportedDeviceMemory>> device =
+      ImportedDeviceMemory::Import(std::move(fd), size, gpu_uuid);
+  if (!device.ok()) return device.status();
+  return SharedRing(*std::move(device));
+}
+
+SharedRing::SharedRing(std::unique_ptr<ImportedDeviceMemory> device)
+    : data_(device->data()), bytes_(device->size()), device_(std::move(device)) {}
+
 SharedRing::SharedRing(SharedRing&& other) noexcept
     : fd_(std::move(other.fd_)),
       data_(std::exchange(other.data_, nullptr)),
-      bytes_(std::exchange(other.bytes_, 0)) {}
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(std::move(other.device_)) {}
 
 SharedRing::~SharedRing() {
-  if (data_ != nullptr) munmap(data_, bytes_);
+  if (data_ != nullptr && device_ == nullptr) munmap(data_, bytes_);
+}
+
+std::string FormatRingOffer(const RingOffer& offer) {
+  return offer.device() ? absl::StrCat("packfeed-device-ring ", offer.bytes, " ", offer.gpu_uuid)
+                        : absl::StrCat("packfeed-ring ", offer.bytes);
+}
+
+absl::StatusOr<RingOffer> ParseRingOffer(absl::string_view message) {
+  RingOffer offer;
+  const std::vector<absl::string_view> words = absl::StrSplit(message, ' ');
+  const bool host = words.size() == 2 && words[0] == "packfeed-ring";
+  const bool device = words.size() == 3 && words[0] == "packfeed-device-ring";
+  const bool uuid_ok = device && words[2].size() == 32 && absl::c_all_of(words[2], [](char c) {
+                         return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+                       });
+  if (!(host || uuid_ok) || !absl::SimpleAtoi(words[1], &offer.bytes) || offer.bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a message \"", absl::CHexEscape(message.substr(0, 96)),
+        "\", not \"packfeed-ring BYTES\" or \"packfeed-device-ring BYTES GPU-UUID\" (BYTES > 0, "
+        "the UUID as 32 lowercase hex digits)"));
+  }
+  if (device) offer.gpu_uuid = std::string(words[2]);
+  return offer;
 }
 
 absl::StatusOr<PeerIdentity> PeerOf(int unix_socket) {

@@ -20,8 +20,8 @@ class Client:
         """The next microbatch as packfeed.Client's Batch: a copy of `keys`,
         every field a torch tensor viewing the slot, packed_seq_params."""
     def detach(self) -> None: ...
-    def ring(self) -> Dict[str, int]:
-        """slots, held, handed_out, copied_out."""
+    def ring(self) -> Dict[str, Any]:
+        """slots, held, handed_out, copied_out, device_ring_fallback."""
     def state(self) -> Dict[str, Any]:
         """job, fingerprint, next_step, next_microbatch."""
     def times(self) -> Dict[str, Any]:

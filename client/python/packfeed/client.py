@@ -85,6 +85,12 @@ class Client:
     never on the trainer's thread, and the device buffer is reused once its
     tensors are freed and that stream is past its work of the microbatch
     (docs/TRANSPORT.md). Reading them on another stream: clone them there.
+    device_ring: "staged" (the default: the client copies each slot from
+    its page-locked host ring) or "daemon" (device memory the daemon
+    copies each slot into, shared by file descriptor: no copy and no event
+    on the trainer's side; not yet run on a GPU, so opt-in). Where "daemon"
+    cannot be had the staged ring serves and ring()["device_ring_fallback"],
+    the log and the daemon's stats say why.
 
     Iterating a Client yields its steps, each what next_step() returns:
         for microbatches, num_microbatches, seqlen_sum, _ in client:
@@ -96,7 +102,8 @@ class Client:
                  auth_token: Optional[str] = None, start_step: int = 0,
                  start_sample: Optional[int] = None, slots: int = 4,
                  slot_bytes: int = 0, device: Optional[str | torch.device] = None,
-                 copy: bool = False, ucx_transports: str = "", attach_timeout: float = 30.0,
+                 copy: bool = False, device_ring: str = "staged", ucx_transports: str = "",
+                 attach_timeout: float = 30.0,
                  reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
                  state: Optional[Dict[str, Any]] = None, elastic: bool = False) -> None:
         if torch is None:
@@ -111,6 +118,9 @@ class Client:
         self._auth_token = auth_token if auth_token is not None else os.environ.get(
             "PACKFEED_TOKEN", "")
         self._copy = copy
+        if device_ring not in ("staged", "daemon"):
+            raise ValueError(f"device_ring {device_ring!r}: expected 'staged' or 'daemon'")
+        self._device_ring = device_ring
         self._device = _resolve_device(device)
         self._slots, self._slot_bytes, self._ucx_transports = slots, slot_bytes, ucx_transports
         self._attach_timeout, self._reconnect_timeout = attach_timeout, reconnect_timeout
@@ -158,11 +168,13 @@ class Client:
         padded_squared_sum, real_sum, real_squared_sum."""
         return self._last_step
 
-    def ring(self) -> Dict[str, int]:
+    def ring(self) -> Dict[str, Any]:
         """How this rank uses its ring since attach: ``slots``, ``held``
-        (slots held now by microbatches with a tensor alive), ``handed_out``, and
+        (slots held now by microbatches with a tensor alive), ``handed_out``,
         ``copied_out``, those handed out as private copies because the
-        trainer held every slot but one."""
+        trainer held every slot but one, and ``device_ring_fallback``: why
+        device_ring="daemon" was asked for and the staged ring serves
+        instead ("" otherwise)."""
         return self._live().ring()
 
     def times(self) -> Dict[str, Any]:
@@ -247,7 +259,7 @@ class Client:
             socket_path=self.socket_path, job=self.job, global_rank=self.rank,
             fingerprint=fingerprint, auth_token=self._auth_token, start_step=start_step,
             start_microbatch=start_microbatch, start_sample=start_sample, elastic=elastic,
-            placement="host" if cuda_device is None else "staged",
+            placement="host" if cuda_device is None else self._device_ring,
             cuda_device=cuda_device or 0, slots=self._slots, slot_bytes=self._slot_bytes,
             ucx_transports=self._ucx_transports, attach_timeout=self._attach_timeout,
             reconnect_timeout=self._reconnect_timeout)

@@ -2,7 +2,10 @@
 // picks), a ring in device memory (kDevice, when this UCX can register it and
 // would write it with a transport rather than emulate the puts) and
 // the staged ring (kStagedDevice: host ring copied to the device by the copy
-// engine). Skips without a device (every machine without a GPU, CI's too).
+// engine), and the device ring the daemon copies into (kDaemonDevice).
+// Skips without a device (every machine without a GPU, CI's too).
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +28,8 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/receiver.h"
+#include "packfeed/transport/sender.h"
+#include "packfeed/transport/shared_ring.h"
 #include "transport_harness.h"
 
 namespace packfeed::testing {
@@ -209,6 +214,87 @@ TEST(StagedRingTest, ReadsAndCreditsWaitForTheCopy) {
   cudaFreeHost(pinned);
   cudaStreamDestroy(consumer);
   cudaStreamDestroy(copy_stream);
+}
+
+// kDaemonDevice, sender and receiver in this process on their own UCX
+// workers: the receiver's ring is exported device memory, the sender
+// imports it as the daemon does (SharedRing::ImportDevice of the
+// descriptor) and copies every slot in before announcing it. Every message
+// arrives byte for byte in device memory; and a released slot goes back to
+// the sender only once the stream that read it is past the release: with
+// that stream held shut, no more than `slots` messages arrive.
+TEST(DaemonDeviceRingTest, DeliversIntoDeviceMemoryAndReusesSlotsOnlyAfterTheirReaders) {
+  if (transport::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  constexpr uint32_t kSlots = 2;
+  constexpr uint64_t kMessages = 8;
+  constexpr uint64_t kPayload = 1 << 20;
+  transport::ReceiverOptions options;
+  options.placement = transport::RingPlacement::kDaemonDevice;
+  options.slots = kSlots;
+  options.slot_bytes = kPayload + (64 << 10);
+  auto receiver = transport::Receiver::Create(options);
+  if (absl::IsFailedPrecondition(receiver.status())) {
+    GTEST_SKIP() << "this GPU cannot share device memory: " << receiver.status();
+  }
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  EXPECT_EQ((*receiver)->memory_kind(), MemoryKind::kCuda);
+  const transport::RingOffer offer = (*receiver)->ring_offer();
+  ASSERT_TRUE(offer.device());
+  auto imported = transport::SharedRing::ImportDevice(ScopedFd(dup((*receiver)->ring_fd())),
+                                                      offer.bytes, offer.gpu_uuid);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  auto sender = transport::Sender::Create({});
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  auto connection_id =
+      (*sender)->ConnectShared((*receiver)->worker_address(), (*receiver)->ring_descriptor(),
+                               std::make_shared<transport::SharedRing>(*std::move(imported)));
+  ASSERT_TRUE(connection_id.ok()) << connection_id.status();
+  ASSERT_TRUE((*receiver)->Connect((*sender)->worker_address(), *connection_id).ok());
+  EXPECT_TRUE((*sender)->Stats(*connection_id)->device);
+  absl::Status pushed;
+  std::thread pushing([&] {
+    PushReport report;
+    pushed = PushTestMessages(**sender, *connection_id, 0, kMessages, kPayload, &report);
+  });
+
+  cudaStream_t reader = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking), cudaSuccess);
+  std::atomic<bool> open{false};
+  absl::Cleanup open_on_exit = [&open] { open = true; };
+  std::vector<uint8_t> host(options.slot_bytes);
+  for (uint64_t seq = 0; seq < kMessages; ++seq) {
+    auto slot = (*receiver)->Next(absl::Seconds(20));
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    transport::ReceivedSlot view = *slot;
+    uint64_t offset = 0;
+    for (transport::FieldView& field : view.fields) {
+      ASSERT_TRUE(
+          transport::CudaCopy(host.data() + offset, field.data, field.descriptor.bytes).ok());
+      field.data = host.data() + offset;
+      offset += field.descriptor.bytes;
+    }
+    absl::Status check = CheckTestMessage(view, seq, kPayload);
+    EXPECT_TRUE(check.ok()) << check;
+    if (seq == 0) {
+      // The reader stream is held shut: slot 0 must not come back yet.
+      ASSERT_EQ(cudaLaunchHostFunc(reader, &HoldShut, &open), cudaSuccess);
+      ASSERT_TRUE((*receiver)->Release(slot->lease, {reader}).ok());
+      auto second = (*receiver)->Next(absl::Seconds(20));
+      ASSERT_TRUE(second.ok()) << second.status();
+      ASSERT_TRUE((*receiver)->Release(second->lease, {reader}).ok());
+      EXPECT_EQ((*receiver)->Next(absl::Milliseconds(500)).status().code(),
+                absl::StatusCode::kDeadlineExceeded)
+          << "a slot went back while the stream that read it was still shut";
+      open = true;
+      ++seq;  // the second message was taken above
+      continue;
+    }
+    ASSERT_TRUE((*receiver)->Release(slot->lease, {reader}).ok());
+  }
+  pushing.join();
+  EXPECT_TRUE(pushed.ok()) << pushed;
+  ASSERT_EQ(cudaStreamSynchronize(reader), cudaSuccess);
+  cudaStreamDestroy(reader);
 }
 #endif  // PF_HAVE_CUDA
 

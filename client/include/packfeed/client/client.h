@@ -260,6 +260,12 @@ class Client {
   TrainerTimes Times() const;
   RingUse Ring() const;
   const std::string& fingerprint() const;
+  // Why a device ring the daemon writes (RingPlacement::kDaemonDevice) was
+  // asked for and the staged ring serves instead: the local reason (no
+  // virtual memory API, descriptor export or second context on this GPU) or
+  // the daemon's (no GPU of that UUID visible to it, the driver's refusal).
+  // Empty when it was not asked for, or is served.
+  const std::string& DeviceRingFallback() const;
   const ClientOptions& options() const;
   MemoryKind memory_kind() const;
   // Model chunks per pipeline stage (the job's VPP size; 1 without).

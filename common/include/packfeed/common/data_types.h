@@ -56,6 +56,14 @@ enum class RingPlacement {
   // reused once the consumer's stream is past it. Needs a device, not a UCX
   // with CUDA.
   kStagedDevice,
+  // Device memory the daemon writes (CUDA's virtual memory API, the
+  // allocation shared by file descriptor): it packs each slot in its own
+  // page-locked memory, copies it in with the copy engine, and only then
+  // announces it, so the trainer's Next does no copy and waits on no
+  // event. Where it cannot be had (no such API or descriptor export, a
+  // compute mode that keeps the daemon out, the daemon's refusal) the
+  // client falls back to kStagedDevice and says why.
+  kDaemonDevice,
 };
 
 }  // namespace packfeed

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/common/posix_file.h"
+#include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/shared_ring.h"
 #include "test_paths.h"
 
@@ -227,6 +228,26 @@ TEST_F(SharedRingListenerTest, RefusesAStrangerAndAMalformedMessage) {
   auto listener = Start();
   EXPECT_THAT(Share(path_, "hello"), HasSubstr("not \"packfeed-ring BYTES\""));
   EXPECT_THAT(Share(path_, "packfeed-ring 8192"), StartsWith("error "));  // size mismatch
+  EXPECT_THAT(Share(path_, "packfeed-device-ring 4096 GPU-0"),
+              HasSubstr("the UUID as 32 lowercase hex digits"));
+  EXPECT_EQ(listener->unclaimed(), 0);
+}
+
+// A device ring the daemon cannot import (here: no GPU at all, or none of
+// that UUID) is refused with the reason, which the client reports when it
+// falls back to its staged ring; the daemon keeps nothing of it.
+TEST_F(SharedRingListenerTest, ADeviceRingItCannotImportIsRefusedWithTheReason) {
+  auto listener = Start();
+  const std::string reply =
+      Share(path_, absl::StrCat("packfeed-device-ring ", kRingBytes, " ", std::string(32, 'a')));
+  EXPECT_THAT(reply, StartsWith("error "));
+  EXPECT_THAT(reply, HasSubstr("device ring: "));
+  if (transport::CudaDeviceCount() == 0) {
+    EXPECT_THAT(reply, ::testing::AnyOf(HasSubstr("no CUDA device"),
+                                        HasSubstr("built without the CUDA toolkit")));
+  } else {
+    EXPECT_THAT(reply, HasSubstr("no GPU with UUID aaaa"));
+  }
   EXPECT_EQ(listener->unclaimed(), 0);
 }
 

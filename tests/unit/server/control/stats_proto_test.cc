@@ -103,6 +103,7 @@ TEST(StatsProtoTest, JobFiguresBecomeJobStatsFieldForField) {
   rank.times = {1.5, 4.5, 80, 1};
   rank.input_bound = 0.25;
   rank.ring = "shm";
+  rank.device_ring_fallback = "GPU 0 is in compute mode exclusive-process";
   figures.ranks.push_back(rank);
   figures.mean_step_over_ideal = 1.02;
   figures.slowest_rank = 3;
@@ -126,6 +127,7 @@ TEST(StatsProtoTest, JobFiguresBecomeJobStatsFieldForField) {
   EXPECT_EQ(stats.ranks(0).calls(), 80u);
   EXPECT_EQ(stats.ranks(0).copied_out(), 1u);
   EXPECT_EQ(stats.ranks(0).ring(), "shm");
+  EXPECT_EQ(stats.ranks(0).device_ring_fallback(), "GPU 0 is in compute mode exclusive-process");
   EXPECT_EQ(stats.slowest_rank_steps_behind(), 1);
   EXPECT_EQ(stats.tokens_truncated(), 300);
   EXPECT_EQ(stats.wait_seconds(), 1.5);

@@ -34,6 +34,7 @@ struct PushedSlot {
   int64_t step = 0;
   uint32_t microbatch = 0;
   std::map<std::string, std::string> fields;
+  std::string metadata;  // SlotMetadata, serialized
 
   std::vector<int64_t> Tokens() const {
     const std::string& bytes = fields.at("tokens");
@@ -100,6 +101,8 @@ class FakeSlotSender : public transport::SlotSender {
     stats.bytes = ring->bytes;
     stats.credits = static_cast<uint32_t>(ring->slots - (ring->pushed.size() - ring->released));
     stats.mapped = mapped_;
+    stats.device = device_;
+    stats.shared = device_;
     return stats;
   }
   void ProgressOrWait(absl::Duration timeout) override {
@@ -115,6 +118,8 @@ class FakeSlotSender : public transport::SlotSender {
   // The test's side: before any connection.
   void set_slot_bytes(uint64_t bytes) { slot_bytes_ = bytes; }
   void set_mapped(bool mapped) { mapped_ = mapped; }
+  // As a device ring the daemon copies into: written in place (mapped).
+  void set_device(bool device) { device_ = mapped_ = device; }
 
   void Release(uint64_t id, uint64_t count) {
     absl::MutexLock lock(&mutex_);
@@ -173,7 +178,7 @@ class FakeSlotSender : public transport::SlotSender {
     absl::StatusOr<std::vector<transport::FieldDescriptor>> layout =
         transport::LayoutFields(specs, slot_bytes_);
     if (!layout.ok()) return layout.status();
-    PushedSlot slot{content.step, content.microbatch, {}};
+    PushedSlot slot{content.step, content.microbatch, {}, content.inline_metadata};
     for (size_t f = 0; f < specs.size(); ++f) {
       const transport::FieldDescriptor& field = (*layout)[f];
       const char* data = mapped ? reinterpret_cast<const char*>(mapped_slot_.data()) + field.offset
@@ -212,6 +217,7 @@ class FakeSlotSender : public transport::SlotSender {
   int pushes_without_credit_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t slot_bytes_ = UINT64_MAX;
   bool mapped_ = false;
+  bool device_ = false;
   std::vector<uint8_t> mapped_slot_ ABSL_GUARDED_BY(mutex_);
 };
 
@@ -251,6 +257,7 @@ class JobRunnerTest : public ::testing::Test {
       // Rings of the size the job asks its ranks for (attach refuses less).
       sender->set_slot_bytes(job_->required_slot_bytes());
       sender->set_mapped(mapped_);
+      if (device_) sender->set_device(true);
       sender_ = sender.get();
       return sender;
     };
@@ -260,8 +267,10 @@ class JobRunnerTest : public ::testing::Test {
   }
 
   // Attaches `rank` with a ring of `slots`; returns the connection id.
-  uint64_t Attach(int rank, uint32_t slots, int64_t start_step = 0, int start_microbatch = 0) {
+  uint64_t Attach(int rank, uint32_t slots, int64_t start_step = 0, int start_microbatch = 0,
+                  const std::string& device_ring_fallback = "") {
     AttachArgs args;
+    args.device_ring_fallback = device_ring_fallback;
     args.global_rank = rank;
     args.worker_address = "rank";
     args.ring_descriptor = std::to_string(slots);
@@ -304,6 +313,7 @@ class JobRunnerTest : public ::testing::Test {
   std::unique_ptr<IngestStream> stream_;  // an ingest job's; outlives the runner
   std::unique_ptr<Job> job_;
   bool mapped_ = false;               // the sender writes slots in place
+  bool device_ = false;               // ... into device rings (copied in)
   FakeSlotSender* sender_ = nullptr;  // owned by runner_
   std::unique_ptr<JobRunner> runner_;
 };
@@ -499,6 +509,49 @@ TEST_F(JobRunnerTest, ARanksTimesAddUpOverItsConnectionsOnceEach) {
   EXPECT_EQ(stats.times.calls, 13u);
   EXPECT_EQ(stats.times.copied_out, 3u);
   EXPECT_DOUBLE_EQ(stats.input_bound, 1.0 / 3);
+}
+
+// Into a device ring the daemon writes, the small fields (max_seqlen) also
+// ride in the slot's metadata, byte for byte, so the client reads them
+// without waiting for the device; into a host ring they do not.
+TEST_F(JobRunnerTest, ADeviceRingsSmallFieldsRideInTheMetadata) {
+  for (const bool device : {true, false}) {
+    device_ = device;
+    StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/1);
+    const uint64_t id = Attach(0, /*slots=*/4);
+    const std::vector<PushedSlot> pushed = sender_->WaitForPushes(id, 2);
+    ASSERT_GE(pushed.size(), 2u);
+    for (const PushedSlot& slot : pushed) {
+      v1::SlotMetadata metadata;
+      ASSERT_TRUE(metadata.ParseFromString(slot.metadata));
+      if (!device) {
+        EXPECT_TRUE(metadata.small_fields().empty());
+        continue;
+      }
+      ASSERT_EQ(metadata.small_fields().count("max_seqlen"), 1u);
+      EXPECT_EQ(metadata.small_fields().at("max_seqlen"), slot.fields.at("max_seqlen"));
+      EXPECT_EQ(metadata.small_fields().count("tokens"), 0u);  // too large to ride along
+    }
+    runner_.reset();
+    job_.reset();
+  }
+}
+
+// A client that asked for a device ring the daemon writes and stages its
+// own copies says why at attach; the rank's stats carry it.
+TEST_F(JobRunnerTest, ADeviceRingFallbackReachesTheRanksStats) {
+  StartDatasetJob(/*dp=*/2, /*prefetch_steps=*/1);
+  Attach(0, /*slots=*/2, 0, 0, "GPU 0 is in compute mode exclusive-process");
+  Attach(1, /*slots=*/2);
+  absl::Notification done;
+  JobFigures stats;
+  runner_->Stats([&](JobFigures result) {
+    stats = std::move(result);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  EXPECT_EQ(stats.ranks.at(0).device_ring_fallback, "GPU 0 is in compute mode exclusive-process");
+  EXPECT_EQ(stats.ranks.at(1).device_ring_fallback, "");
 }
 
 TEST_F(JobRunnerTest, AFailedConnectionIsDroppedAndTheOtherRanksAreServed) {

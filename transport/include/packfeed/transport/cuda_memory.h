@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -93,6 +94,28 @@ class CudaSlotCopier {
   struct Handles;
   explicit CudaSlotCopier(std::unique_ptr<Handles> handles);
   std::unique_ptr<Handles> handles_;
+};
+
+// Events recorded on streams and polled from the host: a slot of a device
+// ring the daemon writes goes back to it once every stream that read the
+// slot is past the point of its release, and no thread blocks to learn it.
+// Move-only; destroys its events.
+class CudaStreamMarks {
+ public:
+  // `streams`: cudaStream_t; none means the legacy default stream.
+  static absl::StatusOr<CudaStreamMarks> Record(int device, absl::Span<void* const> streams);
+  CudaStreamMarks(CudaStreamMarks&& other) noexcept;
+  CudaStreamMarks& operator=(CudaStreamMarks&&) = delete;
+  CudaStreamMarks(const CudaStreamMarks&) = delete;
+  ~CudaStreamMarks();
+
+  // Whether every stream has passed its mark.
+  absl::StatusOr<bool> Passed() const;
+
+ private:
+  explicit CudaStreamMarks(int device) : device_(device) {}
+  int device_ = 0;
+  std::vector<void*> events_;  // cudaEvent_t
 };
 
 // Synchronous copy between any two pointers (host or device), for tests and

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,6 +36,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "packfeed/transport/cuda_memory.h"
+#include "packfeed/transport/cuda_shared_memory.h"
 #include "packfeed/transport/memory_region.h"
 #include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/ucx_context.h"
@@ -120,8 +122,11 @@ class Receiver {
   const std::string& ring_descriptor() const { return ring_descriptor_; }
   // The ring's length: slots × slot bytes (rounded up to kFieldAlignment).
   uint64_t ring_bytes() const { return options_.slots * options_.slot_bytes; }
-  // The shared ring's memfd (ReceiverOptions::shared_by_fd), else -1.
-  int ring_fd() const { return shared_ring_.has_value() ? shared_ring_->fd() : -1; }
+  // The descriptor of a ring the daemon maps or imports (a shared memfd,
+  // kDaemonDevice's exported device memory), else -1; and what to send with
+  // it (SendWithFd of FormatRingOffer).
+  int ring_fd() const;
+  RingOffer ring_offer() const;
   // Where the views Next hands out are: kCuda for a device or staged ring.
   MemoryKind memory_kind() const { return copier_ != nullptr ? MemoryKind::kCuda : memory_kind_; }
   // True when the host ring is page-locked for asynchronous device copies.
@@ -155,6 +160,8 @@ class Receiver {
   // slot went back when its copy completed; this frees the device buffer
   // once every stream of `cuda_streams` (cudaStream_t; none: the legacy
   // default stream) has done what it was given so far (its reads of it).
+  // kDaemonDevice: the slot goes back to the daemon once those streams are
+  // past their reads (the progress thread polls their events).
   absl::Status Release(uint64_t lease, absl::Span<void* const> cuda_streams = {});
 
   ReceiverStats stats() const;
@@ -179,6 +186,9 @@ class Receiver {
   // kStagedDevice: starts the copies of arrived slots that have a free
   // device buffer and counts the completed ones; true on any change.
   bool StageArrived();
+  // kDaemonDevice: frees the released slots whose readers' streams have
+  // passed them; true when any was freed.
+  bool DrainReleased();
   // kStagedDevice, on a new connection: waits for the copies in flight and
   // frees every device buffer (those handed out once the consumer's stream
   // is past them).
@@ -203,7 +213,8 @@ class Receiver {
   std::optional<CudaDeviceBuffer> device_ring_;
   std::optional<MemoryRegion> ring_;
   std::optional<SharedRing> shared_ring_;
-  uint8_t* ring_base_ = nullptr;  // the ring's first slot, whichever holds it
+  std::optional<ExportedDeviceMemory> exported_ring_;  // kDaemonDevice
+  uint8_t* ring_base_ = nullptr;                       // the ring's first slot, whichever holds it
   std::optional<CudaHostRegistration> host_registration_;
   std::unique_ptr<CudaSlotCopier> copier_;  // kStagedDevice only
   MemoryKind memory_kind_ = MemoryKind::kHost;
@@ -242,6 +253,8 @@ class Receiver {
   std::deque<std::pair<uint32_t, uint32_t>> copying_ ABSL_GUARDED_BY(mutex_);
   uint64_t copied_ ABSL_GUARDED_BY(mutex_) = 0;
   std::vector<bool> device_busy_ ABSL_GUARDED_BY(mutex_);
+  // kDaemonDevice: released slots, until their readers' streams pass them.
+  std::list<std::pair<uint32_t, CudaStreamMarks>> draining_ ABSL_GUARDED_BY(mutex_);
 
   std::thread progress_thread_;  // last: started when all else is ready
 };

@@ -1,21 +1,25 @@
 #ifndef PACKFEED_TRANSPORT_SHARED_RING_H_
 #define PACKFEED_TRANSPORT_SHARED_RING_H_
 
-// A host ring the client creates as a sealed memfd and hands to the daemon
-// over a Unix socket (SCM_RIGHTS), for a trainer whose uid differs from the
-// daemon's: UCX 1.13's shared-memory segments are private to their uid, so
-// without this such a trainer is served over TCP. The memfd has no name in
-// any file system; only processes it is passed to can map it.
+// A ring the client hands to the daemon over a Unix socket (SCM_RIGHTS).
+// Host memory: a sealed memfd, for a trainer whose uid differs from the
+// daemon's (UCX 1.13's shared-memory segments are private to their uid, so
+// without this such a trainer is served over TCP); the memfd has no name in
+// any file system and only processes it is passed to can map it. Device
+// memory: a CUDA allocation exported as a descriptor, which the daemon
+// imports and copies each slot into (cuda_shared_memory.h).
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "packfeed/common/posix_file.h"
+#include "packfeed/transport/cuda_shared_memory.h"
 
 namespace packfeed::transport {
 
@@ -29,6 +33,11 @@ class SharedRing {
   // is sealed against shrinking (a client truncating a mapped file would
   // crash the daemon with SIGBUS) and is exactly `bytes` long.
   static absl::StatusOr<SharedRing> Map(ScopedFd fd, uint64_t bytes);
+  // The daemon's side of a device ring: `size` bytes exported on the GPU
+  // whose UUID is `gpu_uuid` (ExportedDeviceMemory), imported here. data()
+  // is then device memory, written only through device()->CopyIn.
+  static absl::StatusOr<SharedRing> ImportDevice(ScopedFd fd, uint64_t size,
+                                                 absl::string_view gpu_uuid);
 
   SharedRing(SharedRing&& other) noexcept;
   SharedRing& operator=(SharedRing&&) = delete;
@@ -39,14 +48,31 @@ class SharedRing {
   uint8_t* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
   int fd() const { return fd_.get(); }
+  // A device ring's memory; nullptr for a host ring.
+  ImportedDeviceMemory* device() const { return device_.get(); }
 
  private:
   SharedRing(ScopedFd fd, uint8_t* data, uint64_t bytes)
       : fd_(std::move(fd)), data_(data), bytes_(bytes) {}
+  explicit SharedRing(std::unique_ptr<ImportedDeviceMemory> device);
   ScopedFd fd_;
   uint8_t* data_ = nullptr;
   uint64_t bytes_ = 0;
+  std::unique_ptr<ImportedDeviceMemory> device_;
 };
+
+// What a client sends with its ring's descriptor: "packfeed-ring BYTES"
+// (a host memfd of BYTES) or "packfeed-device-ring BYTES UUID" (device
+// memory of BYTES exported on the GPU whose UUID is 32 hex digits).
+struct RingOffer {
+  uint64_t bytes = 0;
+  std::string gpu_uuid;  // device rings only
+  bool device() const { return !gpu_uuid.empty(); }
+};
+std::string FormatRingOffer(const RingOffer& offer);
+// InvalidArgument naming both forms for anything else (0 bytes, a UUID that
+// is not 32 lowercase hex digits, more words).
+absl::StatusOr<RingOffer> ParseRingOffer(absl::string_view message);
 
 // Who is at the other end of a connected Unix socket, as the kernel says
 // (SO_PEERCRED).

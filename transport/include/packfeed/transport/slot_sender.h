@@ -41,7 +41,10 @@ struct ConnectionStats {
   uint64_t bytes = 0;     // field bytes pushed
   uint32_t credits = 0;   // free slots now
   bool mapped = false;    // MapNextSlot is available (same-node shared memory)
-  bool shared = false;    // the ring was shared by file descriptor (memfd)
+  bool shared = false;    // the ring was shared by file descriptor (memfd or device)
+  // A device ring shared by descriptor: slots are packed into page-locked
+  // staging (MapNextSlot) and copied into it by the copy engine.
+  bool device = false;
 };
 
 // A receiver's next slot mapped into this process, to pack it in place.
