@@ -56,8 +56,8 @@ def main():
                                      auth_token="driver-secret")
         producer.put(0, samples)
         producer.seal(0)
-        rank = _native.attach(daemon.socket, "ref", 0, "", "", 0, 0, False, 4, 0, "host", 0, "",
-                              30.0, 0.0)
+        rank = _native.attach(daemon.socket, "ref", 0, "", "", 0, 0, None, False, 4, 0, "host", 0,
+                              "", 30.0, 0.0)
         step = rank.next_step(30.0)
         got = []
         for _ in range(step["num_microbatches"]):

@@ -10,6 +10,12 @@
 
 namespace packfeed::transport {
 
+namespace {
+// How often released slots of a device ring the daemon writes are checked
+// while their readers' streams have not passed them.
+constexpr absl::Duration kDrainPoll = absl::Microseconds(200);
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions& requested) {
   ReceiverOptions options = requested;
   // Every slot starts aligned, so the fields inside it (aligned within the
@@ -206,7 +212,8 @@ void Receiver::ProgressLoop() {
     for (std::function<void()>& task : tasks) task();
     // Every step runs each round: no short-circuit.
     const bool staged = StageArrived();
-    const bool drained = DrainReleased();
+    bool draining = false;
+    const bool drained = DrainReleased(draining);
     const bool sent_credit = SendCredit();
     const bool progressed = worker_.Progress();
     const bool busy = !tasks.empty() || staged || drained || sent_credit || progressed;
@@ -215,7 +222,10 @@ void Receiver::ProgressLoop() {
     if (busy) {
       last_activity = now;
     } else if (now - last_activity >= options_.spin) {
-      worker_.ProgressOrWait(options_.idle_wakeup);
+      // Released slots waiting for their readers' streams are polled often:
+      // the daemon gets them back soon after the trainer's kernels pass.
+      worker_.ProgressOrWait(draining ? std::min(options_.idle_wakeup, kDrainPoll)
+                                      : options_.idle_wakeup);
       last_activity = absl::Now();
     }
   }
@@ -354,7 +364,7 @@ absl::StatusOr<ReceivedSlot> Receiver::Next(absl::Duration timeout) {
   return next;
 }
 
-bool Receiver::DrainReleased() {
+bool Receiver::DrainReleased(bool& pending) {
   if (!exported_ring_.has_value()) return false;
   absl::MutexLock lock(&mutex_);
   bool freed = false;
@@ -373,6 +383,7 @@ bool Receiver::DrainReleased() {
     it = draining_.erase(it);
     freed = true;
   }
+  pending = !draining_.empty();
   return freed;
 }
 

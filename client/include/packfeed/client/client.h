@@ -218,8 +218,10 @@ class Client {
   // OutOfRange (a rank outside the job), FailedPrecondition (a rank another
   // daemon hosts, or another fingerprint), AlreadyExists (the rank is
   // attached), InvalidArgument (slots too small for the job, a bad start
-  // step). Unavailable when no daemon answers on the socket, or it is
-  // starting or draining.
+  // step or start sample). Unavailable when no daemon answers on the
+  // socket, or it is starting or draining. A release build of packfeed
+  // turns Abseil's lock-order checks off for the process here
+  // (packfeed/common/mutex_mode.h).
   static absl::StatusOr<std::unique_ptr<Client>> Attach(const ClientOptions& options);
   ~Client();  // Detaches (best effort) unless Detach() did.
 

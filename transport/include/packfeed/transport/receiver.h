@@ -187,8 +187,8 @@ class Receiver {
   // device buffer and counts the completed ones; true on any change.
   bool StageArrived();
   // kDaemonDevice: frees the released slots whose readers' streams have
-  // passed them; true when any was freed.
-  bool DrainReleased();
+  // passed them; true when any was freed. `pending`: some are still waiting.
+  bool DrainReleased(bool& pending);
   // kStagedDevice, on a new connection: waits for the copies in flight and
   // frees every device buffer (those handed out once the consumer's stream
   // is past them).
