@@ -94,16 +94,20 @@ absl::StatusOr<RingOffer> ParseRingOffer(absl::string_view message) {
   const std::vector<absl::string_view> words = absl::StrSplit(message, ' ');
   const bool host = words.size() == 2 && words[0] == "packfeed-ring";
   const bool device = words.size() == 3 && words[0] == "packfeed-device-ring";
-  const bool uuid_ok = device && words[2].size() == 32 && absl::c_all_of(words[2], [](char c) {
-                         return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
-                       });
-  if (!(host || uuid_ok) || !absl::SimpleAtoi(words[1], &offer.bytes) || offer.bytes == 0) {
+  if ((host || device) && absl::SimpleAtoi(words[1], &offer.bytes) && device) {
+    offer.gpu_uuid = std::string(words[2]);
+  }
+  const bool uuid_ok =
+      !device || (offer.gpu_uuid.size() == 32 && absl::c_all_of(offer.gpu_uuid, [](char c) {
+                    return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+                  }));
+  // Only the canonical spelling (what FormatRingOffer writes) is accepted.
+  if (!(host || device) || !uuid_ok || offer.bytes == 0 || FormatRingOffer(offer) != message) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a message \"", absl::CHexEscape(message.substr(0, 96)),
-        "\", not \"packfeed-ring BYTES\" or \"packfeed-device-ring BYTES GPU-UUID\" (BYTES > 0, "
-        "the UUID as 32 lowercase hex digits)"));
+        "\", not \"packfeed-ring BYTES\" or \"packfeed-device-ring BYTES GPU-UUID\" (BYTES > 0 "
+        "in decimal, the UUID as 32 lowercase hex digits)"));
   }
-  if (device) offer.gpu_uuid = std::string(words[2]);
   return offer;
 }
 

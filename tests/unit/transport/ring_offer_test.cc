@@ -39,7 +39,8 @@ TEST(RingOfferTest, AnythingElseIsRefusedNamingBothForms) {
         "packfeed-device-ring 4096 " + kUuid.substr(1),
         "packfeed-device-ring 4096 " + std::string(32, 'G'),
         "packfeed-device-ring 4096 GPU-" + kUuid.substr(4), "packfeed-ring 4096 " + kUuid,
-        std::string("packfeed-ring  4096")}) {
+        std::string("packfeed-ring  4096"), std::string("packfeed-ring 04096"),
+        std::string("packfeed-ring +4096"), std::string("packfeed-ring 4096 ")}) {
     absl::StatusOr<RingOffer> parsed = ParseRingOffer(bad);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(parsed.status().message(),
