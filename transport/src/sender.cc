@@ -266,13 +266,10 @@ absl::Status Sender::Push(uint64_t connection_id, const SlotContent& content) {
   absl::Status status;
   if (connection->device != nullptr) {
     // Gathered into page-locked staging, then one copy-engine transfer.
-    uint64_t extent = 0;
     for (size_t i = 0; i < layout.size(); ++i) {
       std::memcpy(connection->staging + layout[i].offset, content.fields[i].data, layout[i].bytes);
-      extent = std::max(extent, layout[i].offset + layout[i].bytes);
     }
-    status = connection->device->CopyIn(*slot * connection->ring.slot_bytes, connection->staging,
-                                        extent);
+    status = CopyStagedSlot(*connection, *slot, layout);
   } else if (connection->shared != nullptr) {
     // A ring shared by file descriptor: plain copies, made visible before
     // the notification can be seen.
@@ -341,19 +338,19 @@ absl::Status Sender::CommitMapped(uint64_t connection_id, const SlotContent& con
   std::atomic_thread_fence(std::memory_order_release);
   const uint32_t slot = *std::exchange(connection->mapped_slot, std::nullopt);
   absl::Status status;
-  if (connection->device != nullptr) {
-    uint64_t extent = 0;
-    for (const FieldDescriptor& field : layout) {
-      extent = std::max(extent, field.offset + field.bytes);
-    }
-    status =
-        connection->device->CopyIn(slot * connection->ring.slot_bytes, connection->staging, extent);
-  }
+  if (connection->device != nullptr) status = CopyStagedSlot(*connection, slot, layout);
   if (status.ok()) {
     status = Notify(*connection, slot, layout, content, absl::Now() + options_.operation_timeout);
   }
   if (!status.ok()) return Fail(*connection, std::move(status));
   return absl::OkStatus();
+}
+
+absl::Status Sender::CopyStagedSlot(Connection& connection, uint32_t slot,
+                                    const std::vector<FieldDescriptor>& layout) {
+  uint64_t extent = 0;
+  for (const FieldDescriptor& field : layout) extent = std::max(extent, field.offset + field.bytes);
+  return connection.device->CopyIn(slot * connection.ring.slot_bytes, connection.staging, extent);
 }
 
 absl::Status Sender::Notify(Connection& connection, uint32_t slot,
