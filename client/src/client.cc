@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/src/grpc_status.h"
 #include "client/src/watch_stream.h"
@@ -75,7 +76,10 @@ class MicrobatchLease {
 class Client::Impl {
  public:
   explicit Impl(const ClientOptions& options) : options_(options) {}
-  ~Impl() { Detach().IgnoreError(); }  // Detaches (best effort) unless Detach() did.
+  ~Impl() {  // Detaches (best effort) unless Detach() did.
+    Detach().IgnoreError();
+    EndReport();
+  }
 
   // Opens the channel and the ring, and attaches at the options' start.
   absl::Status Open();
@@ -106,6 +110,7 @@ class Client::Impl {
   };
   v1::RankTimes RankTimesNow() const;  // the current connection's figures
   void ReportTimes();                  // without waiting for the daemon's answer
+  void EndReport();                    // cancels a report in flight and waits for it
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
   // Attaches from start_step (or, on the first attach, the step beginning
@@ -127,6 +132,14 @@ class Client::Impl {
   uint64_t copied_out_ = 0;  // of those, private copies
   uint64_t connection_id_ = 0;
   uint64_t slot_bytes_ = 0;
+  // The Report call in flight (ReportTimes), freed once answered.
+  struct ReportCall {
+    grpc::ClientContext context;
+    v1::ReportRequest request;
+    v1::ReportReply reply;
+    absl::Notification done;
+  };
+  std::unique_ptr<ReportCall> report_;
   std::string shared_token_;          // a ring Open shared, for the first attach
   std::string device_ring_fallback_;  // why kDaemonDevice was not had
   std::string fingerprint_;
@@ -483,22 +496,32 @@ v1::RankTimes Client::Impl::RankTimesNow() const {
 
 void Client::Impl::ReportTimes() {
   if (control_ == nullptr || connection_id_ == 0) return;
-  // The call owns what it needs: a report may be answered after this
-  // client is gone. A lost report is replaced by the next (they are sums).
-  struct Call {
-    grpc::ClientContext context;
-    v1::ReportRequest request;
-    v1::ReportReply reply;
-  };
-  auto call = std::make_shared<Call>();
-  SetDeadline(call->context, absl::Seconds(5));
-  call->request.set_job(options_.job);
-  call->request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
-  call->request.set_connection_id(connection_id_);
-  call->request.set_auth_token(options_.auth_token);
-  *call->request.mutable_times() = RankTimesNow();
+  // One report at a time; one due while the last is on its way is skipped
+  // (reports are sums: the next carries it). The call is freed here or by
+  // EndReport, never inside gRPC's callback: a ClientContext destroyed in
+  // its own completion aborted the process under load (gRPC 1.51,
+  // "ref_counted.h: prior > 0", when the daemon had been killed).
+  if (report_ != nullptr) {
+    if (!report_->done.HasBeenNotified()) return;
+    report_.reset();
+  }
+  report_ = std::make_unique<ReportCall>();
+  SetDeadline(report_->context, absl::Seconds(5));
+  report_->request.set_job(options_.job);
+  report_->request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
+  report_->request.set_connection_id(connection_id_);
+  report_->request.set_auth_token(options_.auth_token);
+  *report_->request.mutable_times() = RankTimesNow();
+  ReportCall* call = report_.get();
   control_->control->async()->Report(&call->context, &call->request, &call->reply,
-                                     [call](grpc::Status) {});
+                                     [call](grpc::Status) { call->done.Notify(); });
+}
+
+void Client::Impl::EndReport() {
+  if (report_ == nullptr) return;
+  report_->context.TryCancel();
+  report_->done.WaitForNotification();
+  report_.reset();
 }
 
 absl::StatusOr<transport::ReceivedSlot> Client::Impl::Receive(absl::Duration timeout) {
