@@ -288,6 +288,18 @@ class JobRunnerTest : public ::testing::Test {
     return id.value_or(0);
   }
 
+  // The runner's stats, as the admin service asks for them.
+  JobFigures Figures() {
+    absl::Notification done;
+    JobFigures stats;
+    runner_->Stats([&](JobFigures result) {
+      stats = std::move(result);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return stats;
+  }
+
   absl::Status Detach(int rank, uint64_t id, int64_t step, int microbatch, uint32_t slots) {
     absl::Notification detached;
     absl::Status status;
@@ -486,16 +498,7 @@ TEST_F(JobRunnerTest, ARanksTimesAddUpOverItsConnectionsOnceEach) {
     done.WaitForNotification();
     return status;
   };
-  auto rank_stats = [&] {
-    absl::Notification done;
-    JobFigures stats;
-    runner_->Stats([&](JobFigures result) {
-      stats = std::move(result);
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return stats.ranks.at(0);
-  };
+  auto rank_stats = [&] { return Figures().ranks.at(0); };
   const uint64_t first = Attach(0, /*slots=*/2);
   ASSERT_TRUE(report(first, 1.0, 10, 1).ok());
   ASSERT_TRUE(report(first, 0.5, 5, 0).ok());  // older, arriving late: ignored
@@ -543,13 +546,7 @@ TEST_F(JobRunnerTest, ADeviceRingFallbackReachesTheRanksStats) {
   StartDatasetJob(/*dp=*/2, /*prefetch_steps=*/1);
   Attach(0, /*slots=*/2, 0, 0, "GPU 0 is in compute mode exclusive-process");
   Attach(1, /*slots=*/2);
-  absl::Notification done;
-  JobFigures stats;
-  runner_->Stats([&](JobFigures result) {
-    stats = std::move(result);
-    done.Notify();
-  });
-  done.WaitForNotification();
+  const JobFigures stats = Figures();
   EXPECT_EQ(stats.ranks.at(0).device_ring_fallback, "GPU 0 is in compute mode exclusive-process");
   EXPECT_EQ(stats.ranks.at(1).device_ring_fallback, "");
 }
