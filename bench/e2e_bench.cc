@@ -6,21 +6,25 @@
 //     microbatches so its ring is full when it asks);
 //   - the daemon's CPU-seconds per GiB of fields delivered while every rank
 //     pulls (user + system, /proc/PID/stat);
-//   - the daemon's peak RSS (VmHWM), which must not grow with the dataset,
-//     and at the end its private part (RssAnon: samples read, kept within
-//     the memory budget) and shared part (RssShmem: the ranks' rings it
-//     writes in place, which are the ranks' memory).
+//   - the daemon's peak RSS (VmHWM), which must not grow with the dataset;
+//     its peak private part (RssAnon, sampled: samples read, kept within
+//     the memory budget); and at the end its private and shared parts
+//     (RssShmem: the ranks' rings it writes in place, which are the ranks'
+//     memory, so VmHWM grows with their slots).
 //
 // With --ring device every rank's ring is in CUDA device memory (UCX built
 // with CUDA, a GPU present); with --ring staged each rank's page-locked host
 // ring is copied to its device on arrival (a GPU present; a slot's credit
-// returns when its copy is done, so the rate is the rate into device memory); with --ring daemon
-// each rank's ring is device memory the daemon copies every slot into. With --experts
-// LAYERSxTOP_K every token also carries router-replay expert indices (an int16 [LAYERS, TOP_K] side
-// field, all layers on every rank: PP 1), so bytes/s served is the figure to watch.
+// returns when its copy is done, so the rate is the rate into device
+// memory); with --ring daemon each rank's ring is device memory the daemon
+// copies every slot into. With --experts LAYERSxTOP_K the second dataset is
+// the first again, each token also carrying router-replay expert indices
+// (an int16 [LAYERS, TOP_K] side field, all layers on every rank: PP 1), and
+// a last line compares the two: peak private memory and tokens/s.
 //
 //   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device|staged|daemon]
-//             [--experts 48x8] [--memory-budget-mib N] [--quick] [--json]
+//             [--experts 48x8] [--memory-budget-mib N] [--side-read-ahead-mib N]
+//             [--quick] [--json]
 
 #include <signal.h>
 
@@ -53,8 +57,9 @@ struct Args {
   bool quick = false;
   bool json = false;
   std::string ring = "host";
-  std::string experts;             // LAYERSxTOP_K, or empty
-  uint64_t memory_budget_mib = 0;  // 0: the daemon's default
+  std::string experts;               // LAYERSxTOP_K, or empty
+  uint64_t memory_budget_mib = 0;    // 0: the daemon's default
+  uint64_t side_read_ahead_mib = 0;  // 0: the daemon's default
 };
 
 struct Figures {
@@ -66,12 +71,15 @@ struct Figures {
   double next_p50_us = 0;
   double next_p99_us = 0;
   uint64_t daemon_peak_rss_kib = 0;
+  // RssAnon sampled every millisecond: the daemon's own memory, without
+  // the ranks' rings it maps to write in place (VmHWM counts those).
+  uint64_t daemon_peak_private_kib = 0;
   uint64_t daemon_anon_kib = 0;
   uint64_t daemon_shmem_kib = 0;
 };
 
 std::string Config(const std::string& dir, const std::string& prefix, int ranks,
-                   const dataset::GeneratedSideField* experts, uint64_t memory_budget_mib) {
+                   const dataset::GeneratedSideField* experts, const Args& args) {
   // TP2 × CP2 × DP(ranks/4), dynamic CP: the quick start's shape.
   const std::string side =
       experts == nullptr
@@ -80,27 +88,56 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks,
                          "  side_fields { name: \"routed_experts\" dtype: \"int16\" inner_shape: [",
                          experts->layers, ", ", experts->top_k,
                          "] pad_value: -1 layer_axis: true }\n");
-  return absl::StrCat("socket_path: \"", dir, "/bench.sock\"\n",
-                      "memory_budget_bytes: ", memory_budget_mib << 20, "\n", R"(jobs {
+  return absl::StrCat(
+      "socket_path: \"", dir, "/bench.sock\"\n",
+      "memory_budget_bytes: ", args.memory_budget_mib << 20, "\n",
+      args.side_read_ahead_mib == 0
+          ? ""
+          : absl::StrCat("side_rows_read_ahead_bytes: ", args.side_read_ahead_mib << 20, "\n"),
+      R"(jobs {
   name: "bench"
   datasets { prefix: ")",
-                      prefix, R"(" }
+      prefix, R"(" }
   topology { tp: 2 cp: 2 dp: )",
-                      std::max(1, ranks / 4), R"( }
+      std::max(1, ranks / 4), R"( }
   global_batch: 64
   seq_length: 8192
   eod_id: 32000
   append_eod: true
   scheduler { kind: "dynamic_cp" max_tokens_per_rank: 8192 }
 )",
-                      side, "}\n");
+      side, "}\n");
 }
 
 using bench::AttachWithRetry;
 using bench::CpuSeconds;
 using bench::PeakRssKib;
 
-absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, int64_t docs) {
+// The largest RssAnon of `pid` while it lives.
+class PrivatePeak {
+ public:
+  explicit PrivatePeak(pid_t pid)
+      : thread_([this, pid] {
+          while (!stop_.load()) {
+            peak_ = std::max(peak_.load(), bench::StatusKib(pid, "RssAnon"));
+            absl::SleepFor(absl::Milliseconds(1));
+          }
+        }) {}
+  ~PrivatePeak() { Stop(); }
+  uint64_t Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return peak_;
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> peak_{0};
+  std::thread thread_;
+};
+
+absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, int64_t docs,
+                            bool with_experts) {
   const std::string dir =
       std::filesystem::temp_directory_path() / absl::StrCat("pf-e2e-bench-", getpid(), "-", docs);
   std::filesystem::create_directories(dir);
@@ -110,7 +147,7 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   if (!lengths.ok()) return lengths.status();
   if (absl::Status s = dataset::WriteGeneratedDataset(prefix, *lengths, {}); !s.ok()) return s;
   std::optional<dataset::GeneratedSideField> experts;
-  if (!args.experts.empty()) {
+  if (with_experts) {
     absl::StatusOr<dataset::GeneratedSideField> parsed = dataset::ParseGeneratedSideField(
         absl::StrCat("routed_experts:experts:", args.experts, ":256"));
     if (!parsed.ok()) return parsed.status();
@@ -127,11 +164,12 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
   const int ranks = std::max(4, args.ranks / 4 * 4);
   {
     std::ofstream(dir + "/bench.textproto")
-        << Config(dir, prefix, ranks, experts ? &*experts : nullptr, args.memory_budget_mib);
+        << Config(dir, prefix, ranks, experts ? &*experts : nullptr, args);
   }
   absl::StatusOr<testing::ChildProcess> daemon = testing::ChildProcess::Spawn(
       {daemon_path, "--config", dir + "/bench.textproto", "--log-level", "warn"});
   if (!daemon.ok()) return daemon.status();
+  PrivatePeak private_peak(daemon->pid());
 
   client::ClientOptions options;
   options.socket_path = dir + "/bench.sock";
@@ -221,6 +259,7 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
     figures.next_p99_us = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
   }
   figures.daemon_peak_rss_kib = PeakRssKib(daemon->pid());
+  figures.daemon_peak_private_kib = private_peak.Stop();
   figures.daemon_anon_kib = bench::StatusKib(daemon->pid(), "RssAnon");
   figures.daemon_shmem_kib = bench::StatusKib(daemon->pid(), "RssShmem");
   daemon->Kill(SIGTERM);
@@ -250,6 +289,8 @@ int main(int argc, char** argv) {
                  "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
   app.add_option("--memory-budget-mib", args.memory_budget_mib,
                  "the daemon's memory_budget_bytes in MiB (0: its default)");
+  app.add_option("--side-read-ahead-mib", args.side_read_ahead_mib,
+                 "the daemon's side_rows_read_ahead_bytes in MiB (0: its default)");
   app.add_flag("--quick", args.quick, "a short run (smoke test)");
   app.add_flag("--json", args.json, "one JSON object per dataset");
   CLI11_PARSE(app, argc, argv);
@@ -258,38 +299,52 @@ int main(int argc, char** argv) {
     args.steps = 3;
     args.docs = 500;
   }
-  // The 10× dataset shows the daemon's memory does not grow with the data;
-  // with experts (768 B per token at 48x8) it would not fit a small disk.
-  std::vector<int64_t> sizes = {args.docs};
-  if (args.experts.empty()) sizes.push_back(args.docs * 10);
-  for (int64_t docs : sizes) {
-    absl::StatusOr<packfeed::Figures> f = packfeed::Run(args, daemon, docs);
+  // The 10× dataset shows the daemon's memory does not grow with the data.
+  // With experts (768 B per token at 48x8, too large for a small disk at
+  // 10×) the same dataset is served plain first, to compare in one run.
+  std::vector<std::pair<int64_t, bool>> runs = {{args.docs, false}};
+  runs.emplace_back(args.experts.empty() ? args.docs * 10 : args.docs, !args.experts.empty());
+  std::vector<packfeed::Figures> done;
+  for (const auto& [docs, with_experts] : runs) {
+    absl::StatusOr<packfeed::Figures> f = packfeed::Run(args, daemon, docs, with_experts);
     if (!f.ok()) {
       std::fprintf(stderr, "e2e_bench: %s\n", f.status().ToString().c_str());
       return 1;
     }
+    done.push_back(*f);
     if (args.json) {
       std::printf(
           "{\"docs\":%lld,\"dataset_bytes\":%llu,\"tokens_per_s\":%.0f,\"bytes_per_s\":%.0f,"
           "\"daemon_cpu_s_per_gib\":%.3f,\"next_p50_us\":%.1f,\"next_p99_us\":%.1f,\"daemon_peak_"
-          "rss_kib\":%llu,"
+          "rss_kib\":%llu,\"daemon_peak_private_kib\":%llu,\"side_field\":%s,"
           "\"daemon_anon_kib\":%llu,\"daemon_shmem_kib\":%llu}\n",
           static_cast<long long>(f->docs), static_cast<unsigned long long>(f->dataset_bytes),
           f->tokens_per_s, f->bytes_per_s, f->daemon_cpu_s_per_gib, f->next_p50_us, f->next_p99_us,
           static_cast<unsigned long long>(f->daemon_peak_rss_kib),
-          static_cast<unsigned long long>(f->daemon_anon_kib),
+          static_cast<unsigned long long>(f->daemon_peak_private_kib),
+          with_experts ? "true" : "false", static_cast<unsigned long long>(f->daemon_anon_kib),
           static_cast<unsigned long long>(f->daemon_shmem_kib));
     } else {
       std::printf(
           "dataset %8lld docs (%7.1f MiB): %7.2f M tokens/s served (%6.2f GiB/s of fields, "
           "daemon %5.2f CPU-s/GiB), Next() p50 %6.1f us p99 %6.1f us (daemon ahead), daemon peak "
-          "RSS %6.1f MiB (at the end: %6.1f private, %6.1f the ranks' rings)\n",
+          "RSS %6.1f MiB, peak private %6.1f MiB (at the end: %6.1f private, %6.1f the ranks' "
+          "rings)%s\n",
           static_cast<long long>(f->docs), f->dataset_bytes / 1048576.0, f->tokens_per_s / 1e6,
           f->bytes_per_s / (1 << 30), f->daemon_cpu_s_per_gib, f->next_p50_us, f->next_p99_us,
-          f->daemon_peak_rss_kib / 1024.0, f->daemon_anon_kib / 1024.0,
-          f->daemon_shmem_kib / 1024.0);
+          f->daemon_peak_rss_kib / 1024.0, f->daemon_peak_private_kib / 1024.0,
+          f->daemon_anon_kib / 1024.0, f->daemon_shmem_kib / 1024.0,
+          with_experts ? absl::StrCat(", side field ", args.experts).c_str() : "");
     }
     std::fflush(stdout);
+  }
+  if (!args.experts.empty() && !args.json) {
+    // The side field's cost in the daemon's own memory, same run.
+    std::printf("side field %s: peak private %.2fx plain, tokens/s %.2fx plain\n",
+                args.experts.c_str(),
+                static_cast<double>(done[1].daemon_peak_private_kib) /
+                    static_cast<double>(std::max<uint64_t>(1, done[0].daemon_peak_private_kib)),
+                done[1].tokens_per_s / done[0].tokens_per_s);
   }
   return 0;
 }

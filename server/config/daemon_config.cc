@@ -474,6 +474,7 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
   }
   if (config.socket_path().empty()) config.set_socket_path(kDefaultSocketPath);
   if (config.prefetch_steps() == 0) config.set_prefetch_steps(2);
+  if (config.side_rows_read_ahead_bytes() == 0) config.set_side_rows_read_ahead_bytes(16u << 20);
   if (config.peer_timeout_seconds() == 0) config.set_peer_timeout_seconds(120);
   // The ledger's defaults (LedgerOptions), named in config.proto.
   if (config.ledger_keep_steps() == 0) config.set_ledger_keep_steps(1000);

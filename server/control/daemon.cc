@@ -177,6 +177,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     JobRunnerOptions runner_options;
     runner_options.sender.ucx.transports = options.ucx_transports;
     runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
+    runner_options.side_rows_read_ahead_bytes = config.side_rows_read_ahead_bytes();
     runner_options.ledger.keep_steps = static_cast<int64_t>(config.ledger_keep_steps());
     runner_options.ledger.compact_after_lines = config.ledger_compact_after_lines();
     if (!config.state_dir().empty()) {

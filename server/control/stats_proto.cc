@@ -97,6 +97,8 @@ v1::JobStats JobStatsProto(const JobFigures& figures) {
   out.set_slowest_rank(static_cast<uint32_t>(figures.slowest_rank));
   out.set_slowest_rank_steps_behind(figures.slowest_rank_steps_behind);
   out.set_cached_bytes(figures.cached_bytes);
+  out.set_side_rows_bytes(figures.side_rows_bytes);
+  out.set_peak_side_rows_bytes(figures.peak_side_rows_bytes);
   out.set_plan_seconds(figures.plan_seconds);
   out.set_read_seconds(figures.read_seconds);
   out.set_documents_split(figures.documents_split);

@@ -131,8 +131,10 @@ absl::Status Stats(const AdminArgs& args) {
         static_cast<unsigned long long>(job.bytes_read()),
         static_cast<unsigned long long>(job.unique_bytes_needed()), job.io_amplification(),
         job.slowest_rank(), static_cast<long long>(job.slowest_rank_steps_behind()));
-    std::printf("  %llu B of samples held for the steps ahead\n",
-                static_cast<unsigned long long>(job.cached_bytes()));
+    std::printf("  %llu B of samples held for the steps ahead, %llu B of side rows (peak %llu)\n",
+                static_cast<unsigned long long>(job.cached_bytes()),
+                static_cast<unsigned long long>(job.side_rows_bytes()),
+                static_cast<unsigned long long>(job.peak_side_rows_bytes()));
     std::printf(
         "  trainers waited %.3f s for data; most input-bound: rank %u, %.1f%% of its "
         "time\n",

@@ -3,6 +3,7 @@
 //
 //   packfeedd --config /etc/packfeed/packfeedd.textproto [--ucx-tls sm,self]
 
+#include <malloc.h>
 #include <signal.h>
 
 #include <thread>
@@ -31,6 +32,15 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   packfeed::UseReleaseMutexChecks();
+  // Read buffers (up to max_request_bytes) and side rows (megabytes per
+  // microbatch) are allocated on the storage's eight threads and freed on
+  // the runner's. With an arena per thread, each arena keeps the pages of
+  // its own peak, and the daemon's private memory settles at several times
+  // what it holds (e2e_bench with a 48x8 side field: 92-97 MiB peak against
+  // 59-76 with two arenas, same tokens/s). A fixed mmap threshold gives the
+  // pages back as well, but faults them in again on every read (0.6-0.8x
+  // the tokens/s).
+  mallopt(M_ARENA_MAX, 2);
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("packfeedd [%l] %v");
   // Every line reaches the journal (or a log file) when it is written: stdout

@@ -50,6 +50,8 @@ struct JobFigures {
   int slowest_rank = 0;
   int64_t slowest_rank_steps_behind = 0;
   uint64_t cached_bytes = 0;
+  uint64_t side_rows_bytes = 0;  // side rows held now (read or being read)
+  uint64_t peak_side_rows_bytes = 0;
   double plan_seconds = 0;
   double read_seconds = 0;
   int64_t documents_split = 0;

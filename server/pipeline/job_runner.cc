@@ -74,6 +74,7 @@ JobRunner::~JobRunner() {
   planner_.reset();  // its last plan Posts to a stopped runner: dropped
   // Before the mutex goes: a fetch completing now Posts to this runner
   // (FetchPin's destructor waits for that).
+  sides_.clear();
   steps_.clear();
 }
 
@@ -161,6 +162,9 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
     state.mapped = stats->mapped;
   }
   state.device_ring_fallback = args.device_ring_fallback;
+  state.receives_side_rows =
+      job_.ingest() == nullptr &&
+      !SideSlicesOfStage(job_.side_fields(), job_.stages(), state.coords.pp).empty();
   if (!args.device_ring_fallback.empty()) {
     spdlog::warn("job {} rank {}: a staged device ring, not one the daemon writes: {}", job_.name(),
                  args.global_rank, args.device_ring_fallback);
@@ -260,9 +264,12 @@ bool JobRunner::ServeRank(RankState& rank) {
       if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
       break;
     }
+    const SideRows* side_rows =
+        SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
+    if (side_rows == nullptr) break;  // being read
     const scheduler::GlobalPlan& plan = data->plan.plan;
     absl::StatusOr<MicrobatchSource> source =
-        SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank);
+        SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank, *side_rows);
     if (!source.ok()) {
       // A sample it needs could not be read: this rank cannot go on; the
       // ranks that need other samples can.
@@ -290,10 +297,12 @@ bool JobRunner::ServeRank(RankState& rank) {
     }
     pushed = true;
     ++rank.pushed;
+    const SideKey sent{rank.next_step, rank.next_microbatch, source->group->first_rank};
     if (++rank.next_microbatch == plan.num_microbatches()) {
       rank.next_microbatch = 0;
       ++rank.next_step;
     }
+    if (rank.receives_side_rows) DropSideIfSent(sent);
   }
   return pushed;
 }
@@ -330,9 +339,11 @@ void JobRunner::Loop() {
     for (auto& [_, rank] : ranks_) pushed |= ServeRank(rank);
     if (absl::Now() - last_sync_ >= kLedgerSyncInterval) SyncLedger();
     Evict();
+    EvictSides();
     if (job_.ingest() != nullptr) ReportConsumed();
     // The storage reads ahead for every rank, so none waits for a read.
     FetchAhead();
+    FetchSidesAhead();
     sender_->ProgressOrWait(pushed ? absl::ZeroDuration() : absl::Milliseconds(100));
   }
   SyncLedger();

@@ -9,8 +9,12 @@
 //
 // Memory: a rank is never served more than `prefetch_steps` steps ahead of
 // the slowest attached rank, so the runner holds at most prefetch_steps + 1
-// steps' samples, whatever the dataset size; the storage's budget bounds
-// what all jobs read ahead.
+// steps' tokens, whatever the dataset size; the storage's budget bounds
+// what all jobs read ahead. Side-field rows, hundreds of times the tokens'
+// bytes (router replay: 768 B a token), are not held per step: each CP
+// group's rows of a microbatch are read when its first rank needs them (or
+// ahead, within side_rows_read_ahead_bytes) and dropped once every local
+// rank of the group has been sent that microbatch.
 //
 // Thread-safe: every public method may be called from any thread (gRPC
 // reactors); the work runs on the runner's thread and `done` is called there.
@@ -24,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -45,6 +50,8 @@ struct JobRunnerOptions {
   // with `sender`. Tests give a fake here to drive the runner in one process.
   std::function<absl::StatusOr<std::unique_ptr<transport::SlotSender>>()> make_sender;
   int prefetch_steps = 2;  // steps ahead of the slowest attached rank
+  // Side-field rows read ahead of the ranks' current microbatches, at most.
+  uint64_t side_rows_read_ahead_bytes = uint64_t{16} << 20;
   // How a dataset job's step is planned (on the planner thread); empty =
   // PlanStep. Tests wrap it to hold a plan back.
   std::function<absl::StatusOr<StepPlan>(const Job&, int64_t)> plan_step;
@@ -117,6 +124,10 @@ class JobRunner {
  private:
   struct RankState;
   struct HeldStep;
+  struct HeldSide;
+  // A CP group's side rows of one microbatch: step, microbatch, the
+  // group's first dp-cp rank.
+  using SideKey = std::tuple<int64_t, int, int>;
   JobRunner(const Job& job, Storage& storage, JobRunnerOptions options);
   void Post(std::function<void()> task);
   void Loop();
@@ -147,6 +158,24 @@ class JobRunner {
   // A plan from the planner thread: its fetch begins (or the failure is
   // kept, and the step planned again when next needed).
   void OnStepPlanned(int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took);
+  // The rank's side rows of `microbatch` of `step` (a held step) once read;
+  // nullptr while they are being read (the read begins here). An ingest
+  // job's, or a rank's whose stage receives no side field: the step's own.
+  const SideRows* SideRowsFor(int64_t step, int microbatch, const RankState& rank, bool urgent);
+  void FetchSide(const SideKey& key, HeldSide& held, std::shared_ptr<const StepData> data, int rank,
+                 bool urgent);
+  void OnSideRead(const SideKey& key, uint64_t generation, std::shared_ptr<const SideRows> rows);
+  // Reads side rows ahead: each rank's next microbatch, then the one after,
+  // and so on, while side_rows_read_ahead_bytes has room.
+  void FetchSidesAhead();
+  // Some local rank will be sent the microbatch `key`'s rows are for.
+  bool SideNeeded(const SideKey& key, const HeldSide& held) const;
+  // Drops `key`'s rows unless they are needed (after a rank was sent them).
+  void DropSideIfSent(const SideKey& key);
+  // Drops the side rows no local rank will be sent again.
+  void EvictSides();
+  // Ranks of the job not attached yet, within kAttachGrace of the first.
+  bool AwaitingRanks() const;
   int64_t SlowestStep() const;
   int SlowestRank() const;
   uint64_t CachedBytes() const;
@@ -170,6 +199,9 @@ class JobRunner {
   std::unique_ptr<Ledger> ledger_;
   absl::Time last_sync_;
   std::map<int64_t, HeldStep> steps_;
+  std::map<SideKey, HeldSide> sides_;
+  uint64_t side_bytes_ = 0;  // the rows' bytes of sides_, read or being read
+  uint64_t peak_side_bytes_ = 0;
   // Where the first rank to attach began, and when: steps from there stay
   // held for the local ranks not yet attached, for kAttachGrace at most.
   static constexpr absl::Duration kAttachGrace = absl::Seconds(60);

@@ -3,8 +3,9 @@
 
 // The runner's per-rank and per-step state, shared by its files:
 // job_runner.cc (the loop, attaches, serving), job_runner_steps.cc (the
-// held steps: plan, fetch, evict), job_runner_ledger.cc (what the trainers
-// consumed) and job_runner_stats.cc (the figures). Runner thread only.
+// held steps: plan, fetch, evict), job_runner_sides.cc (side rows per
+// microbatch), job_runner_ledger.cc (what the trainers consumed) and
+// job_runner_stats.cc (the figures). Runner thread only.
 
 #include <cstdint>
 #include <deque>
@@ -43,6 +44,8 @@ struct JobRunner::RankState {
   std::string ring;                  // RankStats.ring
   bool mapped = false;               // its slots are written in place (Sender::MapNextSlot)
   std::string device_ring_fallback;  // AttachArgs'
+  // A dataset job's side rows are fetched for it (its stage receives one).
+  bool receives_side_rows = false;
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
   TrainerTimes times;
@@ -73,6 +76,19 @@ struct JobRunner::HeldStep {
   // Samples failed and the step was fetched again for the rank that needed
   // it first: what failed now is served as failed.
   bool retried = false;
+};
+
+// A CP group's rows of a dataset job's side fields for one microbatch:
+// read when the group's first rank needs them, or ahead; dropped once every
+// local rank of the group has been sent the microbatch.
+struct JobRunner::HeldSide {
+  uint64_t generation = 0;
+  int group_size = 0;  // the group's dp-cp ranks begin at the key's
+  uint64_t bytes = 0;  // of its rows
+  bool urgent = false;
+  bool retried = false;  // as HeldStep's
+  std::unique_ptr<FetchPin> pin;
+  std::shared_ptr<const SideRows> rows;  // once read
 };
 
 }  // namespace packfeed::server

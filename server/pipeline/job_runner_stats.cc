@@ -83,6 +83,8 @@ void JobRunner::Stats(std::function<void(JobFigures)> done) {
       stats.most_waiting_rank = most_waiting->second;
     }
     stats.cached_bytes = CachedBytes();
+    stats.side_rows_bytes = side_bytes_;
+    stats.peak_side_rows_bytes = peak_side_bytes_;
     if (slowest.has_value()) {
       stats.slowest_rank = slowest->second;
       stats.slowest_rank_steps_behind = fastest->first.step - slowest->first.step;

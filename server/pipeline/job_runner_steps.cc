@@ -11,14 +11,17 @@
 
 namespace packfeed::server {
 
+bool JobRunner::AwaitingRanks() const {
+  return ranks_.size() < job_.local_ranks().size() && first_start_.has_value() &&
+         absl::Now() - first_attach_ < kAttachGrace;
+}
+
 void JobRunner::Evict() {
   int64_t keep_from = SlowestStep();
   // Ranks attach over a few seconds; the first ones are pushed steps ahead
   // before the last arrive. Keep what those will need (from where the first
   // rank began) for a while, so that a staggered start reads nothing twice.
-  const bool awaited = ranks_.size() < job_.local_ranks().size() && first_start_.has_value() &&
-                       absl::Now() - first_attach_ < kAttachGrace;
-  if (awaited) keep_from = std::min(keep_from, *first_start_);
+  if (AwaitingRanks()) keep_from = std::min(keep_from, *first_start_);
   while (!steps_.empty() && steps_.begin()->first < keep_from) steps_.erase(steps_.begin());
 }
 

@@ -246,7 +246,7 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
 }
 
 absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& data, int microbatch,
-                                               int global_rank) {
+                                               int global_rank, const SideRows& side_rows) {
   const RankCoords coords = job.layout().Coords(global_rank);
   const scheduler::CpGroup& group = scheduler::GroupOfRank(
       data.plan.plan.microbatches[static_cast<size_t>(microbatch)], coords.dp_cp_rank);
@@ -258,9 +258,13 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
   for (const scheduler::PlannedSequence& sequence : group.sequences) {
     auto failed = data.failed.find(sequence.sample);
     if (failed != data.failed.end()) return failed->second;
+    if (!sides.empty()) {
+      auto side_failed = side_rows.failed.find(sequence.sample);
+      if (side_failed != side_rows.failed.end()) return side_failed->second;
+    }
     auto run = data.runs.find(sequence.sample);
-    auto side = data.side.find(sequence.sample);
-    if (run == data.runs.end() || (!sides.empty() && side == data.side.end())) {
+    auto side = side_rows.rows.find(sequence.sample);
+    if (run == data.runs.end() || (!sides.empty() && side == side_rows.rows.end())) {
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
                                               ": sample ", sequence.sample, " was not read"));
     }

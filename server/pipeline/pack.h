@@ -100,11 +100,12 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
                                                std::vector<SideRun> sides = {});
 
 // The source of what `global_rank` receives for `microbatch` of `data`,
-// with the dynamic-CP fields when the job plans dynamic CP. The read error
-// of a sample the rank needs that could not be read; Internal when `data`
-// lacks one.
+// with the dynamic-CP fields when the job plans dynamic CP, and its side
+// fields from `side_rows` (data.side for an ingest job; a dataset job's are
+// fetched per microbatch). The read error of a sample the rank needs that
+// could not be read; Internal when `data` or `side_rows` lacks one.
 absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& data, int microbatch,
-                                               int global_rank);
+                                               int global_rank, const SideRows& side_rows);
 
 // The slot's fields, in slot order (LayoutFields places them).
 std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source);

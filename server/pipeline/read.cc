@@ -1,5 +1,6 @@
 #include "server/pipeline/read.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -65,12 +66,49 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
     const uint64_t token_bytes = DTypeSize(data.dtype());
     out.samples.push_back(sample);
     out.needs.push_back({&data, document, ref.epoch, first * token_bytes, read * token_bytes});
+    out.counts.push_back(1);
+  }
+  return out;
+}
+
+std::vector<SampleNeed> SideNeedsOf(const Job& job, const StepPlan& plan,
+                                    absl::Span<const int64_t> samples) {
+  std::vector<SampleNeed> needs;
+  for (int64_t sample : samples) {
+    const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(sample)];
+    const dataset::SampleShape shape = job.ShapeOf(ref);
+    const int64_t document = job.PieceOf(ref).document;
+    const auto first = static_cast<uint64_t>(shape.first_token);
+    const auto read = static_cast<uint64_t>(shape.read_tokens);
     for (size_t f = 0; f < job.side_fields().size(); ++f) {
       const uint64_t row_bytes = job.side_fields()[f].row_bytes();
-      out.needs.push_back({&job.side_dataset(ref.dataset, static_cast<int>(f)), document, ref.epoch,
-                           first * row_bytes, read * row_bytes});
+      needs.push_back({&job.side_dataset(ref.dataset, static_cast<int>(f)), document, ref.epoch,
+                       first * row_bytes, read * row_bytes, /*tokens=*/false, /*keep=*/false});
     }
-    out.counts.push_back(static_cast<int>(1 + job.side_fields().size()));
+  }
+  return needs;
+}
+
+SideRows AssembleSideRows(const Job& job, const StepPlan& plan, absl::Span<const int64_t> samples,
+                          absl::Span<const FetchedSample> fetched) {
+  SideRows out;
+  const size_t fields = job.side_fields().size();
+  for (size_t i = 0; i < samples.size(); ++i) {
+    absl::Span<const FetchedSample> rows = fetched.subspan(i * fields, fields);
+    auto failed = std::find_if(rows.begin(), rows.end(),
+                               [](const FetchedSample& row) { return !row.status.ok(); });
+    if (failed == rows.end()) {
+      out.rows.emplace(samples[i], std::vector<FetchedSample>(rows.begin(), rows.end()));
+      continue;
+    }
+    const auto f = static_cast<int>(failed - rows.begin());
+    const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(samples[i])];
+    out.failed.emplace(
+        samples[i],
+        absl::Status(failed->status.code(),
+                     absl::StrCat("side field ", job.side_fields()[static_cast<size_t>(f)].name,
+                                  ": ", job.side_dataset(ref.dataset, f).prefix(), " document ",
+                                  job.PieceOf(ref).document, ": ", failed->status.message())));
   }
   return out;
 }
@@ -82,20 +120,10 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
   for (size_t i = 0; i < samples.size(); at += static_cast<size_t>(counts[i]), ++i) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(samples[i])];
     const dataset::IndexedDataset& stored = job.dataset(ref.dataset);
-    // Token needs: every run of a pretraining sample, else the first.
-    const size_t token_needs = job.pretraining() != nullptr ? static_cast<size_t>(counts[i]) : 1;
     absl::Status status;
-    for (size_t n = 0; n < static_cast<size_t>(counts[i]) && status.ok(); ++n) {
-      const absl::Status& need = fetched[at + n].status;
-      if (need.ok()) continue;
-      status = n < token_needs
-                   ? need
-                   : absl::Status(need.code(), absl::StrCat("side field ",
-                                                            job.side_fields()[n - token_needs].name,
-                                                            ": ", need.message()));
-    }
+    for (int n = 0; n < counts[i] && status.ok(); ++n) status = fetched[at + n].status;
     std::vector<int64_t> tokens;
-    for (size_t n = 0; n < token_needs && status.ok(); ++n) {
+    for (int n = 0; n < counts[i] && status.ok(); ++n) {
       const FetchedSample& run = fetched[at + n];
       const size_t count = run.size / dataset::DTypeSize(stored.dtype());
       tokens.resize(tokens.size() + count);
@@ -116,10 +144,6 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
       continue;
     }
     data.runs.emplace(samples[i], dataset::MakeTokenRun(tokens, job.ShapeOf(ref), job.rules()));
-    if (counts[i] > 1) {
-      data.side.emplace(samples[i], std::vector<FetchedSample>(fetched.begin() + at + 1,
-                                                               fetched.begin() + at + counts[i]));
-    }
   }
   data.plan = std::move(plan);
   return data;
@@ -139,7 +163,7 @@ StepData AssembleIngestStep(const Job& job, StepPlan plan, absl::Span<const int>
     const dataset::SampleShape shape = dataset::ShapeOfSample(sample.num_tokens, job.rules());
     data.runs.emplace(s, dataset::MakeTokenRun(sample.tokens(), shape, job.rules()));
     if (job.side_fields().empty()) continue;
-    std::vector<FetchedSample>& side = data.side[s];
+    std::vector<FetchedSample>& side = data.side.rows[s];
     for (size_t f = 0; f < job.side_fields().size(); ++f) {
       const auto in_stream = static_cast<size_t>(job.ingest_field(static_cast<int>(f)));
       side.push_back({sample.data, sample.field_offsets[in_stream],

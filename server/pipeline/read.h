@@ -23,24 +23,40 @@ namespace packfeed::server {
 std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
                                  absl::Span<const int> global_ranks);
 
-// What the given ranks need of a planned step: per planned sample, its
-// tokens and then its rows of each of the job's side fields.
+// What the given ranks need of a planned step's tokens, per planned sample.
+// (A dataset job's side fields are fetched per microbatch: SideNeedsOf.)
 struct StepNeeds {
   std::vector<int64_t> samples;
   // Per sample, in order: its token runs (one, or a pretraining sample's
-  // runs across sequences) and then its rows of each side field.
+  // runs across sequences).
   std::vector<SampleNeed> needs;
   std::vector<int> counts;  // needs per sample
 };
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks);
 
+// Some planned samples' rows of the job's side fields, by sample: one per
+// side field, in configuration order; or why a sample's could not be read.
+struct SideRows {
+  std::map<int64_t, std::vector<FetchedSample>> rows;
+  std::map<int64_t, absl::Status> failed;
+};
+
+// What `samples` of a dataset job's planned step need of its side fields:
+// per sample, one need per side field, for the same tokens NeedsOfStep
+// reads. Not kept by the storage once released (SampleNeed::keep).
+std::vector<SampleNeed> SideNeedsOf(const Job& job, const StepPlan& plan,
+                                    absl::Span<const int64_t> samples);
+// `fetched`: one per need of SideNeedsOf(job, plan, samples).
+SideRows AssembleSideRows(const Job& job, const StepPlan& plan, absl::Span<const int64_t> samples,
+                          absl::Span<const FetchedSample> fetched);
+
 // The token runs of the samples some ranks need for one step.
 struct StepData {
   StepPlan plan;
   std::map<int64_t, std::vector<int64_t>> runs;  // by planned sample
-  // By planned sample, one per side field of the job: the stored rows of
-  // its read tokens.
-  std::map<int64_t, std::vector<FetchedSample>> side;
+  // An ingest job's side rows (in the stream's memory); a dataset job's
+  // are fetched per microbatch, apart from the step.
+  SideRows side;
   // Samples that could not be read (I/O error, a file truncated under the
   // daemon, a float token that is no integer), with why.
   std::map<int64_t, absl::Status> failed;

@@ -186,7 +186,7 @@ std::unique_ptr<FetchPin> Storage::Fetch(FetchCause cause, std::vector<SampleNee
   Request& request = requests_[id];
   for (const SampleNeed& need : needs) {
     const uint64_t item = dataset::DTypeSize(need.dataset->dtype());
-    request.cost += need.bytes + need.bytes / item * sizeof(int64_t);
+    request.cost += need.bytes + (need.tokens ? need.bytes / item * sizeof(int64_t) : 0);
   }
   request.cause = std::move(cause);
   request.needs = std::move(needs);
@@ -235,7 +235,7 @@ void Storage::Admit(Request& request, uint64_t id) {
 
 void Storage::Unpinned(std::map<Key, Entry>::iterator it) {
   Entry& entry = it->second;
-  if (options_.memory_budget_bytes == 0 || !entry.sample.status.ok()) {
+  if (options_.memory_budget_bytes == 0 || !entry.sample.status.ok() || !entry.first_need.keep) {
     held_.erase(it);
     return;
   }

@@ -24,10 +24,11 @@
 // re-read is recorded with the job, rank and step it was fetched for (one
 // warning line, and one record, per fetch and file).
 //
-// Memory: a fetch costs its samples' bytes plus their int64 tokens (what a
-// job assembles from them). Fetches wait for admission while the admitted
-// ones' cost exceeds the budget, except urgent ones (a step some rank needs
-// now), so one job's read-ahead never starves another's current step.
+// Memory: a fetch costs its samples' bytes plus, for token bytes, their
+// int64 tokens (what a job assembles from them). Fetches wait for admission
+// while the admitted ones' cost exceeds the budget, except urgent ones (a
+// step some rank needs now), so one job's read-ahead never starves another's
+// current step.
 //
 // Reads run on `read_threads` threads issuing blocking pread: on FUSE, NFS
 // and Lustre clients a buffered io_uring read is punted to the kernel's own
@@ -121,6 +122,13 @@ struct SampleNeed {
   int64_t epoch = 0;    // of its dataset; needs in different epochs are distinct
   uint64_t offset = 0;  // into the document's bytes in .bin (a piece of a split one)
   uint64_t bytes = 0;   // from there
+  // Token bytes, which the job widens to int64 (they cost that too); a side
+  // field's rows are packed as stored.
+  bool tokens = true;
+  // Kept once released while the budget has room. A side field's rows are
+  // not: they are read per microbatch, once, and are hundreds of times the
+  // tokens' bytes, so keeping them would only push the tokens out.
+  bool keep = true;
 };
 
 // What a fetch is for, to name its re-reads.

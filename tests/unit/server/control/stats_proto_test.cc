@@ -109,6 +109,8 @@ TEST(StatsProtoTest, JobFiguresBecomeJobStatsFieldForField) {
   figures.slowest_rank = 3;
   figures.slowest_rank_steps_behind = 1;
   figures.cached_bytes = 512;
+  figures.side_rows_bytes = 256;
+  figures.peak_side_rows_bytes = 768;
   figures.plan_seconds = 0.5;
   figures.read_seconds = 0.75;
   figures.documents_split = 6;
@@ -131,6 +133,8 @@ TEST(StatsProtoTest, JobFiguresBecomeJobStatsFieldForField) {
   EXPECT_EQ(stats.slowest_rank_steps_behind(), 1);
   EXPECT_EQ(stats.tokens_truncated(), 300);
   EXPECT_EQ(stats.wait_seconds(), 1.5);
+  EXPECT_EQ(stats.side_rows_bytes(), 256u);
+  EXPECT_EQ(stats.peak_side_rows_bytes(), 768u);
 }
 
 TEST(StatsProtoTest, RankTimesBecomeTrainerTimes) {

@@ -9,7 +9,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -241,6 +243,24 @@ class JobRunnerTest : public ::testing::Test {
                                 " } global_batch: 16 seq_length: 256 eod_id: 0 seed: 3 "
                                 "scheduler { kind: \"balanced\" max_tokens_per_rank: 256 }")),
           nullptr, prefetch_steps, std::move(options));
+  }
+
+  // The same job with an int16 [2, 2] side field "experts" beside its
+  // tokens (PREFIX_experts).
+  void StartSideFieldJob(int dp, JobRunnerOptions options) {
+    prefix_ = temp_.Prefix("data");
+    std::vector<int64_t> lengths;
+    for (int i = 0; i < 400; ++i) lengths.push_back(20 + (i * 37) % 181);
+    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, lengths, {}).ok());
+    dataset::GeneratedSideField experts{"experts", dataset::GeneratedSideField::Kind::kExperts,
+                                        /*layers=*/2, /*top_k=*/2, /*experts=*/8};
+    ASSERT_TRUE(dataset::WriteGeneratedSideField(prefix_ + "_experts", lengths, experts, 1).ok());
+    Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_, "\" } topology { dp: ", dp,
+                                " } global_batch: 16 seq_length: 256 eod_id: 0 seed: 3 "
+                                "scheduler { kind: \"balanced\" max_tokens_per_rank: 256 } "
+                                "side_fields { name: \"experts\" dtype: \"int16\" "
+                                "inner_shape: [2, 2] pad_value: -1 }")),
+          nullptr, /*prefetch_steps=*/2, std::move(options));
   }
 
   void Start(const v1::JobConfig& config, IngestStream* stream, int prefetch_steps,
@@ -567,6 +587,80 @@ TEST_F(JobRunnerTest, AFailedConnectionIsDroppedAndTheOtherRanksAreServed) {
   const uint64_t back = Attach(1, /*slots=*/2);
   EXPECT_EQ(sender_->WaitForPushes(back, 2).size(), 2u);
   EXPECT_EQ(runner_->attached_ranks(), 2);
+}
+
+// Side rows are read per CP group and microbatch, not held per step: with
+// no read-ahead a rank holds only the rows of the microbatch it is being
+// sent, and none while it has no free slot; with read-ahead the rows wait
+// for it. The bytes sent are the same either way, and nothing is held once
+// the ranks are gone.
+TEST_F(JobRunnerTest, SideRowsAreReadPerMicrobatchAndDroppedOnceSent) {
+  std::vector<PushedSlot> runs[2];
+  for (uint64_t read_ahead : {uint64_t{0}, uint64_t{16} << 20}) {
+    JobRunnerOptions options;
+    options.side_rows_read_ahead_bytes = read_ahead;
+    StartSideFieldJob(/*dp=*/2, std::move(options));
+    const uint64_t ids[2] = {Attach(0, /*slots=*/2), Attach(1, /*slots=*/2)};
+    uint64_t largest_field = 0;
+    for (uint64_t id : ids) {
+      for (const PushedSlot& slot : sender_->WaitForPushes(id, 2)) {
+        ASSERT_EQ(slot.fields.count("experts"), 1u);
+        largest_field = std::max<uint64_t>(largest_field, slot.fields.at("experts").size());
+      }
+    }
+    // Stats run on the runner's thread between its rounds: after the two
+    // pushes each ring is full, and nothing more is fetched for it.
+    const JobFigures full = Figures();
+    if (read_ahead == 0) {
+      EXPECT_EQ(full.side_rows_bytes, 0u);
+      // The rows read for a microbatch are at most the field sent (which
+      // adds padding): one microbatch per rank at a time.
+      EXPECT_GT(full.peak_side_rows_bytes, 0u);
+      EXPECT_LE(full.peak_side_rows_bytes, 2 * largest_field);
+    } else {
+      uint64_t ahead = full.side_rows_bytes;
+      for (int i = 0; i < 100 && ahead == 0; ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+        ahead = Figures().side_rows_bytes;
+      }
+      EXPECT_GT(ahead, 0u);
+    }
+    for (uint64_t id : ids) sender_->ReleaseEverything(id);
+    size_t want = 0;
+    for (int64_t step = 0; step < 4; ++step) want += static_cast<size_t>(MicrobatchesOf(step));
+    std::vector<PushedSlot>& pushed = runs[read_ahead == 0 ? 0 : 1];
+    for (uint64_t id : ids) {
+      std::vector<PushedSlot> slots = sender_->WaitForPushes(id, want);
+      ASSERT_GE(slots.size(), want);
+      pushed.insert(pushed.end(), slots.begin(), slots.begin() + static_cast<ptrdiff_t>(want));
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(Detach(rank, ids[rank], 0, 0, 2).ok());
+    }
+    EXPECT_EQ(Figures().side_rows_bytes, 0u);
+    runner_.reset();
+    job_.reset();
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[0][i].fields, runs[1][i].fields) << "slot " << i;
+  }
+}
+
+// Side rows that cannot be read end the ranks that need them, saying which
+// field and why; nothing wrong is sent.
+TEST_F(JobRunnerTest, SideRowsThatCannotBeReadEndTheRankWithTheReason) {
+  StartSideFieldJob(/*dp=*/1, {});
+  std::filesystem::resize_file(prefix_ + "_experts.bin", 0);
+  const uint64_t id = Attach(0, /*slots=*/2);
+  std::string reason = "<open>";
+  for (int i = 0; i < 200 && reason == "<open>"; ++i) {
+    reason = sender_->ClosedWith(id);
+    if (reason == "<open>") absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_THAT(reason, ::testing::HasSubstr("side field experts: "));
+  EXPECT_THAT(reason, ::testing::HasSubstr(prefix_ + "_experts document "));
+  EXPECT_TRUE(sender_->Pushed(id).empty());
 }
 
 TEST_F(JobRunnerTest, AnIngestJobIsWokenWhenItsStepIsSealed) {
