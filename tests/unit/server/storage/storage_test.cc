@@ -148,6 +148,29 @@ TEST_F(StorageTest, ReadAheadWaitsForTheBudgetButAnUrgentFetchDoesNot) {
   EXPECT_GE(storage.Stats().peak_bytes_held, 500u);
 }
 
+// A side field's rows (SampleNeed::keep and ::tokens false) cost their bytes
+// alone and are dropped when released; token bytes are kept within budget.
+TEST_F(StorageTest, RowsThatAreNotTokensCostTheirBytesAndAreNotKept) {
+  StorageOptions options;
+  options.memory_budget_bytes = 1 << 20;
+  Storage storage(options);
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  std::vector<SampleNeed> rows = Needs(**data, 4, 1);  // 100 B
+  rows[0].tokens = false;
+  rows[0].keep = false;
+  std::unique_ptr<FetchPin> pin;
+  FetchAndWait(storage, {"j", 0, 0}, rows, pin);
+  EXPECT_EQ(storage.Stats().bytes_held, 100u);
+  pin.reset();
+  EXPECT_EQ(storage.Stats().bytes_kept, 0u);
+  FetchAndWait(storage, {"j", 0, 1}, Needs(**data, 4, 1), pin);  // read again: not kept
+  EXPECT_EQ(File(storage.Stats()).reads, 2u);
+  EXPECT_EQ(storage.Stats().bytes_held, 500u);  // 100 B and their 400 B of tokens
+  pin.reset();
+  EXPECT_EQ(storage.Stats().bytes_kept, 100u);
+}
+
 TEST_F(StorageTest, AWithdrawnFetchNeverCallsBack) {
   StorageOptions options;
   options.memory_budget_bytes = 1;
