@@ -1,6 +1,6 @@
 // The runner's side rows: a dataset job's side fields, read per CP group and
 // microbatch rather than per step, so a job's memory follows its ranks'
-// rings and not its read-ahead in steps (docs/ARCHITECTURE.md, "Memory").
+// rings and not its read-ahead in steps (docs/ARCHITECTURE.md, "The runner").
 
 #include <algorithm>
 
