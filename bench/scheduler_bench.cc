@@ -104,6 +104,10 @@ const std::vector<Config>& Configs() {
        {},
        true},
       {"chat + long docs, 16 ranks, 4096, 256", "trace_chat_longdoc", 16, 1, 4096, 256, {}, true},
+      // Heavier-tailed than code files: a few sequences of 10-32 ranks'
+      // tokens at 4 096 a rank, most below a tenth of one.
+      {"heavy tail, 32 ranks, 4096, 512", "trace_heavy_tail", 32, 1, 4096, 512, {}, true},
+      {"heavy tail, 8 ranks, 16384, 128", "trace_heavy_tail", 8, 1, 16384, 128, {}, true},
       {"doc paragraphs, 64 ranks, 4096, 16384",
        "trace_doc_paragraphs",
        64,

@@ -14,6 +14,14 @@ Writes, one sequence length (tokens) per line, 16 384 lines each:
   trace_chat_longdoc.txt    bimodal: chat turns plus long documents, drawn
                             from a stated mixture (below), since no chat
                             corpus is on the machine
+  trace_heavy_tail.txt      heavier-tailed than code files: mostly short
+                            sequences and 0.5 % giants of 40 960-131 072
+                            tokens (10-32x a 4 096-token rank), a stated
+                            mixture with its own seed
+
+  make_traces.py --only trace_heavy_tail   rewrites that trace alone (the
+  files under /usr/share/doc change with the machine's packages, and each
+  trace drawn after them with them).
 
 Tokens are bytes / 3.5 rounded up (about what BPE tokenizers give for
 English and code; no tokenizer is installed here). Documents longer than
@@ -104,6 +112,27 @@ def chat_longdoc(rng):
     return lengths
 
 
+# The heavy tail: shorts lognormal, median 200 tokens, σ 1.0, at most 4 096;
+# 0.5 % giants log-uniform over [40 960, 131 072], so that at 4 096 tokens a
+# rank a few sequences of each global batch need 10-32 ranks and most need
+# a tenth of one. Stated, not fitted to a dataset.
+SHORT = {"median": 200, "sigma": 1.0, "min": 8, "max": 4096}
+GIANT = {"share": 0.005, "min": 40960, "max": 131072}
+
+
+def heavy_tail():
+    rng = random.Random(f"{SEED}-heavy_tail")
+    lengths = []
+    for _ in range(COUNT):
+        if rng.random() < GIANT["share"]:
+            lengths.append(round(math.exp(rng.uniform(math.log(GIANT["min"]),
+                                                      math.log(GIANT["max"])))))
+        else:
+            length = rng.lognormvariate(math.log(SHORT["median"]), SHORT["sigma"])
+            lengths.append(min(SHORT["max"], max(SHORT["min"], round(length))))
+    return lengths
+
+
 def sample(lengths, rng):
     if len(lengths) < COUNT:
         raise SystemExit(f"only {len(lengths)} lengths found; need {COUNT}")
@@ -127,26 +156,35 @@ def summary(lengths):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--only", action="append", help="write only this trace (repeatable)")
     args = parser.parse_args()
     rng = random.Random(SEED)
-    traces = {
-        "trace_code_files": (sample(code_files(), rng),
+    makers = {  # in the order they draw from rng
+        "trace_code_files": (lambda: sample(code_files(), rng),
                              "sizes of /usr/include headers and dist-packages .py files"),
-        "trace_doc_paragraphs": (sample(doc_paragraphs(), rng),
+        "trace_doc_paragraphs": (lambda: sample(doc_paragraphs(), rng),
                                  "paragraphs of /usr/share/doc text files"),
-        "trace_chat_longdoc": (chat_longdoc(rng),
+        "trace_chat_longdoc": (lambda: chat_longdoc(rng),
                                f"mixture: chat {CHAT}, long documents {LONG}"),
+        "trace_heavy_tail": (heavy_tail, f"mixture: short {SHORT}, giants {GIANT} (log-uniform)"),
     }
+    traces = {name: (make(), source) for name, (make, source) in makers.items()
+              if not args.only or name in args.only}
+    meta_path = os.path.join(args.out, "traces_meta.json")
     meta = {}
+    if args.only and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
     for name, (lengths, source) in traces.items():
         with open(os.path.join(args.out, name + ".txt"), "w") as f:
             f.write("".join(f"{n}\n" for n in lengths))
         meta[name] = {"source": source, "bytes_per_token": BYTES_PER_TOKEN,
                       "seed": SEED, **summary(lengths)}
-    with open(os.path.join(args.out, "traces_meta.json"), "w") as f:
+    with open(meta_path, "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
-    for name, entry in meta.items():
+    for name in traces:
+        entry = meta[name]
         print(f"{name}: mean {entry['mean']:.0f}, median {entry['median']}, "
               f"p99 {entry['p99']}, max {entry['max']}")
 
