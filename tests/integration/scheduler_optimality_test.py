@@ -140,7 +140,8 @@ with ProcessPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as poo
 # made from real files, a few global batches each.
 FULL_SIZE = [("trace_code_files", 32, 8192, 512, 2), ("trace_code_files", 8, 16384, 128, 4),
              ("trace_chat_longdoc", 16, 4096, 256, 2), ("trace_chat_longdoc", 512, 4096, 8192, 1),
-             ("trace_doc_paragraphs", 64, 4096, 16384, 1)]
+             ("trace_doc_paragraphs", 64, 4096, 16384, 1),
+             ("trace_heavy_tail", 32, 4096, 512, 2), ("trace_heavy_tail", 8, 16384, 128, 4)]
 for trace, ranks, cap, size, steps in FULL_SIZE:
     lengths = [int(line) for line in (ROOT / "bench" / "traces" / f"{trace}.txt").read_text().split()]
     batches = [lengths[i * size:(i + 1) * size] for i in range(steps)]
