@@ -1,7 +1,11 @@
 #include "packfeed/dataset/megatron_blend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -91,39 +95,143 @@ std::vector<int64_t> SamplesPerDataset(absl::Span<const double> normalized_weigh
 
 namespace {
 
-// helpers.cpp's rule for sample i: the dataset furthest behind its weight
-// (weight · max(i, 1) − drawn), the first on ties, among those `open`
-// admits (the exhaustive blend drops datasets that have given every sample).
-template <typename Open>
-size_t FurthestBehind(absl::Span<const double> weights, absl::Span<const int64_t> drawn, int64_t i,
-                      Open open) {
-  const double at = std::max(static_cast<double>(i), 1.0);
-  size_t best = weights.size();
-  double best_error = std::numeric_limits<double>::lowest();
-  for (size_t d = 0; d < weights.size(); ++d) {
-    if (!open(d)) continue;
-    const double error = weights[d] * at - static_cast<double>(drawn[d]);
-    if (error > best_error) {
-      best_error = error;
-      best = d;
-    }
+// helpers.cpp's rule for sample i: the dataset furthest behind its weight,
+// error = weight · max(i, 1) − drawn, the first on ties, among the datasets
+// still open (the exhaustive blend closes a dataset once it has given every
+// sample). helpers.cpp scans every dataset for every sample: 2.4·10^10
+// errors for a blend of 1 000 datasets and 24 M samples, most of a
+// corpus-scale start-up. The same choice, computed by the same double
+// expression, comes from blocks of datasets: each block knows its own
+// first-furthest-behind dataset and the step until which no other of its
+// datasets can catch up with it (their errors grow at their weights: one
+// of greater weight crosses at (drawn − its drawn) / (weight − its
+// weight)). A sample compares the blocks' leaders, first block first on
+// ties, and only the block that gave it, or one whose step has come, is
+// scanned again. For 1 000 datasets and 2.4 M samples that took 0.6-0.8 s
+// against helpers.cpp's scan's 2.1-3.3 s (lognormal, proportional-to-tokens
+// and equal weights); below a few hundred datasets the scan is faster.
+class FurthestBehind {
+ public:
+  FurthestBehind(absl::Span<const double> weights, absl::Span<const int64_t> sizes)
+      : weights_(weights), sizes_(sizes), drawn_(weights.size(), 0) {
+    // Blocks of about √(D / 16): fewer leaders to compare a sample, and
+    // small scans.
+    while (16 * block_ * block_ < weights.size()) block_ *= 2;
+    const size_t blocks = (weights.size() + block_ - 1) / block_;
+    leader_.assign(blocks, kNone);
+    until_.assign(blocks, 0);
   }
-  return best;
+
+  // The dataset sample `i` comes from (i rises by one a call), and its
+  // number there. REQUIRES: some dataset is open.
+  std::pair<size_t, int64_t> Next(int64_t i) {
+    at_ = std::max(static_cast<double>(i), 1.0);
+    size_t best = kNone;
+    double best_error = 0;
+    for (size_t b = 0; b < leader_.size(); ++b) {
+      if (until_[b] <= i) Scan(b, i);
+      const size_t d = leader_[b];
+      if (d == kNone) continue;
+      const double error = Error(d);
+      if (best == kNone || error > best_error) {
+        best = d;
+        best_error = error;
+      }
+    }
+    const int64_t sample = drawn_[best]++;
+    until_[best / block_] = 0;  // its error fell: scanned again next time
+    return {best, sample};
+  }
+
+ private:
+  static constexpr size_t kNone = SIZE_MAX;
+
+  bool Open(size_t d) const { return sizes_.empty() || drawn_[d] < sizes_[d]; }
+  double Error(size_t d) const { return weights_[d] * at_ - static_cast<double>(drawn_[d]); }
+
+  // The block's leader at step i, and the step until which it stays so: the
+  // step before the first crossing (a scan too early costs a scan; one too
+  // late would be wrong).
+  void Scan(size_t b, int64_t i) {
+    const size_t first = b * block_;
+    const size_t end = std::min(first + block_, weights_.size());
+    size_t lead = kNone;
+    double lead_error = 0;
+    for (size_t d = first; d < end; ++d) {
+      if (!Open(d)) continue;
+      const double error = Error(d);
+      if (lead == kNone || error > lead_error) {
+        lead = d;
+        lead_error = error;
+      }
+    }
+    leader_[b] = lead;
+    double until = std::numeric_limits<double>::infinity();
+    if (lead != kNone) {
+      for (size_t d = first; d < end; ++d) {
+        if (d == lead || !Open(d) || weights_[d] <= weights_[lead]) continue;
+        until =
+            std::min(until, (static_cast<double>(drawn_[d]) - static_cast<double>(drawn_[lead])) /
+                                (weights_[d] - weights_[lead]));
+      }
+    }
+    const double latest = static_cast<double>(std::numeric_limits<int64_t>::max() / 2);
+    until_[b] = std::max(i + 1, static_cast<int64_t>(std::floor(std::min(until, latest))) - 1);
+  }
+
+  absl::Span<const double> weights_;
+  absl::Span<const int64_t> sizes_;
+  std::vector<int64_t> drawn_;
+  size_t block_ = 1;
+  std::vector<size_t> leader_;  // per block: its first furthest behind
+  std::vector<int64_t> until_;  // per block: scan it again at this step
+  double at_ = 1;
+};
+
+// helpers.cpp's scan itself, for blends of fewer datasets.
+class ScanFurthestBehind {
+ public:
+  ScanFurthestBehind(absl::Span<const double> weights, absl::Span<const int64_t> sizes)
+      : weights_(weights), sizes_(sizes), drawn_(weights.size(), 0) {}
+
+  std::pair<size_t, int64_t> Next(int64_t i) {
+    const double at = std::max(static_cast<double>(i), 1.0);
+    size_t best = weights_.size();
+    double best_error = std::numeric_limits<double>::lowest();
+    for (size_t d = 0; d < weights_.size(); ++d) {
+      if (!sizes_.empty() && drawn_[d] >= sizes_[d]) continue;
+      const double error = weights_[d] * at - static_cast<double>(drawn_[d]);
+      if (error > best_error) {
+        best_error = error;
+        best = d;
+      }
+    }
+    return {best, drawn_[best]++};
+  }
+
+ private:
+  absl::Span<const double> weights_;
+  absl::Span<const int64_t> sizes_;
+  std::vector<int64_t> drawn_;
+};
+
+template <typename Rule>
+BlendIndices InterleaveBy(Rule rule, int64_t size) {
+  BlendIndices out;
+  out.dataset_index.reserve(static_cast<size_t>(size));
+  out.dataset_sample_index.reserve(static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) {
+    const auto [best, sample] = rule.Next(i);
+    out.dataset_index.push_back(static_cast<int16_t>(best));
+    out.dataset_sample_index.push_back(sample);
+  }
+  return out;
 }
 
 BlendIndices Interleave(absl::Span<const double> weights, int64_t size,
                         absl::Span<const int64_t> sizes) {
-  BlendIndices out;
-  out.dataset_index.reserve(static_cast<size_t>(size));
-  out.dataset_sample_index.reserve(static_cast<size_t>(size));
-  std::vector<int64_t> drawn(weights.size(), 0);
-  for (int64_t i = 0; i < size; ++i) {
-    const size_t best = FurthestBehind(
-        weights, drawn, i, [&](size_t d) { return sizes.empty() || drawn[d] < sizes[d]; });
-    out.dataset_index.push_back(static_cast<int16_t>(best));
-    out.dataset_sample_index.push_back(drawn[best]++);
-  }
-  return out;
+  if (weights.size() < kBlocksFrom) return InterleaveBy(ScanFurthestBehind(weights, sizes), size);
+  return InterleaveBy(FurthestBehind(weights, sizes), size);
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 #include "packfeed/dataset/megatron_blend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -57,6 +61,67 @@ TEST(BlendIndicesTest, FollowsTheWeightsAndNumbersEachDatasetsSamples) {
   std::vector<int64_t> drawn(3, 0);
   for (int16_t d : e.dataset_index) ++drawn[static_cast<size_t>(d)];
   EXPECT_EQ(drawn, (std::vector<int64_t>{3, 5, 1}));
+}
+
+// helpers.cpp's build_blending_indices and build_exhaustive_blending_indices
+// as written: every open dataset's error for every sample, the first at the
+// maximum.
+BlendIndices HelpersScan(const std::vector<double>& weights, int64_t size,
+                         const std::vector<int64_t>& sizes) {
+  BlendIndices out;
+  std::vector<int64_t> drawn(weights.size(), 0);
+  for (int64_t i = 0; i < size; ++i) {
+    const double at = std::max(static_cast<double>(i), 1.0);
+    size_t best = 0;
+    double best_error = std::numeric_limits<double>::lowest();
+    for (size_t d = 0; d < weights.size(); ++d) {
+      if (!sizes.empty() && drawn[d] >= sizes[d]) continue;
+      const double error = weights[d] * at - static_cast<double>(drawn[d]);
+      if (error > best_error) {
+        best_error = error;
+        best = d;
+      }
+    }
+    out.dataset_index.push_back(static_cast<int16_t>(best));
+    out.dataset_sample_index.push_back(drawn[best]++);
+  }
+  return out;
+}
+
+// From kBlocksFrom datasets on the indices come from blocks, not a scan:
+// the same choices, ties and closed datasets included, for weights spread
+// wide, nearly equal and equal.
+TEST(BlendIndicesTest, ManyDatasetsGetHelpersChoicesExactly) {
+  std::mt19937_64 random(7);
+  for (const size_t datasets : {kBlocksFrom, size_t{300}, size_t{1000}}) {
+    for (const int kind : {0, 1, 2}) {
+      std::vector<double> raw;
+      for (size_t d = 0; d < datasets; ++d) {
+        const double spread = std::exp(static_cast<double>(random() % 4000) / 1000.0 - 2.0);
+        raw.push_back(kind == 0 ? spread : kind == 1 ? 1000.0 + static_cast<double>(d % 7) : 1.0);
+      }
+      const absl::StatusOr<std::vector<double>> weights = NormalizeBlendWeights(raw);
+      ASSERT_TRUE(weights.ok());
+      const int64_t size = 60000;
+      const BlendIndices blocks = BuildBlendIndices(*weights, size);
+      const BlendIndices scan = HelpersScan(*weights, size, {});
+      EXPECT_EQ(blocks.dataset_index, scan.dataset_index) << datasets << " datasets, kind " << kind;
+      EXPECT_EQ(blocks.dataset_sample_index, scan.dataset_sample_index);
+
+      std::vector<int64_t> sizes;
+      int64_t total = 0;
+      for (size_t d = 0; d < datasets; ++d) {
+        sizes.push_back(kind == 2 ? 40 : static_cast<int64_t>(random() % 120));
+        total += sizes.back();
+      }
+      std::vector<double> shares;
+      for (int64_t s : sizes) shares.push_back(static_cast<double>(s) / static_cast<double>(total));
+      const BlendIndices exhaustive = BuildExhaustiveBlendIndices(sizes);
+      const BlendIndices scanned = HelpersScan(shares, total, sizes);
+      EXPECT_EQ(exhaustive.dataset_index, scanned.dataset_index);
+      EXPECT_EQ(exhaustive.dataset_sample_index, scanned.dataset_sample_index);
+    }
+  }
 }
 
 TEST(PretrainingIndicesTest, ABlendDrawsItsSamplesFromEveryDataset) {
