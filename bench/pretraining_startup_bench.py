@@ -2,9 +2,11 @@
 microbatch against Megatron-Core's own index build, in one run.
 
 Megatron builds a blend's indices on rank 0 while every other rank waits,
-then caches them as .npy files. This writes a blend of three datasets
-holding --documents documents in all (their .bin files sparse: only the
-index is read to build), then times, alternating --rounds times:
+then caches them as .npy files. This writes a blend of --prefixes datasets
+(default 3, weighted 0.5/0.3/0.2; with more, equal shares of the documents
+weighted by their tokens, as data-path weights usually are) holding
+--documents documents in all (their .bin files sparse: only the index is
+read to build), then times, alternating --rounds times:
   * Megatron: BlendedMegatronDatasetBuilder.build() for train, valid and
     test (what pretrain_gpt builds) into an empty cache, and the first
     sample; and again from its cache;
@@ -13,7 +15,11 @@ index is read to build), then times, alternating --rounds times:
     and the daemon's peak RSS; and again reading Megatron's cache.
 
 usage: pretraining_startup_bench.py BIN_DIR VENV_DIR PYTHON_PACKAGE_DIR
-       [--documents 10000000] [--rounds 2] [--json]"""
+       [--documents 10000000] [--prefixes 3] [--train-samples 1000000]
+       [--rounds 2] [--json]
+
+At corpus scale: --prefixes 1000 --documents 100000000 --train-samples
+24000000 (about one epoch of the blend's 9.9·10^10 tokens)."""
 import argparse
 import json
 import os
@@ -38,6 +44,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("bin_dir")
 parser.add_argument("python_dir")
 parser.add_argument("--documents", type=int, default=10_000_000)
+parser.add_argument("--prefixes", type=int, default=3)
+parser.add_argument("--train-samples", type=int, default=1_000_000)
 parser.add_argument("--rounds", type=int, default=2)
 parser.add_argument("--json", action="store_true")
 args = parser.parse_args()
@@ -45,8 +53,7 @@ sys.path.insert(0, args.python_dir)
 import packfeed  # noqa: E402
 
 SEQ, SEED, SPLIT = 4096, 1234, "969,30,1"
-WEIGHTS = [0.5, 0.3, 0.2]
-SAMPLES = [1_000_000, 10_240, 1_024]  # train, valid, test
+SAMPLES = [args.train_samples, 10_240, 1_024]  # train, valid, test
 WORK = pathlib.Path(tempfile.mkdtemp(prefix="pf-startup-"))
 init_single_process(WORK)
 Builder, GPTDataset, GPTDatasetConfig = import_megatron_datasets()
@@ -69,16 +76,29 @@ def write_sparse_dataset(prefix, lengths):
 
 
 random = numpy.random.RandomState(0)
-PREFIXES = []
-for i, share in enumerate(WEIGHTS):
+SHARES = [0.5, 0.3, 0.2] if args.prefixes == 3 else [1 / args.prefixes] * args.prefixes
+PREFIXES, TOKENS = [], []
+for i, share in enumerate(SHARES):
     prefix = str(WORK / f"ds{i}")
     count = int(args.documents * share)
-    write_sparse_dataset(prefix, numpy.clip(random.lognormal(numpy.log(300), 1.0, count),
-                                            8, 100_000))
+    lengths = numpy.clip(random.lognormal(numpy.log(300), 1.0, count), 8, 100_000)
+    write_sparse_dataset(prefix, lengths)
     PREFIXES.append(prefix)
+    TOKENS.append(float(lengths.astype(numpy.int64).sum()))
+WEIGHTS = SHARES if args.prefixes == 3 else [t / sum(TOKENS) for t in TOKENS]
+
+
+def peak_rss_mib(pid="self"):
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("VmHWM"))) / 1024
 
 
 def megatron_build(cache):
+    """(seconds, this process's peak RSS in MiB over the build: the peak is
+    reset first, so it counts what the build holds beside the interpreter
+    and torch, as a rank's process would)."""
+    pathlib.Path("/proc/self/clear_refs").write_text("5")
     config = GPTDatasetConfig(
         random_seed=SEED, sequence_length=SEQ, blend=(PREFIXES, WEIGHTS), split=SPLIT,
         path_to_cache=str(cache), tokenizer=Tokenizer(0), reset_position_ids=False,
@@ -86,7 +106,7 @@ def megatron_build(cache):
     start = time.monotonic()
     train = Builder(GPTDataset, SAMPLES, lambda: True, config).build()[0]
     train[0]
-    return time.monotonic() - start
+    return time.monotonic() - start, peak_rss_mib()
 
 
 def packfeed_first_microbatch(cache=None):
@@ -116,35 +136,35 @@ def packfeed_first_microbatch(cache=None):
         next(iter(iterator))
         elapsed = time.monotonic() - start
         client.close()
-        status = pathlib.Path(f"/proc/{daemon.process.pid}/status").read_text()
-        peak_kib = int(next(line.split()[1] for line in status.splitlines()
-                            if line.startswith("VmHWM")))
+        peak = peak_rss_mib(daemon.process.pid)
     finally:
         daemon.stop()
-    return elapsed, peak_kib / 1024
+    return elapsed, peak
 
 
 rows = []
 for r in range(args.rounds):
     cache = WORK / f"cache{r}"
-    cold = megatron_build(cache)
-    warm = megatron_build(cache)
+    cold, megatron_rss = megatron_build(cache)
+    warm, _ = megatron_build(cache)
     ours, rss = packfeed_first_microbatch()
     from_cache, _ = packfeed_first_microbatch(cache)
     shutil.rmtree(cache)
     rows.append({"megatron_build_s": cold, "megatron_cached_s": warm,
+                 "megatron_peak_rss_mib": megatron_rss,
                  "packfeed_first_microbatch_s": ours, "packfeed_from_cache_s": from_cache,
                  "packfeed_peak_rss_mib": rss, "ratio": ours / cold})
 
 if args.json:
-    print(json.dumps({"documents": args.documents, "rounds": rows}))
+    print(json.dumps({"documents": args.documents, "prefixes": args.prefixes, "rounds": rows}))
 else:
-    print(f"blend of 3 datasets, {args.documents} documents, seq {SEQ}, "
+    print(f"blend of {args.prefixes} datasets, {args.documents} documents, seq {SEQ}, "
           f"samples {SAMPLES} (train, valid, test)")
-    print("round  megatron build  megatron cached  packfeed first mb  ratio  "
+    print("round  megatron build  megatron cached  megatron peak RSS  packfeed first mb  ratio  "
           "daemon peak RSS  packfeed from megatron's cache")
     for r, row in enumerate(rows):
         print(f"{r:5d}  {row['megatron_build_s']:12.2f} s  {row['megatron_cached_s']:13.2f} s"
+              f"  {row['megatron_peak_rss_mib']:13.0f} MiB"
               f"  {row['packfeed_first_microbatch_s']:15.2f} s  {row['ratio']:5.2f}"
               f"  {row['packfeed_peak_rss_mib']:11.0f} MiB  {row['packfeed_from_cache_s']:27.2f} s")
 shutil.rmtree(WORK)
