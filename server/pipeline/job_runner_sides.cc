@@ -123,7 +123,9 @@ void JobRunner::FetchSidesAhead() {
 }
 
 bool JobRunner::SideNeeded(const SideKey& key, const HeldSide& held) const {
-  const auto& [step, microbatch, first_rank] = key;
+  // (Not a structured binding: clang does not let lambdas capture one.)
+  const int64_t step = std::get<0>(key);
+  const int first_rank = std::get<2>(key);
   auto in_group = [&](const RankCoords& coords) {
     return coords.dp_cp_rank >= first_rank && coords.dp_cp_rank < first_rank + held.group_size;
   };
