@@ -101,7 +101,9 @@ void JobRunner::FetchSidesAhead() {
   for (const auto& [_, rank] : ranks_) {
     if (rank.live() && rank.receives_side_rows) horizon = std::max(horizon, rank.ring_slots);
   }
-  const int64_t last_step = SlowestStep() + options_.prefetch_steps;
+  const int64_t slowest = SlowestStep();
+  if (horizon == 0 || slowest == INT64_MAX) return;
+  const int64_t last_step = slowest + options_.prefetch_steps;
   for (uint32_t ahead = 0; ahead < horizon; ++ahead) {
     for (const auto& [_, rank] : ranks_) {
       if (side_bytes_ >= options_.side_rows_read_ahead_bytes) return;
