@@ -56,15 +56,7 @@ def plans(ctl, batches):
         entries = json.loads(dump.read_text())
     result = []
     for entry in entries:
-        microbatches = []
-        for per_rank in entry["microbatches"]:
-            groups = {}
-            for sequences in per_rank:
-                for q in sequences:
-                    groups.setdefault((q["cp_group"], q["cp_size"]), set()).add(
-                        (q["sample"], q["length"]))
-            microbatches.append([(g * c, c, [length for _, length in members])
-                                 for (g, c), members in groups.items()])
+        microbatches = plan_optimum.dumped_microbatches(entry)
         result.append((plan_optimum.step_time(microbatches, model),
                        plan_optimum.inflation(microbatches, CAP, RANKS), len(microbatches),
                        entry["lower_bound"]))

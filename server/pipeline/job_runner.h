@@ -162,8 +162,9 @@ class JobRunner {
   // nullptr while they are being read (the read begins here). An ingest
   // job's, or a rank's whose stage receives no side field: the step's own.
   const SideRows* SideRowsFor(int64_t step, int microbatch, const RankState& rank, bool urgent);
-  void FetchSide(const SideKey& key, HeldSide& held, std::shared_ptr<const StepData> data, int rank,
-                 bool urgent);
+  // Fetches `group`'s rows (the group of `key`, in `data`'s plan).
+  void FetchSide(const SideKey& key, HeldSide& held, const scheduler::CpGroup& group,
+                 std::shared_ptr<const StepData> data, int rank, bool urgent);
   void OnSideRead(const SideKey& key, uint64_t generation, std::shared_ptr<const SideRows> rows);
   // Reads side rows ahead: each rank's next microbatch, then the one after,
   // and so on, while side_rows_read_ahead_bytes has room.

@@ -29,30 +29,28 @@ const SideRows* JobRunner::SideRowsFor(int64_t step, int microbatch, const RankS
   HeldSide& held = found->second;
   if (inserted) {
     held.group_size = group.size;
-    FetchSide(key, held, data, rank.global_rank, urgent);
+    FetchSide(key, held, group, data, rank.global_rank, urgent);
     return nullptr;
   }
   if (held.rows == nullptr) {
     // Read ahead and maybe queued behind the storage's budget, which only
     // this rank's progress may free: asked for again as urgent. (A read
     // already issued is shared, not repeated.)
-    if (urgent && !held.urgent) FetchSide(key, held, data, rank.global_rank, urgent);
+    if (urgent && !held.urgent) FetchSide(key, held, group, data, rank.global_rank, urgent);
     return nullptr;
   }
   // As for steps: a failure read ahead may be stale, so it is read once
   // more for the rank that needs it before the rank is told.
   if (urgent && !held.rows->failed.empty() && !held.retried) {
     held.retried = true;
-    FetchSide(key, held, data, rank.global_rank, urgent);
+    FetchSide(key, held, group, data, rank.global_rank, urgent);
     return nullptr;
   }
   return held.rows.get();
 }
 
-void JobRunner::FetchSide(const SideKey& key, HeldSide& held, std::shared_ptr<const StepData> data,
-                          int rank, bool urgent) {
-  const scheduler::CpGroup& group = scheduler::GroupOfRank(
-      data->plan.plan.microbatches[static_cast<size_t>(std::get<1>(key))], std::get<2>(key));
+void JobRunner::FetchSide(const SideKey& key, HeldSide& held, const scheduler::CpGroup& group,
+                          std::shared_ptr<const StepData> data, int rank, bool urgent) {
   std::vector<int64_t> samples;
   for (const scheduler::PlannedSequence& sequence : group.sequences) {
     samples.push_back(sequence.sample);

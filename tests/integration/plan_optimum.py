@@ -53,6 +53,21 @@ def step_time(microbatches, model):
                for groups in microbatches)
 
 
+def dumped_microbatches(entry):
+    """One step of `packfeedctl plan --dump-plan` as step_time takes it:
+    per microbatch, its groups as (first rank, size, [lengths...])."""
+    microbatches = []
+    for per_rank in entry["microbatches"]:
+        groups = {}
+        for sequences in per_rank:
+            for q in sequences:
+                groups.setdefault((q["cp_group"], q["cp_size"]), set()).add(
+                    (q["sample"], q["length"]))
+        microbatches.append([(g * c, c, [length for _, length in members])
+                             for (g, c), members in groups.items()])
+    return microbatches
+
+
 def inflation(microbatches, cap, n):
     """CP inflation as the planners count it: Σ padded at c · (c / own − 1)
     over Σ padded at own, for microbatches as step_time takes them."""

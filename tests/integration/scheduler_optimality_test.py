@@ -72,15 +72,7 @@ def heuristic(batches, cost_model, ranks=RANKS, cap=CAP):
         plans = json.loads(dump.read_text())
     out = []
     for entry in plans:
-        microbatches = []
-        for per_rank in entry["microbatches"]:
-            groups = {}
-            for sequences in per_rank:
-                for q in sequences:
-                    groups.setdefault((q["cp_group"], q["cp_size"]), set()).add(
-                        (q["sample"], q["length"]))
-            microbatches.append([(g * c, c, [length for _, length in members])
-                                 for (g, c), members in groups.items()])
+        microbatches = plan_optimum.dumped_microbatches(entry)
         out.append((plan_optimum.step_time(microbatches, model),
                     plan_optimum.inflation(microbatches, cap, ranks), len(microbatches),
                     entry["lower_bound"]))
