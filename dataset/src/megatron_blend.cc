@@ -107,9 +107,10 @@ namespace {
 // of greater weight crosses at (drawn − its drawn) / (weight − its
 // weight)). A sample compares the blocks' leaders, first block first on
 // ties, and only the block that gave it, or one whose step has come, is
-// scanned again. For 1 000 datasets and 2.4 M samples that took 0.6-0.8 s
-// against helpers.cpp's scan's 2.1-3.3 s (lognormal, proportional-to-tokens
-// and equal weights); below a few hundred datasets the scan is faster.
+// scanned again. For 1 000 datasets and 2.4 M samples that took 0.4-0.9 s
+// against helpers.cpp's scan's 2.1-3.3 s (lognormal, proportional-to-tokens,
+// three-level and equal weights); below a few hundred datasets the scan is
+// faster.
 class FurthestBehind {
  public:
   FurthestBehind(absl::Span<const double> weights, absl::Span<const int64_t> sizes)
