@@ -82,10 +82,12 @@ def inflation(microbatches, cap, n):
 
 
 def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, time_limit=60,
-          at_least_default_rows=False):
+          at_least_default_rows=False, at_most=None):
     """(optimal step time, microbatches) or None when infeasible. Up to
     max_rows microbatches (default: the token lower bound + 2; with
-    at_least_default_rows, the larger of the two)."""
+    at_least_default_rows, the larger of the two). With at_most, only plans
+    of a step time up to it count: given a known plan's time, the search
+    prunes everything worse from the start."""
     own = [own_cp(s, cap, n) for s in lengths]
     tokens = sum(padded(s, c) for s, c in zip(lengths, own))
     lower = -(-tokens // (n * cap))
@@ -169,6 +171,9 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
                 terms[index[k]] = padded(lengths[i], size) * (size / own[i] - 1) / tokens
         if terms:
             constraint(terms, -np.inf, budget)
+    if at_most is not None:
+        constraint({i: objective[i] for i in range(count) if objective[i]}, -np.inf,
+                   at_most / unit)
     entries = [(row, column, value) for row, terms in enumerate(rows_a)
                for column, value in terms.items()]
     r, c, v = zip(*entries)

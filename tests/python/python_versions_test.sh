@@ -28,6 +28,10 @@ rm -rf "$work" && mkdir -p "$work"
 "$source_root/tests/gpu/make_python_bundle.sh" "$work/bundle" "${versions[@]}"
 hidden=("$source_root/tests/gpu/without_build_deps.sh")
 cd "$work"  # away from the source tree, so only the installs are importable
+# One CMake build directory for every version: what does not include Python
+# (the client's C++ core, the generated protobuf code) compiles once, and each
+# version rebuilds what does, its extension module.
+export SKBUILD_BUILD_DIR=$work/build
 for i in "${!pythons[@]}"; do
   echo "=== Python ${versions[$i]}"
   "${hidden[@]}" "$work/bundle/build_python.sh" "${pythons[$i]}" --no-deps
