@@ -1,5 +1,7 @@
 #include "packfeed/dataset/index_format.h"
 
+#include <xxhash.h>
+
 #include <limits>
 
 #include "absl/numeric/int128.h"
@@ -199,6 +201,24 @@ absl::Status CheckDocument(const IndexView& index, uint64_t document, absl::stri
     }
   }
   return absl::OkStatus();
+}
+
+uint64_t IndexDigest(absl::Span<const uint8_t> idx) {
+  constexpr uint64_t kWhole = uint64_t{4} << 20;
+  constexpr uint64_t kBlock = uint64_t{64} << 10;
+  constexpr uint64_t kBlocks = 64;
+  if (idx.size() <= kWhole) return XXH3_64bits(idx.data(), idx.size());
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  const uint64_t size = idx.size();
+  XXH3_64bits_update(state, &size, sizeof(size));
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    const uint64_t offset = (size - kBlock) * i / (kBlocks - 1);
+    XXH3_64bits_update(state, idx.data() + offset, kBlock);
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
 }
 
 }  // namespace packfeed::dataset

@@ -101,8 +101,14 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(absl::string_view prefix,
   std::unique_ptr<uint8_t[]> idx(new uint8_t[std::max<uint64_t>(idx_size, 1)]);
   PF_RETURN_IF_ERROR(
       PreadFully(idx_fd.get(), idx_path, 0, {reinterpret_cast<char*>(idx.get()), idx_size}));
-  PF_ASSIGN_OR_RETURN(IndexView index,
+  PF_ASSIGN_OR_RETURN(const IndexView parsed,
                       ParseIndex({idx.get(), idx_size}, idx_path, options.validation));
+  // Only what is not redundant outlives Open (a blend of a thousand
+  // prefixes would otherwise hold every byte of every index).
+  CompactIndex compact = CompactIndex::From(parsed);
+  const uint64_t digest = IndexDigest({idx.get(), idx_size});
+  idx.reset();
+  const IndexView& index = compact.view();
   PF_ASSIGN_OR_RETURN(ScopedFd bin_fd, OpenForRead(bin_path));
   // Reads are exact (whole documents, coalesced by the caller): the kernel's
   // read-ahead would only fetch bytes nobody asked for.
@@ -117,20 +123,21 @@ absl::StatusOr<IndexedDataset> IndexedDataset::Open(absl::string_view prefix,
   if (options.map_data) {
     PF_ASSIGN_OR_RETURN(bin_map, MappedFile::Open(bin_path));
   }
-  return IndexedDataset(std::string(prefix), idx_path, bin_path, std::move(idx), idx_size, index,
-                        std::move(bin_fd), bin_stamp, std::move(bin_map), options.validation);
+  return IndexedDataset(std::string(prefix), idx_path, bin_path, std::move(compact), idx_size,
+                        digest, std::move(bin_fd), bin_stamp, std::move(bin_map),
+                        options.validation);
 }
 
 IndexedDataset::IndexedDataset(std::string prefix, std::string idx_path, std::string bin_path,
-                               std::unique_ptr<uint8_t[]> idx, uint64_t idx_size, IndexView index,
+                               CompactIndex index, uint64_t idx_size, uint64_t idx_digest,
                                ScopedFd bin_fd, FileStamp bin_stamp,
                                std::optional<MappedFile> bin_map, IndexValidation validation)
     : prefix_(std::move(prefix)),
       idx_path_(std::move(idx_path)),
       bin_path_(std::move(bin_path)),
-      idx_(std::move(idx)),
+      index_(std::move(index)),
       idx_size_(idx_size),
-      index_(index),
+      idx_digest_(idx_digest),
       bin_fd_(std::move(bin_fd)),
       bin_stamp_(bin_stamp),
       bin_map_(std::move(bin_map)),
@@ -147,13 +154,13 @@ absl::StatusOr<uint64_t> IndexedDataset::CheckedByteRange(uint64_t sequence, uin
     return absl::OutOfRangeError(absl::StrCat(prefix_, ": sequence ", sequence,
                                               " out of range (dataset has ", num_sequences(), ")"));
   }
-  const uint64_t length = static_cast<uint64_t>(index_.length(sequence));
+  const uint64_t length = static_cast<uint64_t>(index().length(sequence));
   if (first_token > length || count > length - first_token) {
     return absl::OutOfRangeError(absl::StrCat(prefix_, ": tokens [", first_token, ", ", first_token,
                                               "+", count, ") outside sequence ", sequence,
                                               " of length ", length));
   }
-  return static_cast<uint64_t>(index_.pointer(sequence)) + first_token * DTypeSize(dtype());
+  return static_cast<uint64_t>(index().pointer(sequence)) + first_token * DTypeSize(dtype());
 }
 
 absl::Status IndexedDataset::PreadAndWiden(uint64_t offset, absl::Span<int64_t> out,
@@ -201,9 +208,9 @@ absl::Status IndexedDataset::ReadSequences(uint64_t first, uint64_t count,
                                               num_sequences(), ")"));
   }
   const uint64_t last = first + count - 1;
-  const uint64_t begin = static_cast<uint64_t>(index_.pointer(first));
-  const uint64_t end = static_cast<uint64_t>(index_.pointer(last)) +
-                       static_cast<uint64_t>(index_.length(last)) * DTypeSize(dtype());
+  const uint64_t begin = static_cast<uint64_t>(index().pointer(first));
+  const uint64_t end = static_cast<uint64_t>(index().pointer(last)) +
+                       static_cast<uint64_t>(index().length(last)) * DTypeSize(dtype());
   const uint64_t tokens = (end - begin) / DTypeSize(dtype());
   if (tokens != out.size()) {
     return absl::InvalidArgumentError(absl::StrCat(prefix_, ": sequences [", first, ", ", first,
@@ -217,14 +224,14 @@ absl::Status IndexedDataset::CheckDocument(uint64_t document) const {
   if (validation_ == IndexValidation::kFull && document < num_documents()) {
     return absl::OkStatus();
   }
-  return dataset::CheckDocument(index_, document, idx_path_);
+  return dataset::CheckDocument(index(), document, idx_path_);
 }
 
 absl::Status IndexedDataset::ReadBytes(uint64_t offset, absl::Span<char> out) const {
-  if (offset > index_.data_bytes() || out.size() > index_.data_bytes() - offset) {
+  if (offset > index().data_bytes() || out.size() > index().data_bytes() - offset) {
     return absl::OutOfRangeError(absl::StrCat(bin_path_, ": bytes [", offset, ", ", offset, "+",
                                               out.size(), ") outside the data's ",
-                                              index_.data_bytes(), " bytes"));
+                                              index().data_bytes(), " bytes"));
   }
   bytes_read_->fetch_add(out.size(), std::memory_order_relaxed);
   PF_RETURN_IF_ERROR(PreadFully(bin_fd_.get(), bin_path_, offset, out));
@@ -234,10 +241,10 @@ absl::Status IndexedDataset::ReadBytes(uint64_t offset, absl::Span<char> out) co
 absl::Status IndexedDataset::ReadRaw(uint64_t sequence, absl::Span<char> out) const {
   const uint64_t item = DTypeSize(dtype());
   if (sequence < num_sequences() &&
-      out.size() != static_cast<uint64_t>(index_.length(sequence)) * item) {
+      out.size() != static_cast<uint64_t>(index().length(sequence)) * item) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix_, ": sequence ", sequence, " holds ",
-                     static_cast<uint64_t>(index_.length(sequence)) * item,
+                     static_cast<uint64_t>(index().length(sequence)) * item,
                      " bytes but the buffer holds ", out.size()));
   }
   PF_ASSIGN_OR_RETURN(uint64_t offset, CheckedByteRange(sequence, 0, out.size() / item));

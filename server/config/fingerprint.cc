@@ -28,24 +28,6 @@ constexpr std::array<Part, 5> kParts = {{{'d', "datasets", true},
 
 uint64_t StableHash(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
-uint64_t IndexDigest(absl::Span<const uint8_t> idx) {
-  constexpr uint64_t kWhole = uint64_t{4} << 20;
-  constexpr uint64_t kBlock = uint64_t{64} << 10;
-  constexpr uint64_t kBlocks = 64;
-  if (idx.size() <= kWhole) return XXH3_64bits(idx.data(), idx.size());
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  const uint64_t size = idx.size();
-  XXH3_64bits_update(state, &size, sizeof(size));
-  for (uint64_t i = 0; i < kBlocks; ++i) {
-    const uint64_t offset = (size - kBlock) * i / (kBlocks - 1);
-    XXH3_64bits_update(state, idx.data() + offset, kBlock);
-  }
-  const uint64_t digest = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return digest;
-}
-
 std::string MakeFingerprint(const FingerprintInputs& inputs) {
   const std::array<const std::string*, 5> values = {
       &inputs.datasets, &inputs.topology, &inputs.batch, &inputs.scheduler, &inputs.sampler};

@@ -37,13 +37,6 @@ std::string MakeFingerprint(const FingerprintInputs& inputs);
 absl::Status CompareFingerprints(absl::string_view expected, absl::string_view actual,
                                  bool data_only = false);
 
-// The digest of a `.idx` in the fingerprint: all of it up to 4 MiB; past
-// that, its size and 64 blocks of 64 KiB spread evenly from its first byte
-// to its last. Reading a whole index over network storage at start-up is
-// what kOnUse validation avoids, so the digest samples: a rewrite that keeps
-// the size and changes only bytes between the blocks keeps the fingerprint.
-uint64_t IndexDigest(absl::Span<const uint8_t> idx);
-
 // XXH3-64 of `bytes`, the digest every part uses.
 uint64_t StableHash(absl::string_view bytes);
 

@@ -82,11 +82,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
       return absl::FailedPreconditionError(
           absl::StrCat(spec.prefix(), ": the dataset holds no document"));
     }
-    absl::StrAppend(&datasets_part, IndexDigest(dataset->index_bytes()), ";", dataset->bin_bytes(),
-                    ";", spec.kind(), ";", spec.weight(), "|");
+    absl::StrAppend(&datasets_part, dataset->idx_digest(), ";", dataset->bin_bytes(), ";",
+                    spec.kind(), ";", spec.weight(), "|");
     if (IsPretrainingJob(config)) {
-      std::vector<int32_t>& lengths = job->sequence_lengths_.emplace_back(dataset->num_sequences());
-      for (uint64_t i = 0; i < lengths.size(); ++i) lengths[i] = dataset->sequence_length(i);
       job->datasets_.push_back(std::move(dataset));
       continue;
     }
@@ -100,8 +98,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
       PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> side,
                           open(SideFieldPrefix(spec, field.name)));
       PF_RETURN_IF_ERROR(CheckSideDataset(field, *dataset, *side));
-      absl::StrAppend(&datasets_part, field.name, ":", IndexDigest(side->index_bytes()), ";",
-                      side->bin_bytes(), "|");
+      absl::StrAppend(&datasets_part, field.name, ":", side->idx_digest(), ";", side->bin_bytes(),
+                      "|");
       sides.push_back(std::move(side));
     }
     job->side_datasets_.push_back(std::move(sides));
@@ -120,8 +118,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
       job->ingest_fields_.push_back(f);
     }
   } else if (IsPretrainingJob(config)) {
-    std::vector<absl::Span<const int32_t>> lengths(job->sequence_lengths_.begin(),
-                                                   job->sequence_lengths_.end());
+    // Spans of the datasets' own lengths, which the job holds as long.
+    std::vector<absl::Span<const int32_t>> lengths;
+    for (const auto& dataset : job->datasets_) lengths.push_back(dataset->sequence_lengths());
     absl::StatusOr<dataset::PretrainingIndices> indices = dataset::PretrainingIndices::Build(
         std::move(lengths), PretrainingOptionsOf(config), ServedSplitOf(config),
         static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));

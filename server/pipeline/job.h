@@ -122,9 +122,8 @@ class Job {
   dataset::SampleRules rules_;
   std::vector<std::shared_ptr<const dataset::IndexedDataset>> datasets_;
   std::vector<dataset::SampleTable> sample_tables_;  // per dataset
-  // A pretraining job's sequence lengths per dataset (the indices' input,
-  // which they view) and its indices.
-  std::vector<std::vector<int32_t>> sequence_lengths_;
+  // A pretraining job's indices; they view the sequence lengths of
+  // datasets_, which outlive them.
   std::optional<dataset::PretrainingIndices> pretraining_;
   std::optional<ModelStages> stages_;
   std::vector<SideFieldInfo> side_fields_;

@@ -5,17 +5,20 @@
 // kOnUse and every one of its documents passes CheckDocument, with the same
 // totals. What the daemon does at start-up with an on-use index, building
 // the sample table and planning every document, must refuse a corrupt one
-// with a status, never read outside it.
+// with a status, never read outside it. What a dataset keeps of an index
+// (CompactIndex) answers every entry as the parsed view does.
 
 #include <cstddef>
 #include <cstdint>
 
+#include "packfeed/dataset/compact_index.h"
 #include "packfeed/dataset/index_format.h"
 #include "packfeed/dataset/sample_rules.h"
 
 namespace {
 
 using packfeed::dataset::CheckDocument;
+using packfeed::dataset::CompactIndex;
 using packfeed::dataset::IndexValidation;
 using packfeed::dataset::IndexView;
 using packfeed::dataset::ParseIndex;
@@ -25,6 +28,22 @@ using packfeed::dataset::SampleTable;
 bool AllDocumentsPass(const IndexView& view) {
   for (uint64_t d = 0; d < view.num_documents(); ++d) {
     if (!CheckDocument(view, d, "fuzz.idx").ok()) return false;
+  }
+  return true;
+}
+
+bool SameEntries(const IndexView& a, const IndexView& b) {
+  if (a.num_sequences() != b.num_sequences() || a.num_documents() != b.num_documents() ||
+      a.data_bytes() != b.data_bytes() || a.total_tokens() != b.total_tokens()) {
+    return false;
+  }
+  for (uint64_t i = 0; i < a.num_sequences(); ++i) {
+    if (a.length(i) != b.length(i) || a.pointer(i) != b.pointer(i) || a.mode(i) != b.mode(i)) {
+      return false;
+    }
+  }
+  for (uint64_t d = 0; d <= a.num_documents(); ++d) {
+    if (a.document_index(d) != b.document_index(d)) return false;
   }
   return true;
 }
@@ -41,6 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<IndexView> on_use = ParseIndex(bytes, "fuzz.idx", IndexValidation::kOnUse);
   const bool lazily_valid = on_use.ok() && AllDocumentsPass(*on_use);
   if (full.ok() != lazily_valid) __builtin_trap();
+  if (on_use.ok() && !SameEntries(*on_use, CompactIndex::From(*on_use).view())) __builtin_trap();
   if (on_use.ok()) {
     // Long documents split into pieces of 64 inputs, as the daemon's
     // default does; the table is built exactly when every document passes.

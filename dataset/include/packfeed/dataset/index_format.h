@@ -28,10 +28,12 @@ inline constexpr uint64_t kIndexHeaderBytes = 34;
 
 enum class IndexValidation { kFull, kOnUse };
 
-// A validated view of an index held elsewhere (a memory map). The arrays sit
-// at unaligned offsets (34 is not a multiple of 4), so elements are loaded
-// with memcpy, never through typed pointers. Cheap to copy; valid while the
-// bytes it views are.
+class CompactIndex;
+
+// A validated view of an index held elsewhere: the file's bytes (ParseIndex)
+// or a CompactIndex. The file's arrays sit at unaligned offsets (34 is not a
+// multiple of 4), so elements are loaded with memcpy, never through typed
+// pointers. Cheap to copy; valid while what it views is.
 class IndexView {
  public:
   DType dtype() const { return dtype_; }
@@ -42,10 +44,14 @@ class IndexView {
 
   // REQUIRES: i < num_sequences().
   int32_t length(uint64_t i) const { return Load<int32_t>(lengths_, i); }
-  int64_t pointer(uint64_t i) const { return Load<int64_t>(pointers_, i); }
+  int64_t pointer(uint64_t i) const {
+    return pointers_ != nullptr ? Load<int64_t>(pointers_, i) : DerivedPointer(i);
+  }
   int8_t mode(uint64_t i) const { return multimodal_ ? Load<int8_t>(modes_, i) : 0; }
   // REQUIRES: d <= num_documents().
-  int64_t document_index(uint64_t d) const { return Load<int64_t>(documents_, d); }
+  int64_t document_index(uint64_t d) const {
+    return documents_ != nullptr ? Load<int64_t>(documents_, d) : static_cast<int64_t>(d);
+  }
 
   uint64_t total_tokens() const { return total_tokens_; }
   // Bytes of .bin that the sequences cover: [0, data_bytes()).
@@ -54,6 +60,18 @@ class IndexView {
  private:
   friend absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t>, absl::string_view,
                                               IndexValidation);
+  friend class CompactIndex;
+  // Sequences between two kept pointers of a CompactIndex.
+  static constexpr uint64_t kPointerStride = 64;
+
+  // A CompactIndex keeps every kPointerStride-th pointer: the rest are its
+  // predecessor's end.
+  int64_t DerivedPointer(uint64_t i) const {
+    const uint64_t mark = i / kPointerStride;
+    int64_t tokens = 0;
+    for (uint64_t j = mark * kPointerStride; j < i; ++j) tokens += length(j);
+    return pointer_marks_[mark] + tokens * static_cast<int64_t>(item_bytes_);
+  }
   template <typename T>
   static T Load(const uint8_t* base, uint64_t i) {
     T value;
@@ -69,6 +87,9 @@ class IndexView {
   const uint8_t* pointers_ = nullptr;
   const uint8_t* documents_ = nullptr;
   const uint8_t* modes_ = nullptr;
+  // Set when pointers_ is null (see DerivedPointer).
+  const int64_t* pointer_marks_ = nullptr;
+  uint64_t item_bytes_ = 1;
   uint64_t total_tokens_ = 0;
   uint64_t data_bytes_ = 0;
 };
@@ -92,6 +113,14 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
 // inside data_bytes(). A view that passed kFull passes for every document.
 // OutOfRange for document >= num_documents(); DataLoss naming `file_name`.
 absl::Status CheckDocument(const IndexView& index, uint64_t document, absl::string_view file_name);
+
+// A digest of a whole `.idx` (XXH3-64; the fingerprint's record of the
+// data): all of it up to 4 MiB; past that, its size and 64 blocks of 64 KiB
+// spread evenly from its first byte to its last. Reading a whole index over
+// network storage at start-up is what kOnUse validation avoids, so the
+// digest samples: a rewrite that keeps the size and changes only bytes
+// between the blocks keeps the digest.
+uint64_t IndexDigest(absl::Span<const uint8_t> idx);
 
 // Size in bytes of an index with these counts; DataLoss naming the counts
 // when it would not fit in an int64 (a corrupt header).

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "packfeed/common/posix_file.h"
+#include "packfeed/dataset/compact_index.h"
 #include "packfeed/dataset/dtype.h"
 #include "packfeed/dataset/index_format.h"
 
@@ -33,8 +34,9 @@ struct IndexedDatasetOptions {
 
 // An opened dataset, validated as its options ask. The index is read into
 // memory at Open (never mapped: a map of a file truncated or failing with EIO
-// under a running process kills it with SIGBUS), so what the dataset believes
-// about sequence lengths and offsets cannot change after validation. Token
+// under a running process kills it with SIGBUS) and kept as a CompactIndex,
+// so what the dataset believes about sequence lengths and offsets cannot
+// change after validation. Token
 // data is read with pread (or through the optional map) into caller buffers,
 // and each read checks afterwards that .bin is still the file it opened (same
 // size and modification time): bytes of a file rewritten in place are never
@@ -54,15 +56,17 @@ class IndexedDataset {
   ~IndexedDataset();
 
   const std::string& prefix() const { return prefix_; }
-  const IndexView& index() const { return index_; }
-  DType dtype() const { return index_.dtype(); }
-  uint64_t num_sequences() const { return index_.num_sequences(); }
-  uint64_t num_documents() const { return index_.num_documents(); }
-  uint64_t total_tokens() const { return index_.total_tokens(); }
-  int32_t sequence_length(uint64_t i) const { return index_.length(i); }
+  const IndexView& index() const { return index_.view(); }
+  DType dtype() const { return index().dtype(); }
+  uint64_t num_sequences() const { return index().num_sequences(); }
+  uint64_t num_documents() const { return index().num_documents(); }
+  uint64_t total_tokens() const { return index().total_tokens(); }
+  int32_t sequence_length(uint64_t i) const { return index().length(i); }
+  // Every sequence's length; valid while the dataset is.
+  absl::Span<const int32_t> sequence_lengths() const { return index_.lengths(); }
   uint64_t idx_bytes() const { return idx_size_; }
-  // The .idx as it was read at Open.
-  absl::Span<const uint8_t> index_bytes() const { return {idx_.get(), idx_size_}; }
+  // IndexDigest of the .idx as it was read at Open.
+  uint64_t idx_digest() const { return idx_digest_; }
   uint64_t bin_bytes() const { return bin_stamp_.size; }
 
   // Reads tokens [first_token, first_token + out.size()) of sequence
@@ -117,10 +121,9 @@ class IndexedDataset {
   };
   static absl::StatusOr<FileStamp> StampOf(int fd, absl::string_view path);
 
-  IndexedDataset(std::string prefix, std::string idx_path, std::string bin_path,
-                 std::unique_ptr<uint8_t[]> idx, uint64_t idx_size, IndexView index,
-                 ScopedFd bin_fd, FileStamp bin_stamp, std::optional<MappedFile> bin_map,
-                 IndexValidation validation);
+  IndexedDataset(std::string prefix, std::string idx_path, std::string bin_path, CompactIndex index,
+                 uint64_t idx_size, uint64_t idx_digest, ScopedFd bin_fd, FileStamp bin_stamp,
+                 std::optional<MappedFile> bin_map, IndexValidation validation);
   // Reads out.size() tokens at byte `offset` and widens them; `what` names
   // the sequence(s) in errors.
   absl::Status PreadAndWiden(uint64_t offset, absl::Span<int64_t> out,
@@ -131,10 +134,9 @@ class IndexedDataset {
   std::string prefix_;
   std::string idx_path_;
   std::string bin_path_;
-  // The index's bytes; `index_` points into them (they stay put on a move).
-  std::unique_ptr<uint8_t[]> idx_;
+  CompactIndex index_;
   uint64_t idx_size_ = 0;
-  IndexView index_;
+  uint64_t idx_digest_ = 0;
   ScopedFd bin_fd_;
   FileStamp bin_stamp_;  // at Open
   std::optional<MappedFile> bin_map_;
