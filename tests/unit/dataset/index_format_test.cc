@@ -129,5 +129,31 @@ TEST(IndexFormatTest, OnUseRefusesBadDocumentEntriesAndNegativeLengths) {
   EXPECT_THAT(ParseOnUse(wrong_end_bytes).status().message(), HasSubstr("runs from 0 to 1"));
 }
 
+uint64_t DigestOf(const std::string& bytes) {
+  return IndexDigest({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+}
+
+TEST(IndexDigestTest, IsFixedForFixedBytes) {
+  // Job fingerprints hold it (journals, checkpoints): a change of it would
+  // refuse every resume. Values made by this code.
+  EXPECT_EQ(DigestOf(""), 0x2d06800538d394c2u);
+  EXPECT_EQ(DigestOf(RawIndex::Contiguous(DType::kInt32, {3, 0, 5}, {0, 2, 3}).Serialize()),
+            0xca44f458b8f9b6d1u);
+}
+
+TEST(IndexDigestTest, ALargeIndexIsSampled) {
+  // Past 4 MiB: the size and 64 blocks of 64 KiB spread over the file.
+  std::string bytes(std::size_t{8} << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); i += 4099) bytes[i] = static_cast<char>(i % 251);
+  const uint64_t digest = DigestOf(bytes);
+  std::string in_a_block = bytes;
+  in_a_block[10] ^= 1;  // the first block starts at 0
+  EXPECT_NE(DigestOf(in_a_block), digest);
+  std::string between_blocks = bytes;
+  between_blocks[(64 << 10) + 10] ^= 1;  // the second block starts near 130 KiB
+  EXPECT_EQ(DigestOf(between_blocks), digest);
+  EXPECT_NE(DigestOf(bytes + '\0'), digest);
+}
+
 }  // namespace
 }  // namespace packfeed::dataset

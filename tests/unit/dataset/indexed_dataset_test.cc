@@ -166,6 +166,11 @@ TEST(IndexedDatasetTest, ValidFilesOpen) {
   EXPECT_EQ(dataset->total_tokens(), 6u);
   EXPECT_EQ(dataset->idx_bytes(), 94u);
   EXPECT_EQ(dataset->bin_bytes(), 12u);
+  // The digest is of the file as read, though the dataset keeps less of it.
+  const std::string idx = ValidIndex().Serialize();
+  EXPECT_EQ(dataset->idx_digest(),
+            IndexDigest({reinterpret_cast<const uint8_t*>(idx.data()), idx.size()}));
+  EXPECT_EQ(dataset->sequence_lengths().size(), 3u);
 }
 
 TEST(IndexedDatasetTest, MissingIndexIsNotFound) {

@@ -4,7 +4,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/cost_model.h"
-#include "server/config/fingerprint.h"
 #include "server/config/job_config.h"
 
 namespace packfeed::server {
@@ -316,23 +315,6 @@ TEST(DaemonConfigTest, AdminTlsNeedsTheTcpListenerAndAllThreeFiles) {
                                    "admin_tls { cert_file: \"c\" ca_file: \"a\" }\n",
                                    kJob)),
               HasSubstr("admin_tls.key_file: required with admin_tls"));
-}
-
-TEST(FingerprintTest, NamesTheDifferingParts) {
-  FingerprintInputs a{"d", "tp2", "b", "s", "r"};
-  FingerprintInputs b = a;
-  EXPECT_EQ(MakeFingerprint(a), MakeFingerprint(b));
-  EXPECT_TRUE(CompareFingerprints(MakeFingerprint(a), MakeFingerprint(b)).ok());
-  b.topology = "tp4";
-  b.sampler = "r2";
-  absl::Status status = CompareFingerprints(MakeFingerprint(a), MakeFingerprint(b));
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(status.message(), HasSubstr("topology, sampler differ"));
-  EXPECT_THAT(CompareFingerprints("garbage", MakeFingerprint(b)).message(),
-              HasSubstr("not a packfeed job fingerprint"));
-  // Stable across processes and builds: a fixed input has a fixed value.
-  EXPECT_EQ(MakeFingerprint({"", "", "", "", ""}),
-            "pf1-d38d394c2-t38d394c2-b38d394c2-s38d394c2-r38d394c2");
 }
 
 }  // namespace
