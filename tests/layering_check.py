@@ -12,7 +12,8 @@ five ways:
 4. status conversions: a gRPC status code cast to absl's (or back) anywhere
    but packfeed/proto/grpc_status.h, the one conversion; and the admin API's
    messages (service.pb.h) included by server/config or server/storage, or
-   by a header of server/pipeline: they report plain structs;
+   by a header of server/pipeline, directly or through the headers of
+   server/ it includes: they report plain structs;
 5. words: a word of the Words table used in the sense it says it is not
    (BANNED_WORDS: a CP part called a chunk, a held step or a dp-cp rank
    called a slot, a planner pass called a phase), in sources, tests,
@@ -145,6 +146,31 @@ def check_sources(root, errors):
                               f"(files in {folder}/ live in {expected})")
 
 
+def check_admin_proto_reach(root, errors):
+    """A server/pipeline header that reaches the admin proto through other
+    server/ headers (a direct include is check_sources' to report)."""
+    def includes(rel):
+        path = root / rel
+        return INCLUDE.findall(path.read_text(errors="replace")) if path.is_file() else []
+
+    for path in sorted(p for pattern in ("*.h", "*.hpp") for p in (root / "server").rglob(pattern)
+                       if unit_of(p.relative_to(root).as_posix()) in ADMIN_PROTO_HEADER_FREE):
+        rel = path.relative_to(root).as_posix()
+        seen, todo = set(), [h for h in includes(rel) if h.startswith("server/")]
+        while todo:
+            header = todo.pop()
+            if header in seen:
+                continue
+            seen.add(header)
+            reached = includes(header)
+            proto = next((h for h in reached if ADMIN_PROTO.match(h)), None)
+            if proto:
+                errors.append(f"{rel}: reaches {proto} through {header}; "
+                              f"{unit_of(rel)} reports plain structs")
+                break
+            todo += [h for h in reached if h.startswith("server/")]
+
+
 def check_links(root, errors):
     for cmake in sorted(root.rglob("CMakeLists.txt")):
         rel = cmake.relative_to(root).as_posix()
@@ -187,6 +213,7 @@ def check(root):
     root = pathlib.Path(root)
     errors = []
     check_sources(root, errors)
+    check_admin_proto_reach(root, errors)
     check_links(root, errors)
     check_words(root, errors)
     return errors
@@ -204,6 +231,10 @@ def self_test():
                               '#include "server/config/job_config.h"\n',
         "server/pipeline/p.h": '#include "packfeed/v1/service.pb.h"\n',
         "server/pipeline/p.cc": '#include "packfeed/v1/service.pb.h"\n',
+        "server/pipeline/q.h": '#include "server/ingest/i.h"\n',
+        "server/ingest/i.h": '#include "server/ingest/j.h"\n',
+        "server/ingest/j.h": '#include "packfeed/v1/service.pb.h"\n',
+        "server/ingest/k.cc": '#include "packfeed/v1/service.pb.h"\n',
         "server/control/d.cc": '#include "packfeed/client/client.h"\n'
                                '#include "scheduler/src/row_packer.h"\n'
                                '#include "server/pipeline/job.h"\n',
@@ -235,6 +266,7 @@ def self_test():
         "server/storage/s.cc: includes server/pipeline/job.h",
         "server/storage/s.cc: includes packfeed/v1/service.pb.h; server/storage reports",
         "server/pipeline/p.h: includes packfeed/v1/service.pb.h; server/pipeline reports",
+        "server/pipeline/q.h: reaches packfeed/v1/service.pb.h through server/ingest/j.h",
         "server/ingest/CMakeLists.txt: packfeed_server_ingest links packfeed server_pipeline",
         "dataset/src/e.cc: includes packfeed/transport/wire.h",
         "dataset/src/e.cc: declares namespace packfeed ",

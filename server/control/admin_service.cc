@@ -192,7 +192,7 @@ class AdminService final : public v1::Admin::CallbackService {
           absl::StrCat("no ingest stream '", request->stream(), "' on this daemon"))));
       return reactor;
     }
-    *reply->mutable_stream() = stream->Stats();
+    *reply->mutable_stream() = IngestStreamStatsProto(stream->Stats());
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }

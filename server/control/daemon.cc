@@ -309,7 +309,9 @@ absl::StatusOr<v1::GetStatsReply> Daemon::CollectStats(absl::Duration timeout) c
 }
 
 void Daemon::AddIngestStats(v1::GetStatsReply& reply) const {
-  for (const auto& stream : streams_) *reply.add_ingest_streams() = stream->Stats();
+  for (const auto& stream : streams_) {
+    *reply.add_ingest_streams() = IngestStreamStatsProto(stream->Stats());
+  }
 }
 
 absl::Status Daemon::StartIngest(const DaemonOptions& options) {

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/control/services.h"
+#include "server/control/stats_proto.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
@@ -42,7 +43,7 @@ class IngestService final : public v1::Ingest::CallbackService {
     }
     // With peers, the step stays here until every peer's ranks consumed it.
     const int64_t step = request->step();
-    absl::StatusOr<v1::SealReply> sealed = stream->Seal(step, forwarder != nullptr);
+    absl::StatusOr<SealOutcome> sealed = stream->Seal(step, forwarder != nullptr);
     if (!sealed.ok()) {
       status = sealed.status();
       if (forwarder != nullptr && absl::IsAlreadyExists(status)) {
@@ -52,7 +53,8 @@ class IngestService final : public v1::Ingest::CallbackService {
       reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
-    *reply = *std::move(sealed);
+    reply->set_samples(sealed->samples);
+    reply->set_groups(sealed->groups);
     spdlog::info("ingest stream {}: step {} sealed with {} samples in {} groups", stream->name(),
                  step, reply->samples(), reply->groups());
     if (forwarder == nullptr) {
@@ -84,7 +86,7 @@ class IngestService final : public v1::Ingest::CallbackService {
       reactor->Finish(proto::ToGrpc(
           absl::NotFoundError(absl::StrCat("no ingest stream '", request->stream(), "'"))));
     } else {
-      *reply->mutable_stream() = stream->Stats();
+      *reply->mutable_stream() = IngestStreamStatsProto(stream->Stats());
       reactor->Finish(grpc::Status::OK);
     }
     return reactor;

@@ -114,4 +114,31 @@ TrainerTimes TrainerTimesOf(const v1::RankTimes& times) {
   return {times.wait_seconds(), times.busy_seconds(), times.calls(), times.copied_out()};
 }
 
+v1::IngestStreamStats IngestStreamStatsProto(const IngestStreamFigures& figures) {
+  v1::IngestStreamStats out;
+  out.set_name(figures.name);
+  out.set_bytes_held(figures.bytes_held);
+  out.set_peak_bytes_held(figures.peak_bytes_held);
+  out.set_budget_bytes(figures.budget_bytes);
+  out.set_samples_put(figures.samples_put);
+  out.set_bytes_put(figures.bytes_put);
+  out.set_puts_waited(figures.puts_waited);
+  out.set_puts_refused(figures.puts_refused);
+  for (const IngestStreamFigures::Step& step : figures.steps) {
+    v1::IngestStepStats* to = out.add_steps();
+    to->set_step(step.step);
+    to->set_sealed(step.sealed);
+    to->set_samples(step.samples);
+    to->set_bytes(step.bytes);
+    for (const std::string& job : step.consumed_by) to->add_consumed_by(job);
+  }
+  for (const IngestStreamFigures::Consumer& consumer : figures.consumers) {
+    v1::IngestConsumerStats* to = out.add_consumers();
+    to->set_job(consumer.job);
+    to->set_consumed_before(consumer.consumed_before);
+    to->set_bytes_pending(consumer.bytes_pending);
+  }
+  return out;
+}
+
 }  // namespace packfeed::server

@@ -5,6 +5,7 @@
 // messages are made from them here, field for field, and nowhere else.
 
 #include "packfeed/v1/service.pb.h"
+#include "server/ingest/ingest_stream.h"
 #include "server/pipeline/job_figures.h"
 #include "server/storage/ledger.h"
 #include "server/storage/storage.h"
@@ -14,6 +15,7 @@ namespace packfeed::server {
 v1::StorageStats StorageStatsProto(const StorageFigures& figures);
 v1::JobLedger JobLedgerProto(const LedgerSnapshot& snapshot);
 v1::JobStats JobStatsProto(const JobFigures& figures);
+v1::IngestStreamStats IngestStreamStatsProto(const IngestStreamFigures& figures);
 // A client's report, the other way.
 TrainerTimes TrainerTimesOf(const v1::RankTimes& times);
 

@@ -103,6 +103,31 @@ uint64_t HeldBytes(const v1::PutRequest& put, const IngestStream& stream,
   return total;
 }
 
+// The put as IngestStream's checks take it.
+PutShape ShapeOf(const v1::PutRequest& put) {
+  PutShape shape;
+  shape.step = put.step();
+  shape.fields.assign(put.fields().begin(), put.fields().end());
+  shape.region_bytes = put.region().length();
+  shape.samples.reserve(static_cast<size_t>(put.samples_size()));
+  for (const v1::IngestSample& in : put.samples()) {
+    PutShape::Sample& out = shape.samples.emplace_back();
+    out.group = in.group();
+    out.tokens = in.tokens();
+    out.offset = in.offset();
+    out.field_offsets.assign(in.field_offsets().begin(), in.field_offsets().end());
+    out.field_bytes.assign(in.field_bytes().begin(), in.field_bytes().end());
+  }
+  return shape;
+}
+
+v1::PutReply PutReplyOf(const PutOutcome& outcome) {
+  v1::PutReply reply;
+  reply.set_samples_held(outcome.samples_held);
+  reply.set_bytes_held(outcome.bytes_held);
+  return reply;
+}
+
 absl::Status InForward(const v1::ForwardStepRequest& forward, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("forwarded step ", forward.step(), " of stream ",
                                                   forward.stream(), ": ", status.message()));
@@ -156,7 +181,7 @@ void IngestServer::Put(const v1::PutRequest& put,
     done(absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream(), "'")));
     return;
   }
-  if (absl::Status valid = target->CheckPut(put).status(); !valid.ok()) {
+  if (absl::Status valid = target->CheckPut(ShapeOf(put)).status(); !valid.ok()) {
     spdlog::warn("ingest: put refused: {}", std::string(valid.message()));
     done(valid);
     return;
@@ -169,7 +194,10 @@ void IngestServer::Put(const v1::PutRequest& put,
     } else {
       absl::StatusOr<std::vector<IngestedSample>> samples = Transfer(put, *target, nullptr);
       if (samples.ok()) {
-        reply = target->Commit(put.step(), *std::move(samples), bytes);
+        absl::StatusOr<PutOutcome> committed =
+            target->Commit(put.step(), *std::move(samples), bytes);
+        reply = committed.ok() ? absl::StatusOr<v1::PutReply>(PutReplyOf(*committed))
+                               : committed.status();
       } else {
         target->Unreserve(bytes);
         reply = samples.status();
@@ -202,7 +230,7 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
   step->step = forward.step();
   for (const v1::PutRequest& put : forward.puts()) {
     absl::Status valid = put.step() == forward.step()
-                             ? target->CheckPut(put).status()
+                             ? target->CheckPut(ShapeOf(put)).status()
                              : absl::InvalidArgumentError("a put of another step");
     if (!valid.ok()) {
       done(InForward(forward, valid));
@@ -247,7 +275,7 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
     }
     if (room.ok() && !result.ok()) target->Unreserve(bytes);
     if (result.ok()) {
-      absl::StatusOr<v1::PutReply> committed =
+      absl::StatusOr<PutOutcome> committed =
           target->Commit(forward.step(), std::move(samples), bytes);
       absl::Status sealed =
           committed.ok() ? target->Seal(forward.step()).status() : committed.status();
@@ -342,7 +370,7 @@ absl::StatusOr<IngestServer::Producer*> IngestServer::ProducerAt(const std::stri
 }
 
 absl::StatusOr<std::shared_ptr<char[]>> IngestServer::AllocateSamples(
-    uint64_t bytes, bool for_peers, std::shared_ptr<const v1::IngestRegion>& region) {
+    uint64_t bytes, bool for_peers, std::shared_ptr<const SampleRegion>& region) {
   std::shared_ptr<char[]> heap =
       std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(bytes, 1));
   if (!for_peers) return heap;
@@ -350,11 +378,11 @@ absl::StatusOr<std::shared_ptr<char[]>> IngestServer::AllocateSamples(
       transport::MemoryRegion memory,
       transport::MemoryRegion::Register(context_->get(), heap.get(), std::max<uint64_t>(bytes, 1),
                                         UCS_MEMORY_TYPE_HOST));
-  auto described = std::make_shared<v1::IngestRegion>();
-  PF_ASSIGN_OR_RETURN(*described->mutable_remote_key(), memory.PackRemoteKey());
-  described->set_worker_address(worker_.address());
-  described->set_address(reinterpret_cast<uint64_t>(memory.address()));
-  described->set_length(memory.length());
+  auto described = std::make_shared<SampleRegion>();
+  PF_ASSIGN_OR_RETURN(described->remote_key, memory.PackRemoteKey());
+  described->worker_address = worker_.address();
+  described->address = reinterpret_cast<uint64_t>(memory.address());
+  described->length = memory.length();
   region = std::move(described);
   auto owner = std::make_shared<RegisteredSamples>(
       RegisteredSamples{context_, std::move(heap), std::move(memory)});
@@ -384,7 +412,7 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     layouts[static_cast<size_t>(i)] = LayoutOf(put.samples(i), stream_field);
     total += AlignedToSample(layouts[static_cast<size_t>(i)].bytes);
   }
-  std::shared_ptr<const v1::IngestRegion> region;
+  std::shared_ptr<const SampleRegion> region;
   PF_ASSIGN_OR_RETURN(std::shared_ptr<char[]> memory,
                       AllocateSamples(total, for_peers_ && wanted == nullptr, region));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));

@@ -101,7 +101,7 @@ class IngestServer {
   // `region`) when `for_peers` may get it (a driver's put, not a step a
   // peer forwarded).
   absl::StatusOr<std::shared_ptr<char[]>> AllocateSamples(
-      uint64_t bytes, bool for_peers, std::shared_ptr<const v1::IngestRegion>& region);
+      uint64_t bytes, bool for_peers, std::shared_ptr<const SampleRegion>& region);
   absl::StatusOr<Producer*> ProducerAt(const std::string& address);
 
   const std::vector<IngestStream*> streams_;

@@ -40,13 +40,13 @@ absl::Status IngestStream::CheckToken(const std::string& token) const {
                                                   " auth token (IngestStream.auth_token)"));
 }
 
-absl::StatusOr<uint64_t> IngestStream::CheckPut(const v1::PutRequest& put) const {
-  const std::string where = absl::StrCat("ingest stream ", name_, " step ", put.step());
-  if (put.step() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
+absl::StatusOr<uint64_t> IngestStream::CheckPut(const PutShape& put) const {
+  const std::string where = absl::StrCat("ingest stream ", name_, " step ", put.step);
+  if (put.step < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
   // The put's fields, in its order, as stream fields.
   std::vector<const SideFieldInfo*> fields;
   std::set<std::string> named;
-  for (const std::string& name : put.fields()) {
+  for (const std::string& name : put.fields) {
     const int f = FieldIndex(name);
     if (f < 0) {
       std::vector<std::string> names;
@@ -66,8 +66,8 @@ absl::StatusOr<uint64_t> IngestStream::CheckPut(const v1::PutRequest& put) const
           absl::StrCat(where, ": field '", field.name, "' is missing (every put carries it)"));
     }
   }
-  if (put.samples().empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": no sample"));
-  const uint64_t region = put.region().length();
+  if (put.samples.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": no sample"));
+  const uint64_t region = put.region_bytes;
   auto inside = [region](uint64_t offset, uint64_t bytes) {
     return offset <= region && bytes <= region - offset;
   };
@@ -77,34 +77,34 @@ absl::StatusOr<uint64_t> IngestStream::CheckPut(const v1::PutRequest& put) const
     for (const Consumer& consumer : consumers_) consumers.push_back(consumer.limits);
   }
   uint64_t total = 0;
-  for (int i = 0; i < put.samples_size(); ++i) {
-    const v1::IngestSample& sample = put.samples(i);
-    const std::string at = absl::StrCat(where, " sample ", i, " (group ", sample.group(), ")");
-    const uint64_t tokens = sample.tokens();
+  for (size_t i = 0; i < put.samples.size(); ++i) {
+    const PutShape::Sample& sample = put.samples[i];
+    const std::string at = absl::StrCat(where, " sample ", i, " (group ", sample.group, ")");
+    const uint64_t tokens = sample.tokens;
     if (tokens < 2 || tokens > (uint64_t{1} << 40)) {
       return absl::InvalidArgumentError(absl::StrCat(
           at, ": ", tokens, " tokens; a sample needs at least 2 (inputs and a label)"));
     }
-    if (!inside(sample.offset(), tokens * sizeof(int64_t))) {
+    if (!inside(sample.offset, tokens * sizeof(int64_t))) {
       return absl::InvalidArgumentError(
           absl::StrCat(at, ": its tokens lie outside the put's region of ", region, " bytes"));
     }
     total += tokens * sizeof(int64_t);
-    if (sample.field_offsets_size() != static_cast<int>(fields.size()) ||
-        sample.field_bytes_size() != static_cast<int>(fields.size())) {
+    if (sample.field_offsets.size() != fields.size() ||
+        sample.field_bytes.size() != fields.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          at, ": ", sample.field_bytes_size(), " field sizes for ", fields.size(), " fields"));
+          at, ": ", sample.field_bytes.size(), " field sizes for ", fields.size(), " fields"));
     }
     for (size_t f = 0; f < fields.size(); ++f) {
       const uint64_t want = tokens * fields[f]->row_bytes();
-      const uint64_t have = sample.field_bytes(static_cast<int>(f));
+      const uint64_t have = sample.field_bytes[f];
       if (have != want) {
         return absl::InvalidArgumentError(
             absl::StrCat(at, ": field '", fields[f]->name, "' has ", have, " bytes; ", tokens,
                          " tokens of ", transport::ElementTypeName(fields[f]->type), " [",
                          absl::StrJoin(fields[f]->inner_shape, ","), "] take ", want));
       }
-      if (!inside(sample.field_offsets(static_cast<int>(f)), have)) {
+      if (!inside(sample.field_offsets[f], have)) {
         return absl::InvalidArgumentError(absl::StrCat(at, ": field '", fields[f]->name,
                                                        "' lies outside the put's region of ",
                                                        region, " bytes"));
@@ -128,14 +128,14 @@ absl::StatusOr<uint64_t> IngestStream::CheckPut(const v1::PutRequest& put) const
     }
   }
   absl::MutexLock lock(&mutex_);
-  PF_RETURN_IF_ERROR(CheckStepOpen(put.step()));
+  PF_RETURN_IF_ERROR(CheckStepOpen(put.step));
   std::vector<int64_t> groups;
-  for (const v1::IngestSample& sample : put.samples()) groups.push_back(sample.group());
-  PF_RETURN_IF_ERROR(CheckGroups(put.step(), groups));
-  auto step = steps_.find(put.step());
+  for (const PutShape::Sample& sample : put.samples) groups.push_back(sample.group);
+  PF_RETURN_IF_ERROR(CheckGroups(put.step, groups));
+  auto step = steps_.find(put.step);
   const int64_t after =
       (step == steps_.end() ? 0 : static_cast<int64_t>(step->second.samples.size())) +
-      put.samples_size();
+      static_cast<int64_t>(put.samples.size());
   for (const Consumer& consumer : consumers_) {
     if (after > consumer.limits.max_samples) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -199,10 +199,10 @@ void IngestStream::Unreserve(uint64_t bytes) {
   if (on_free) on_free();
 }
 
-absl::StatusOr<v1::PutReply> IngestStream::Commit(int64_t step, std::vector<IngestedSample> samples,
-                                                  uint64_t reserved) {
+absl::StatusOr<PutOutcome> IngestStream::Commit(int64_t step, std::vector<IngestedSample> samples,
+                                                uint64_t reserved) {
   absl::Status status;
-  v1::PutReply reply;
+  PutOutcome reply;
   {
     absl::MutexLock lock(&mutex_);
     std::vector<int64_t> groups;
@@ -222,8 +222,8 @@ absl::StatusOr<v1::PutReply> IngestStream::Commit(int64_t step, std::vector<Inge
         group_steps_[sample.group] = step;
         held.samples.push_back(std::move(sample));
       }
-      reply.set_samples_held(held.samples.size());
-      reply.set_bytes_held(held_);
+      reply.samples_held = held.samples.size();
+      reply.bytes_held = held_;
     }
   }
   if (!status.ok()) {
@@ -233,9 +233,9 @@ absl::StatusOr<v1::PutReply> IngestStream::Commit(int64_t step, std::vector<Inge
   return reply;
 }
 
-absl::StatusOr<v1::SealReply> IngestStream::Seal(int64_t step, bool pinned) {
+absl::StatusOr<SealOutcome> IngestStream::Seal(int64_t step, bool pinned) {
   std::vector<std::function<void()>> wakes;
-  v1::SealReply reply;
+  SealOutcome reply;
   {
     absl::MutexLock lock(&mutex_);
     const std::string where = absl::StrCat("ingest stream ", name_, " step ", step);
@@ -258,8 +258,8 @@ absl::StatusOr<v1::SealReply> IngestStream::Seal(int64_t step, bool pinned) {
         [](const IngestedSample& a, const IngestedSample& b) { return a.group < b.group; });
     std::set<int64_t> groups;
     for (const IngestedSample& sample : sealed->samples) groups.insert(sample.group);
-    reply.set_samples(sealed->samples.size());
-    reply.set_groups(groups.size());
+    reply.samples = sealed->samples.size();
+    reply.groups = groups.size();
     held->second.samples.clear();
     held->second.sealed = std::move(sealed);
     held->second.pins = pinned ? 1 : 0;
@@ -368,36 +368,34 @@ void IngestStream::CountRefusal() {
   ++puts_refused_;
 }
 
-v1::IngestStreamStats IngestStream::Stats() const {
+IngestStreamFigures IngestStream::Stats() const {
   absl::MutexLock lock(&mutex_);
-  v1::IngestStreamStats stats;
-  stats.set_name(name_);
-  stats.set_bytes_held(held_);
-  stats.set_peak_bytes_held(peak_);
-  stats.set_budget_bytes(budget_bytes_);
-  stats.set_samples_put(samples_put_);
-  stats.set_bytes_put(bytes_put_);
-  stats.set_puts_waited(puts_waited_);
-  stats.set_puts_refused(puts_refused_);
+  IngestStreamFigures stats;
+  stats.name = name_;
+  stats.bytes_held = held_;
+  stats.peak_bytes_held = peak_;
+  stats.budget_bytes = budget_bytes_;
+  stats.samples_put = samples_put_;
+  stats.bytes_put = bytes_put_;
+  stats.puts_waited = puts_waited_;
+  stats.puts_refused = puts_refused_;
   for (const auto& [number, step] : steps_) {
-    v1::IngestStepStats* out = stats.add_steps();
-    out->set_step(number);
-    out->set_sealed(step.sealed != nullptr);
-    out->set_samples(step.sealed != nullptr ? step.sealed->samples.size() : step.samples.size());
-    out->set_bytes(step.bytes);
+    IngestStreamFigures::Step& out = stats.steps.emplace_back();
+    out.step = number;
+    out.sealed = step.sealed != nullptr;
+    out.samples = step.sealed != nullptr ? step.sealed->samples.size() : step.samples.size();
+    out.bytes = step.bytes;
     for (const Consumer& consumer : consumers_) {
-      if (consumer.consumed_before > number) out->add_consumed_by(consumer.limits.job);
+      if (consumer.consumed_before > number) out.consumed_by.push_back(consumer.limits.job);
     }
   }
   for (const Consumer& consumer : consumers_) {
-    v1::IngestConsumerStats* out = stats.add_consumers();
-    out->set_job(consumer.limits.job);
-    out->set_consumed_before(consumer.consumed_before);
-    uint64_t pending = 0;
+    IngestStreamFigures::Consumer& out = stats.consumers.emplace_back();
+    out.job = consumer.limits.job;
+    out.consumed_before = consumer.consumed_before;
     for (auto it = steps_.lower_bound(consumer.consumed_before); it != steps_.end(); ++it) {
-      pending += it->second.bytes;
+      out.bytes_pending += it->second.bytes;
     }
-    out->set_bytes_pending(pending);
   }
   return stats;
 }

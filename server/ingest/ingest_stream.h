@@ -29,11 +29,19 @@
 #include "absl/synchronization/mutex.h"
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/planner.h"
-#include "packfeed/v1/config.pb.h"
-#include "packfeed/v1/service.pb.h"
 #include "server/config/side_fields.h"
 
 namespace packfeed::server {
+
+// Where ingested samples lie in memory registered with UCX, for peer
+// daemons to get them (service.proto's IngestRegion, as the daemon describes
+// its own memory).
+struct SampleRegion {
+  std::string worker_address;  // the daemon's UCX worker
+  std::string remote_key;      // packed key of the registered memory
+  uint64_t address = 0;        // its base, in the daemon
+  uint64_t length = 0;
+};
 
 struct IngestedSample {
   int64_t group = 0;
@@ -49,7 +57,7 @@ struct IngestedSample {
   // get it (a daemon with peers); null otherwise. On a peer, a sample none
   // of its ranks is planned has no data (the step's plan needs only its
   // length).
-  std::shared_ptr<const v1::IngestRegion> region;
+  std::shared_ptr<const SampleRegion> region;
 
   absl::Span<const int64_t> tokens() const {
     return {reinterpret_cast<const int64_t*>(data.get()), static_cast<size_t>(num_tokens)};
@@ -74,6 +82,60 @@ struct IngestConsumer {
       local_samples;
 };
 
+// What a put says of its samples, for the checks (a PutRequest without
+// its bytes; converted where the request arrives).
+struct PutShape {
+  struct Sample {
+    int64_t group = 0;
+    uint64_t tokens = 0;
+    uint64_t offset = 0;  // of its tokens in the put's region
+    // Per PutShape::fields: where each field's bytes start, and how many.
+    std::vector<uint64_t> field_offsets;
+    std::vector<uint64_t> field_bytes;
+  };
+  int64_t step = 0;
+  std::vector<std::string> fields;  // in the put's order
+  uint64_t region_bytes = 0;
+  std::vector<Sample> samples;
+};
+
+// The stream after a put was added.
+struct PutOutcome {
+  uint64_t samples_held = 0;  // in the step, this put's included
+  uint64_t bytes_held = 0;    // by the stream
+};
+
+struct SealOutcome {
+  uint64_t samples = 0;
+  uint64_t groups = 0;
+};
+
+// What IngestStream::Stats reports (service.proto's IngestStreamStats).
+struct IngestStreamFigures {
+  struct Step {
+    int64_t step = 0;
+    bool sealed = false;
+    uint64_t samples = 0;
+    uint64_t bytes = 0;
+    std::vector<std::string> consumed_by;  // the consumer jobs done with it
+  };
+  struct Consumer {
+    std::string job;
+    int64_t consumed_before = 0;  // every local rank consumed the steps before
+    uint64_t bytes_pending = 0;   // held steps it has still to consume
+  };
+  std::string name;
+  uint64_t bytes_held = 0;
+  uint64_t peak_bytes_held = 0;
+  uint64_t budget_bytes = 0;  // 0 = unbounded
+  uint64_t samples_put = 0;
+  uint64_t bytes_put = 0;
+  uint64_t puts_waited = 0;
+  uint64_t puts_refused = 0;
+  std::vector<Step> steps;
+  std::vector<Consumer> consumers;
+};
+
 class IngestStream {
  public:
   // `fields`: config.fields resolved; `budget_bytes` 0 = unbounded.
@@ -96,7 +158,7 @@ class IngestStream {
   // Everything wrong with a put that its description shows (each one an
   // InvalidArgument or FailedPrecondition naming the sample and field);
   // otherwise the bytes it will hold.
-  absl::StatusOr<uint64_t> CheckPut(const v1::PutRequest& put) const;
+  absl::StatusOr<uint64_t> CheckPut(const PutShape& put) const;
 
   // Room for `bytes` more: OK (reserved), Unavailable while the budget is
   // full, ResourceExhausted when they could never fit it.
@@ -105,13 +167,13 @@ class IngestStream {
   // Adds a put's samples (the reservation becomes held). Checks again what
   // may have changed since CheckPut (the step sealed, a group put
   // elsewhere); on error the reservation is released.
-  absl::StatusOr<v1::PutReply> Commit(int64_t step, std::vector<IngestedSample> samples,
-                                      uint64_t reserved);
+  absl::StatusOr<PutOutcome> Commit(int64_t step, std::vector<IngestedSample> samples,
+                                    uint64_t reserved);
   // AlreadyExists for a step sealed before; FailedPrecondition for a step
   // without samples or consumed already. A `pinned` step is not freed,
   // whoever consumed it, until as many Unpin as pins (peers are getting its
   // bytes).
-  absl::StatusOr<v1::SealReply> Seal(int64_t step, bool pinned = false);
+  absl::StatusOr<SealOutcome> Seal(int64_t step, bool pinned = false);
   void Unpin(int64_t step);
   // Pins a sealed step still held once more; false when there is none.
   bool Pin(int64_t step);
@@ -127,7 +189,7 @@ class IngestStream {
   // Every local rank of `job` consumed the steps before `before`.
   void Consumed(const std::string& job, int64_t before);
 
-  v1::IngestStreamStats Stats() const;
+  IngestStreamFigures Stats() const;
   // Counted by the transfer thread: a put that waited for room, one
   // refused after its timeout.
   void CountWait();

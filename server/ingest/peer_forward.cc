@@ -28,7 +28,7 @@ absl::StatusOr<v1::ForwardStepRequest> ForwardRequestOf(const IngestStream& stre
   v1::ForwardStepRequest request;
   request.set_stream(stream.name());
   request.set_step(step.step);
-  const v1::IngestRegion* region = nullptr;
+  const SampleRegion* region = nullptr;
   v1::PutRequest* put = nullptr;
   for (const IngestedSample& sample : step.samples) {
     if (sample.region == nullptr) {
@@ -44,10 +44,14 @@ absl::StatusOr<v1::ForwardStepRequest> ForwardRequestOf(const IngestStream& stre
       put->set_step(step.step);
       put->set_timeout_ms(room_wait_ms);
       for (const SideFieldInfo& field : stream.fields()) put->add_fields(field.name);
-      *put->mutable_region() = *region;
+      v1::IngestRegion* described = put->mutable_region();
+      described->set_worker_address(region->worker_address);
+      described->set_remote_key(region->remote_key);
+      described->set_address(region->address);
+      described->set_length(region->length);
     }
     v1::IngestSample* out = put->add_samples();
-    const uint64_t offset = reinterpret_cast<uint64_t>(sample.data.get()) - region->address();
+    const uint64_t offset = reinterpret_cast<uint64_t>(sample.data.get()) - region->address;
     out->set_group(sample.group);
     out->set_tag(sample.tag);
     out->set_offset(offset);

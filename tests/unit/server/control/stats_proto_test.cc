@@ -147,5 +147,32 @@ TEST(StatsProtoTest, RankTimesBecomeTrainerTimes) {
   EXPECT_EQ(TrainerTimesOf(times), (TrainerTimes{1.5, 4.5, 80, 1}));
 }
 
+TEST(StatsProtoTest, IngestStreamFiguresBecomeIngestStreamStatsFieldForField) {
+  IngestStreamFigures figures;
+  figures.name = "rollouts";
+  figures.bytes_held = 1;
+  figures.peak_bytes_held = 2;
+  figures.budget_bytes = 3;
+  figures.samples_put = 4;
+  figures.bytes_put = 5;
+  figures.puts_waited = 6;
+  figures.puts_refused = 7;
+  figures.steps.push_back({8, true, 9, 10, {"actor", "critic"}});
+  figures.consumers.push_back({"actor", 11, 12});
+
+  const v1::IngestStreamStats stats = IngestStreamStatsProto(figures);
+  ExpectEveryFieldSet(stats);
+  EXPECT_EQ(stats.name(), "rollouts");
+  EXPECT_EQ(stats.puts_refused(), 7u);
+  ASSERT_EQ(stats.steps_size(), 1);
+  EXPECT_EQ(stats.steps(0).step(), 8);
+  EXPECT_EQ(stats.steps(0).bytes(), 10u);
+  ASSERT_EQ(stats.steps(0).consumed_by_size(), 2);
+  EXPECT_EQ(stats.steps(0).consumed_by(1), "critic");
+  ASSERT_EQ(stats.consumers_size(), 1);
+  EXPECT_EQ(stats.consumers(0).consumed_before(), 11);
+  EXPECT_EQ(stats.consumers(0).bytes_pending(), 12u);
+}
+
 }  // namespace
 }  // namespace packfeed::server

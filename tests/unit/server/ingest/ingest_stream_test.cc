@@ -56,18 +56,17 @@ absl::Status Put(IngestStream& stream, int64_t step, std::vector<IngestedSample>
   return stream.Commit(step, std::move(samples), bytes).status();
 }
 
-// A PutRequest describing `tokens` tokens with `field_bytes` of logprobs.
-v1::PutRequest Describe(int64_t step, uint64_t tokens, uint64_t field_bytes) {
-  v1::PutRequest put;
-  put.set_step(step);
-  put.add_fields("logprobs");
-  v1::IngestSample* sample = put.add_samples();
-  sample->set_group(1);
-  sample->set_tokens(tokens);
-  sample->set_offset(0);
-  sample->add_field_offsets(tokens * sizeof(int64_t));
-  sample->add_field_bytes(field_bytes);
-  put.mutable_region()->set_length(tokens * sizeof(int64_t) + field_bytes);
+// A put of `tokens` tokens with `field_bytes` of logprobs.
+PutShape Describe(int64_t step, uint64_t tokens, uint64_t field_bytes) {
+  PutShape put;
+  put.step = step;
+  put.fields = {"logprobs"};
+  put.samples.push_back({.group = 1,
+                         .tokens = tokens,
+                         .offset = 0,
+                         .field_offsets = {tokens * sizeof(int64_t)},
+                         .field_bytes = {field_bytes}});
+  put.region_bytes = tokens * sizeof(int64_t) + field_bytes;
   return put;
 }
 
@@ -86,10 +85,10 @@ TEST(IngestStreamTest, ServesByGroupWhateverOrderThePutsArrivedIn) {
   ASSERT_TRUE(Put(a, 0, {Sample(7, 30, 2), Sample(5, 40)}).ok());
   ASSERT_TRUE(Put(b, 0, {Sample(5, 40)}).ok());
   ASSERT_TRUE(Put(b, 0, {Sample(7, 10, 1), Sample(3, 20), Sample(7, 30, 2)}).ok());
-  absl::StatusOr<v1::SealReply> sealed = a.Seal(0);
+  absl::StatusOr<SealOutcome> sealed = a.Seal(0);
   ASSERT_TRUE(sealed.ok()) << sealed.status();
-  EXPECT_EQ(sealed->samples(), 4u);
-  EXPECT_EQ(sealed->groups(), 3u);
+  EXPECT_EQ(sealed->samples, 4u);
+  EXPECT_EQ(sealed->groups, 3u);
   ASSERT_TRUE(b.Seal(0).ok());
   auto first = a.Sealed(0);
   auto second = b.Sealed(0);
@@ -111,14 +110,14 @@ TEST(IngestStreamTest, AStepIsFreedOnlyWhenEveryConsumerJobIsPastIt) {
   ASSERT_TRUE(Put(stream, 0, {Sample(1, 100)}).ok());
   ASSERT_TRUE(stream.Seal(0).ok());
   const uint64_t bytes = Sample(1, 100).bytes();
-  EXPECT_EQ(stream.Stats().bytes_held(), bytes);
+  EXPECT_EQ(stream.Stats().bytes_held, bytes);
 
   stream.Consumed("actor", 1);
   EXPECT_EQ(freed, 0);
   EXPECT_TRUE(stream.Sealed(0).ok()) << "the reference job has not read it";
   stream.Consumed("reference", 1);
   EXPECT_EQ(freed, 1);
-  EXPECT_EQ(stream.Stats().bytes_held(), 0u);
+  EXPECT_EQ(stream.Stats().bytes_held, 0u);
   EXPECT_EQ(stream.Sealed(0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(stream.Sealed(1).status().code(), absl::StatusCode::kUnavailable);
   // A consumed step takes no more puts and no seal.
@@ -140,11 +139,11 @@ TEST(IngestStreamTest, APinnedStepOutlivesItsConsumersUntilUnpinned) {
   EXPECT_TRUE(stream.SealedOrConsumed(0));
   stream.Consumed("actor", 1);
   EXPECT_EQ(freed, 0);
-  EXPECT_EQ(stream.Stats().bytes_held(), Sample(1, 100).bytes());
+  EXPECT_EQ(stream.Stats().bytes_held, Sample(1, 100).bytes());
   EXPECT_TRUE(stream.Sealed(0).ok());
   stream.Unpin(0);
   EXPECT_EQ(freed, 1);
-  EXPECT_EQ(stream.Stats().bytes_held(), 0u);
+  EXPECT_EQ(stream.Stats().bytes_held, 0u);
   EXPECT_TRUE(stream.SealedOrConsumed(0)) << "consumed";
   EXPECT_FALSE(stream.Pin(0)) << "freed";
   EXPECT_FALSE(stream.Pin(1)) << "never put";
@@ -198,7 +197,7 @@ TEST(IngestStreamTest, TheBudgetCountsHeldAndReservedBytes) {
   EXPECT_EQ(stream.Reserve(2 * one + 1).code(), absl::StatusCode::kResourceExhausted);
   stream.Unreserve(one);  // that put failed: its room is back
   ASSERT_TRUE(Put(stream, 0, {Sample(2, 100)}).ok());
-  EXPECT_EQ(stream.Stats().peak_bytes_held(), 2 * one);
+  EXPECT_EQ(stream.Stats().peak_bytes_held, 2 * one);
   ASSERT_TRUE(stream.Seal(0).ok());
   stream.Consumed("actor", 1);
   EXPECT_TRUE(stream.Reserve(2 * one).ok());
@@ -215,10 +214,10 @@ TEST(IngestStreamTest, AFailedCommitReleasesItsReservation) {
   // Group 4 is in step 1: a put of it into step 2 fails after its transfer.
   const uint64_t bytes = Sample(4, 50).bytes();
   ASSERT_TRUE(stream.Reserve(bytes).ok());
-  absl::StatusOr<v1::PutReply> reply = stream.Commit(2, {Sample(4, 50)}, bytes);
+  absl::StatusOr<PutOutcome> reply = stream.Commit(2, {Sample(4, 50)}, bytes);
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(reply.status().message()), HasSubstr("group 4 is in step 1"));
-  EXPECT_EQ(stream.Stats().bytes_held(), bytes);
+  EXPECT_EQ(stream.Stats().bytes_held, bytes);
   EXPECT_TRUE(stream.Reserve(one - bytes).ok()) << "the failed put's room was not returned";
 }
 
@@ -256,7 +255,7 @@ TEST(IngestStreamTest, ChecksTheTokenAndEachPutDescription) {
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(*good, 10u * 8 + 40);
 
-  auto error_of = [&](const v1::PutRequest& put) {
+  auto error_of = [&](const PutShape& put) {
     absl::StatusOr<uint64_t> checked = stream.CheckPut(put);
     EXPECT_FALSE(checked.ok());
     return std::string(checked.status().message());
@@ -265,17 +264,17 @@ TEST(IngestStreamTest, ChecksTheTokenAndEachPutDescription) {
   EXPECT_THAT(error_of(Describe(0, 1, 4)), HasSubstr("at least 2"));
   EXPECT_THAT(error_of(Describe(-1, 10, 40)), HasSubstr("negative step"));
   EXPECT_THAT(error_of(Describe(0, 2000, 8000)), HasSubstr("no rank of job actor"));
-  v1::PutRequest unknown = Describe(0, 10, 40);
-  unknown.add_fields("values");
+  PutShape unknown = Describe(0, 10, 40);
+  unknown.fields.push_back("values");
   EXPECT_THAT(error_of(unknown), HasSubstr("unknown field 'values'"));
-  v1::PutRequest missing = Describe(0, 10, 40);
-  missing.clear_fields();
+  PutShape missing = Describe(0, 10, 40);
+  missing.fields.clear();
   EXPECT_THAT(error_of(missing), HasSubstr("'logprobs' is missing"));
-  v1::PutRequest outside = Describe(0, 10, 40);
-  outside.mutable_region()->set_length(60);
+  PutShape outside = Describe(0, 10, 40);
+  outside.region_bytes = 60;
   EXPECT_THAT(error_of(outside), HasSubstr("outside the put's region"));
-  v1::PutRequest too_many = Describe(0, 10, 40);
-  *too_many.add_samples() = too_many.samples(0);
+  PutShape too_many = Describe(0, 10, 40);
+  too_many.samples.push_back(too_many.samples[0]);
   EXPECT_THAT(error_of(too_many), HasSubstr("global_batch of 1"));
 }
 

@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "packfeed/dataset/dataset_generator.h"
 #include "packfeed/transport/slot_sender.h"
+#include "packfeed/v1/service.pb.h"
 #include "server/config/daemon_config.h"
 #include "server/ingest/ingest_stream.h"
 #include "server/pipeline/plan.h"
