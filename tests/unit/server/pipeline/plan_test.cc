@@ -111,25 +111,28 @@ TEST_F(PlanTest, TheRanksOfACpGroupGetItsSamplesInOrder) {
 }
 
 TEST_F(PlanTest, TruncatedDocumentsAreCountedWithTheTokensNotServed) {
-  // seq_length 64: Megatron's rule keeps a document's first 63 tokens and an
-  // EOD; the rest is counted.
+  // seq_length 64: a sample holds up to 65 tokens; a longer document keeps
+  // its first 63 and a forced EOD (Megatron's rule), and the rest is
+  // counted. Steps 0-11 hold documents of 62 to 66 tokens.
   const std::unique_ptr<Job> job = MakeJob(
       "topology { dp: 2 } seq_length: 64 long_documents: LONG_DOCUMENTS_TRUNCATE "
       "scheduler { kind: \"balanced\" max_tokens_per_rank: 64 }");
-  absl::StatusOr<StepPlan> plan = PlanStep(*job, 0);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  int64_t samples = 0;
-  int64_t tokens = 0;
-  for (const scheduler::SampleRef& ref : plan->samples) {
-    const int64_t length = Lengths()[static_cast<size_t>(ref.index)];
-    if (length > 63) {
-      ++samples;
-      tokens += length - 63;
+  for (int64_t step = 0; step < 12; ++step) {
+    absl::StatusOr<StepPlan> plan = PlanStep(*job, step);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    int64_t samples = 0;
+    int64_t tokens = 0;
+    for (const scheduler::SampleRef& ref : plan->samples) {
+      const int64_t length = Lengths()[static_cast<size_t>(ref.index)];
+      if (length > 65) {
+        ++samples;
+        tokens += length - 63;
+      }
     }
+    ASSERT_GT(samples, 0);
+    EXPECT_EQ(plan->samples_truncated, samples) << "step " << step;
+    EXPECT_EQ(plan->tokens_truncated, tokens) << "step " << step;
   }
-  ASSERT_GT(samples, 0);
-  EXPECT_EQ(plan->samples_truncated, samples);
-  EXPECT_EQ(plan->tokens_truncated, tokens);
 }
 
 }  // namespace
