@@ -88,49 +88,68 @@ std::string GptDescriptionPrefix(const GptCacheKey& key) {
   return out;
 }
 
-absl::StatusOr<std::optional<GptIndices>> ReadMegatronGptCache(
-    const std::string& dir, const GptCacheKey& key, absl::Span<const int32_t> sequence_lengths,
-    int64_t first, int64_t end, const GptIndexOptions& options) {
-  const std::string suffix =
-      absl::StrCat("-GPTDataset-", MegatronSplitName(key.split), "-description.txt");
-  const std::string wanted = GptDescriptionPrefix(key);
+MegatronCacheDescriptions MegatronCacheDescriptions::Read(const std::string& dir) {
+  MegatronCacheDescriptions out;
   for (const std::string& name : FilesIn(dir)) {
-    if (!absl::EndsWith(name, suffix)) continue;
-    absl::StatusOr<std::string> description = ReadWholeFile(dir + "/" + name);
-    if (!description.ok() || !absl::StartsWith(*description, wanted)) continue;
-    const std::string base = dir + "/" + name.substr(0, name.size() - 15);  // "description.txt"
-    // (A check below names the array; the files share `base`.)
-    PF_ASSIGN_OR_RETURN(const NpyArray documents, ReadNpy(base + "document_index.npy"));
-    PF_ASSIGN_OR_RETURN(const NpyArray samples, ReadNpy(base + "sample_index.npy"));
-    PF_ASSIGN_OR_RETURN(const NpyArray shuffle, ReadNpy(base + "shuffle_index.npy"));
-    const int64_t per_epoch = end - first;
-    if (documents.shape.size() != 1 || documents.elements() == 0 ||
-        documents.elements() % per_epoch != 0) {
-      return Inconsistent(base + "document_index.npy",
-                          absl::StrCat("not a multiple of the split's ", per_epoch, " sequences"));
+    for (int s = 0; s < kNumMegatronSplits; ++s) {
+      const auto split = static_cast<MegatronSplit>(s);
+      const std::string suffix =
+          absl::StrCat("-GPTDataset-", MegatronSplitName(split), "-description.txt");
+      if (!absl::EndsWith(name, suffix)) continue;
+      absl::StatusOr<std::string> text = ReadWholeFile(dir + "/" + name);
+      if (!text.ok()) continue;
+      out.entries_.push_back({split, *std::move(text),
+                              dir + "/" + name.substr(0, name.size() - 15)});  // "description.txt"
     }
-    if (samples.shape.size() != 2 || samples.shape[1] != 2 || samples.shape[0] < 1) {
-      return Inconsistent(base + "sample_index.npy", "not of shape (samples + 1, 2)");
-    }
-    if (shuffle.shape.size() != 1 || shuffle.shape[0] != samples.shape[0] - 1) {
-      return Inconsistent(base + "shuffle_index.npy", "not one entry per sample");
-    }
-    GptIndices out;
-    out.num_epochs = static_cast<int>(documents.elements() / per_epoch);
-    for (int64_t s = first; s < end; ++s) out.tokens_per_epoch += sequence_lengths[s];
-    out.document_index.reserve(static_cast<size_t>(documents.elements()));
-    for (int64_t i = 0; i < documents.elements(); ++i) {
-      out.document_index.push_back(static_cast<int32_t>(documents.IntAt(i)));
-    }
-    for (int64_t i = 0; i < samples.shape[0]; ++i) {
-      out.sample_index.push_back({samples.IntAt(2 * i), samples.IntAt(2 * i + 1)});
-    }
-    for (int64_t i = 0; i < shuffle.elements(); ++i) out.shuffle_index.push_back(shuffle.IntAt(i));
-    const absl::Status fits = CheckGptIndices(out, sequence_lengths, first, end, options);
-    if (!fits.ok()) return Inconsistent(base + "*.npy", fits.message());
-    return std::optional<GptIndices>(std::move(out));
   }
-  return std::optional<GptIndices>();
+  return out;
+}
+
+std::optional<std::string> MegatronCacheDescriptions::Find(MegatronSplit split,
+                                                           absl::string_view prefix) const {
+  for (const Entry& entry : entries_) {
+    if (entry.split == split && absl::StartsWith(entry.text, prefix)) return entry.base;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::optional<GptIndices>> ReadMegatronGptCache(
+    const MegatronCacheDescriptions& cache, const GptCacheKey& key,
+    absl::Span<const int32_t> sequence_lengths, int64_t first, int64_t end,
+    const GptIndexOptions& options) {
+  const std::optional<std::string> found = cache.Find(key.split, GptDescriptionPrefix(key));
+  if (!found.has_value()) return std::optional<GptIndices>();
+  const std::string& base = *found;
+  // (A check below names the array; the files share `base`.)
+  PF_ASSIGN_OR_RETURN(const NpyArray documents, ReadNpy(base + "document_index.npy"));
+  PF_ASSIGN_OR_RETURN(const NpyArray samples, ReadNpy(base + "sample_index.npy"));
+  PF_ASSIGN_OR_RETURN(const NpyArray shuffle, ReadNpy(base + "shuffle_index.npy"));
+  const int64_t per_epoch = end - first;
+  if (documents.shape.size() != 1 || documents.elements() == 0 ||
+      documents.elements() % per_epoch != 0) {
+    return Inconsistent(base + "document_index.npy",
+                        absl::StrCat("not a multiple of the split's ", per_epoch, " sequences"));
+  }
+  if (samples.shape.size() != 2 || samples.shape[1] != 2 || samples.shape[0] < 1) {
+    return Inconsistent(base + "sample_index.npy", "not of shape (samples + 1, 2)");
+  }
+  if (shuffle.shape.size() != 1 || shuffle.shape[0] != samples.shape[0] - 1) {
+    return Inconsistent(base + "shuffle_index.npy", "not one entry per sample");
+  }
+  GptIndices out;
+  out.num_epochs = static_cast<int>(documents.elements() / per_epoch);
+  for (int64_t s = first; s < end; ++s) out.tokens_per_epoch += sequence_lengths[s];
+  out.document_index.reserve(static_cast<size_t>(documents.elements()));
+  for (int64_t i = 0; i < documents.elements(); ++i) {
+    out.document_index.push_back(static_cast<int32_t>(documents.IntAt(i)));
+  }
+  for (int64_t i = 0; i < samples.shape[0]; ++i) {
+    out.sample_index.push_back({samples.IntAt(2 * i), samples.IntAt(2 * i + 1)});
+  }
+  for (int64_t i = 0; i < shuffle.elements(); ++i) out.shuffle_index.push_back(shuffle.IntAt(i));
+  const absl::Status fits = CheckGptIndices(out, sequence_lengths, first, end, options);
+  if (!fits.ok()) return Inconsistent(base + "*.npy", fits.message());
+  return std::optional<GptIndices>(std::move(out));
 }
 
 }  // namespace packfeed::dataset

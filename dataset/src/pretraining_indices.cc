@@ -76,6 +76,10 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
     blender = std::jthread([&] { weighted_blend = BuildBlendIndices(*weights, blend_size); });
   }
 
+  const MegatronCacheDescriptions cache = options.cache_dir.empty()
+                                              ? MegatronCacheDescriptions()
+                                              : MegatronCacheDescriptions::Read(options.cache_dir);
+
   // Each dataset's indices are independent (their own random stream):
   // built on up to `threads` threads, results in dataset order.
   out.ranges_.resize(static_cast<size_t>(num_datasets));
@@ -95,8 +99,8 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
                               options.random_seed,
                               options.sequence_length,
                               options.split};
-        absl::StatusOr<std::optional<GptIndices>> cached = ReadMegatronGptCache(
-            options.cache_dir, key, lengths, range.first, range.second, out.gpt_);
+        absl::StatusOr<std::optional<GptIndices>> cached =
+            ReadMegatronGptCache(cache, key, lengths, range.first, range.second, out.gpt_);
         if (!cached.ok() || cached->has_value()) {
           built[static_cast<size_t>(d)] =
               cached.ok() ? absl::StatusOr<GptIndices>(**std::move(cached)) : cached.status();
