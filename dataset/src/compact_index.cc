@@ -53,7 +53,6 @@ CompactIndex CompactIndex::From(const IndexView& parsed) {
   view.lengths_ = reinterpret_cast<const uint8_t*>(out.lengths_.data());
   view.pointers_ = derived ? nullptr : reinterpret_cast<const uint8_t*>(out.pointers_.data());
   view.pointer_marks_ = derived ? out.pointers_.data() : nullptr;
-  view.item_bytes_ = DTypeSize(parsed.dtype());
   view.documents_ =
       out.documents_.empty() ? nullptr : reinterpret_cast<const uint8_t*>(out.documents_.data());
   view.modes_ = parsed.multimodal() ? reinterpret_cast<const uint8_t*>(out.modes_.data()) : nullptr;

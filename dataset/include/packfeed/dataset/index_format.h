@@ -70,7 +70,7 @@ class IndexView {
     const uint64_t mark = i / kPointerStride;
     int64_t tokens = 0;
     for (uint64_t j = mark * kPointerStride; j < i; ++j) tokens += length(j);
-    return pointer_marks_[mark] + tokens * static_cast<int64_t>(item_bytes_);
+    return pointer_marks_[mark] + tokens * static_cast<int64_t>(DTypeSize(dtype_));
   }
   template <typename T>
   static T Load(const uint8_t* base, uint64_t i) {
@@ -89,7 +89,6 @@ class IndexView {
   const uint8_t* modes_ = nullptr;
   // Set when pointers_ is null (see DerivedPointer).
   const int64_t* pointer_marks_ = nullptr;
-  uint64_t item_bytes_ = 1;
   uint64_t total_tokens_ = 0;
   uint64_t data_bytes_ = 0;
 };

@@ -58,9 +58,10 @@ TEST(FingerprintTest, AnElasticResumeComparesOnlyWhatChoosesTheSamples) {
 }
 
 TEST(FingerprintTest, SomethingElseIsNotAFingerprint) {
-  for (const char* bad : {"", "pf1", "pf2-d00000000-t00000000-b00000000-s00000000-r00000000",
-                          "pf1-d0000000-t00000000-b00000000-s00000000-r00000000",
-                          "pf1-t00000000-d00000000-b00000000-s00000000-r00000000"}) {
+  for (const char* bad :
+       {"", "garbage", "pf1", "pf2-d00000000-t00000000-b00000000-s00000000-r00000000",
+        "pf1-d0000000-t00000000-b00000000-s00000000-r00000000",
+        "pf1-t00000000-d00000000-b00000000-s00000000-r00000000"}) {
     const absl::Status status = CompareFingerprints(bad, MakeFingerprint(Inputs()));
     EXPECT_TRUE(absl::IsInvalidArgument(status)) << bad;
     EXPECT_THAT(status.message(), HasSubstr("is not a packfeed job fingerprint")) << bad;
