@@ -18,7 +18,10 @@ struct GroupRef {
   CpGroup* group = nullptr;
   int64_t tokens = 0;         // per rank
   double cost = 0;            // per rank
+  double min_cost = 0;        // the lightest sequence's
   std::vector<double> costs;  // per sequence, per rank
+  // Per sequence, per rank, beside the costs: the swap search reads both.
+  std::vector<int64_t> sequence_tokens;
 };
 
 class Refiner {
@@ -28,12 +31,14 @@ class Refiner {
     row_max_.assign(plan.microbatches.size(), 0.0);
     for (size_t m = 0; m < plan.microbatches.size(); ++m) {
       for (CpGroup& group : plan.microbatches[m].groups) {
-        GroupRef ref{static_cast<int>(m), &group, 0, 0.0, {}};
+        GroupRef ref{static_cast<int>(m), &group, 0, 0.0, 0.0, {}, {}};
         for (const PlannedSequence& s : group.sequences) {
-          ref.tokens += Tokens(s, group.size);
+          ref.sequence_tokens.push_back(Tokens(s, group.size));
+          ref.tokens += ref.sequence_tokens.back();
           ref.costs.push_back(Cost(s, group.size));
           ref.cost += ref.costs.back();
         }
+        UpdateMinCost(ref);
         const int id = static_cast<int>(groups_.size());
         groups_.push_back(ref);
         rows_[m].push_back(id);
@@ -63,6 +68,11 @@ class Refiner {
     return model_.Cost(s.padded_length, size);
   }
 
+  static void UpdateMinCost(GroupRef& group) {
+    group.min_cost =
+        group.costs.empty() ? 0.0 : *std::min_element(group.costs.begin(), group.costs.end());
+  }
+
   void UpdateRowMax(int m) {
     double max = 0;
     for (int g : rows_[m]) max = std::max(max, groups_[g].cost);
@@ -70,7 +80,10 @@ class Refiner {
   }
 
   // One move or swap that lowers row m's maximum without raising any other
-  // row's; false when none exists.
+  // row's; false when none exists. It takes the first candidate, in the
+  // order x, destination, move before swaps, y, with the largest gain, and
+  // charges the work of examining them all, but skips what cannot beat the
+  // best found: no candidate for x gains more than moving x out of the row.
   bool ImproveRow(int m) {
     int heaviest = -1;
     double second = 0;
@@ -86,20 +99,34 @@ class Refiner {
     const double top = from.cost;
     if (top - second <= kMinGain * top) return false;
     const int size = from.group->size;
-    std::vector<PlannedSequence>& out = from.group->sequences;
+    const std::vector<PlannedSequence>& out = from.group->sequences;
+    const std::vector<int>& peers = by_size_[size];
+
+    // What examining every candidate costs, the same for each x.
+    int64_t work_per_x = 0;
+    for (int to : peers) {
+      if (to == heaviest) continue;
+      const GroupRef& dest = groups_[to];
+      work_per_x +=
+          1 + (dest.cost >= LimitFor(dest, m, top) ? 0 : static_cast<int64_t>(dest.costs.size()));
+    }
+    work_ += work_per_x * static_cast<int64_t>(out.size());
 
     double best_gain = kMinGain * top;
     int best_x = -1, best_to = -1, best_y = -1;
     for (size_t x = 0; x < out.size(); ++x) {
       const double wx = from.costs[x];
-      const int64_t tx = Tokens(out[x], size);
-      for (int to : by_size_[size]) {
+      const int64_t tx = from.sequence_tokens[x];
+      // The most any candidate for x gains: swaps and moves within row m
+      // leave at least this much behind.
+      const double x_bound = top - std::max(second, top - wx);
+      if (x_bound <= best_gain) continue;
+      for (int to : peers) {
         if (to == heaviest) continue;
         const GroupRef& dest = groups_[to];
-        ++work_;
         // The destination's row may not get heavier (its own row m: it may
         // not become the new maximum).
-        const double limit = dest.row == m ? top : row_max_[dest.row];
+        const double limit = LimitFor(dest, m, top);
         // Move x (the group must keep a sequence).
         if (out.size() >= 2 && dest.tokens + tx <= cap_ && dest.cost + wx <= limit) {
           double after = std::max(second, top - wx);
@@ -109,34 +136,39 @@ class Refiner {
             best_x = static_cast<int>(x);
             best_to = to;
             best_y = -1;
+            if (best_gain >= x_bound) break;
           }
         }
-        // Swap x for a lighter y.
-        const std::vector<PlannedSequence>& in = dest.group->sequences;
-        if (dest.cost >= limit) continue;  // a swap would raise it
-        work_ += in.size();
-        for (size_t y = 0; y < in.size(); ++y) {
+        // Swap x for a lighter y; the lightest in dest bounds the gain.
+        if (dest.cost >= limit || dest.min_cost >= wx ||
+            top - std::max(second, top - wx + dest.min_cost) <= best_gain) {
+          continue;
+        }
+        for (size_t y = 0; y < dest.costs.size(); ++y) {
           const double wy = dest.costs[y];
-          if (wy >= wx) continue;
-          const int64_t ty = Tokens(in[y], size);
-          if (from.tokens - tx + ty > cap_ || dest.tokens - ty + tx > cap_ ||
-              dest.cost - wy + wx > limit) {
-            continue;
-          }
+          if (wy >= wx || dest.cost - wy + wx > limit) continue;
           double after = std::max(second, top - wx + wy);
           if (dest.row == m) after = std::max(after, dest.cost - wy + wx);
-          if (top - after > best_gain) {
-            best_gain = top - after;
-            best_x = static_cast<int>(x);
-            best_to = to;
-            best_y = static_cast<int>(y);
-          }
+          if (top - after <= best_gain) continue;
+          const int64_t ty = dest.sequence_tokens[y];
+          if (from.tokens - tx + ty > cap_ || dest.tokens - ty + tx > cap_) continue;
+          best_gain = top - after;
+          best_x = static_cast<int>(x);
+          best_to = to;
+          best_y = static_cast<int>(y);
         }
+        if (best_gain >= x_bound) break;
       }
     }
     if (best_x < 0) return false;
     Apply(heaviest, best_x, best_to, best_y);
     return true;
+  }
+
+  // How heavy `dest` may become: its row's maximum, or in row m (whose
+  // heaviest group gives) no heavier than that group was.
+  double LimitFor(const GroupRef& dest, int m, double top) const {
+    return dest.row == m ? top : row_max_[dest.row];
   }
 
   void Apply(int from_id, int x, int to_id, int y) {
@@ -148,6 +180,7 @@ class Refiner {
       const double cost = group.costs[index];
       group.group->sequences.erase(group.group->sequences.begin() + index);
       group.costs.erase(group.costs.begin() + index);
+      group.sequence_tokens.erase(group.sequence_tokens.begin() + index);
       group.tokens -= Tokens(s, size);
       group.cost -= cost;
       return std::make_pair(s, cost);
@@ -155,12 +188,15 @@ class Refiner {
     const auto put = [size](GroupRef& group, const std::pair<PlannedSequence, double>& entry) {
       group.group->sequences.push_back(entry.first);
       group.costs.push_back(entry.second);
-      group.tokens += Tokens(entry.first, size);
+      group.sequence_tokens.push_back(Tokens(entry.first, size));
+      group.tokens += group.sequence_tokens.back();
       group.cost += entry.second;
     };
     const auto moved = take(from, x);
     if (y >= 0) put(from, take(to, y));
     put(to, moved);
+    UpdateMinCost(from);
+    UpdateMinCost(to);
     UpdateRowMax(from.row);
     UpdateRowMax(to.row);
   }
