@@ -90,8 +90,10 @@ class GraphRefiner {
   // The makespan. With `baseline` (the plan as kept), also each run's work,
   // finish, slack and place in the chain; a tentative change leaves them.
   Score Evaluate(bool baseline) {
-    std::vector<double> free_at(static_cast<size_t>(ranks_), 0.0);
-    std::vector<int> last_run(static_cast<size_t>(ranks_), -1);
+    std::vector<double>& free_at = free_at_;
+    std::vector<int>& last_run = last_run_;
+    free_at.assign(static_cast<size_t>(ranks_), 0.0);
+    last_run.assign(static_cast<size_t>(ranks_), -1);
     for (size_t i = 0; i < runs_.size(); ++i) {
       Meeting& run = runs_[i];
       double start = 0.0;
@@ -192,9 +194,11 @@ class GraphRefiner {
       const double wx = source.costs[x];
       const int64_t tx = source.group->sequences[x].padded_length / size;
       for (int to : destinations) {
-        if (to == from || work_ >= kWorkBudget) continue;
         const Group& dest = groups_[static_cast<size_t>(to)];
         const double slack = runs_[static_cast<size_t>(dest.run)].slack;
+        // A delay is never negative, so no later destination takes work.
+        if (slack <= 0) break;
+        if (to == from || work_ >= kWorkBudget) continue;
         if (source.group->sequences.size() >= 2 && dest.tokens + tx <= cap_ &&
             Delay(to, wx) < slack) {
           Apply(from, static_cast<int>(x), to, -1);
@@ -265,6 +269,9 @@ class GraphRefiner {
   std::vector<Meeting> runs_;
   std::map<int, std::vector<int>> by_size_;
   int last_ = -1;  // the run that finishes last (baseline)
+  // Evaluate's per-rank state, kept to spare an allocation per candidate.
+  std::vector<double> free_at_;
+  std::vector<int> last_run_;
   struct {
     std::vector<PlannedSequence> a_sequences;
     std::vector<double> a_costs;
