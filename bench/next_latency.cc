@@ -2,11 +2,13 @@
 // bench/python_next_bench.py to set beside Python's next() against the same
 // daemon in the same run. Attaches at --start-step, takes --steps steps,
 // pausing --pause-us before each Next() (so the daemon is ahead and what is
-// timed is the client's own cost), detaches, and prints one JSON array of
-// nanoseconds per microbatch.
+// timed is the client's own cost), detaches, and prints one JSON object:
+// per microbatch, the nanoseconds Next() took ("next_ns") and those the
+// Microbatch's end took, which gives the slot back ("release_ns").
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "packfeed/client/client.h"
+
+namespace {
+
+int64_t Nanoseconds(std::chrono::steady_clock::duration elapsed) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"next_latency: C++ Next() latency of one rank"};
@@ -35,6 +45,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<int64_t> latencies;
+  std::vector<int64_t> releases;
   for (int s = 0; s < steps; ++s) {
     absl::StatusOr<packfeed::client::StepInfo> step = (*client)->NextStep();
     if (!step.ok()) {
@@ -44,19 +55,23 @@ int main(int argc, char** argv) {
     for (int m = 0; m < step->num_microbatches; ++m) {
       absl::SleepFor(absl::Microseconds(pause_us));
       const auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<packfeed::client::Microbatch> microbatch = (*client)->Next();
-      const auto elapsed = std::chrono::steady_clock::now() - start;
-      if (!microbatch.ok()) {
-        std::fprintf(stderr, "next_latency: %s\n", microbatch.status().ToString().c_str());
+      auto microbatch = std::make_optional((*client)->Next());
+      const auto taken = std::chrono::steady_clock::now();
+      if (!microbatch->ok()) {
+        std::fprintf(stderr, "next_latency: %s\n", microbatch->status().ToString().c_str());
         return 1;
       }
-      latencies.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count());
+      microbatch.reset();  // gives the slot back
+      const auto released = std::chrono::steady_clock::now();
+      latencies.push_back(Nanoseconds(taken - start));
+      releases.push_back(Nanoseconds(released - taken));
     }
   }
   if (absl::Status detached = (*client)->Detach(); !detached.ok()) {
     std::fprintf(stderr, "next_latency: %s\n", detached.ToString().c_str());
     return 1;
   }
-  std::printf("[%s]\n", absl::StrJoin(latencies, ",").c_str());
+  std::printf("{\"next_ns\": [%s], \"release_ns\": [%s]}\n", absl::StrJoin(latencies, ",").c_str(),
+              absl::StrJoin(releases, ",").c_str());
   return 0;
 }

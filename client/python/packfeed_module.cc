@@ -60,8 +60,10 @@ absl::StatusOr<RingPlacement> Placement(const std::string& name) {
                                     "': expected 'auto', 'host', 'device', 'staged' or 'daemon'");
 }
 
-// DLPack 0.6 has no bool: bools travel as uint8 and Python views them back.
-DLDataType DlType(ElementType type) {
+// DLPack 0.8's bool type code; the header here is 0.6, which has none.
+constexpr uint8_t kDLBoolCode = 6;
+
+DLDataType DlType(ElementType type, bool native_bool) {
   const uint8_t bits = static_cast<uint8_t>(ElementSize(type) * 8);
   switch (type) {
     case ElementType::kInt8:
@@ -75,34 +77,36 @@ DLDataType DlType(ElementType type) {
       return {kDLFloat, bits, 1};
     case ElementType::kBFloat16:
       return {kDLBfloat, bits, 1};
+    case ElementType::kBool:
+      return {native_bool ? kDLBoolCode : static_cast<uint8_t>(kDLUInt), bits, 1};
     default:
       return {kDLUInt, bits, 1};
   }
 }
 
-// A field's DLPack tensor. It holds its microbatch: the slot goes back to the
-// daemon when the last tensor of every field is freed (DLPack's deleter).
-struct ExportedField {
+// A DLPack tensor over `data`, holding `owner`: for a field, its microbatch,
+// so that the slot goes back to the daemon when the last tensor of every
+// field is freed (DLPack's deleter).
+struct ExportedTensor {
   DLManagedTensor managed{};
   std::vector<int64_t> shape;
-  std::shared_ptr<const Microbatch> microbatch;
+  std::shared_ptr<const void> owner;
 };
 
-py::capsule ToCapsule(const FieldView& field, int cuda_device,
-                      std::shared_ptr<const Microbatch> microbatch) {
-  const MemoryKind kind = microbatch->memory_kind;
-  auto* exported = new ExportedField{{}, field.shape, std::move(microbatch)};
+py::capsule MakeCapsule(const void* data, DLDevice device, DLDataType dtype,
+                        std::vector<int64_t> shape, std::shared_ptr<const void> owner) {
+  auto* exported = new ExportedTensor{{}, std::move(shape), std::move(owner)};
   DLTensor& tensor = exported->managed.dl_tensor;
-  tensor.data = const_cast<void*>(field.data);
-  tensor.device = kind == MemoryKind::kCuda ? DLDevice{kDLCUDA, cuda_device} : DLDevice{kDLCPU, 0};
+  tensor.data = const_cast<void*>(data);
+  tensor.device = device;
   tensor.ndim = static_cast<int32_t>(exported->shape.size());
-  tensor.dtype = DlType(field.dtype);
+  tensor.dtype = dtype;
   tensor.shape = exported->shape.data();
   tensor.strides = nullptr;  // compact, row-major
   tensor.byte_offset = 0;
   exported->managed.manager_ctx = exported;
   exported->managed.deleter = [](DLManagedTensor* self) {
-    delete static_cast<ExportedField*>(self->manager_ctx);
+    delete static_cast<ExportedTensor*>(self->manager_ctx);
   };
   // A capsule nobody consumed (still named "dltensor") frees the tensor.
   PyObject* capsule = PyCapsule_New(&exported->managed, "dltensor", [](PyObject* self) {
@@ -116,6 +120,48 @@ py::capsule ToCapsule(const FieldView& field, int cuda_device,
     throw py::error_already_set();
   }
   return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+// torch's objects the hot path uses, looked up once (leaked on purpose: a
+// static destroyed after the interpreter would touch freed objects).
+struct TorchHandles {
+  py::object from_dlpack;  // torch._C._from_dlpack
+  py::object bool_dtype;   // torch.bool
+  // Whether this torch reads DLPack's bool (2.x does; 1.13 refuses it):
+  // then bool fields need no view, which costs as much as every other
+  // field's tensor together with cold caches.
+  bool native_bool = false;
+};
+
+bool AcceptsDlpackBool(const py::object& from_dlpack) {
+  static const uint8_t kTrue = 1;
+  try {
+    from_dlpack(MakeCapsule(&kTrue, DLDevice{kDLCPU, 0}, {kDLBoolCode, 8, 1}, {1}, nullptr));
+    return true;
+  } catch (const py::error_already_set&) {
+    return false;
+  }
+}
+
+const TorchHandles& Torch() {
+  static const TorchHandles* handles = [] {
+    auto* torch = new TorchHandles{py::module_::import("torch._C").attr("_from_dlpack"),
+                                   py::module_::import("torch").attr("bool")};
+    torch->native_bool = AcceptsDlpackBool(torch->from_dlpack);
+    return torch;
+  }();
+  return *handles;
+}
+
+// A field's tensor as a capsule (bools as DLPack bools where torch reads
+// them, else as uint8 for the caller to view).
+py::capsule ToCapsule(const FieldView& field, int cuda_device,
+                      std::shared_ptr<const Microbatch> microbatch) {
+  const DLDevice device = microbatch->memory_kind == MemoryKind::kCuda
+                              ? DLDevice{kDLCUDA, cuda_device}
+                              : DLDevice{kDLCPU, 0};
+  return MakeCapsule(field.data, device, DlType(field.dtype, Torch().native_bool), field.shape,
+                     std::move(microbatch));
 }
 
 std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string& job,
@@ -198,19 +244,6 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
   return out;
 }
 
-// torch's objects next_batch uses, looked up once (leaked on purpose: a
-// static destroyed after the interpreter would touch freed objects).
-struct TorchHandles {
-  py::object from_dlpack;  // torch._C._from_dlpack
-  py::object bool_dtype;   // torch.bool
-};
-const TorchHandles& Torch() {
-  static const TorchHandles* handles =
-      new TorchHandles{py::module_::import("torch._C").attr("_from_dlpack"),
-                       py::module_::import("torch").attr("bool")};
-  return *handles;
-}
-
 // A one-element integer field (max_seqlen, local_cp_size) as an int, read
 // without waiting for the device where its bytes are on the host (a staged
 // ring's host copy, a host ring); else through torch, which waits.
@@ -254,7 +287,9 @@ py::dict NextBatch(const std::shared_ptr<Client>& client, std::optional<double> 
   for (const FieldView& field : microbatch->fields) {
     py::object tensor =
         torch.from_dlpack(ToCapsule(field, client->options().cuda_device, microbatch));
-    if (field.dtype == ElementType::kBool) tensor = tensor.attr("view")(torch.bool_dtype);
+    if (field.dtype == ElementType::kBool && !torch.native_bool) {
+      tensor = tensor.attr("view")(torch.bool_dtype);
+    }
     if (field.name == "cu_seqlens") cu_seqlens = tensor;
     if (field.name == "cu_seqlens_padded") cu_seqlens_padded = tensor;
     if (field.name == "max_seqlen") max_seqlen = SmallInt(field, microbatch->memory_kind, tensor);
