@@ -29,7 +29,6 @@ one another with no barrier between them; packfeed's microbatches too.
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess

@@ -14,6 +14,7 @@ packages=(
   clang libclang-rt-14-dev clang-format
   python3 python3-dev python3-venv python3-pip python3-torch pybind11-dev libdlpack-dev
   python3-scipy python3-matplotlib  # the MILP optimum (HiGHS) and plan --plot
+  python3-pytest  # runs the Python tests (tests/pytest.ini)
 )
 
 # libsystemd-dev must match the installed libsystemd0 exactly, or apt would

@@ -5,14 +5,12 @@ mutual TLS, a client certificate) is answered; plaintext, another CA, or no
 client certificate under mutual TLS is refused. Two daemons checking each
 other as peers over mutual TLS both start.
 
-usage: admin_tls_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import pathlib
 import socket
 import subprocess
-import sys
 import tempfile
 
-from ctl_checks import Checks
 from daemon_harness import Daemon, wait_until
 
 TOKEN = "admin-s3cret"
@@ -67,9 +65,7 @@ jobs {{
 """
 
 
-def main():
-    bin_dir = pathlib.Path(sys.argv[1])
-    checks = Checks(str(bin_dir / "packfeedctl"))
+def test_admin_api_over_tls(bin_dir, checks):
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         pki, other = make_pki(work, "cluster"), make_pki(work, "other")
@@ -124,8 +120,3 @@ def main():
             checks.check("peers over mutual TLS both serve", b.ctl_run("health").returncode == 0)
             print(f"peers over mutual TLS: both daemons serve ({took:.1f} s after the second)")
         a.stop()
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

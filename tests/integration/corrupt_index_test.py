@@ -6,16 +6,14 @@ never hang, and with exactly one error line naming the file (the .bin when
 the index points past its end) and the check that failed. The intact index, served the same way, must start and serve
 (so the configuration itself is not what fails).
 
-usage: corrupt_index_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import json
 import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 
-from ctl_checks import Checks
 from daemon_harness import Daemon, start_up_errors
 
 
@@ -33,13 +31,12 @@ jobs {{
 """
 
 
-def main():
-    bin_dir, root = sys.argv[1], pathlib.Path(sys.argv[2])
+def test_each_corrupt_index_is_refused_with_one_line(bin_dir, source_root, checks):
+    root = source_root
     corpus = root / "tests" / "fixtures" / "corrupt_index"
     golden_bin = root / "tests" / "fixtures" / "golden" / "E1.bin"
     cases = json.loads((corpus / "corpus.json").read_text())
     work = pathlib.Path(tempfile.mkdtemp(prefix="pf-corrupt-index-"))
-    checks = Checks(None)
 
     intact = work / "intact"
     shutil.copy(corpus.parent / "golden" / "E1.idx", f"{intact}.idx")
@@ -69,8 +66,3 @@ def main():
                      len(errors) == 1 and f"/{name}." in errors[0]
                      and case["error"] in errors[0], errors)
     print(f"{len(cases)} corrupted indexes: each refused at start-up with one line")
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,4 @@
-"""Shared helpers for the packfeedctl integration tests."""
-import os
+"""Shared helpers for the integration tests."""
 import pathlib
 import subprocess
 import sys
@@ -19,7 +18,9 @@ def lognormal_traces(source_root, out_dir):
 
 
 class Checks:
-    """Counts named checks and prints the closing 'N passed, N failed' line."""
+    """Named checks that all run: `finish` raises one AssertionError naming
+    every one that failed (tests/conftest.py's `checks` fixture calls it
+    when the test ends)."""
 
     def __init__(self, ctl):
         self.ctl = ctl
@@ -27,6 +28,7 @@ class Checks:
         self.failures = []
 
     def run(self, *args, ok=True):
+        """packfeedctl with `args`; with ok, its failure fails the test."""
         result = subprocess.run([self.ctl, *args], capture_output=True, text=True)
         if ok and result.returncode != 0:
             raise AssertionError(f"{args} failed: {result.stderr}")
@@ -39,7 +41,6 @@ class Checks:
             self.failures.append(f"{name}: {detail}")
 
     def finish(self):
-        for failure in self.failures:
-            print("FAILED", failure)
-        print(f"{self.passed} passed, {len(self.failures)} failed")
-        sys.exit(1 if self.failures else 0)
+        print(f"{self.passed} checks passed, {len(self.failures)} failed")
+        if self.failures:
+            raise AssertionError("\n".join(["failed checks:", *self.failures]))

@@ -2,11 +2,10 @@
 dp_balanced, sequential sampler, Megatron padding) hands every global rank
 exactly what Megatron-LM handed it, field by field, microbatch by microbatch.
 
-usage: daemon_golden_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import json
-import sys
 
-from ctl_checks import Checks, fixtures_dir
+from ctl_checks import fixtures_dir
 from daemon_harness import Daemon
 
 FIELDS = ["tokens", "labels", "loss_mask", "position_ids", "padding_mask", "cu_seqlens",
@@ -64,14 +63,7 @@ def check_case(checks, bin_dir, fixtures, case):
     print(f"{case}: {config['world_size']} ranks × {golden['ranks'][0]['M']} microbatches compared")
 
 
-def main():
-    bin_dir, source_root = sys.argv[1], sys.argv[2]
+def test_golden_cases_served_byte_for_byte(bin_dir, source_root, checks):
     fixtures = fixtures_dir(source_root) / "golden"
-    checks = Checks(None)
     for case in ("E1", "E4"):
         check_case(checks, bin_dir, fixtures, case)
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,6 @@
 """Runs a real packfeedd for the integration tests and talks to it through
 packfeedctl, as an operator would."""
 import json
-import os
 import pathlib
 import signal
 import subprocess

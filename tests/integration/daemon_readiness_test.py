@@ -8,17 +8,17 @@ peer (systemd's start timeout would otherwise end a long wait), SIGTERM
 ends that wait at once, and READY never comes for a start-up that failed. Also: start-up errors are one clear
 line and a non-zero exit, and a closed log pipe does not kill the daemon.
 
-usage: daemon_readiness_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import os
 import pathlib
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
-from ctl_checks import Checks
+import pytest
+
 from daemon_harness import start_up_errors
 
 WATCHDOG_USEC = 400_000
@@ -37,6 +37,21 @@ jobs {{
   scheduler {{ kind: "balanced" max_tokens_per_rank: 512 }}
 }}
 """
+
+
+@pytest.fixture(scope="module")
+def work():
+    return tempfile.mkdtemp(prefix="pf-readiness-")
+
+
+@pytest.fixture(scope="module")
+def prefix(bin_dir, work):
+    """A small generated dataset every test serves."""
+    prefix = f"{work}/data"
+    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "50",
+                    "--min", "8", "--max", "200", "--mean", "50", "--vocab", "1000"],
+                   check=True, capture_output=True)
+    return prefix
 
 
 def receive(notify, timeout):
@@ -232,23 +247,3 @@ def test_startup_errors(checks, bin_dir, work, prefix):
         checks.check(f"start-up error ({name}): one error line naming {expected!r}",
                      len(errors) == 1 and expected in errors[0], errors)
     readonly.chmod(0o700)
-
-
-def main():
-    bin_dir = sys.argv[1]
-    work = tempfile.mkdtemp(prefix="pf-readiness-")
-    prefix = f"{work}/data"
-    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "50",
-                    "--min", "8", "--max", "200", "--mean", "50", "--vocab", "1000"],
-                   check=True, capture_output=True)
-    checks = Checks(None)
-    test_notify(checks, bin_dir, work, prefix)
-    test_closed_log_pipe(checks, bin_dir, work, prefix)
-    test_peer_wait(checks, bin_dir, work, prefix)
-    test_stop_while_waiting_for_peer(checks, bin_dir, work, prefix)
-    test_startup_errors(checks, bin_dir, work, prefix)
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -4,18 +4,39 @@ the ranks; two jobs of different topologies on one daemon; two jobs on one
 dataset at different times read it once (the default budget); every attach
 error; a client killed mid-stream.
 
-usage: daemon_serving_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import signal
 import subprocess
-import sys
 import tempfile
 
-from ctl_checks import Checks
+import pytest
+
 from daemon_harness import Daemon, wait_until
 from thd_reference import Dataset, coords, rank_fields, run_key, token_run
 
 EOD = 32000
 SEQ_LENGTH = 400
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    return tempfile.mkdtemp(prefix="pf-serving-")
+
+
+@pytest.fixture(scope="module")
+def prefix(bin_dir, workdir):
+    """The generated dataset every test serves."""
+    prefix = f"{workdir}/data"
+    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "600",
+                    "--dist", "lognormal", "--min", "8", "--max", "520", "--mean", "120",
+                    "--sigma", "1.0", "--vocab", str(EOD), "--seed", "5"], check=True,
+                   capture_output=True)
+    return prefix
+
+
+@pytest.fixture(scope="module")
+def dataset(prefix):
+    return Dataset(prefix)
 
 
 def job_text(name, prefix, tp=2, pp=2, cp=2, dp=2, scheduler="dynamic_cp", local_ranks=None,
@@ -81,6 +102,7 @@ def compare(checks, label, dumps, expected):
                              f"fields differ: {detail}")
 
 
+@pytest.mark.parametrize("scheduler", ["balanced", "dynamic_cp"])
 def test_reference(checks, bin_dir, prefix, dataset, scheduler):
     label = f"16 ranks {scheduler}"
     with Daemon(bin_dir, job_text("job", prefix, scheduler=scheduler), name=scheduler) as daemon:
@@ -245,27 +267,3 @@ def test_client_killed(checks, bin_dir, prefix, dataset):
             checks.check("the killed rank is no longer attached", False, error)
         again = daemon.dump_ranks("job", [0], steps=1)
         compare(checks, "the killed rank re-attached", again, expected)
-
-
-def main():
-    bin_dir = sys.argv[1]
-    workdir = tempfile.mkdtemp(prefix="pf-serving-")
-    prefix = f"{workdir}/data"
-    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "600",
-                    "--dist", "lognormal", "--min", "8", "--max", "520", "--mean", "120",
-                    "--sigma", "1.0", "--vocab", str(EOD), "--seed", "5"], check=True,
-                   capture_output=True)
-    dataset = Dataset(prefix)
-    checks = Checks(None)
-    for scheduler in ("balanced", "dynamic_cp"):
-        test_reference(checks, bin_dir, prefix, dataset, scheduler)
-    test_two_daemons(checks, bin_dir, prefix, dataset, workdir)
-    test_two_jobs(checks, bin_dir, prefix, dataset)
-    test_two_jobs_read_once(checks, bin_dir, prefix)
-    test_attach_errors(checks, bin_dir, prefix)
-    test_client_killed(checks, bin_dir, prefix, dataset)
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -22,47 +22,50 @@ get_blend_from_list, parse_and_normalize_split, update_train_iters and
 get_train_valid_test_num_samples (taken by name from megatron/training)
 make of them. Nothing expected is written by hand.
 
-Usage: megatron_core_019_test.py PACKFEEDCTL VENV_DIR FETCH_DIR PYTHON_PACKAGE_DIR
-Exit 77 (skipped) only when PyPI cannot be reached.
+Runs inside the venv (tests/CMakeLists.txt):
+  megatron_venv.py VENV_DIR -m pytest megatron_core_019_test.py
+with PF_CTL (packfeedctl), PF_MEGATRON_019_DIR (where the 0.19.2 wheel is
+unpacked) and PF_PYTHON_DIR (the built packfeed package) in the
+environment. Skipped only when PyPI cannot be reached.
 """
 import ast
 import json
+import logging
 import os
 import pathlib
 import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ctl_checks import Checks  # noqa: E402
-from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,  # noqa: E402
-                           init_single_process, rerun_in_venv)
+import numpy
+import pytest
+import torch
+from torch.utils.data import default_collate
 
-if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
-    rerun_in_venv(sys.argv[2], __file__, [sys.argv[1], *sys.argv[3:]])
+from daemon_harness import Daemon
+from megatron_source import CpGroup, TransformerEngine, megatron_functions, write_dataset
+from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,
+                           init_single_process)
 
-# ---- inside the venv: argv = [script, PACKFEEDCTL, FETCH_DIR, PYTHON_PACKAGE_DIR] ----
-import logging  # noqa: E402
-
-import numpy  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import default_collate  # noqa: E402
-
-CTL, FETCH_DIR, PYTHON_DIR = sys.argv[1], sys.argv[2], sys.argv[3]
-SRC = fetch_megatron_019(FETCH_DIR)
+CTL = os.environ["PF_CTL"]
+PYTHON_DIR = os.environ["PF_PYTHON_DIR"]
+SRC = fetch_megatron_019(os.environ["PF_MEGATRON_019_DIR"])
 Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(SRC)
 logging.getLogger("megatron").setLevel(logging.ERROR)
-from daemon_harness import Daemon  # noqa: E402
-from megatron_source import (CpGroup, TransformerEngine, megatron_functions,  # noqa: E402
-                             write_dataset)
 
 EOD = 0
 TP, PP, DP = 2, 2, 2
 MBS, GBS, SEQ, SEED, STEPS = 2, 16, 64, 4321, 3
 SPLIT = "90,8,2"
 
-CHECKS = Checks(CTL)
-check = CHECKS.check
+# The running test's checks (bind_checks), for the helpers below.
+CHECKS = check = None
+
+
+@pytest.fixture(autouse=True)
+def bind_checks(checks):
+    global CHECKS, check
+    CHECKS, check = checks, checks.check
 
 
 MEGATRON = megatron_functions(UTILS_SOURCE, [
@@ -70,9 +73,14 @@ MEGATRON = megatron_functions(UTILS_SOURCE, [
     "_get_batch_on_this_cp_rank_per_sequence_balancing",
     "_get_batch_on_this_cp_rank_per_document_balancing", "get_batch_on_this_cp_rank"])
 # The kernel's definition, on a case worked by hand (documents of 4 and 12).
-check("TE partition: rank 0 of 2 over documents of 4 and 12",
-      TransformerEngine.thd_get_partitioned_indices(torch.tensor([0, 4, 16]), 16, 2, 0).tolist()
-      == [0, 3, 4, 5, 6, 13, 14, 15])
+
+
+def test_transformer_engines_partition_as_its_kernel_defines_it():
+    # A case worked by hand (documents of 4 and 12).
+    check("TE partition: rank 0 of 2 over documents of 4 and 12",
+          TransformerEngine.thd_get_partitioned_indices(torch.tensor([0, 4, 16]), 16, 2, 0)
+          .tolist() == [0, 3, 4, 5, 6, 13, 14, 15])
+
 
 BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded",
               "max_seqlen")
@@ -213,13 +221,14 @@ def python_step(socket, rank):
     return batches
 
 
-serve_and_compare("cp1", BLEND, 1, True, python_ranks=(0, 5))
-serve_and_compare("cp2-per-sequence", BLEND, 2, True, python_ranks=(2, 13))
-serve_and_compare("cp2-per-sequence-resumed", BLEND, 2, True, consumed=2 * GBS)
-serve_and_compare("cp2-per-document", DIVISIBLE, 2, False, python_ranks=(2,))
+def test_served_fields_equal_megatrons_get_batch():
+    serve_and_compare("cp1", BLEND, 1, True, python_ranks=(0, 5))
+    serve_and_compare("cp2-per-sequence", BLEND, 2, True, python_ranks=(2, 13))
+    serve_and_compare("cp2-per-sequence-resumed", BLEND, 2, True, consumed=2 * GBS)
+    serve_and_compare("cp2-per-document", DIVISIBLE, 2, False, python_ranks=(2,))
 
 
-def per_document_refused():
+def test_per_document_split_refused_where_documents_do_not_divide():
     """Documents that do not divide by 2 x CP under a per-document split:
     Transformer Engine would hand out overlapping positions; the daemon ends
     the ranks of such a microbatch with the reason and serves the others."""
@@ -237,7 +246,6 @@ def per_document_refused():
     check("the daemon serves on after refusing them", alive)
 
 
-per_document_refused()
 
 def megatron_training_functions(names):
     """Functions of 0.19.2's megatron/training/training.py, run as written
@@ -246,13 +254,13 @@ def megatron_training_functions(names):
     found = [node for node in ast.parse(source).body
              if isinstance(node, ast.FunctionDef) and node.name in names]
     if {node.name for node in found} != set(names):
-        sys.exit(f"megatron/training/training.py of 0.19.2 lacks some of {names}")
+        raise RuntimeError(f"megatron/training/training.py of 0.19.2 lacks some of {names}")
     namespace = {"print_rank_0": lambda *a, **k: None}
     exec(compile(ast.Module(body=found, type_ignores=[]), "training.py", "exec"), namespace)
     return namespace
 
 
-def megatron_config_reads_the_command_line():
+def test_megatron_config_reads_the_command_line():
     from types import SimpleNamespace
 
     from megatron.core.datasets.blended_megatron_dataset_config import \
@@ -309,8 +317,3 @@ def megatron_config_reads_the_command_line():
               (ours["split"], split))
         check(f"megatron-config {argv[:2]}: DP and the world",
               job["topology"]["dp"] * job["topology"].get("tp", 1) == world)
-
-
-megatron_config_reads_the_command_line()
-
-CHECKS.finish()

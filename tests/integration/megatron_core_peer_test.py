@@ -7,22 +7,26 @@ every configuration prints every schedule's row, and that no figure beats
 its ideal (the ideal is a lower bound under every column's evaluator: a
 figure below 1 is an evaluator charging one side less than the other).
 
-usage: megatron_core_peer_test.py SOURCE_ROOT PACKFEEDCTL
-Exit 77 only when PyPI cannot be reached to fetch the wheel."""
+ctest runs it under pytest, with the build's paths (tests/conftest.py).
+Skipped only when PyPI cannot be reached to fetch the wheel."""
 import os
 import subprocess
 import sys
 
+import pytest
+
 from megatron_venv import UNREACHABLE
+
 SCHEDULES = 5  # packfeed under two models and two objectives, and Megatron-Core
 
 
-def same_evaluator(source_root, packfeedctl):
+def test_one_evaluator_judges_both_forms_alike(source_root, ctl):
     """packfeed's plans of a small case, written also as Megatron-Core's
     groups (one group a microbatch, each rank listing its sequences): the
     script's two judges must charge them alike under s²/c (no per-microbatch
     term), barrier by barrier and as they run: the same lengths, one
     evaluator."""
+    packfeedctl = ctl
     sys.path.insert(0, os.path.join(source_root, "bench"))
     import megatron_core_peer as peer
     trace = os.path.join(source_root, "bench", "traces", "trace_chat_longdoc.txt")
@@ -45,23 +49,20 @@ def same_evaluator(source_root, packfeedctl):
             if abs(a - b) > 1e-9 * max(a, b):
                 failures.append(f"step {entry['step']} {what}: one plan judged {a} as "
                                 f"packfeed's, {b} as Megatron-Core's")
-    print(f"one evaluator: {len(plans)} plans judged alike in both forms"
-          if not failures else "one evaluator: the two judges disagree")
-    return failures
+    print(f"one evaluator: {len(plans)} plans judged alike in both forms")
+    assert not failures, "\n".join(failures)
 
 
-def main():
-    source_root, packfeedctl = sys.argv[1], sys.argv[2]
+def test_every_configuration_prints_every_schedule(source_root, ctl):
     run = subprocess.run([sys.executable, os.path.join(source_root, "bench",
                                                        "megatron_core_peer.py"),
-                          "--quick", "--packfeedctl", packfeedctl],
+                          "--quick", "--packfeedctl", ctl],
                          capture_output=True, text=True, timeout=500)
     print(run.stdout)
     if run.returncode != 0:
         if any(s in run.stderr for s in UNREACHABLE):
-            print(f"SKIPPED: PyPI cannot be reached for the megatron-core wheel:\n{run.stderr}")
-            sys.exit(77)
-        sys.exit(f"megatron_core_peer.py failed ({run.returncode}):\n{run.stderr}")
+            pytest.skip(f"PyPI cannot be reached for the megatron-core wheel:\n{run.stderr}")
+        pytest.fail(f"megatron_core_peer.py failed ({run.returncode}):\n{run.stderr}")
     rows, configuration, failures = {}, None, []
     lines = run.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("configuration"))
@@ -82,12 +83,4 @@ def main():
             failures.append(f"{configuration}: rows {labels}")
     if len(rows) < 5:
         failures.append(f"{len(rows)} configurations, expected at least 5")
-    failures += same_evaluator(source_root, packfeedctl)
-    for failure in failures:
-        print(f"FAILED: {failure}")
-    print(f"{len(rows) * SCHEDULES - len(failures)} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
-
-
-if __name__ == "__main__":
-    main()
+    assert not failures, "\n".join(failures)

@@ -22,10 +22,14 @@ valid split resumed from consumed_valid_samples); reset_attention_mask,
 whose dense per-document mask is rebuilt from packfeed's THD row; and a
 consumed count between two steps, refused with the reason.
 
-Usage: megatron_dropin_test.py PACKFEEDCTL VENV_DIR FETCH_DIR PYTHON_PACKAGE_DIR
-Exit 77 (skipped) only when PyPI cannot be reached.
+Runs inside the venv (tests/CMakeLists.txt):
+  megatron_venv.py VENV_DIR -m pytest megatron_dropin_test.py
+with PF_CTL (packfeedctl), PF_MEGATRON_019_DIR (where the 0.19.2 wheel is
+unpacked) and PF_PYTHON_DIR (the built packfeed package) in the
+environment. Skipped only when PyPI cannot be reached.
 """
 import inspect
+import logging
 import os
 import pathlib
 import sys
@@ -33,36 +37,35 @@ import tempfile
 import threading
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ctl_checks import Checks  # noqa: E402
-from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,  # noqa: E402
-                           init_single_process, rerun_in_venv)
+import pytest
+import torch
+from torch.utils.data import default_collate
 
-if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
-    rerun_in_venv(sys.argv[2], __file__, [sys.argv[1], *sys.argv[3:]])
+from daemon_harness import Daemon
+from megatron_source import CpGroup, megatron_functions, write_dataset
+from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,
+                           init_single_process)
 
-# ---- inside the venv: argv = [script, PACKFEEDCTL, FETCH_DIR, PYTHON_PACKAGE_DIR] ----
-import logging  # noqa: E402
-
-import torch  # noqa: E402
-from torch.utils.data import default_collate  # noqa: E402
-
-CTL, FETCH_DIR, PYTHON_DIR = sys.argv[1], sys.argv[2], sys.argv[3]
-SRC = fetch_megatron_019(FETCH_DIR)
+CTL = os.environ["PF_CTL"]
+SRC = fetch_megatron_019(os.environ["PF_MEGATRON_019_DIR"])
 Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(SRC)
 logging.getLogger("megatron").setLevel(logging.ERROR)
-from daemon_harness import Daemon  # noqa: E402
-from megatron_source import CpGroup, megatron_functions, write_dataset  # noqa: E402
-
-sys.path.insert(0, PYTHON_DIR)
+sys.path.insert(0, os.environ["PF_PYTHON_DIR"])
 import packfeed  # noqa: E402
 from packfeed import megatron as packfeed_megatron  # noqa: E402
 
 EOD = 0
 MBS, GBS, SEQ, SEED = 2, 16, 64, 97
 SPLIT = "90,8,2"
-CHECKS = Checks(CTL)
-check = CHECKS.check
+# The running test's checks (bind_checks), for the helpers below.
+CHECKS = check = None
+
+
+@pytest.fixture(autouse=True)
+def bind_checks(checks):
+    global CHECKS, check
+    CHECKS, check = checks, checks.check
+
 
 MEGATRON = megatron_functions(UTILS_SOURCE, [
     "get_batch_on_this_tp_rank", "_merge_cu_seqlens_across_micro_batch",
@@ -277,31 +280,38 @@ def serve_and_compare(name, args, microbatches):
     return documents
 
 
-# Inter-document masking, TP1 x PP3 x CP2: the middle stage gets only the
-# row's cu_seqlens and max_seqlen; resumed at consumed_train_samples, 12
-# microbatches from step 2 on cross into step 3.
-ARGS = megatron_args(1, 3, 2, 1, consumed_train=2 * GBS, inter_document=True)
-documents = serve_and_compare("inter-document", ARGS, {"train": 12})
-check("inter-document: microbatches hold several documents each", documents > 2 * 12 * 6,
-      documents)
-
-# Megatron's default: BSHD with the dense causal mask (cut to each CP
-# rank's rows); the valid split resumed at consumed_valid_samples, the
-# test split from 0, from the same provider.
-serve_and_compare("dense-mask", megatron_args(1, 2, 2, 2, consumed_valid=GBS),
-                  {"train": 6, "valid": 4, "test": 4})
-
-# VPP 2 over PP2 with inter-document masking: each model chunk's iterator,
-# chunk 0 running a step ahead of chunk 1; the middle chunks (stage 0's
-# second, stage 1's first) get the row's cu_seqlens and max_seqlen only.
-serve_and_compare("vpp", megatron_args(1, 2, 1, 2, inter_document=True, vpp=2), {"train": 6})
-
-# reset_attention_mask: the dense per-document mask rebuilt from the THD row.
-serve_and_compare("document-mask", megatron_args(2, 1, 1, 2, reset_attention_mask=True),
-                  {"train": 4})
+def test_inter_document_masking_under_pp3_cp2():
+    # Inter-document masking, TP1 x PP3 x CP2: the middle stage gets only the
+    # row's cu_seqlens and max_seqlen; resumed at consumed_train_samples, 12
+    # microbatches from step 2 on cross into step 3.
+    args = megatron_args(1, 3, 2, 1, consumed_train=2 * GBS, inter_document=True)
+    documents = serve_and_compare("inter-document", args, {"train": 12})
+    check("inter-document: microbatches hold several documents each", documents > 2 * 12 * 6,
+          documents)
 
 
-def provider_as_megatron_calls_it():
+def test_dense_mask_and_every_split():
+    # Megatron's default: BSHD with the dense causal mask (cut to each CP
+    # rank's rows); the valid split resumed at consumed_valid_samples, the
+    # test split from 0, from the same provider.
+    serve_and_compare("dense-mask", megatron_args(1, 2, 2, 2, consumed_valid=GBS),
+                      {"train": 6, "valid": 4, "test": 4})
+
+
+def test_vpp_chunks_each_from_its_provider():
+    # VPP 2 over PP2 with inter-document masking: each model chunk's iterator,
+    # chunk 0 running a step ahead of chunk 1; the middle chunks (stage 0's
+    # second, stage 1's first) get the row's cu_seqlens and max_seqlen only.
+    serve_and_compare("vpp", megatron_args(1, 2, 1, 2, inter_document=True, vpp=2), {"train": 6})
+
+
+def test_document_mask_rebuilt_from_thd():
+    # reset_attention_mask: the dense per-document mask rebuilt from the THD row.
+    serve_and_compare("document-mask", megatron_args(2, 1, 1, 2, reset_attention_mask=True),
+                      {"train": 4})
+
+
+def test_provider_as_megatron_calls_it():
     """What Megatron's training loop asks of a provider: is_distributed
     (every rank builds its own iterators), a vp_stage keyword; a consumed
     count inside a step is refused, naming why, and the daemon serves on."""
@@ -325,7 +335,3 @@ def provider_as_megatron_calls_it():
     check("a consumed count inside a step is refused with the reason",
           "sample 18 lies inside a step" in refused and "consumed_samples" in refused, refused)
     check("the daemon serves on after refusing it", alive)
-
-
-provider_as_megatron_calls_it()
-CHECKS.finish()

@@ -13,10 +13,13 @@ packfeedd and asserts every rank gets exactly the batch Megatron's
 pretraining sampler and get_batch_on_this_cp_rank give it, also after a
 restart from consumed_samples, and through the Python client.
 
-Usage: megatron_pretraining_test.py PACKFEEDCTL VENV_DIR [PYTHON_PACKAGE_DIR]
-Exit 77 (skipped) only when PyPI cannot be reached.
+Runs inside the venv (tests/CMakeLists.txt):
+  megatron_venv.py VENV_DIR -m pytest megatron_pretraining_test.py
+with PF_CTL (packfeedctl) and PF_PYTHON_DIR (the built packfeed package, if
+any) in the environment. Skipped only when PyPI cannot be reached.
 """
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -24,27 +27,29 @@ import sys
 import tempfile
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ctl_checks import Checks  # noqa: E402
-from megatron_venv import (Tokenizer, import_megatron_datasets,  # noqa: E402
-                           init_single_process, rerun_in_venv, write_megatron_dataset)
+import numpy
+import pytest
+import torch
+from torch.utils.data import default_collate
 
-if os.environ.get("PF_IN_MEGATRON_VENV") != "1":
-    rerun_in_venv(sys.argv[2], __file__, [sys.argv[1], *sys.argv[3:]])
-
-# ---- inside the venv ----
-import logging  # noqa: E402
-
-import numpy  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import default_collate  # noqa: E402
+from daemon_harness import Daemon, start_up_errors
+from megatron_source import CpGroup, megatron_functions
+from megatron_venv import (Tokenizer, import_megatron_datasets, init_single_process,
+                           write_megatron_dataset)
 
 Builder, GPTDataset, GPTDatasetConfig = import_megatron_datasets()
 logging.getLogger("megatron").setLevel(logging.ERROR)
-CTL = sys.argv[1]
+CTL = os.environ["PF_CTL"]
+PYTHON_DIR = os.environ.get("PF_PYTHON_DIR", "")
 EOD = 0
-CHECKS = Checks(CTL)
-check = CHECKS.check
+# The running test's checks (bind_checks), for the helpers below.
+CHECKS = check = None
+
+
+@pytest.fixture(autouse=True)
+def bind_checks(checks):
+    global CHECKS, check
+    CHECKS, check = checks, checks.check
 
 
 
@@ -184,20 +189,22 @@ jobs {{
         compare_split(f"{name}: job {job}", theirs, out / "daemon.conf", job, out / job)
 
 
-# One dataset, no weights (Megatron builds the GPTDataset alone), 3 epochs.
-compare("single", DATASETS[:1], None, 64, 1234, "969,30,1", (6000, 200, 50))
-# Two and three datasets with weights, two seeds, two sequence lengths,
-# several epochs of the small dataset.
-compare("two", DATASETS[:2], [0.3, 0.7], 128, 1234, "90,8,2", (3000, 300, 100))
-compare("three", DATASETS, [2.0, 1.0, 5.0], 96, 99, "80,15,5", (8000, 400, 120))
-# Three datasets without weights: a blend by size, one epoch each.
-compare("bysize", DATASETS, None, 64, 7, "70,20,10", (0, 0, 0))
-# A partial last validation sample kept and padded.
-compare("partial", DATASETS[1:2], None, 200, 5, "50,50", (0, 0, 0), keep_partial=True)
-# blend_per_split: a weighted train blend, a valid split of one weighted
-# dataset (Megatron builds it alone), a test blend by size.
-compare_blend_per_split("perSplit", [(DATASETS[:2], [1.0, 3.0]), (DATASETS[2:], [5.0]),
-                                     (DATASETS, None)], 64, 77, (2000, 300, 100))
+def test_indices_equal_megatrons_builder():
+    # One dataset, no weights (Megatron builds the GPTDataset alone), 3 epochs.
+    compare("single", DATASETS[:1], None, 64, 1234, "969,30,1", (6000, 200, 50))
+    # Two and three datasets with weights, two seeds, two sequence lengths,
+    # several epochs of the small dataset.
+    compare("two", DATASETS[:2], [0.3, 0.7], 128, 1234, "90,8,2", (3000, 300, 100))
+    compare("three", DATASETS, [2.0, 1.0, 5.0], 96, 99, "80,15,5", (8000, 400, 120))
+    # Three datasets without weights: a blend by size, one epoch each.
+    compare("bysize", DATASETS, None, 64, 7, "70,20,10", (0, 0, 0))
+    # A partial last validation sample kept and padded.
+    compare("partial", DATASETS[1:2], None, 200, 5, "50,50", (0, 0, 0), keep_partial=True)
+    # blend_per_split: a weighted train blend, a valid split of one weighted
+    # dataset (Megatron builds it alone), a test blend by size.
+    compare_blend_per_split("perSplit", [(DATASETS[:2], [1.0, 3.0]), (DATASETS[2:], [5.0]),
+                                         (DATASETS, None)], 64, 77, (2000, 300, 100))
+
 
 # Megatron's cache (--data-cache-path): the "three" case's indices are read
 # from the files Megatron wrote, and only when they hold up.
@@ -211,42 +218,41 @@ def pretraining_with_cache(name, cache):
                         "--tokens", str(out / "tokens.npy"), "--count", "10", ok=False)
 
 
-MEGATRON_CACHE = WORK / "megatron-cache"
-out, read = pretraining_with_cache("cached", MEGATRON_CACHE)
-check("Megatron's cache is read for every dataset",
-      read.returncode == 0 and read.stdout.count("read from Megatron's cache") == 3, read.stdout)
-TAMPERED = WORK / "tampered-cache"
-shutil.copytree(MEGATRON_CACHE, TAMPERED)
-
-
 def describes_three_ds0(path):
     description = json.loads(path.read_text())
     return (description["dataset_path"] == DATASETS[0] and description["sequence_length"] == 96
             and description["random_seed"] == 99)
 
 
-shuffle_file = next(
-    f.parent / f.name.replace("description.txt", "shuffle_index.npy")
-    for f in TAMPERED.glob("*-GPTDataset-train-description.txt") if describes_three_ds0(f))
-shuffle = numpy.load(shuffle_file)
-shuffle[[0, 1]] = shuffle[[1, 0]]  # still a permutation, not what packfeed builds
-numpy.save(shuffle_file, shuffle)
-out, read = pretraining_with_cache("tampered", TAMPERED)
-check("a cached index is used as Megatron cached it",
-      read.returncode == 0 and numpy.array_equal(numpy.load(out / "0-shuffle_index.npy"), shuffle),
-      read.stderr)
-shuffle[1] = shuffle[0]  # no longer a permutation
-numpy.save(shuffle_file, shuffle)
-out, read = pretraining_with_cache("corrupt", TAMPERED)
-check("a cached index that does not fit is refused, naming the file",
-      read.returncode != 0 and "DATA_LOSS" in read.stderr
-      and shuffle_file.name.split("-")[0] in read.stderr
-      and "shuffle index is not a permutation" in read.stderr and not (out / "tokens.npy").exists(), read.stderr)
+def test_megatrons_cache_is_read_and_checked():
+    MEGATRON_CACHE = WORK / "megatron-cache"
+    out, read = pretraining_with_cache("cached", MEGATRON_CACHE)
+    check("Megatron's cache is read for every dataset",
+          read.returncode == 0 and read.stdout.count("read from Megatron's cache") == 3, read.stdout)
+    TAMPERED = WORK / "tampered-cache"
+    shutil.copytree(MEGATRON_CACHE, TAMPERED)
+
+
+    shuffle_file = next(
+        f.parent / f.name.replace("description.txt", "shuffle_index.npy")
+        for f in TAMPERED.glob("*-GPTDataset-train-description.txt") if describes_three_ds0(f))
+    shuffle = numpy.load(shuffle_file)
+    shuffle[[0, 1]] = shuffle[[1, 0]]  # still a permutation, not what packfeed builds
+    numpy.save(shuffle_file, shuffle)
+    out, read = pretraining_with_cache("tampered", TAMPERED)
+    check("a cached index is used as Megatron cached it",
+          read.returncode == 0 and numpy.array_equal(numpy.load(out / "0-shuffle_index.npy"), shuffle),
+          read.stderr)
+    shuffle[1] = shuffle[0]  # no longer a permutation
+    numpy.save(shuffle_file, shuffle)
+    out, read = pretraining_with_cache("corrupt", TAMPERED)
+    check("a cached index that does not fit is refused, naming the file",
+          read.returncode != 0 and "DATA_LOSS" in read.stderr
+          and shuffle_file.name.split("-")[0] in read.stderr
+          and "shuffle index is not a permutation" in read.stderr and not (out / "tokens.npy").exists(), read.stderr)
+
 
 # ---- served by a real packfeedd to every rank of TP2 x PP2 x CP2 x DP2 ----
-from daemon_harness import Daemon, start_up_errors  # noqa: E402
-from megatron_source import CpGroup, megatron_functions  # noqa: E402
-
 MEGATRON_016 = megatron_functions(
     pathlib.Path(sys.modules["megatron"].__path__[0], "core", "utils.py").read_text(),
     ["get_batch_on_this_cp_rank"], get_pg_size=lambda group: group.size,
@@ -331,7 +337,7 @@ def serve_and_compare(name, consumed, reset_position_ids, eod_mask_loss, cp_size
     with Daemon(os.path.dirname(CTL), config, workdir=WORK / name) as daemon:
         dumps = daemon.dump_ranks("gpt", ranks, STEPS)
         job = next(j for j in daemon.ctl_json("stats")["jobs"] if j["name"] == "gpt")
-        if len(sys.argv) > 2:
+        if PYTHON_DIR:
             if not thd:
                 python_client_step(daemon.socket, train, consumed)
             dropin_016_step(daemon.socket, train, consumed, cp_size, thd)
@@ -376,7 +382,7 @@ def python_client_step(socket, train, consumed):
     """Ranks 4 (first stage, cp 0, dp 1) and 14 (last stage, cp 1, dp 1)
     through packfeed.Client, as pretrain_gpt's data iterator: step 0's
     microbatches are Megatron's batch dicts, BSHD, no packed_seq_params."""
-    sys.path.insert(0, sys.argv[2])
+    sys.path.insert(0, PYTHON_DIR)
     import packfeed
     for rank, keys in ((4, ("tokens", "position_ids")), (14, ("labels", "loss_mask"))):
         client = packfeed.Client("gpt", socket_path=socket, rank=rank)
@@ -414,7 +420,7 @@ def dropin_016_step(socket, train, consumed, cp_size, thd):
     --dataloader-type external calls them: step 0's values must be 0.16's
     get_batch's, the dense attention mask included (with `thd`, each
     sample's document mask rebuilt from the THD row)."""
-    sys.path.insert(0, sys.argv[2])
+    sys.path.insert(0, PYTHON_DIR)
     from packfeed import megatron as packfeed_megatron
     args = types.SimpleNamespace(consumed_train_samples=consumed, consumed_valid_samples=0)
     for rank in (TP * cp_size, TP * cp_size * DP * PP - 1):
@@ -440,14 +446,15 @@ def dropin_016_step(socket, train, consumed, cp_size, thd):
               f"get_batch_016 equals Megatron 0.16's", not wrong, wrong[:5])
 
 
-serve_and_compare("served", 0, True, True)
-# A restart from consumed_samples continues Megatron's order.
-serve_and_compare("resumed", 2 * GBS, False, False)
-# Document-masked attention (reset_attention_mask) as THD, CP 1.
-serve_and_compare("documents", 0, True, True, cp_size=1, thd=True)
+def test_served_batches_equal_megatrons():
+    serve_and_compare("served", 0, True, True)
+    # A restart from consumed_samples continues Megatron's order.
+    serve_and_compare("resumed", 2 * GBS, False, False)
+    # Document-masked attention (reset_attention_mask) as THD, CP 1.
+    serve_and_compare("documents", 0, True, True, cp_size=1, thd=True)
 
 
-def every_split_served():
+def test_every_split_served():
     """serve_every_split: the same ranks read the train, valid and test
     splits at once from one job's three names, each in Megatron's sampler
     order (train and valid resumed from their consumed counts, as
@@ -495,10 +502,8 @@ def every_split_served():
               "split", not wrong, wrong[:5])
 
 
-every_split_served()
 
-
-def balanced_keeps_each_global_batch():
+def test_balanced_keeps_each_global_batch():
     """balance_document_attention moves samples between slots, never
     between global batches: each step's samples are Megatron's."""
     train = megatron_train(False, False, True)
@@ -522,34 +527,31 @@ def balanced_keeps_each_global_batch():
     check("balancing moved samples between slots", moved > 0, moved)
 
 
-balanced_keeps_each_global_batch()
+def test_bad_input_is_refused_with_its_reason():
+    # Bad input: one clear error, nothing written.
+    bad = WORK / "bad.conf"
+    for what, text, needle in [
+        ("weights that sum to zero", job_config("w", DATASETS[:2], [0, 1.0], 64, 1, "1", (10, 0, 0),
+                                                "SPLIT_TRAIN"), "weight"),
+        ("a split that does not parse", job_config("s", DATASETS[:1], None, 64, 1, "9x,1", (10, 0, 0),
+                                                   "SPLIT_TRAIN"), "pretraining.split"),
+        ("a dataset too small for one sample",
+         job_config("t", DATASETS[:1], None, 10 ** 7, 1, "1", (0, 0, 0), "SPLIT_TRAIN"),
+         "fewer than one sample"),
+        ("no share for the served split", job_config("v", DATASETS[:1], None, 64, 1, "1,0", (10, 0, 0),
+                                                      "SPLIT_VALID"), "serve_split"),
+    ]:
+        bad.write_text(text)
+        result = CHECKS.run("pretraining-samples", "--config", str(bad), "--tokens",
+                         str(WORK / "bad.npy"), "--count", "1", ok=False)
+        check(f"refuses {what}", result.returncode != 0 and needle in result.stderr, result.stderr)
+        check(f"writes nothing for {what}", not (WORK / "bad.npy").exists())
 
-# Bad input: one clear error, nothing written.
-bad = WORK / "bad.conf"
-for what, text, needle in [
-    ("weights that sum to zero", job_config("w", DATASETS[:2], [0, 1.0], 64, 1, "1", (10, 0, 0),
-                                            "SPLIT_TRAIN"), "weight"),
-    ("a split that does not parse", job_config("s", DATASETS[:1], None, 64, 1, "9x,1", (10, 0, 0),
-                                               "SPLIT_TRAIN"), "pretraining.split"),
-    ("a dataset too small for one sample",
-     job_config("t", DATASETS[:1], None, 10 ** 7, 1, "1", (0, 0, 0), "SPLIT_TRAIN"),
-     "fewer than one sample"),
-    ("no share for the served split", job_config("v", DATASETS[:1], None, 64, 1, "1,0", (10, 0, 0),
-                                                  "SPLIT_VALID"), "serve_split"),
-]:
-    bad.write_text(text)
-    result = CHECKS.run("pretraining-samples", "--config", str(bad), "--tokens",
-                     str(WORK / "bad.npy"), "--count", "1", ok=False)
-    check(f"refuses {what}", result.returncode != 0 and needle in result.stderr, result.stderr)
-    check(f"writes nothing for {what}", not (WORK / "bad.npy").exists())
-
-# The daemon refuses a job whose datasets cannot make a sample, naming it.
-(WORK / "refused").mkdir()
-refused = WORK / "refused" / "daemon.conf"
-refused.write_text(job_config(
-    "gpt", DATASETS[:1], None, 10 ** 6, 1, "1", (0, 0, 0), "SPLIT_TRAIN"))
-code, errors = start_up_errors(os.path.dirname(CTL), refused)
-check("packfeedd refuses a dataset too small for one sample",
-      code != 0 and any("fewer than one sample" in e and "gpt" in e for e in errors), errors)
-
-CHECKS.finish()
+    # The daemon refuses a job whose datasets cannot make a sample, naming it.
+    (WORK / "refused").mkdir()
+    refused = WORK / "refused" / "daemon.conf"
+    refused.write_text(job_config(
+        "gpt", DATASETS[:1], None, 10 ** 6, 1, "1", (0, 0, 0), "SPLIT_TRAIN"))
+    code, errors = start_up_errors(os.path.dirname(CTL), refused)
+    check("packfeedd refuses a dataset too small for one sample",
+          code != 0 and any("fewer than one sample" in e and "gpt" in e for e in errors), errors)

@@ -34,38 +34,46 @@ def installed_version(python):
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
-def _pip_or_exit(python, args, what):
-    """Runs pip with `args`; exits 77 (skipped) only when PyPI cannot be
-    reached, and fails on any other error."""
+def _skip(reason):
+    """Skips the test that needs what could not be had: a pytest skip inside
+    a test run, exit code 77 (ctest's skip) from the launcher below."""
+    if "pytest" in sys.modules:
+        import pytest
+        pytest.skip(reason, allow_module_level=True)
+    print(f"SKIPPED: {reason}")
+    sys.exit(SKIPPED)
+
+
+def _pip(python, args, what):
+    """Runs pip with `args`; skips only when PyPI cannot be reached, and
+    fails on any other error."""
     pip = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True)
     if pip.returncode != 0:
         if any(s in pip.stderr for s in UNREACHABLE):
-            print(f"SKIPPED: PyPI cannot be reached to fetch {what}:\n{pip.stderr}")
-            sys.exit(SKIPPED)
-        sys.exit(f"pip {' '.join(args)} failed:\n{pip.stderr}")
+            _skip(f"PyPI cannot be reached to fetch {what}:\n{pip.stderr}")
+        raise RuntimeError(f"pip {' '.join(args)} failed:\n{pip.stderr}")
 
 
 def ensure_venv(venv):
     """The venv's python with megatron-core MEGATRON_CORE_VERSION, installing
-    it first when the venv lacks it or holds another version. Exits 77
-    (skipped) only when PyPI cannot be reached, naming why; any other pip
-    failure fails."""
+    it first when the venv lacks it or holds another version. Skips only
+    when PyPI cannot be reached, naming why; any other pip failure fails."""
     venv = pathlib.Path(venv)
     python = venv / "bin" / "python"
     if python.exists() and installed_version(python) == MEGATRON_CORE_VERSION:
         return python
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True)
-    _pip_or_exit(python, ["install", "-q", "--no-deps", MEGATRON_CORE], MEGATRON_CORE)
+    _pip(python, ["install", "-q", "--no-deps", MEGATRON_CORE], MEGATRON_CORE)
     found = installed_version(python)
     if found != MEGATRON_CORE_VERSION:
-        sys.exit(f"{venv}: megatron-core {found} after installing {MEGATRON_CORE}")
+        raise RuntimeError(f"{venv}: megatron-core {found} after installing {MEGATRON_CORE}")
     return python
 
 
 def rerun_in_venv(venv, script, args):
     """Runs `script` with the venv's python (PF_IN_MEGATRON_VENV=1) and
-    exits with its code."""
+    exits with its code (the benches that set Megatron beside packfeed)."""
     python = ensure_venv(venv)
     env = dict(os.environ, PF_IN_MEGATRON_VENV="1")
     sys.exit(subprocess.run([str(python), script, *args], env=env).returncode)
@@ -118,7 +126,7 @@ def fetch_megatron_019(directory):
     datasets = src / "megatron" / "core" / "datasets"
     if not (datasets / "gpt_dataset.py").exists():
         wheels = directory / "wheel"
-        _pip_or_exit(sys.executable, ["download", "-q", "--no-deps", "--python-version", "3.12",
+        _pip(sys.executable, ["download", "-q", "--no-deps", "--python-version", "3.12",
                                       "--only-binary", ":all:", "-d", str(wheels),
                                       f"megatron-core=={MEGATRON_CORE_019_VERSION}"],
                      f"megatron-core {MEGATRON_CORE_019_VERSION}")
@@ -128,7 +136,7 @@ def fetch_megatron_019(directory):
             archive.extractall(src)
     found = [d.name for d in src.glob("megatron_core-*.dist-info")]
     if found != [f"megatron_core-{MEGATRON_CORE_019_VERSION}.dist-info"]:
-        sys.exit(f"{src}: {found}, not megatron-core {MEGATRON_CORE_019_VERSION}")
+        raise RuntimeError(f"{src}: {found}, not megatron-core {MEGATRON_CORE_019_VERSION}")
     installed = pathlib.Path(importlib.util.find_spec("megatron").submodule_search_locations[0])
     helper = next((installed / "core" / "datasets").glob("helpers_cpp.cpython-*.so"))
     if not (datasets / helper.name).exists():
@@ -182,3 +190,18 @@ def write_megatron_dataset(prefix, documents, mean, vocab, dtype, seed, eod):
         lengths = [length] if d % 5 or length < 4 else [length // 2, length - length // 2]
         builder.add_document(tokens, lengths)
     builder.finalize(f"{prefix}.idx")
+
+
+def main():
+    """megatron_venv.py VENV_DIR ARGS...: makes the venv (installing
+    megatron-core MEGATRON_CORE_VERSION; exit 77 when PyPI cannot be
+    reached) and runs its python with ARGS, as ctest runs the Megatron tests:
+    `megatron_venv.py VENV -m pytest megatron_pretraining_test.py ...`."""
+    if len(sys.argv) < 3:
+        sys.exit(main.__doc__)
+    python = str(ensure_venv(sys.argv[1]))
+    os.execv(python, [python, *sys.argv[2:]])
+
+
+if __name__ == "__main__":
+    main()

@@ -4,18 +4,18 @@ metrics_address, and its HTTP API returns packfeed figures with the values
 the daemon's own stats report: steps planned, bytes read, I/O amplification
 and each rank's microbatches pushed after two ranks took 3 steps each.
 
-usage: metrics_prometheus_test.py BIN_DIR SOURCE_ROOT (exit 77: no prometheus)"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py); skipped: no prometheus."""
 import json
 import pathlib
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import urllib.parse
 import urllib.request
 
-from ctl_checks import Checks
+import pytest
+
 from daemon_harness import Daemon, wait_until
 
 
@@ -36,13 +36,10 @@ def query(prometheus_port, expression):
             for r in reply["data"]["result"]}
 
 
-def main():
-    bin_dir = pathlib.Path(sys.argv[1])
+def test_prometheus_scrapes_the_daemon(bin_dir, checks):
     prometheus = shutil.which("prometheus")
     if prometheus is None:
-        print("skipped: no prometheus binary (Debian's package `prometheus`)")
-        sys.exit(77)
-    checks = Checks(str(bin_dir / "packfeedctl"))
+        pytest.skip("no prometheus binary (Debian's package `prometheus`)")
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         checks.run("make-dataset", "--out", str(work / "data"), "--count", "200",
@@ -102,8 +99,3 @@ scrape_configs:
             finally:
                 server.terminate()
                 server.wait(timeout=30)
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

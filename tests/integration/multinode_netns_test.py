@@ -8,17 +8,17 @@ token, and one whose peer never answers, fail start-up with one clear line.
 Skips (exit 77, with the reason) where the machine forbids network
 namespaces (not root, or `ip netns add` refused).
 
-usage: multinode_netns_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import json
 import os
 import pathlib
 import subprocess
-import sys
 import tempfile
 import time
 
-from ctl_checks import Checks
 from daemon_serving_test import compare, expected_dumps, job_text
+import pytest
+
 from thd_reference import Dataset
 
 SUFFIX = str(os.getpid())
@@ -37,8 +37,7 @@ def make_hosts():
         made = ip("netns", "add", name)
         if made.returncode != 0:
             remove_hosts(names)
-            print(f"SKIP: network namespaces are not allowed here: {made.stderr.strip()}")
-            sys.exit(77)
+            pytest.skip(f"network namespaces are not allowed here: {made.stderr.strip()}")
         ip("-n", name, "link", "set", "lo", "up")
     ip("link", "add", f"pfva{SUFFIX}", "type", "veth", "peer", "name", f"pfvb{SUFFIX}")
     for host, device in (("a", f"pfva{SUFFIX}"), ("b", f"pfvb{SUFFIX}")):
@@ -105,13 +104,11 @@ def failed_start(checks, bin_dir, names, work, name, path, expected):
                  len(errors) == 1 and all(e in errors[0] for e in expected), errors)
 
 
-def main():
-    bin_dir = sys.argv[1]
+def test_nodes_in_network_namespaces(bin_dir, checks):
     work = tempfile.mkdtemp(prefix="pf-netns-")
     subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", f"{work}/data",
                     "--count", "300", "--min", "8", "--max", "400", "--mean", "100",
                     "--vocab", "32000"], check=True, capture_output=True)
-    checks = Checks(None)
     names = make_hosts()
     daemons = []
     try:
@@ -172,8 +169,3 @@ def main():
         remove_hosts(names)
     checks.check("daemons exit 0 on SIGTERM", all(p.returncode == 0 for p in daemons),
                  [p.returncode for p in daemons])
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -5,14 +5,12 @@ composed offline) gives exactly the plan a running packfeedd reports through
 `plan-step`, for every scheduler kind — Megatron's DP-rank-major order and
 SFT padding included.
 
-usage: plan_agreement_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import json
 import pathlib
 import subprocess
-import sys
 import tempfile
 
-from ctl_checks import Checks
 from daemon_harness import Daemon
 
 STEPS = 3
@@ -76,10 +74,8 @@ def offline_plans(ctl, config, job, dump):
     return plans
 
 
-def main():
-    bin_dir = pathlib.Path(sys.argv[1])
+def test_daemon_plans_what_ctl_plans(bin_dir, checks):
     ctl = str(bin_dir / "packfeedctl")
-    checks = Checks(ctl)
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         checks.run("make-dataset", "--out", str(work / "data"), "--count", "400",
@@ -95,8 +91,3 @@ def main():
                                  f"offline {str(plan)[:300]}\n  daemon {str(online)[:300]}")
                 print(f"{job}: {STEPS} steps compared "
                       f"({sum(len(p) for p in offline)} microbatches)")
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

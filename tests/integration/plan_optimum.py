@@ -8,7 +8,6 @@ sequence; per-rank padded tokens within the cap; CP inflation within the
 budget. Objective: the modelled step time without a pipeline,
 Σ_m (max over the microbatch's groups of their per-rank cost + μ).
 """
-import math
 
 import numpy as np
 from scipy import sparse

@@ -6,14 +6,11 @@ pings (SIGSTOP). Each case is timed from the signal to `stats` showing the
 rank detached; the rank can attach again at once, and a rank that detaches
 cleanly is not reported gone.
 
-usage: rank_liveness_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 
-from ctl_checks import Checks
 from daemon_harness import Daemon, wait_until
 
 JOB = """jobs {
@@ -44,9 +41,7 @@ def hold(daemon, rank):
     return process
 
 
-def main():
-    bin_dir = sys.argv[1]
-    checks = Checks(os.path.join(bin_dir, "packfeedctl"))
+def test_a_stopped_or_killed_rank_is_noticed(bin_dir, checks):
     work = tempfile.mkdtemp(prefix="pf-liveness-")
     prefix = os.path.join(work, "data")
     checks.run("make-dataset", "--out", prefix, "--count", "100", "--min", "16", "--max", "200",
@@ -83,8 +78,3 @@ def main():
                      all(len(d["steps"]) == 1 for d in again.values()))
         print(f"liveness: a SIGSTOPped rank was noticed after {took_stopped:.1f} s, a SIGKILLed "
               f"(unreaped) one after {took_killed:.2f} s; both attached again and were served")
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -17,8 +17,7 @@ rules), the median per family <= 1.01 (issue 17's target) and the 95th
 percentile <= 1.15 (a regression guard). Printed beside them: issue 17's p95
 target of 1.05, which the planners do not reach on every family yet.
 
-Usage: scheduler_optimality_test.py PATH_TO_PACKFEEDCTL SOURCE_ROOT
-           [INSTANCES_CALIBRATED [INSTANCES_S2]]    (defaults 200 and 40)
+ctest runs it under pytest, with the build's paths (tests/conftest.py).
 """
 import json
 import math
@@ -26,24 +25,26 @@ import os
 import pathlib
 import random
 import statistics
-import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ctl_checks import Checks, lognormal_traces  # noqa: E402
-import plan_optimum  # noqa: E402
+import pytest
 
-checks = Checks(sys.argv[1])
-ROOT = pathlib.Path(sys.argv[2])
-INSTANCES = {"llama8b": int(sys.argv[3]) if len(sys.argv) > 3 else 200,
-             "megatron": int(sys.argv[4]) if len(sys.argv) > 4 else 40}
+import plan_optimum
+from ctl_checks import lognormal_traces
+
+INSTANCES = {"llama8b": 200, "megatron": 40}
 RANKS, CAP, SEQUENCES, BUDGET = 4, 1024, 8, 0.05
-FAMILIES = [ROOT / "bench" / "traces" / f"{name}.txt"
-            for name in ("trace_code_files", "trace_chat_longdoc", "trace_doc_paragraphs")]
-TRACES_DIR = tempfile.TemporaryDirectory()
-FAMILIES += [path for name, path in lognormal_traces(ROOT, TRACES_DIR.name).items()
-             if name in ("sft_lognormal_1024_8192", "dcp_lognormal_512_49152")]
+
+
+@pytest.fixture(scope="module")
+def families(source_root, tmp_path_factory):
+    """The length traces of every family: bench/traces and Megatron's."""
+    out = [source_root / "bench" / "traces" / f"{name}.txt"
+           for name in ("trace_code_files", "trace_chat_longdoc", "trace_doc_paragraphs")]
+    made = lognormal_traces(source_root, tmp_path_factory.mktemp("traces"))
+    return out + [path for name, path in made.items()
+                  if name in ("sft_lognormal_1024_8192", "dcp_lognormal_512_49152")]
 
 
 def instances(trace, count):
@@ -59,7 +60,7 @@ def instances(trace, count):
     return out
 
 
-def heuristic(batches, cost_model, ranks=RANKS, cap=CAP):
+def heuristic(checks, batches, cost_model, ranks=RANKS, cap=CAP):
     """dynamic_cp's plan of each batch: (model, [(step time, inflation,
     microbatches, the planner's lower bound), ...])."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -104,36 +105,6 @@ def percentile(values, q):
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-everything = {}
-with ProcessPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-    for cost_model in ("megatron", "llama8b"):
-        for trace in FAMILIES:
-            batches = instances(trace, INSTANCES[cost_model])
-            model, planned = heuristic(batches, cost_model)
-            best = list(pool.map(optimum, [(b, model, step, inflation, m)
-                                           for b, (step, inflation, m, _) in zip(batches, planned)],
-                                 chunksize=4))
-            bound_ratios = [o / p[3] for p, o in zip(planned, best)]
-            ratios = [p[0] / o for p, o in zip(planned, best)]
-            everything.setdefault(cost_model, []).extend(ratios)
-            name = f"{trace.stem} under {cost_model}"
-            median, p95 = statistics.median(ratios), percentile(ratios, 0.95)
-            print(f"{name:50} {len(ratios)} instances: heuristic/optimum median {median:.4f}, "
-                  f"p95 {p95:.4f}, max {max(ratios):.4f}", flush=True)
-            # The optimum is a lower bound (to HiGHS's tolerance): a plan below it
-            # means a plan that breaks a rule the MILP keeps.
-            checks.check(f"{name}: no plan beats the optimum", min(ratios) > 1 - 1e-6,
-                         f"min ratio {min(ratios)}")
-            # The bound (scheduler/lower_bound.h, the planner's own figure) is
-            # a lower bound on every plan, the optimum's included.
-            checks.check(f"{name}: the lower bound never exceeds the optimum",
-                         min(bound_ratios) > 1 - 1e-6, f"min optimum/bound {min(bound_ratios)}")
-            print(f"{'':50} optimum/lower bound median {statistics.median(bound_ratios):.4f}, "
-                  f"max {max(bound_ratios):.4f}")
-            checks.check(f"{name}: median <= 1.01", median <= 1.01, f"{median:.4f}")
-            checks.check(f"{name}: p95 <= 1.15", p95 <= 1.15, f"{p95:.4f}")
-            print(f"{'':50} target p95 <= 1.05: {'met' if p95 <= 1.05 else 'missed'}")
-
 # At full size there is no optimum to compare with, but the bound must still
 # lie below every plan: the scheduler_bench configurations of the families
 # made from real files, a few global batches each.
@@ -141,17 +112,50 @@ FULL_SIZE = [("trace_code_files", 32, 8192, 512, 2), ("trace_code_files", 8, 163
              ("trace_chat_longdoc", 16, 4096, 256, 2), ("trace_chat_longdoc", 512, 4096, 8192, 1),
              ("trace_doc_paragraphs", 64, 4096, 16384, 1),
              ("trace_heavy_tail", 32, 4096, 512, 2), ("trace_heavy_tail", 8, 16384, 128, 4)]
-for trace, ranks, cap, size, steps in FULL_SIZE:
-    lengths = [int(line) for line in (ROOT / "bench" / "traces" / f"{trace}.txt").read_text().split()]
-    batches = [lengths[i * size:(i + 1) * size] for i in range(steps)]
-    for cost_model in ("megatron", "llama8b"):
-        _, planned = heuristic(batches, cost_model, ranks, cap)
-        gaps = [step / bound - 1 for step, _, _, bound in planned]
-        name = f"{trace}, {ranks} ranks, {size} sequences, {cost_model}"
-        print(f"{name:60} plan over lower bound - 1: {', '.join(f'{g:.3f}' for g in gaps)}")
-        checks.check(f"{name}: no plan beats the lower bound", min(gaps) > -1e-9, f"{min(gaps)}")
 
-for cost_model, ratios in everything.items():
-    print(f"all families under {cost_model}: median {statistics.median(ratios):.4f}, "
-          f"p95 {percentile(ratios, 0.95):.4f} over {len(ratios)} instances")
-checks.finish()
+
+def test_dynamic_cp_against_the_exact_optimum(checks, families):
+    everything = {}
+    with ProcessPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        for cost_model in ("megatron", "llama8b"):
+            for trace in families:
+                batches = instances(trace, INSTANCES[cost_model])
+                model, planned = heuristic(checks, batches, cost_model)
+                best = list(pool.map(optimum, [(b, model, step, inflation, m)
+                                               for b, (step, inflation, m, _) in zip(batches, planned)],
+                                     chunksize=4))
+                bound_ratios = [o / p[3] for p, o in zip(planned, best)]
+                ratios = [p[0] / o for p, o in zip(planned, best)]
+                everything.setdefault(cost_model, []).extend(ratios)
+                name = f"{trace.stem} under {cost_model}"
+                median, p95 = statistics.median(ratios), percentile(ratios, 0.95)
+                print(f"{name:50} {len(ratios)} instances: heuristic/optimum median {median:.4f}, "
+                      f"p95 {p95:.4f}, max {max(ratios):.4f}", flush=True)
+                # The optimum is a lower bound (to HiGHS's tolerance): a plan below it
+                # means a plan that breaks a rule the MILP keeps.
+                checks.check(f"{name}: no plan beats the optimum", min(ratios) > 1 - 1e-6,
+                             f"min ratio {min(ratios)}")
+                # The bound (scheduler/lower_bound.h, the planner's own figure) is
+                # a lower bound on every plan, the optimum's included.
+                checks.check(f"{name}: the lower bound never exceeds the optimum",
+                             min(bound_ratios) > 1 - 1e-6, f"min optimum/bound {min(bound_ratios)}")
+                print(f"{'':50} optimum/lower bound median {statistics.median(bound_ratios):.4f}, "
+                      f"max {max(bound_ratios):.4f}")
+                checks.check(f"{name}: median <= 1.01", median <= 1.01, f"{median:.4f}")
+                checks.check(f"{name}: p95 <= 1.15", p95 <= 1.15, f"{p95:.4f}")
+                print(f"{'':50} target p95 <= 1.05: {'met' if p95 <= 1.05 else 'missed'}")
+    for cost_model, ratios in everything.items():
+        print(f"all families under {cost_model}: median {statistics.median(ratios):.4f}, "
+              f"p95 {percentile(ratios, 0.95):.4f} over {len(ratios)} instances")
+
+
+def test_the_lower_bound_lies_below_every_full_size_plan(checks, source_root):
+    for trace, ranks, cap, size, steps in FULL_SIZE:
+        lengths = [int(line) for line in (source_root / "bench" / "traces" / f"{trace}.txt").read_text().split()]
+        batches = [lengths[i * size:(i + 1) * size] for i in range(steps)]
+        for cost_model in ("megatron", "llama8b"):
+            _, planned = heuristic(checks, batches, cost_model, ranks, cap)
+            gaps = [step / bound - 1 for step, _, _, bound in planned]
+            name = f"{trace}, {ranks} ranks, {size} sequences, {cost_model}"
+            print(f"{name:60} plan over lower bound - 1: {', '.join(f'{g:.3f}' for g in gaps)}")
+            checks.check(f"{name}: no plan beats the lower bound", min(gaps) > -1e-9, f"{min(gaps)}")

@@ -12,12 +12,10 @@ contract:
     Microbatch::Chunk, through packfeedctl dump) compared per chunk.
 Then bad input: each is one clear start-up error.
 
-usage: side_fields_test.py BIN_DIR SOURCE_ROOT"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import pathlib
-import sys
 import tempfile
 
-from ctl_checks import Checks
 from daemon_harness import Daemon, start_up_errors
 from thd_reference import (Dataset, coords, moe_entries, rank_fields, rank_positions, read_count,
                            run_key, side_field, stage_layers, token_run, values)
@@ -138,7 +136,7 @@ def prompt_mask_side(read):
     return add
 
 
-def test_bad_input(checks, bin_dir, work, prefix, other):
+def bad_input(checks, bin_dir, work, prefix, other):
     base = lambda extra, **kw: job_text("bad", prefix, (1, 2, 1, 2), "balanced", extra, **kw)
     model = "model { num_layers: 7 num_layers_in_first_pipeline_stage: 3 " \
             "num_layers_in_last_pipeline_stage: 4 dense_layers: [0] }"
@@ -172,10 +170,7 @@ def test_bad_input(checks, bin_dir, work, prefix, other):
                      len(errors) == 1 and expected in errors[0], errors)
 
 
-def main():
-    bin_dir = sys.argv[1]
-    ctl = f"{bin_dir}/packfeedctl"
-    checks = Checks(ctl)
+def test_side_fields(bin_dir, checks):
     work = tempfile.mkdtemp(prefix="pf-side-")
     prefix, other = f"{work}/data", f"{work}/other"
     for out, seed in ((prefix, 3), (other, 4)):
@@ -283,9 +278,4 @@ def main():
     checks.check("split: stats count the documents split",
                  int(stats.get("documents_split", 0)) > 0, stats)
 
-    test_bad_input(checks, bin_dir, work, prefix, other)
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()
+    bad_input(checks, bin_dir, work, prefix, other)

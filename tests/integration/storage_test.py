@@ -16,13 +16,13 @@ request, 1 GiB/s, every byte counted by the filesystem itself):
   deleted and locked, data rewritten in place): the daemon lives, serves
   what it opened or refuses by name, never new bytes as old.
 
-usage: storage_test.py BIN_DIR SOURCE_ROOT SLOWFS (exit 77: no /dev/fuse)"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py); skipped: no /dev/fuse."""
 import os
 import pathlib
-import sys
 import tempfile
 
-from ctl_checks import Checks
+import pytest
+
 from daemon_harness import Daemon
 from slowfs_mount import SlowMount
 
@@ -237,14 +237,11 @@ def files_changed(checks, work, source):
                      all(back[r]["steps"] == want["rewritten"][r]["steps"] for r in (0, 1)))
 
 
-def main():
+def test_storage(bin_dir, slowfs, checks):
     global BIN
-    BIN = pathlib.Path(sys.argv[1])
-    slowfs = sys.argv[3]
+    BIN = bin_dir
     if not os.path.exists("/dev/fuse"):
-        print("skipped: /dev/fuse is missing (no FUSE in this machine)")
-        sys.exit(77)
-    checks = Checks(str(BIN / "packfeedctl"))
+        pytest.skip("/dev/fuse is missing (no FUSE in this machine)")
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         source = work / "src"
@@ -261,8 +258,3 @@ def main():
         finally:
             mount.close()
         files_changed(checks, work, source)
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

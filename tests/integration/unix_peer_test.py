@@ -5,14 +5,14 @@ a real packfeedd, real packfeedctl processes run as root and as nobody
 another uid than the daemon's is served over UCX's TCP transport: UCX's
 shared memory does not connect two uids.
 
-usage: unix_peer_test.py BIN_DIR SOURCE_ROOT  (exit 77 unless run as root)"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py); skipped unless run as root."""
 import os
 import pathlib
 import subprocess
-import sys
 import tempfile
 
-from ctl_checks import Checks
+import pytest
+
 from daemon_harness import Daemon
 
 NOBODY = 65534
@@ -54,12 +54,9 @@ def open_to_everyone(daemon):
     os.chmod(daemon.socket + ".rings", 0o666)
 
 
-def main():
+def test_unix_peer(bin_dir, checks):
     if os.geteuid() != 0:
-        print("SKIP: needs root to run a client as another uid")
-        sys.exit(77)
-    bin_dir = sys.argv[1]
-    checks = Checks(f"{bin_dir}/packfeedctl")
+        pytest.skip("needs root to run a client as another uid")
     work = tempfile.mkdtemp(prefix="pf-unix-peer-")
     os.chmod(work, 0o755)
     prefix = f"{work}/data"
@@ -129,8 +126,3 @@ def main():
         root = ctl(daemon, 0, "dump", "--job", "job", "--rank", "1", "--steps", "1")
         checks.check("a uid not in allowed_uids is refused, root too",
                      root.returncode != 0 and "uid 0 " in root.stderr, root.stderr)
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

@@ -6,17 +6,17 @@ WATCHDOG=1 within WatchdogSec; when the reads come back, the pings
 resume and the rank is served. Without systemd: the test binds its own
 NOTIFY_SOCKET, as daemon_readiness_test does.
 
-usage: watchdog_test.py BIN_DIR SOURCE_ROOT SLOWFS (exit 77: no /dev/fuse)"""
+ctest runs it under pytest, with the build's paths (tests/conftest.py); skipped: no /dev/fuse."""
 import os
 import pathlib
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 
-from ctl_checks import Checks
+import pytest
+
 from slowfs_mount import SlowMount
 
 WATCHDOG_USEC = 500_000
@@ -34,12 +34,9 @@ def pings_during(notify, seconds):
     return count
 
 
-def main():
-    bin_dir, slowfs = pathlib.Path(sys.argv[1]), sys.argv[3]
+def test_watchdog(bin_dir, slowfs, checks):
     if not os.path.exists("/dev/fuse"):
-        print("skipped: /dev/fuse is missing (no FUSE in this machine)")
-        sys.exit(77)
-    checks = Checks(str(bin_dir / "packfeedctl"))
+        pytest.skip("/dev/fuse is missing (no FUSE in this machine)")
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         (work / "src").mkdir()
@@ -98,8 +95,3 @@ jobs {{
                 daemon.kill()
             mount.tell("hang=0")
             mount.close()
-    checks.finish()
-
-
-if __name__ == "__main__":
-    main()

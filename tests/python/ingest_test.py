@@ -9,7 +9,6 @@ anyone else."""
 import json
 import random
 import signal
-import subprocess
 import tempfile
 import threading
 import time

@@ -23,8 +23,10 @@ def golden_fixtures():
 
 
 def main():
-    """unittest's main: exits 1 on any failure, SKIP_EXIT_CODE when every
-    test was skipped (ctest then reports the test skipped), else 0."""
+    """For a test file run on its own, where pytest is absent (the GPU
+    machine's bundle, tests/gpu/run_gpu_checks.sh); ctest runs it under
+    pytest (tests/conftest.py). unittest's main: exits 1 on any failure,
+    SKIP_EXIT_CODE when every test was skipped, else 0."""
     result = unittest.main(verbosity=2, exit=False).result
     if not result.wasSuccessful():
         sys.exit(1)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 
-from pf_test_support import BIN_DIR, Daemon
+from pf_test_support import BIN_DIR
 
 WORKER = str(pathlib.Path(__file__).with_name("rank_worker.py"))
 MASK = (1 << 64) - 1

@@ -16,7 +16,7 @@ import packfeed
 from daemon_harness import wait_until
 from pf_test_support import BIN_DIR, Daemon, main
 from reliability_support import (MASK, Workers, check_ledger, daemon_text, job_text, ledger,
-                                 ledger_epochs, make_dataset, plan, sample_digest)
+                                 ledger_epochs, make_dataset, sample_digest)
 
 STEPS = 6
 TP, CP, DP = 1, 2, 2
