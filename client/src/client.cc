@@ -23,6 +23,7 @@
 #include "client/src/watch_stream.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/mutex_mode.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/cuda_memory.h"
 #include "packfeed/transport/receiver.h"
@@ -258,6 +259,7 @@ Microbatch Microbatch::Chunk(int chunk) const {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& options) {
   if (options.job.empty()) return absl::InvalidArgumentError("ClientOptions.job is required");
+  PF_RETURN_IF_ERROR(CheckUnixSocketPath(options.socket_path));
   UseReleaseMutexChecks();
   auto impl = std::make_unique<Impl>(options);
   PF_RETURN_IF_ERROR(impl->Open());

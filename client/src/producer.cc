@@ -11,6 +11,7 @@
 #include "client/src/grpc_status.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/mutex_mode.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/memory_region.h"
 #include "packfeed/transport/ucx_context.h"
@@ -70,6 +71,7 @@ absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions
   UseReleaseMutexChecks();
   if (options.stream.empty())
     return absl::InvalidArgumentError("ProducerOptions.stream is required");
+  PF_RETURN_IF_ERROR(CheckUnixSocketPath(options.socket_path));
   transport::UcxOptions ucx;
   ucx.transports = options.ucx_transports;
   PF_ASSIGN_OR_RETURN(transport::UcpContext context, transport::UcpContext::Create(ucx));

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -100,6 +101,14 @@ absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data) 
     done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckUnixSocketPath(absl::string_view path) {
+  constexpr size_t kMost = sizeof(sockaddr_un::sun_path) - 1;
+  if (path.size() <= kMost) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", path.size(),
+                                                 " bytes, longer than a Unix socket path may be (",
+                                                 kMost, " bytes)"));
 }
 
 absl::Status SyncDirectoryOf(const std::string& path) {

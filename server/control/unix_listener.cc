@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/server_posix.h"
+#include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -23,11 +24,7 @@ namespace packfeed::server {
 absl::StatusOr<ScopedFd> ListenOnUnixSocket(const std::string& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(path,
-                                                   ": longer than a Unix socket path may be (",
-                                                   sizeof(address.sun_path) - 1, " bytes)"));
-  }
+  PF_RETURN_IF_ERROR(CheckUnixSocketPath(path));
   std::memcpy(address.sun_path, path.data(), path.size());
   ScopedFd listening(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!listening.valid()) return ErrnoToStatus(errno, "socket", path);

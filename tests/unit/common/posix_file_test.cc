@@ -101,4 +101,12 @@ TEST(PosixFileTest, SyncsTheFolderOfAPathAndNamesAMissingOne) {
 }
 
 }  // namespace
+TEST(PosixFileTest, UnixSocketPathsUpTo107BytesFit) {
+  EXPECT_TRUE(CheckUnixSocketPath("/run/packfeed.sock").ok());
+  EXPECT_TRUE(CheckUnixSocketPath(std::string(107, 'a')).ok());
+  const absl::Status long_path = CheckUnixSocketPath(std::string(108, 'a'));
+  EXPECT_TRUE(absl::IsInvalidArgument(long_path)) << long_path;
+  EXPECT_THAT(long_path.message(), HasSubstr("108 bytes, longer than a Unix socket path may be"));
+}
+
 }  // namespace packfeed

@@ -218,7 +218,8 @@ class Client {
   // OutOfRange (a rank outside the job), FailedPrecondition (a rank another
   // daemon hosts, or another fingerprint), AlreadyExists (the rank is
   // attached), InvalidArgument (slots too small for the job, a bad start
-  // step or start sample). Unavailable when no daemon answers on the
+  // step or start sample, no job name, a socket path longer than a Unix
+  // socket allows: 107 bytes). Unavailable when no daemon answers on the
   // socket, or it is starting or draining. A release build of packfeed
   // turns Abseil's lock-order checks off for the process here
   // (packfeed/common/mutex_mode.h).

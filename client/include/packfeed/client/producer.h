@@ -89,8 +89,9 @@ struct IngestStreamStatus {
 
 class Producer {
  public:
-  // InvalidArgument without a stream; UCX errors as they come. The daemon
-  // is first called by Put, Seal or Status.
+  // InvalidArgument without a stream or with a socket path longer than a
+  // Unix socket allows (107 bytes); UCX errors as they come. The daemon is
+  // first called by Put, Seal or Status.
   static absl::StatusOr<std::unique_ptr<Producer>> Create(const ProducerOptions& options);
   ~Producer();
 

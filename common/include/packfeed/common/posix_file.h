@@ -57,6 +57,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 // Writes all of `data`, retrying short writes and EINTR.
 absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data);
 
+// OK when `path` fits a Unix socket address (sun_path, 107 bytes on Linux);
+// else InvalidArgument naming it and the limit. gRPC would only say that
+// it could not make a channel.
+absl::Status CheckUnixSocketPath(absl::string_view path);
+
 // Makes the directory entries of the folder holding `path` durable (fsync
 // of the folder): a file created or renamed there survives a crash only
 // then, not when its own data is synced.
