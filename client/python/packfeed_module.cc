@@ -153,14 +153,14 @@ const TorchHandles& Torch() {
   return *handles;
 }
 
-// A field's tensor as a capsule (bools as DLPack bools where torch reads
-// them, else as uint8 for the caller to view).
+// A field's tensor as a capsule: bools as DLPack bools with `native_bool`,
+// else as uint8 for the caller to view.
 py::capsule ToCapsule(const FieldView& field, int cuda_device,
-                      std::shared_ptr<const Microbatch> microbatch) {
+                      std::shared_ptr<const Microbatch> microbatch, bool native_bool) {
   const DLDevice device = microbatch->memory_kind == MemoryKind::kCuda
                               ? DLDevice{kDLCUDA, cuda_device}
                               : DLDevice{kDLCPU, 0};
-  return MakeCapsule(field.data, device, DlType(field.dtype, Torch().native_bool), field.shape,
+  return MakeCapsule(field.data, device, DlType(field.dtype, native_bool), field.shape,
                      std::move(microbatch));
 }
 
@@ -218,6 +218,7 @@ py::dict NextStep(Client& client, std::optional<double> timeout) {
 // {"step", "microbatch", "fields": [(name, dtype name, capsule), ...],
 //  "host_copies": {name: bytes} (a staged ring's small fields),
 //  "copied_out": the tensors are a private copy, not the ring's memory}.
+// Bools as uint8: any DLPack reader takes them, and this path needs no torch.
 // `cuda_stream`: the cudaStream_t (torch's Stream.cuda_stream) that reads a
 // staged microbatch.
 py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeout,
@@ -233,7 +234,8 @@ py::dict Next(const std::shared_ptr<Client>& client, std::optional<double> timeo
   for (const FieldView& field : microbatch->fields) {
     if (!field.host_copy.empty()) host_copies[py::str(field.name)] = py::bytes(field.host_copy);
     fields.append(py::make_tuple(field.name, std::string(ElementTypeName(field.dtype)),
-                                 ToCapsule(field, client->options().cuda_device, microbatch)));
+                                 ToCapsule(field, client->options().cuda_device, microbatch,
+                                           /*native_bool=*/false)));
   }
   py::dict out;
   out["step"] = microbatch->step;
@@ -285,8 +287,8 @@ py::dict NextBatch(const std::shared_ptr<Client>& client, std::optional<double> 
   py::object max_seqlen = py::none();
   py::object local_cp_size = py::none();
   for (const FieldView& field : microbatch->fields) {
-    py::object tensor =
-        torch.from_dlpack(ToCapsule(field, client->options().cuda_device, microbatch));
+    py::object tensor = torch.from_dlpack(
+        ToCapsule(field, client->options().cuda_device, microbatch, torch.native_bool));
     if (field.dtype == ElementType::kBool && !torch.native_bool) {
       tensor = tensor.attr("view")(torch.bool_dtype);
     }

@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "integration"))
 from ctl_checks import Checks  # noqa: E402
 from daemon_harness import Daemon  # noqa: E402
-from daemon_serving_test import compare, expected_dumps  # noqa: E402
+from serving_reference import compare, expected_dumps  # noqa: E402
 from thd_reference import Dataset  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 
-from daemon_serving_test import compare, expected_dumps, job_text
+from serving_reference import compare, expected_dumps, job_text
 import pytest
 
 from thd_reference import Dataset

@@ -283,10 +283,7 @@ class Client:
         fields = {}
         for name, dtype, capsule in native["fields"]:
             tensor = torch.utils.dlpack.from_dlpack(capsule)
-            # A torch without DLPack bools (1.13) gets them as uint8.
-            if dtype == "bool" and tensor.dtype != torch.bool:
-                tensor = tensor.view(torch.bool)
-            fields[name] = tensor
+            fields[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
         return fields, _slot_lengths(fields, native["host_copies"])
 
     def _next_batch(self, timeout: Optional[float]) -> Batch:
