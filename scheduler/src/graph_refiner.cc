@@ -198,7 +198,8 @@ class GraphRefiner {
         const double slack = runs_[static_cast<size_t>(dest.run)].slack;
         // A delay is never negative, so no later destination takes work.
         if (slack <= 0) break;
-        if (to == from || work_ >= kWorkBudget) continue;
+        if (work_ >= kWorkBudget) return false;  // nothing more is tried
+        if (to == from) continue;
         if (source.group->sequences.size() >= 2 && dest.tokens + tx <= cap_ &&
             Delay(to, wx) < slack) {
           Apply(from, static_cast<int>(x), to, -1);
