@@ -44,3 +44,17 @@ class Checks:
         print(f"{self.passed} checks passed, {len(self.failures)} failed")
         if self.failures:
             raise AssertionError("\n".join(["failed checks:", *self.failures]))
+
+
+def checks_for_helpers(namespace):
+    """An autouse pytest fixture that points CHECKS and check in
+    `namespace` (a test module's globals()) at the running test's `checks`,
+    for module helpers that record checks. Keep it as a module attribute:
+    `bind_checks = checks_for_helpers(globals())`."""
+    import pytest
+
+    @pytest.fixture(autouse=True, name="bind_checks")
+    def bind(checks):
+        namespace["CHECKS"], namespace["check"] = checks, checks.check
+
+    return bind

@@ -20,6 +20,13 @@ def wait_until(condition, what, timeout=20.0, poll=0.05):
     return time.monotonic() - start
 
 
+def make_dataset(bin_dir, prefix, *options):
+    """`packfeedctl make-dataset --out PREFIX OPTIONS...`; returns `prefix`."""
+    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", str(prefix), *options],
+                   check=True, capture_output=True)
+    return prefix
+
+
 def start_up_errors(bin_dir, config_path):
     """Runs packfeedd on a configuration it must refuse; returns its exit
     code and its [error] lines."""

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from daemon_harness import start_up_errors
+from daemon_harness import make_dataset, start_up_errors
 
 WATCHDOG_USEC = 400_000
 
@@ -47,11 +47,8 @@ def work():
 @pytest.fixture(scope="module")
 def prefix(bin_dir, work):
     """A small generated dataset every test serves."""
-    prefix = f"{work}/data"
-    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "50",
-                    "--min", "8", "--max", "200", "--mean", "50", "--vocab", "1000"],
-                   check=True, capture_output=True)
-    return prefix
+    return make_dataset(bin_dir, f"{work}/data", "--count", "50", "--min", "8", "--max", "200",
+                        "--mean", "50", "--vocab", "1000")
 
 
 def receive(notify, timeout):

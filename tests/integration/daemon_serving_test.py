@@ -11,9 +11,10 @@ import tempfile
 
 import pytest
 
-from daemon_harness import Daemon, wait_until
+from daemon_harness import Daemon, make_dataset, wait_until
 from serving_reference import EOD, compare, expected_dumps, job_text
 from thd_reference import Dataset
+
 
 @pytest.fixture(scope="module")
 def workdir():
@@ -23,12 +24,9 @@ def workdir():
 @pytest.fixture(scope="module")
 def prefix(bin_dir, workdir):
     """The generated dataset every test serves."""
-    prefix = f"{workdir}/data"
-    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", prefix, "--count", "600",
-                    "--dist", "lognormal", "--min", "8", "--max", "520", "--mean", "120",
-                    "--sigma", "1.0", "--vocab", str(EOD), "--seed", "5"], check=True,
-                   capture_output=True)
-    return prefix
+    return make_dataset(bin_dir, f"{workdir}/data", "--count", "600", "--dist", "lognormal",
+                        "--min", "8", "--max", "520", "--mean", "120", "--sigma", "1.0",
+                        "--vocab", str(EOD), "--seed", "5")
 
 
 @pytest.fixture(scope="module")

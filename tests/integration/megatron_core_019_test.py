@@ -30,7 +30,6 @@ environment. Skipped only when PyPI cannot be reached.
 """
 import ast
 import json
-import logging
 import os
 import pathlib
 import subprocess
@@ -38,34 +37,26 @@ import sys
 import tempfile
 
 import numpy
-import pytest
 import torch
 from torch.utils.data import default_collate
 
+from ctl_checks import checks_for_helpers
 from daemon_harness import Daemon
 from megatron_source import CpGroup, TransformerEngine, megatron_functions, write_dataset
-from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,
-                           init_single_process)
+from megatron_venv import Tokenizer, init_single_process, megatron_019_from_environment
 
 CTL = os.environ["PF_CTL"]
 PYTHON_DIR = os.environ["PF_PYTHON_DIR"]
-SRC = fetch_megatron_019(os.environ["PF_MEGATRON_019_DIR"])
-Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(SRC)
-logging.getLogger("megatron").setLevel(logging.ERROR)
+SRC, Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = megatron_019_from_environment()
 
 EOD = 0
 TP, PP, DP = 2, 2, 2
 MBS, GBS, SEQ, SEED, STEPS = 2, 16, 64, 4321, 3
 SPLIT = "90,8,2"
 
-# The running test's checks (bind_checks), for the helpers below.
+# The running test's checks, for the helpers below.
 CHECKS = check = None
-
-
-@pytest.fixture(autouse=True)
-def bind_checks(checks):
-    global CHECKS, check
-    CHECKS, check = checks, checks.check
+bind_checks = checks_for_helpers(globals())
 
 
 MEGATRON = megatron_functions(UTILS_SOURCE, [

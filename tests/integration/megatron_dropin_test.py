@@ -29,7 +29,6 @@ unpacked) and PF_PYTHON_DIR (the built packfeed package) in the
 environment. Skipped only when PyPI cannot be reached.
 """
 import inspect
-import logging
 import os
 import pathlib
 import sys
@@ -37,19 +36,16 @@ import tempfile
 import threading
 import types
 
-import pytest
 import torch
 from torch.utils.data import default_collate
 
+from ctl_checks import checks_for_helpers
 from daemon_harness import Daemon
 from megatron_source import CpGroup, megatron_functions, write_dataset
-from megatron_venv import (Tokenizer, fetch_megatron_019, import_megatron_019,
-                           init_single_process)
+from megatron_venv import Tokenizer, init_single_process, megatron_019_from_environment
 
 CTL = os.environ["PF_CTL"]
-SRC = fetch_megatron_019(os.environ["PF_MEGATRON_019_DIR"])
-Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = import_megatron_019(SRC)
-logging.getLogger("megatron").setLevel(logging.ERROR)
+SRC, Builder, GPTDataset, GPTDatasetConfig, UTILS_SOURCE = megatron_019_from_environment()
 sys.path.insert(0, os.environ["PF_PYTHON_DIR"])
 import packfeed  # noqa: E402
 from packfeed import megatron as packfeed_megatron  # noqa: E402
@@ -57,14 +53,9 @@ from packfeed import megatron as packfeed_megatron  # noqa: E402
 EOD = 0
 MBS, GBS, SEQ, SEED = 2, 16, 64, 97
 SPLIT = "90,8,2"
-# The running test's checks (bind_checks), for the helpers below.
+# The running test's checks, for the helpers below.
 CHECKS = check = None
-
-
-@pytest.fixture(autouse=True)
-def bind_checks(checks):
-    global CHECKS, check
-    CHECKS, check = checks, checks.check
+bind_checks = checks_for_helpers(globals())
 
 
 MEGATRON = megatron_functions(UTILS_SOURCE, [

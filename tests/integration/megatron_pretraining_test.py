@@ -28,10 +28,10 @@ import tempfile
 import types
 
 import numpy
-import pytest
 import torch
 from torch.utils.data import default_collate
 
+from ctl_checks import checks_for_helpers
 from daemon_harness import Daemon, start_up_errors
 from megatron_source import CpGroup, megatron_functions
 from megatron_venv import (Tokenizer, import_megatron_datasets, init_single_process,
@@ -42,14 +42,9 @@ logging.getLogger("megatron").setLevel(logging.ERROR)
 CTL = os.environ["PF_CTL"]
 PYTHON_DIR = os.environ.get("PF_PYTHON_DIR", "")
 EOD = 0
-# The running test's checks (bind_checks), for the helpers below.
+# The running test's checks, for the helpers below.
 CHECKS = check = None
-
-
-@pytest.fixture(autouse=True)
-def bind_checks(checks):
-    global CHECKS, check
-    CHECKS, check = checks, checks.check
+bind_checks = checks_for_helpers(globals())
 
 
 

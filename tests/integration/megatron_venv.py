@@ -3,6 +3,7 @@
 and torch 1.13), and its megatron.core.datasets imported without the
 package's __init__ (which pulls distributed code that needs a newer torch)."""
 import importlib.util
+import logging
 import os
 import pathlib
 import shutil
@@ -154,6 +155,17 @@ def import_megatron_019(src):
     classes = _import_datasets_from(
         root, **{"megatron.core.safe_globals": {"safe_numpy_load": numpy.load}})
     return (*classes, pathlib.Path(root, "core", "utils.py").read_text())
+
+
+def megatron_019_from_environment():
+    """(source root, BlendedMegatronDatasetBuilder, GPTDataset,
+    GPTDatasetConfig, utils.py's source) of 0.19.2, fetched into
+    PF_MEGATRON_019_DIR (tests/CMakeLists.txt), its loggers quiet but for
+    errors."""
+    src = fetch_megatron_019(os.environ["PF_MEGATRON_019_DIR"])
+    loaded = import_megatron_019(src)
+    logging.getLogger("megatron").setLevel(logging.ERROR)
+    return (src, *loaded)
 
 
 def init_single_process(workdir):

@@ -16,9 +16,10 @@ import subprocess
 import tempfile
 import time
 
-from serving_reference import compare, expected_dumps, job_text
 import pytest
 
+from daemon_harness import make_dataset
+from serving_reference import compare, expected_dumps, job_text
 from thd_reference import Dataset
 
 SUFFIX = str(os.getpid())
@@ -106,9 +107,8 @@ def failed_start(checks, bin_dir, names, work, name, path, expected):
 
 def test_nodes_in_network_namespaces(bin_dir, checks):
     work = tempfile.mkdtemp(prefix="pf-netns-")
-    subprocess.run([f"{bin_dir}/packfeedctl", "make-dataset", "--out", f"{work}/data",
-                    "--count", "300", "--min", "8", "--max", "400", "--mean", "100",
-                    "--vocab", "32000"], check=True, capture_output=True)
+    make_dataset(bin_dir, f"{work}/data", "--count", "300", "--min", "8", "--max", "400",
+                 "--mean", "100", "--vocab", "32000")
     names = make_hosts()
     daemons = []
     try:
