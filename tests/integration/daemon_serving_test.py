@@ -50,7 +50,6 @@ def test_reference(checks, bin_dir, prefix, dataset, scheduler):
                  stats)
     print(f"{label}: 16 ranks × 2 steps compared; I/O amplification {stats['io_amplification']}, "
           f"{stats['bytes_read']} bytes read")
-    return expected
 
 
 def test_two_daemons(checks, bin_dir, prefix, dataset, workdir):
