@@ -319,13 +319,11 @@ py::dict NextBatch(const std::shared_ptr<Client>& client, std::optional<double> 
 }
 
 std::shared_ptr<Producer> MakeProducer(const std::string& socket_path, const std::string& stream,
-                                       const std::string& auth_token,
-                                       const std::string& ucx_transports) {
+                                       const std::string& auth_token) {
   ProducerOptions options;
   options.socket_path = socket_path;
   options.stream = stream;
   options.auth_token = auth_token;
-  options.ucx_transports = ucx_transports;
   absl::StatusOr<std::unique_ptr<Producer>> producer;
   {
     py::gil_scoped_release release;
@@ -490,9 +488,9 @@ PYBIND11_MODULE(_native, m) {
              }
              return StreamStats(ValueOrRaise(std::move(stats)));
            })
-      .def_property_readonly("staging_bytes", &Producer::staging_bytes);
-  m.def("producer", &MakeProducer, py::arg("socket_path"), py::arg("stream"), py::arg("auth_token"),
-        py::arg("ucx_transports"));
+      .def_property_readonly("arena_bytes", &Producer::arena_bytes);
+  m.def("producer", &MakeProducer, py::arg("socket_path"), py::arg("stream"),
+        py::arg("auth_token"));
   m.def("attach", &Attach, py::arg("socket_path"), py::arg("job"), py::arg("global_rank"),
         py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"),
         py::arg("start_microbatch"), py::arg("start_sample"), py::arg("elastic"), py::arg("slots"),

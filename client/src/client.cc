@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/src/grpc_status.h"
+#include "client/src/share_ring.h"
 #include "client/src/watch_stream.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/mutex_mode.h"
@@ -167,42 +168,6 @@ class Client::Impl {
 constexpr absl::Duration kReportEvery = absl::Seconds(1);
 
 namespace {
-
-// Hands the ring's descriptor (a memfd, or exported device memory) to the
-// daemon at `path` (its SOCKET.rings) and returns the token its Attach
-// names. FailedPrecondition carrying the daemon's reason when it refuses a
-// device ring (it cannot import it: the client then stages its own copies).
-absl::StatusOr<std::string> ShareRing(const std::string& path, int ring_fd,
-                                      const transport::RingOffer& offer, absl::Duration timeout) {
-  ScopedFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  path.copy(address.sun_path, sizeof(address.sun_path) - 1);
-  if (!socket.valid() ||
-      connect(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("sharing the ring with the daemon at ", path, ": ", std::strerror(errno)));
-  }
-  // A daemon that refuses this uid answers before it reads: its reply says
-  // why better than the broken pipe the send then meets.
-  const absl::Status sent =
-      transport::SendWithFd(socket.get(), transport::FormatRingOffer(offer), ring_fd);
-  pollfd readable{socket.get(), POLLIN, 0};
-  std::string reply(4096, '\0');
-  ssize_t got = 0;
-  if (poll(&readable, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0 ||
-      (got = recv(socket.get(), reply.data(), reply.size(), 0)) <= 0) {
-    PF_RETURN_IF_ERROR(sent);
-    return absl::UnavailableError(absl::StrCat("the daemon at ", path, " did not answer"));
-  }
-  reply.resize(static_cast<size_t>(got));
-  absl::string_view rest = reply;
-  if (absl::ConsumePrefix(&rest, "token ")) return std::string(rest);
-  absl::ConsumePrefix(&rest, "error ");
-  const std::string refusal = absl::StrCat("the daemon at ", path, " refused the ring: ", rest);
-  return offer.device() ? absl::FailedPreconditionError(refusal)
-                        : absl::PermissionDeniedError(refusal);
-}
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

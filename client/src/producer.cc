@@ -1,70 +1,73 @@
 #include "packfeed/client/producer.h"
 
-#include <atomic>
+#include <unistd.h>
+
 #include <cstring>
 #include <optional>
-#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/src/grpc_status.h"
+#include "client/src/share_ring.h"
 #include "grpcpp/create_channel.h"
 #include "packfeed/common/mutex_mode.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
-#include "packfeed/transport/memory_region.h"
-#include "packfeed/transport/ucx_context.h"
+#include "packfeed/transport/shared_ring.h"
 #include "packfeed/v1/service.grpc.pb.h"
 
 namespace packfeed::client {
 namespace {
 
-constexpr uint64_t kMinStaging = uint64_t{1} << 20;
+// A sample starts 16-byte aligned (its int64 tokens, and any field's rows,
+// read in place by the daemon); its fields follow its tokens 8-byte aligned.
+uint64_t SampleAligned(uint64_t offset) { return (offset + 15) & ~uint64_t{15}; }
+uint64_t FieldAligned(uint64_t offset) { return (offset + 7) & ~uint64_t{7}; }
 
-uint64_t Aligned(uint64_t offset) { return (offset + 7) & ~uint64_t{7}; }
+// The staging arena of a stream with a budget: twice the budget, so that a
+// put finds a free span although the stream's held bytes lie scattered. A
+// memfd takes memory only where written, and freed spans are written again.
+uint64_t ArenaBytes(uint64_t budget_bytes) {
+  if (budget_bytes > 0) return 2 * budget_bytes;
+  // An unbounded stream: half this machine's memory.
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+         static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 2;
+}
 
 }  // namespace
 
-// The producer's UCX worker and staging region, and its gRPC stub.
+// The producer's gRPC stub and its staging arena, shared with the daemon.
 class Producer::Impl {
  public:
-  Impl(ProducerOptions options, transport::UcpContext context, transport::UcpWorker worker)
-      : options_(std::move(options)), context_(std::move(context)), worker_(std::move(worker)) {
+  explicit Impl(ProducerOptions options) : options_(std::move(options)) {
     channel_ =
         grpc::CreateChannel("unix:" + options_.socket_path, grpc::InsecureChannelCredentials());
     ingest_ = v1::Ingest::NewStub(channel_);
   }
-  ~Impl() {
-    stop_ = true;
-    worker_.Signal();
-    if (thread_.joinable()) thread_.join();
-  }
+  ~Impl();
 
-  // Maps the first staging region and starts the progress thread.
-  absl::Status Start();
   absl::StatusOr<PutResult> Put(int64_t step, absl::Span<const std::string> fields,
                                 absl::Span<const ProducerSample> samples, absl::Duration wait);
   absl::StatusOr<SealResult> Seal(int64_t step);
   absl::StatusOr<IngestStreamStatus> Status();
-  uint64_t staging_bytes() const;
+  uint64_t arena_bytes() const;
 
  private:
-  absl::Status EnsureStaging(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void Progress() {
-    while (!stop_) worker_.ProgressOrWait(absl::Milliseconds(100));
-  }
+  // Where to write the put `request` describes: a span of the arena,
+  // reserved once the stream has room. Shares the arena with the daemon
+  // first when it does not know it (the first put; after a restart).
+  absl::StatusOr<v1::ReserveReply> Reserve(v1::ReserveRequest& request, absl::Duration wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status ShareArena(v1::ReserveRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ProducerOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Ingest::Stub> ingest_;
-  transport::UcpContext context_;
-  transport::UcpWorker worker_;  // progressed by thread_ only
-  std::string remote_key_ ABSL_GUARDED_BY(mutex_);
-  std::optional<transport::MemoryRegion> staging_ ABSL_GUARDED_BY(mutex_);
-  mutable absl::Mutex mutex_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
+  mutable absl::Mutex mutex_;  // puts are serialised: one reservation at a time
+  std::optional<transport::SharedRing> arena_ ABSL_GUARDED_BY(mutex_);
+  uint64_t arena_id_ ABSL_GUARDED_BY(mutex_) = 0;  // 0 = not known to the daemon
 };
 
 absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions& options) {
@@ -72,13 +75,7 @@ absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions
   if (options.stream.empty())
     return absl::InvalidArgumentError("ProducerOptions.stream is required");
   PF_RETURN_IF_ERROR(CheckUnixSocketPath(options.socket_path));
-  transport::UcxOptions ucx;
-  ucx.transports = options.ucx_transports;
-  PF_ASSIGN_OR_RETURN(transport::UcpContext context, transport::UcpContext::Create(ucx));
-  PF_ASSIGN_OR_RETURN(transport::UcpWorker worker, transport::UcpWorker::Create(context));
-  auto impl = std::make_unique<Impl>(options, std::move(context), std::move(worker));
-  PF_RETURN_IF_ERROR(impl->Start());
-  return std::unique_ptr<Producer>(new Producer(std::move(impl)));
+  return std::unique_ptr<Producer>(new Producer(std::make_unique<Impl>(options)));
 }
 
 Producer::Producer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -90,83 +87,131 @@ absl::StatusOr<PutResult> Producer::Put(int64_t step, absl::Span<const std::stri
 }
 absl::StatusOr<SealResult> Producer::Seal(int64_t step) { return impl_->Seal(step); }
 absl::StatusOr<IngestStreamStatus> Producer::Status() { return impl_->Status(); }
-uint64_t Producer::staging_bytes() const { return impl_->staging_bytes(); }
+uint64_t Producer::arena_bytes() const { return impl_->arena_bytes(); }
 
-absl::Status Producer::Impl::Start() {
-  {
-    absl::MutexLock lock(&mutex_);
-    PF_RETURN_IF_ERROR(EnsureStaging(kMinStaging));
-  }
-  thread_ = std::thread([this] { Progress(); });
-  return absl::OkStatus();
-}
-
-uint64_t Producer::Impl::staging_bytes() const {
+Producer::Impl::~Impl() {
   absl::MutexLock lock(&mutex_);
-  return staging_.has_value() ? staging_->length() : 0;
+  if (arena_id_ == 0) return;
+  // The daemon notices an exited producer by itself; a producer destroyed
+  // in a process that goes on says so, and its arena is unmapped there now.
+  v1::ReleaseArenaRequest request;
+  request.set_stream(options_.stream);
+  request.set_auth_token(options_.auth_token);
+  request.set_arena(arena_id_);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  v1::ReleaseArenaReply reply;
+  (void)ingest_->ReleaseArena(&context, request, &reply);
 }
 
-absl::Status Producer::Impl::EnsureStaging(uint64_t bytes) {
-  if (staging_.has_value() && staging_->length() >= bytes) return absl::OkStatus();
-  const uint64_t size =
-      std::max({bytes, kMinStaging, staging_.has_value() ? 2 * staging_->length() : 0});
-  staging_.reset();
-  PF_ASSIGN_OR_RETURN(transport::MemoryRegion region,
-                      transport::MemoryRegion::Allocate(context_.get(), size));
-  PF_ASSIGN_OR_RETURN(remote_key_, region.PackRemoteKey());
-  staging_.emplace(std::move(region));
+uint64_t Producer::Impl::arena_bytes() const {
+  absl::MutexLock lock(&mutex_);
+  return arena_.has_value() ? arena_->bytes() : 0;
+}
+
+absl::Status Producer::Impl::ShareArena(v1::ReserveRequest& request) {
+  if (!arena_.has_value()) {
+    PF_ASSIGN_OR_RETURN(const IngestStreamStatus stream, Status());
+    PF_ASSIGN_OR_RETURN(transport::SharedRing arena,
+                        transport::SharedRing::Create(ArenaBytes(stream.budget_bytes)));
+    arena_.emplace(std::move(arena));
+  }
+  PF_ASSIGN_OR_RETURN(std::string token,
+                      ShareRing(options_.socket_path + ".rings", arena_->fd(),
+                                transport::RingOffer{arena_->bytes(), ""}, options_.call_timeout));
+  request.set_arena_token(std::move(token));
+  request.clear_arena();
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReserveReply> Producer::Impl::Reserve(v1::ReserveRequest& request,
+                                                         absl::Duration wait) {
+  const std::string what = absl::StrCat("put into step ", request.put().step());
+  for (int attempt = 0;; ++attempt) {
+    if (arena_id_ == 0) {
+      PF_RETURN_IF_ERROR(ShareArena(request));
+    } else {
+      request.set_arena(arena_id_);
+      request.clear_arena_token();
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.call_timeout));
+    v1::ReserveReply reply;
+    absl::Status status =
+        DaemonCallStatus(ingest_->Reserve(&context, request, &reply), what, options_.socket_path);
+    // A daemon restarted since the arena was shared knows it no more.
+    if (absl::IsNotFound(status) && arena_id_ != 0 && attempt == 0 &&
+        absl::StrContains(status.message(), "no staging arena")) {
+      arena_id_ = 0;
+      continue;
+    }
+    PF_RETURN_IF_ERROR(status);
+    arena_id_ = reply.arena();
+    return reply;
+  }
 }
 
 absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std::string> fields,
                                               absl::Span<const ProducerSample> samples,
                                               absl::Duration wait) {
   absl::MutexLock lock(&mutex_);
-  uint64_t total = 0;
+  v1::ReserveRequest reserve;
+  v1::PutRequest& request = *reserve.mutable_put();
+  request.set_stream(options_.stream);
+  request.set_auth_token(options_.auth_token);
+  request.set_step(step);
+  for (const std::string& name : fields) request.add_fields(name);
+  request.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
+  // Where each sample goes in the put's region, laid out from 0.
+  uint64_t at = 0;
   for (const ProducerSample& sample : samples) {
     if (sample.fields.size() != fields.size()) {
       return absl::InvalidArgumentError(absl::StrCat("a sample of group ", sample.group, " has ",
                                                      sample.fields.size(),
                                                      " fields; the put names ", fields.size()));
     }
-    total = Aligned(total + sample.tokens.size() * sizeof(int64_t));
-    for (absl::Span<const char> field : sample.fields) total = Aligned(total + field.size());
-  }
-  PF_RETURN_IF_ERROR(EnsureStaging(total));
-  v1::PutRequest request;
-  request.set_stream(options_.stream);
-  request.set_auth_token(options_.auth_token);
-  request.set_step(step);
-  for (const std::string& name : fields) request.add_fields(name);
-  request.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
-  char* base = static_cast<char*>(staging_->address());
-  uint64_t at = 0;
-  auto copy = [&](const void* bytes, uint64_t size) {
-    const uint64_t offset = at;
-    if (size > 0) std::memcpy(base + offset, bytes, size);
-    at = Aligned(at + size);
-    return offset;
-  };
-  for (const ProducerSample& sample : samples) {
     v1::IngestSample* out = request.add_samples();
     out->set_group(sample.group);
     out->set_tag(sample.tag);
     out->set_tokens(sample.tokens.size());
-    out->set_offset(copy(sample.tokens.data(), sample.tokens.size() * sizeof(int64_t)));
+    at = SampleAligned(at);
+    out->set_offset(at);
+    at += sample.tokens.size() * sizeof(int64_t);
     for (absl::Span<const char> field : sample.fields) {
-      out->add_field_offsets(copy(field.data(), field.size()));
+      at = FieldAligned(at);
+      out->add_field_offsets(at);
       out->add_field_bytes(field.size());
+      at += field.size();
     }
   }
-  v1::IngestRegion* region = request.mutable_region();
-  region->set_worker_address(worker_.address());
-  region->set_remote_key(remote_key_);
-  region->set_address(reinterpret_cast<uint64_t>(base));
-  region->set_length(staging_->length());
+  request.mutable_region()->set_length(SampleAligned(at));
+  PF_ASSIGN_OR_RETURN(const v1::ReserveReply reserved, Reserve(reserve, wait));
+  // The one copy of the samples' bytes: into the span the daemon serves
+  // them from.
+  char* base = reinterpret_cast<char*>(arena_->data()) + reserved.offset();
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const ProducerSample& sample = samples[i];
+    const v1::IngestSample& placed = request.samples(static_cast<int>(i));
+    if (!sample.tokens.empty()) {
+      std::memcpy(base + placed.offset(), sample.tokens.data(),
+                  sample.tokens.size() * sizeof(int64_t));
+    }
+    for (size_t f = 0; f < sample.fields.size(); ++f) {
+      const absl::Span<const char> field = sample.fields[f];
+      if (!field.empty()) {
+        std::memcpy(base + placed.field_offsets(static_cast<int>(f)), field.data(), field.size());
+      }
+    }
+  }
+  v1::CommitRequest commit;
+  commit.set_stream(options_.stream);
+  commit.set_auth_token(options_.auth_token);
+  commit.set_arena(reserved.arena());
+  commit.set_lease(reserved.lease());
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.call_timeout));
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
   v1::PutReply reply;
-  PF_RETURN_IF_ERROR(DaemonCallStatus(ingest_->Put(&context, request, &reply),
+  PF_RETURN_IF_ERROR(DaemonCallStatus(ingest_->Commit(&context, commit, &reply),
                                       absl::StrCat("put into step ", step), options_.socket_path));
   return PutResult{reply.samples_held(), reply.bytes_held()};
 }

@@ -377,12 +377,18 @@ absl::Status Daemon::CheckCaller(const grpc::ServerContextBase& context,
 
 absl::StatusOr<std::shared_ptr<transport::SharedRing>> Daemon::TakeSharedRing(
     absl::string_view token, const grpc::ServerContextBase& context) const {
+  PF_ASSIGN_OR_RETURN(const transport::PeerIdentity caller, CallerOf(context));
+  return shared_rings_->Take(token, caller.uid, caller.pid);
+}
+
+absl::StatusOr<transport::PeerIdentity> Daemon::CallerOf(
+    const grpc::ServerContextBase& context) const {
   const std::optional<PeerCredentials> caller = unix_->CallerOf(context);
   if (!caller.has_value()) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "a shared ring is taken only over the Unix socket (caller ", context.peer(), ")"));
+        "shared memory is handed over only on the Unix socket (caller ", context.peer(), ")"));
   }
-  return shared_rings_->Take(token, caller->uid, caller->pid);
+  return transport::PeerIdentity{caller->pid, caller->uid, caller->gid};
 }
 
 JobRunner* Daemon::runner(const std::string& job) const {

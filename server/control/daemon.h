@@ -86,12 +86,13 @@ class Daemon {
   // PermissionDenied naming the caller when a call over the Unix socket
   // comes from a uid not in allowed_uids (`action`: what it asked).
   absl::Status CheckCaller(const grpc::ServerContextBase& context, absl::string_view action) const;
-  // The ring a client shared by file descriptor under `token`
-  // (SharedRingListener::Take).
   // The ring shared under `token`, for the call `context` (only the
   // process that shared it may take it; see SharedRingListener::Take).
   absl::StatusOr<std::shared_ptr<transport::SharedRing>> TakeSharedRing(
       absl::string_view token, const grpc::ServerContextBase& context) const;
+  // The process that made a call over the Unix socket; PermissionDenied
+  // for a call that came another way.
+  absl::StatusOr<transport::PeerIdentity> CallerOf(const grpc::ServerContextBase& context) const;
 
  private:
   Daemon() = default;

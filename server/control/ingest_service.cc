@@ -13,20 +13,64 @@ class IngestService final : public v1::Ingest::CallbackService {
  public:
   explicit IngestService(Daemon& daemon) : daemon_(daemon) {}
 
-  grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context, const v1::PutRequest* request,
-                                v1::PutReply* reply) override {
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
+                                    const v1::ReserveRequest* request,
+                                    v1::ReserveReply* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    const v1::PutRequest& put = request->put();
     IngestStream* stream = nullptr;
-    absl::Status status = Check(*context, request->stream(), request->auth_token(),
-                                absl::StrCat("put into step ", request->step()), stream);
+    absl::Status status = Check(*context, put.stream(), put.auth_token(),
+                                absl::StrCat("put into step ", put.step()), stream);
+    absl::StatusOr<transport::PeerIdentity> caller = daemon_.CallerOf(*context);
+    if (status.ok()) status = caller.status();
+    std::shared_ptr<transport::SharedRing> shared;
+    if (status.ok() && !request->arena_token().empty()) {
+      absl::StatusOr<std::shared_ptr<transport::SharedRing>> taken =
+          daemon_.TakeSharedRing(request->arena_token(), *context);
+      if (taken.ok()) shared = *std::move(taken);
+      status = taken.status();
+    }
     if (!status.ok()) {
       reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
-    daemon_.ingest()->Put(*request, [reactor, reply](absl::StatusOr<v1::PutReply> done) {
-      if (done.ok()) *reply = *std::move(done);
-      reactor->Finish(proto::ToGrpc(done.status()));
-    });
+    daemon_.ingest()->Reserve(*request, *caller, std::move(shared),
+                              [reactor, reply](absl::StatusOr<v1::ReserveReply> done) {
+                                if (done.ok()) *reply = *std::move(done);
+                                reactor->Finish(proto::ToGrpc(done.status()));
+                              });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
+                                   const v1::CommitRequest* request, v1::PutReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream = nullptr;
+    absl::Status status =
+        Check(*context, request->stream(), request->auth_token(), "commit a put", stream);
+    absl::StatusOr<transport::PeerIdentity> caller = daemon_.CallerOf(*context);
+    if (status.ok()) status = caller.status();
+    if (status.ok()) {
+      absl::StatusOr<v1::PutReply> committed = daemon_.ingest()->Commit(*request, *caller);
+      if (committed.ok()) *reply = *std::move(committed);
+      status = committed.status();
+      if (!status.ok()) spdlog::warn("ingest: put refused: {}", std::string(status.message()));
+    }
+    reactor->Finish(proto::ToGrpc(status));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* ReleaseArena(grpc::CallbackServerContext* context,
+                                         const v1::ReleaseArenaRequest* request,
+                                         v1::ReleaseArenaReply* /*reply*/) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    IngestStream* stream = nullptr;
+    absl::Status status = Check(*context, request->stream(), request->auth_token(),
+                                "release a staging arena", stream);
+    absl::StatusOr<transport::PeerIdentity> caller = daemon_.CallerOf(*context);
+    if (status.ok()) status = caller.status();
+    if (status.ok()) status = daemon_.ingest()->ReleaseArena(request->arena(), *caller);
+    reactor->Finish(proto::ToGrpc(status));
     return reactor;
   }
 

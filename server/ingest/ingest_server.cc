@@ -1,6 +1,9 @@
 #include "server/ingest/ingest_server.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -11,20 +14,24 @@
 namespace packfeed::server {
 namespace {
 
-// A get that has not completed by then fails the put (and the producer's
-// endpoint): the producer stopped progressing or died.
+// A get that has not completed by then fails the forward (and the origin's
+// endpoint): the origin stopped progressing or died.
 constexpr absl::Duration kTransferTimeout = absl::Seconds(30);
-void OnProducerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
-  spdlog::warn("ingest: a producer's endpoint failed: {}", ucs_status_string(status));
+// Arenas one producer process may hold at once: each maps its memfd here.
+constexpr int kArenasPerProcess = 16;
+// How often the transfer thread looks for producers that exited.
+constexpr absl::Duration kExitedProducerCheck = absl::Seconds(1);
+
+void OnOriginError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  spdlog::warn("ingest: an origin daemon's endpoint failed: {}", ucs_status_string(status));
   *static_cast<bool*>(arg) = true;
 }
 
-// Samples in memory registered with UCX. The context is kept for the unmap.
-struct RegisteredSamples {
-  std::shared_ptr<const transport::UcpContext> context;
-  std::shared_ptr<char[]> heap;
-  transport::MemoryRegion memory;  // of `heap`: unmapped first
-};
+bool SameProcess(const transport::PeerIdentity& a, const transport::PeerIdentity& b) {
+  return a.pid == b.pid && a.uid == b.uid;
+}
+
+bool Exited(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
 
 uint64_t SampleBytes(const v1::IngestSample& sample) {
   uint64_t bytes = sample.tokens() * sizeof(int64_t);
@@ -88,15 +95,15 @@ std::vector<int> StreamFieldsOf(const v1::PutRequest& put, const IngestStream& s
   return stream_field;
 }
 
-// The memory the samples of `put` that are kept (`wanted`; all when null)
+// The memory the samples of a forwarded `put` that are kept (`wanted`)
 // take as Transfer allocates them, padding included: what the budget
 // counts.
 uint64_t HeldBytes(const v1::PutRequest& put, const IngestStream& stream,
-                   const std::vector<bool>* wanted) {
+                   const std::vector<bool>& wanted) {
   const std::vector<int> stream_field = StreamFieldsOf(put, stream);
   uint64_t total = 0;
   for (int i = 0; i < put.samples_size(); ++i) {
-    if (wanted == nullptr || (*wanted)[static_cast<size_t>(i)]) {
+    if (wanted[static_cast<size_t>(i)]) {
       total += AlignedToSample(LayoutOf(put.samples(i), stream_field).bytes);
     }
   }
@@ -136,7 +143,12 @@ absl::Status InForward(const v1::ForwardStepRequest& forward, const absl::Status
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
-    std::vector<IngestStream*> streams, const transport::UcxOptions& ucx, bool for_peers) {
+    std::vector<IngestStream*> streams, transport::UcxOptions ucx, bool for_peers) {
+  // This worker talks only to peer daemons, on other nodes. Shared memory
+  // is no way there; where two daemons share a host in separate network
+  // namespaces it is reachable but its wake-ups (abstract Unix sockets) do
+  // not cross them, and an idle worker never sees a peer's first message.
+  if (ucx.transports.empty()) ucx.transports = "^sysv,posix";
   PF_ASSIGN_OR_RETURN(transport::UcpContext context, transport::UcpContext::Create(ucx));
   auto shared = std::make_shared<const transport::UcpContext>(std::move(context));
   PF_ASSIGN_OR_RETURN(transport::UcpWorker worker, transport::UcpWorker::Create(*shared));
@@ -174,39 +186,216 @@ IngestStream* IngestServer::stream(const std::string& name) const {
   return nullptr;
 }
 
-void IngestServer::Put(const v1::PutRequest& put,
-                       std::function<void(absl::StatusOr<v1::PutReply>)> done) {
+void IngestServer::Reserve(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+                           std::shared_ptr<transport::SharedRing> shared,
+                           std::function<void(absl::StatusOr<v1::ReserveReply>)> done) {
+  const v1::PutRequest& put = request.put();
   IngestStream* target = stream(put.stream());
   if (target == nullptr) {
     done(absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream(), "'")));
     return;
   }
-  if (absl::Status valid = target->CheckPut(ShapeOf(put)).status(); !valid.ok()) {
+  absl::StatusOr<std::shared_ptr<StagingArena>> arena =
+      ArenaFor(request, caller, std::move(shared));
+  absl::Status valid = arena.ok() ? target->CheckPut(ShapeOf(put)).status() : arena.status();
+  const uint64_t bytes = put.region().length();
+  if (valid.ok() && bytes > (*arena)->bytes()) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("a put of ", bytes, " bytes into a staging arena of ", (*arena)->bytes()));
+  }
+  if (!valid.ok()) {
     spdlog::warn("ingest: put refused: {}", std::string(valid.message()));
     done(valid);
     return;
   }
-  const uint64_t bytes = HeldBytes(put, *target, nullptr);
-  auto run = [this, &put, target, bytes, done](absl::Status room) {
-    absl::StatusOr<v1::PutReply> reply = absl::UnknownError("not run");
+  auto span = std::make_shared<std::shared_ptr<ArenaSpan>>();
+  auto claim = [memory = *arena, bytes, span] {
+    *span = memory->Take(bytes);
+    return *span != nullptr;
+  };
+  auto run = [this, &put, target, bytes, span, id = (*arena)->id(), done](absl::Status room) {
+    absl::StatusOr<v1::ReserveReply> reply = absl::UnknownError("not run");
     if (!room.ok()) {
       reply = room;
     } else {
-      absl::StatusOr<std::vector<IngestedSample>> samples = Transfer(put, *target, nullptr);
+      absl::StatusOr<std::vector<IngestedSample>> samples = SamplesIn(put, *target, *span);
+      std::optional<Lease> cancelled;
       if (samples.ok()) {
-        absl::StatusOr<PutOutcome> committed =
-            target->Commit(put.step(), *std::move(samples), bytes);
-        reply = committed.ok() ? absl::StatusOr<v1::PutReply>(PutReplyOf(*committed))
-                               : committed.status();
+        absl::MutexLock lock(&mutex_);
+        auto it = arenas_.find(id);
+        if (it != arenas_.end()) {
+          cancelled = std::move(it->second.lease);
+          it->second.lease = Lease{next_lease_++, target, put.step(), bytes, *std::move(samples)};
+          v1::ReserveReply reserved;
+          reserved.set_arena(id);
+          reserved.set_lease(it->second.lease->id);
+          reserved.set_offset((*span)->offset);
+          reply = reserved;
+        } else {
+          reply = absl::UnavailableError(absl::StrCat(
+              "staging arena ", id, " was released (its producer exited) while the put waited"));
+        }
       } else {
-        target->Unreserve(bytes);
         reply = samples.status();
       }
+      if (!reply.ok()) target->Unreserve(bytes);
+      Cancel(cancelled);
     }
     if (!reply.ok()) spdlog::warn("ingest: put refused: {}", std::string(reply.status().message()));
     done(std::move(reply));
   };
-  Enqueue({target, bytes, put.timeout_ms(), {}, false, std::move(run)});
+  // Registering a span for peers is UCX work, kept to the transfer thread.
+  Enqueue({target, bytes, put.timeout_ms(), {}, false, std::move(claim), std::move(run)},
+          /*may_run_here=*/!for_peers_);
+}
+
+absl::StatusOr<std::shared_ptr<StagingArena>> IngestServer::ArenaFor(
+    const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+    std::shared_ptr<transport::SharedRing> shared) {
+  std::optional<Lease> cancelled;
+  absl::StatusOr<std::shared_ptr<StagingArena>> found;
+  {
+    absl::MutexLock lock(&mutex_);
+    if (shared != nullptr) {
+      const auto of_caller = std::count_if(arenas_.begin(), arenas_.end(), [&](const auto& entry) {
+        return SameProcess(entry.second.memory->owner(), caller);
+      });
+      if (of_caller >= kArenasPerProcess) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("pid ", caller.pid, " holds ", of_caller, " staging arenas, the most one ",
+                         "process may (a producer releases its own when destroyed)"));
+      }
+      const uint64_t id = next_arena_++;
+      auto memory = std::make_shared<StagingArena>(id, std::move(shared), caller);
+      arenas_[id].memory = memory;
+      return memory;
+    }
+    auto it = arenas_.find(request.arena());
+    if (it == arenas_.end()) {
+      return absl::NotFoundError(absl::StrCat("no staging arena ", request.arena(),
+                                              " (released, or never shared): share it again"));
+    }
+    if (!SameProcess(it->second.memory->owner(), caller)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("staging arena ", request.arena(), " is not pid ", caller.pid, "'s"));
+    }
+    // A producer puts one at a time: a reservation still held is of a put
+    // it gave up on.
+    cancelled = std::move(it->second.lease);
+    it->second.lease.reset();
+    found = it->second.memory;
+  }
+  Cancel(cancelled);
+  return found;
+}
+
+absl::StatusOr<std::vector<IngestedSample>> IngestServer::SamplesIn(
+    const v1::PutRequest& put, const IngestStream& stream, const std::shared_ptr<ArenaSpan>& span) {
+  if (for_peers_) {
+    PF_ASSIGN_OR_RETURN(transport::MemoryRegion memory,
+                        transport::MemoryRegion::Register(context_->get(), span->data(),
+                                                          span->bytes, UCS_MEMORY_TYPE_HOST));
+    auto described = std::make_shared<SampleRegion>();
+    PF_ASSIGN_OR_RETURN(described->remote_key, memory.PackRemoteKey());
+    described->worker_address = worker_.address();
+    described->address = reinterpret_cast<uint64_t>(memory.address());
+    described->length = memory.length();
+    span->context = context_;
+    span->registered.emplace(std::move(memory));
+    span->region = std::move(described);
+  }
+  const std::vector<int> stream_field = StreamFieldsOf(put, stream);
+  std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
+  for (int i = 0; i < put.samples_size(); ++i) {
+    const v1::IngestSample& in = put.samples(i);
+    SampleLayout layout = LayoutOf(in, stream_field);
+    if (!layout.one_span || in.offset() % alignof(int64_t) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ingest stream ", put.stream(), " step ", put.step(), " sample ", i,
+          ": its tokens must start 8-byte aligned with its fields after them in one span"));
+    }
+    IngestedSample& out = samples[static_cast<size_t>(i)];
+    out.group = in.group();
+    out.tag = in.tag();
+    out.num_tokens = static_cast<int64_t>(in.tokens());
+    out.field_offsets = std::move(layout.field_offsets);
+    out.data_bytes = layout.bytes;
+    out.data = std::shared_ptr<const char[]>(span, span->data() + in.offset());
+    out.region = span->region;
+  }
+  return samples;
+}
+
+void IngestServer::Cancel(std::optional<Lease>& lease) {
+  if (!lease.has_value()) return;
+  lease->samples.clear();  // the span is free again
+  lease->stream->Unreserve(lease->bytes);
+  lease.reset();
+}
+
+absl::StatusOr<v1::PutReply> IngestServer::Commit(const v1::CommitRequest& request,
+                                                  const transport::PeerIdentity& caller) {
+  std::optional<Lease> lease;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = arenas_.find(request.arena());
+    if (it == arenas_.end()) {
+      return absl::NotFoundError(absl::StrCat("no staging arena ", request.arena()));
+    }
+    if (!SameProcess(it->second.memory->owner(), caller)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("staging arena ", request.arena(), " is not pid ", caller.pid, "'s"));
+    }
+    std::optional<Lease>& held = it->second.lease;
+    if (!held.has_value() || held->id != request.lease() ||
+        held->stream->name() != request.stream()) {
+      return absl::NotFoundError(
+          absl::StrCat("lease ", request.lease(), " of staging arena ", request.arena(),
+                       " in stream ", request.stream(),
+                       " is not reserved (a later reserve cancelled it, or it was committed)"));
+    }
+    lease = std::move(held);
+    held.reset();
+  }
+  PF_ASSIGN_OR_RETURN(PutOutcome outcome,
+                      lease->stream->Commit(lease->step, std::move(lease->samples), lease->bytes));
+  return PutReplyOf(outcome);
+}
+
+absl::Status IngestServer::ReleaseArena(uint64_t arena, const transport::PeerIdentity& caller) {
+  std::optional<Lease> cancelled;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = arenas_.find(arena);
+    if (it == arenas_.end()) return absl::NotFoundError(absl::StrCat("no staging arena ", arena));
+    if (!SameProcess(it->second.memory->owner(), caller)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("staging arena ", arena, " is not pid ", caller.pid, "'s"));
+    }
+    cancelled = std::move(it->second.lease);
+    arenas_.erase(it);
+  }
+  Cancel(cancelled);
+  return absl::OkStatus();
+}
+
+void IngestServer::ForgetExitedProducers() {
+  std::vector<std::optional<Lease>> cancelled;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto it = arenas_.begin(); it != arenas_.end();) {
+      const transport::PeerIdentity& owner = it->second.memory->owner();
+      if (!Exited(owner.pid)) {
+        ++it;
+        continue;
+      }
+      spdlog::info("ingest: the producer of staging arena {} (pid {}) exited{}", it->first,
+                   owner.pid, it->second.lease.has_value() ? "; its reservation is cancelled" : "");
+      cancelled.push_back(std::move(it->second.lease));
+      it = arenas_.erase(it);
+    }
+  }
+  for (std::optional<Lease>& lease : cancelled) Cancel(lease);
 }
 
 void IngestServer::Forward(const v1::ForwardStepRequest& forward,
@@ -255,7 +444,7 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
   for (const v1::PutRequest& put : forward.puts()) {
     std::vector<bool>& of_put = wanted->emplace_back();
     for (int i = 0; i < put.samples_size(); ++i, ++next) of_put.push_back((*local)[next]);
-    bytes += HeldBytes(put, *target, &of_put);
+    bytes += HeldBytes(put, *target, of_put);
   }
   reply.set_samples(step->samples.size());
   reply.set_samples_fetched(static_cast<uint64_t>(std::count(local->begin(), local->end(), true)));
@@ -266,7 +455,7 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
     std::vector<IngestedSample> samples;
     for (size_t p = 0; room.ok() && p < wanted->size(); ++p) {
       absl::StatusOr<std::vector<IngestedSample>> of_put =
-          Transfer(forward.puts(static_cast<int>(p)), *target, &(*wanted)[p]);
+          Transfer(forward.puts(static_cast<int>(p)), *target, (*wanted)[p]);
       if (!of_put.ok()) {
         result = of_put.status();
         break;
@@ -291,20 +480,36 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
     done(std::move(result));
   };
   const uint32_t timeout_ms = forward.puts().empty() ? 0 : forward.puts(0).timeout_ms();
-  Enqueue({target, bytes, timeout_ms, {}, false, std::move(run)});
+  Enqueue({target, bytes, timeout_ms, {}, false, nullptr, std::move(run)}, false);
 }
 
-void IngestServer::Enqueue(PendingPut pending) {
+void IngestServer::Enqueue(PendingPut pending, bool may_run_here) {
   pending.deadline = absl::Now() + absl::Milliseconds(pending.timeout_ms);
+  bool admitted = false;
   {
     absl::MutexLock lock(&mutex_);
     if (stop_) {
       pending.run(absl::UnavailableError("the daemon is stopping"));
       return;
     }
-    arrived_.push_back(std::move(pending));
+    // With nothing of its stream waiting before it and room now, a put is
+    // admitted on the caller's thread: the hop to the transfer thread was a
+    // third of a put's time on a busy node.
+    if (may_run_here && queued_[pending.stream] == 0 &&
+        pending.stream->Reserve(pending.bytes).ok()) {
+      admitted = pending.claim == nullptr || pending.claim();
+      if (!admitted) pending.stream->Unreserve(pending.bytes);
+    }
+    if (!admitted) {
+      ++queued_[pending.stream];
+      arrived_.push_back(std::move(pending));
+    }
   }
-  worker_.Signal();
+  if (admitted) {
+    pending.run(absl::OkStatus());
+  } else {
+    worker_.Signal();
+  }
 }
 
 void IngestServer::Loop() {
@@ -318,15 +523,25 @@ void IngestServer::Loop() {
       }
     }
     ServePending();
+    if (absl::Now() - arenas_checked_ >= kExitedProducerCheck) {
+      ForgetExitedProducers();
+      arenas_checked_ = absl::Now();
+    }
     // Woken by a new put and by freed bytes; the short timeout while puts
     // wait is for their deadlines.
     worker_.ProgressOrWait(pending_.empty() ? absl::Seconds(1) : absl::Milliseconds(10));
   }
-  absl::MutexLock lock(&mutex_);
-  for (auto* queue : {&pending_, &arrived_}) {
-    for (PendingPut& put : *queue) put.run(absl::UnavailableError("the daemon is stopping"));
-    queue->clear();
+  std::vector<std::optional<Lease>> cancelled;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto* queue : {&pending_, &arrived_}) {
+      for (PendingPut& put : *queue) put.run(absl::UnavailableError("the daemon is stopping"));
+      queue->clear();
+    }
+    for (auto& [id, arena] : arenas_) cancelled.push_back(std::move(arena.lease));
+    arenas_.clear();
   }
+  for (std::optional<Lease>& lease : cancelled) Cancel(lease);
 }
 
 void IngestServer::ServePending() {
@@ -338,6 +553,12 @@ void IngestServer::ServePending() {
       continue;
     }
     absl::Status room = pending.stream->Reserve(pending.bytes);
+    if (room.ok() && pending.claim != nullptr && !pending.claim()) {
+      pending.stream->Unreserve(pending.bytes);
+      room = absl::UnavailableError(
+          absl::StrCat("the producer's staging arena has no free span of ", pending.bytes,
+                       " bytes (the stream has room: it is fragmented)"));
+    }
     if (absl::IsUnavailable(room) && absl::Now() < pending.deadline) {
       if (!pending.waited) pending.stream->CountWait();
       pending.waited = true;
@@ -353,75 +574,55 @@ void IngestServer::ServePending() {
                                            : std::string("; the put had no timeout to wait")));
     }
     pending.run(std::move(room));
+    {
+      absl::MutexLock lock(&mutex_);
+      --queued_[pending.stream];
+    }
     it = pending_.erase(it);
   }
 }
 
-absl::StatusOr<IngestServer::Producer*> IngestServer::ProducerAt(const std::string& address) {
-  auto known = producers_.find(address);
-  if (known != producers_.end() && !known->second->failed) return known->second.get();
-  if (known != producers_.end()) producers_.erase(known);
-  auto producer = std::make_unique<Producer>();
+absl::StatusOr<IngestServer::Origin*> IngestServer::OriginAt(const std::string& address) {
+  auto known = origins_.find(address);
+  if (known != origins_.end() && !known->second->failed) return known->second.get();
+  if (known != origins_.end()) origins_.erase(known);
+  auto origin = std::make_unique<Origin>();
   PF_ASSIGN_OR_RETURN(
       transport::UcpEndpoint endpoint,
-      transport::UcpEndpoint::Connect(worker_, address, OnProducerError, &producer->failed));
-  producer->endpoint.emplace(std::move(endpoint));
-  return producers_.emplace(address, std::move(producer)).first->second.get();
-}
-
-absl::StatusOr<std::shared_ptr<char[]>> IngestServer::AllocateSamples(
-    uint64_t bytes, bool for_peers, std::shared_ptr<const SampleRegion>& region) {
-  std::shared_ptr<char[]> heap =
-      std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(bytes, 1));
-  if (!for_peers) return heap;
-  PF_ASSIGN_OR_RETURN(
-      transport::MemoryRegion memory,
-      transport::MemoryRegion::Register(context_->get(), heap.get(), std::max<uint64_t>(bytes, 1),
-                                        UCS_MEMORY_TYPE_HOST));
-  auto described = std::make_shared<SampleRegion>();
-  PF_ASSIGN_OR_RETURN(described->remote_key, memory.PackRemoteKey());
-  described->worker_address = worker_.address();
-  described->address = reinterpret_cast<uint64_t>(memory.address());
-  described->length = memory.length();
-  region = std::move(described);
-  auto owner = std::make_shared<RegisteredSamples>(
-      RegisteredSamples{context_, std::move(heap), std::move(memory)});
-  return std::shared_ptr<char[]>(owner, static_cast<char*>(owner->memory.address()));
+      transport::UcpEndpoint::Connect(worker_, address, OnOriginError, &origin->failed));
+  origin->endpoint.emplace(std::move(endpoint));
+  return origins_.emplace(address, std::move(origin)).first->second.get();
 }
 
 absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
-    const v1::PutRequest& put, const IngestStream& stream, const std::vector<bool>* wanted) {
+    const v1::PutRequest& put, const IngestStream& stream, const std::vector<bool>& wanted) {
   const v1::IngestRegion& source = put.region();
-  PF_ASSIGN_OR_RETURN(Producer * producer, ProducerAt(source.worker_address()));
-  if (producer->key.get() == nullptr || producer->packed_key != source.remote_key()) {
-    producer->key.Reset();
-    PF_ASSIGN_OR_RETURN(producer->key,
-                        transport::RemoteKey::Unpack(*producer->endpoint, source.remote_key()));
-    producer->packed_key = source.remote_key();
+  PF_ASSIGN_OR_RETURN(Origin * origin, OriginAt(source.worker_address()));
+  if (origin->key.get() == nullptr || origin->packed_key != source.remote_key()) {
+    origin->key.Reset();
+    PF_ASSIGN_OR_RETURN(origin->key,
+                        transport::RemoteKey::Unpack(*origin->endpoint, source.remote_key()));
+    origin->packed_key = source.remote_key();
   }
-  const transport::RemoteKey& key = producer->key;
-  auto is_wanted = [wanted](int i) {
-    return wanted == nullptr || (*wanted)[static_cast<size_t>(i)];
-  };
+  const transport::RemoteKey& key = origin->key;
   const std::vector<int> stream_field = StreamFieldsOf(put, stream);
   // Every wanted sample in one allocation, each at an aligned start.
   std::vector<SampleLayout> layouts(static_cast<size_t>(put.samples_size()));
   uint64_t total = 0;
   for (int i = 0; i < put.samples_size(); ++i) {
-    if (!is_wanted(i)) continue;
+    if (!wanted[static_cast<size_t>(i)]) continue;
     layouts[static_cast<size_t>(i)] = LayoutOf(put.samples(i), stream_field);
     total += AlignedToSample(layouts[static_cast<size_t>(i)].bytes);
   }
-  std::shared_ptr<const SampleRegion> region;
-  PF_ASSIGN_OR_RETURN(std::shared_ptr<char[]> memory,
-                      AllocateSamples(total, for_peers_ && wanted == nullptr, region));
+  std::shared_ptr<char[]> memory =
+      std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(total, 1));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
   std::vector<ucs_status_ptr_t> requests;
   absl::Status posted;
   auto read = [&](char* local, uint64_t bytes, uint64_t offset) {
     if (bytes == 0) return;
     ucs_status_ptr_t request =
-        producer->endpoint->Get(local, bytes, source.address() + offset, key.get());
+        origin->endpoint->Get(local, bytes, source.address() + offset, key.get());
     if (UCS_PTR_IS_ERR(request) && posted.ok()) {
       posted = absl::UnavailableError(
           absl::StrCat("ucp_get_nbx: ", ucs_status_string(UCS_PTR_STATUS(request))));
@@ -436,7 +637,7 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     out.group = in.group();
     out.tag = in.tag();
     out.num_tokens = static_cast<int64_t>(in.tokens());
-    if (!is_wanted(i)) continue;
+    if (!wanted[static_cast<size_t>(i)]) continue;
     SampleLayout& layout = layouts[static_cast<size_t>(i)];
     // Not zero-filled: the gets overwrite every byte served (CheckPut
     // checked each field's size).
@@ -453,22 +654,21 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     out.field_offsets = std::move(layout.field_offsets);
     out.data_bytes = layout.bytes;
     out.data = std::shared_ptr<const char[]>(memory, buffer);
-    out.region = region;
     next += AlignedToSample(layout.bytes);
   }
   absl::Status status = posted;
   const absl::Time deadline = absl::Now() + kTransferTimeout;
   for (ucs_status_ptr_t request : requests) {
     absl::Status done = worker_.Wait(request, "ucp_get_nbx", deadline, [&] {
-      producer->endpoint->Close(/*force=*/true).IgnoreError();
+      origin->endpoint->Close(/*force=*/true).IgnoreError();
     });
     if (status.ok() && !done.ok()) status = done;
   }
-  if (!status.ok() || producer->failed) {
-    producers_.erase(source.worker_address());
+  if (!status.ok() || origin->failed) {
+    origins_.erase(source.worker_address());
     return absl::UnavailableError(
         absl::StrCat("ingest stream ", put.stream(), " step ", put.step(),
-                     ": reading the put's bytes from the producer failed: ",
+                     ": reading the forwarded bytes from the origin failed: ",
                      status.ok() ? "its endpoint failed" : status.message()));
   }
   return samples;

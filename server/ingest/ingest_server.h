@@ -1,20 +1,21 @@
 #ifndef PACKFEED_SERVER_INGEST_INGEST_SERVER_H_
 #define PACKFEED_SERVER_INGEST_INGEST_SERVER_H_
 
-// The daemon's ingest streams and the thread that moves put samples into
-// them (docs/INGEST.md). A put names its samples over gRPC; their bytes stay
-// in the producer's UCX-registered memory, and this thread reads them with
-// one-sided gets (on one node a copy out of shared memory) into the
-// stream, then answers. A put that finds the stream's budget full waits
-// here, puts of other streams going on, until consumers free a step or its
-// timeout passes.
+// The daemon's ingest streams and the thread that admits puts into them
+// (docs/INGEST.md). A driver's put comes in two calls. Reserve names its
+// samples over gRPC and waits here, puts of other streams going on, until
+// its stream's budget and its producer's staging arena (staging_arena.h)
+// have room, or its timeout passes; the answer says where in the arena to
+// write. The producer copies the samples there and Commit adds them to
+// their step: the daemon serves them from that memory, so their bytes are
+// copied once, by the producer.
 //
-// With peer daemons (docs/INGEST.md, Several nodes) each put's samples are
-// kept in one region registered with UCX, so that the peers can get them
-// once the step is sealed; a step forwarded by a peer is fetched by the
-// same thread, only the samples this node's ranks are planned.
+// With peer daemons (docs/INGEST.md, Several nodes) each put's span is
+// registered with UCX, so that the peers can get its samples once the step
+// is sealed; a step forwarded by a peer is fetched by the transfer thread,
+// only the samples this node's ranks are planned.
 //
-// Thread-safe; `done` callbacks run on the transfer thread.
+// Thread-safe; Reserve's and Forward's `done` run on the transfer thread.
 
 #include <deque>
 #include <functional>
@@ -29,10 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/ucx_context.h"
 #include "packfeed/transport/ucx_endpoint.h"
 #include "packfeed/v1/service.pb.h"
 #include "server/ingest/ingest_stream.h"
+#include "server/ingest/staging_arena.h"
 
 namespace packfeed::server {
 
@@ -40,7 +43,7 @@ class IngestServer {
  public:
   // `for_peers`: put samples into memory peer daemons can get.
   static absl::StatusOr<std::unique_ptr<IngestServer>> Start(std::vector<IngestStream*> streams,
-                                                             const transport::UcxOptions& ucx,
+                                                             transport::UcxOptions ucx,
                                                              bool for_peers);
   ~IngestServer() { Stop(); }
   // Refuses the puts still waiting, and every later one, as Unavailable;
@@ -50,10 +53,22 @@ class IngestServer {
   // nullptr when none has that name.
   IngestStream* stream(const std::string& name) const;
 
-  // Checks `put` (its stream's token is the caller's business), waits for
-  // room, reads its bytes and adds its samples. `put` must stay valid
-  // until `done`.
-  void Put(const v1::PutRequest& put, std::function<void(absl::StatusOr<v1::PutReply>)> done);
+  // A driver's put, first call (its stream's token is the caller's
+  // business): checks it, waits for room, and answers where to write it.
+  // `shared`: the producer's staging memory, taken from SOCKET.rings, when
+  // the request names an arena token (a new arena of `caller`); null when
+  // it names an arena, which must be `caller`'s. A reservation the arena
+  // still holds is cancelled. `request` must stay valid until `done`.
+  void Reserve(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+               std::shared_ptr<transport::SharedRing> shared,
+               std::function<void(absl::StatusOr<v1::ReserveReply>)> done);
+  // Second call: the put reserved under the request's lease, written, joins
+  // its step. NotFound for a lease that is not the arena's (cancelled,
+  // committed, never given).
+  absl::StatusOr<v1::PutReply> Commit(const v1::CommitRequest& request,
+                                      const transport::PeerIdentity& caller);
+  // Forgets `caller`'s arena `arena`, cancelling what it reserved.
+  absl::Status ReleaseArena(uint64_t arena, const transport::PeerIdentity& caller);
   // A step a peer sealed (its token is the caller's business): plans it,
   // waits for room, gets the samples this node's ranks are planned, and
   // seals it here. A step sealed or consumed here before is left as it is.
@@ -69,52 +84,82 @@ class IngestServer {
     uint32_t timeout_ms = 0;
     absl::Time deadline;
     bool waited = false;
+    // With the budget reserved, takes what else the put needs; false while
+    // that has no room either (the put then waits as for the budget).
+    std::function<bool()> claim;
     // With the room reserved (OK), moves the bytes in and answers; or
     // answers why there is no room.
     std::function<void(absl::Status room)> run;
   };
-  // A producer's worker, connected once.
-  struct Producer {
+  // An origin daemon's worker, connected once (forwarded steps).
+  struct Origin {
     bool failed = false;  // set by UCX's error callback
     std::optional<transport::UcpEndpoint> endpoint;
-    // The last staging region's key, unpacked. Kept while the producer puts
-    // from the same region: unpacking maps the region (shared memory on one
-    // node) and dropping the key unmaps it, which cost more than the copy.
+    // The last region's key, unpacked, kept while the origin's puts come
+    // from the same region.
     std::string packed_key;
     transport::RemoteKey key;  // declared after the endpoint: freed first
+  };
+  // A reserved put: its samples lie in `span`, written by the producer
+  // once Commit comes.
+  struct Lease {
+    uint64_t id = 0;
+    IngestStream* stream = nullptr;
+    int64_t step = 0;
+    uint64_t bytes = 0;  // reserved in the stream's budget
+    std::vector<IngestedSample> samples;
+  };
+  struct Arena {
+    std::shared_ptr<StagingArena> memory;
+    std::optional<Lease> lease;  // at most one: a producer puts one at a time
   };
 
   IngestServer(std::vector<IngestStream*> streams,
                std::shared_ptr<const transport::UcpContext> context, transport::UcpWorker worker,
                bool for_peers);
-  void Enqueue(PendingPut pending);
+  // Queues `pending` for the transfer thread; or, `may_run_here`, runs it
+  // on this thread when it is admitted at once.
+  void Enqueue(PendingPut pending, bool may_run_here);
   void Loop();
   // Admits what fits, in arrival order per stream; refuses what waited past
   // its deadline.
   void ServePending();
-  // The put's samples, read from its producer. `wanted` (by sample; null =
-  // all): the others are kept without bytes.
+  // A forwarded put's samples, read from its origin. `wanted` (by sample):
+  // the others are kept without bytes.
   absl::StatusOr<std::vector<IngestedSample>> Transfer(const v1::PutRequest& put,
                                                        const IngestStream& stream,
-                                                       const std::vector<bool>* wanted);
-  // Memory for `bytes` of samples: registered (its region described in
-  // `region`) when `for_peers` may get it (a driver's put, not a step a
-  // peer forwarded).
-  absl::StatusOr<std::shared_ptr<char[]>> AllocateSamples(
-      uint64_t bytes, bool for_peers, std::shared_ptr<const SampleRegion>& region);
-  absl::StatusOr<Producer*> ProducerAt(const std::string& address);
+                                                       const std::vector<bool>& wanted);
+  absl::StatusOr<Origin*> OriginAt(const std::string& address);
+  // The arena `request` names, for `caller`.
+  absl::StatusOr<std::shared_ptr<StagingArena>> ArenaFor(
+      const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+      std::shared_ptr<transport::SharedRing> shared) ABSL_LOCKS_EXCLUDED(mutex_);
+  // The put's samples in `span` (registered for peers when they get them).
+  absl::StatusOr<std::vector<IngestedSample>> SamplesIn(const v1::PutRequest& put,
+                                                        const IngestStream& stream,
+                                                        const std::shared_ptr<ArenaSpan>& span);
+  // Cancels a reservation: its budget and span are free again.
+  static void Cancel(std::optional<Lease>& lease);
+  // Forgets the arenas of producers that exited, cancelling what they
+  // reserved; the samples they put stay until freed.
+  void ForgetExitedProducers() ABSL_LOCKS_EXCLUDED(mutex_);
 
   const std::vector<IngestStream*> streams_;
   // Shared with the registered sample memory, which may outlive the server.
   const std::shared_ptr<const transport::UcpContext> context_;
   const bool for_peers_;
-  transport::UcpWorker worker_;                                 // transfer thread only
-  std::map<std::string, std::unique_ptr<Producer>> producers_;  // transfer thread only
-  std::deque<PendingPut> pending_;                              // transfer thread only
+  transport::UcpWorker worker_;                             // transfer thread only
+  std::map<std::string, std::unique_ptr<Origin>> origins_;  // transfer thread only
+  std::deque<PendingPut> pending_;                          // transfer thread only
+  absl::Time arenas_checked_;                               // transfer thread only
 
   absl::Mutex mutex_;
   std::deque<PendingPut> arrived_ ABSL_GUARDED_BY(mutex_);
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  std::map<const IngestStream*, int> queued_ ABSL_GUARDED_BY(mutex_);  // puts not yet run
+  std::map<uint64_t, Arena> arenas_ ABSL_GUARDED_BY(mutex_);
+  uint64_t next_arena_ ABSL_GUARDED_BY(mutex_) = 1;
+  uint64_t next_lease_ ABSL_GUARDED_BY(mutex_) = 1;
   std::thread thread_;
 };
 

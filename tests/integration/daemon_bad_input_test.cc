@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -16,12 +17,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "child_process.h"
+#include "client/src/share_ring.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "packfeed/client/client.h"
+#include "packfeed/client/producer.h"
 #include "packfeed/dataset/dataset_generator.h"
 #include "packfeed/transport/receiver.h"
+#include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/wire.h"
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/config/fingerprint.h"
@@ -59,6 +63,11 @@ class DaemonBadInputTest : public ::testing::Test {
   auth_token: "driver-secret"
   fields { name: "logprobs" dtype: "float32" }
 }
+ingest_streams {
+  name: "small"
+  auth_token: "driver-secret"
+  memory_budget_bytes: 1048576
+}
 jobs {
   name: "job"
   datasets { prefix: ")",
@@ -79,6 +88,7 @@ jobs {
     daemon_ = new testing::ChildProcess(*std::move(daemon));
     admin_ = v1::Admin::NewStub(Channel()).release();
     control_ = v1::Control::NewStub(Channel()).release();
+    ingest_ = v1::Ingest::NewStub(Channel()).release();
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (true) {
       grpc::ClientContext context;
@@ -133,7 +143,44 @@ jobs {
   static inline testing::ChildProcess* daemon_ = nullptr;
   static inline v1::Admin::Stub* admin_ = nullptr;
   static inline v1::Control::Stub* control_ = nullptr;
+  static inline v1::Ingest::Stub* ingest_ = nullptr;
 };
+
+// A put of one sample of `tokens` tokens into stream "small", step 0.
+v1::ReserveRequest ReserveOf(uint64_t tokens) {
+  v1::ReserveRequest request;
+  v1::PutRequest& put = *request.mutable_put();
+  put.set_stream("small");
+  put.set_auth_token("driver-secret");
+  put.set_step(0);
+  v1::IngestSample& sample = *put.add_samples();
+  sample.set_group(1);
+  sample.set_tokens(tokens);
+  put.mutable_region()->set_length(tokens * sizeof(int64_t));
+  return request;
+}
+
+// Run by AProducerThatExitsBetweenReserveAndCommitHoldsNoRoom in a process
+// of its own: shares a staging arena, reserves a put and exits without
+// committing it.
+TEST(ProducerThatExits, DISABLED_ReservesAndExits) {
+  const char* socket = std::getenv("PF_RESERVE_SOCKET");
+  if (socket == nullptr) GTEST_SKIP() << "run by the test that needs it";
+  auto arena = transport::SharedRing::Create(2 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto token = client::ShareRing(std::string(socket) + ".rings", arena->fd(),
+                                 transport::RingOffer{arena->bytes(), ""}, absl::Seconds(10));
+  ASSERT_TRUE(token.ok()) << token.status();
+  auto ingest = v1::Ingest::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
+  v1::ReserveRequest request = ReserveOf(100'000);
+  request.set_arena_token(*token);
+  grpc::ClientContext context;
+  v1::ReserveReply reply;
+  const grpc::Status reserved = ingest->Reserve(&context, request, &reply);
+  ASSERT_TRUE(reserved.ok()) << reserved.error_message();
+  std::_Exit(0);  // no Commit, no ReleaseArena
+}
 
 TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExactly) {
   // The undisturbed run of rank 0 (then rank 0 rewinds to step 0 below).
@@ -141,7 +188,7 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
   {
     auto client = client::Client::Attach(Options(0));
     ASSERT_TRUE(client.ok()) << client.status();
-    for (int s = 0; s < 30; ++s) reference.push_back(TakeStep(**client));
+    for (int s = 0; s < 34; ++s) reference.push_back(TakeStep(**client));
   }
   auto good = client::Client::Attach(Options(0));
   ASSERT_TRUE(good.ok()) << good.status();
@@ -309,6 +356,36 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
       {"forward: a field shorter than its tokens",
        forward([](auto& r) { r.mutable_puts(0)->mutable_samples(0)->set_field_bytes(0, 36); }),
        StatusCode::INVALID_ARGUMENT, "field 'logprobs' has 36 bytes"},
+      {"reserve: an arena never shared",
+       [&] {
+         v1::ReserveRequest request = ReserveOf(10);
+         request.set_arena(999);
+         v1::ReserveReply reply;
+         grpc::ClientContext context;
+         return ingest_->Reserve(&context, request, &reply);
+       },
+       StatusCode::NOT_FOUND, "no staging arena 999"},
+      {"reserve: an arena token never given",
+       [&] {
+         v1::ReserveRequest request = ReserveOf(10);
+         request.set_arena_token("nope");
+         v1::ReserveReply reply;
+         grpc::ClientContext context;
+         return ingest_->Reserve(&context, request, &reply);
+       },
+       StatusCode::NOT_FOUND, "no ring was shared under that token"},
+      {"commit: a lease never given",
+       [&] {
+         v1::CommitRequest request;
+         request.set_stream("small");
+         request.set_auth_token("driver-secret");
+         request.set_arena(999);
+         request.set_lease(1);
+         v1::PutReply reply;
+         grpc::ClientContext context;
+         return ingest_->Commit(&context, request, &reply);
+       },
+       StatusCode::NOT_FOUND, "no staging arena 999"},
       {"drain: wrong token",
        [&] {
          v1::DrainRequest request;
@@ -341,6 +418,33 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
   EXPECT_EQ(rank0.gaps(), 0u);
   EXPECT_EQ(rank0.rewinds(), 1u);  // the reference run, then again from step 0
   EXPECT_EQ(rank0.next_step(), static_cast<int64_t>(cases.size()));
+}
+
+// A driver killed between reserving a put and committing it: the daemon
+// notices its process is gone and gives its room back, so the stream's
+// budget (1 MiB, 0.8 of it reserved by the dead producer) takes a put of as
+// much from another producer.
+TEST_F(DaemonBadInputTest, AProducerThatExitsBetweenReserveAndCommitHoldsNoRoom) {
+  ASSERT_EQ(setenv("PF_RESERVE_SOCKET", socket_->c_str(), 1), 0);
+  auto helper =
+      testing::ChildProcess::Spawn({"/proc/self/exe", "--gtest_also_run_disabled_tests",
+                                    "--gtest_filter=ProducerThatExits.DISABLED_ReservesAndExits"});
+  ASSERT_TRUE(helper.ok()) << helper.status();
+  EXPECT_EQ(*helper->Wait(absl::Seconds(30)), 0);
+  client::ProducerOptions options;
+  options.socket_path = *socket_;
+  options.stream = "small";
+  options.auth_token = "driver-secret";
+  auto producer = client::Producer::Create(options);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  const std::vector<int64_t> tokens(100'000, 7);
+  client::ProducerSample sample;
+  sample.group = 2;
+  sample.tokens = tokens;
+  auto put = (*producer)->Put(0, {}, {sample}, absl::Seconds(10));
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->samples_held, 1u);
+  EXPECT_EQ(put->bytes_held, tokens.size() * sizeof(int64_t));
 }
 
 // Not a bad request, but the C++ side of a trainer's fault that must not

@@ -32,9 +32,13 @@ absl::StatusOr<UcpContext> UcpContext::Create(const UcxOptions& options) {
   // (Only when shared memory may be used: UCX warns about the setting
   // otherwise.)
   const std::string& tls = options.transports;
-  if (tls.empty() || absl::StrContains(tls, "sm") || absl::StrContains(tls, "mm") ||
-      absl::StrContains(tls, "posix") || absl::StrContains(tls, "sysv") ||
-      absl::StrContains(tls, "all")) {
+  const bool shared_memory =
+      tls.empty() || (absl::StartsWith(tls, "^")  // a list of those not to use
+                          ? !(absl::StrContains(tls, "posix") && absl::StrContains(tls, "sysv"))
+                          : absl::StrContains(tls, "sm") || absl::StrContains(tls, "mm") ||
+                                absl::StrContains(tls, "posix") || absl::StrContains(tls, "sysv") ||
+                                absl::StrContains(tls, "all"));
+  if (shared_memory) {
     PF_RETURN_IF_ERROR(Modify(config.get(), "MM_ERROR_HANDLING", "y"));
   }
   PF_RETURN_IF_ERROR(Modify(config.get(), "KEEPALIVE_INTERVAL", options.keepalive_interval));

@@ -43,9 +43,9 @@ class Producer:
     int16 [T, layers, top_k]). Every put carries every field of the stream.
     """
 
-    def __init__(self, stream: str, socket_path: str = DEFAULT_SOCKET, auth_token: str = "",
-                 ucx_transports: str = "") -> None:
-        self._native = _native.producer(socket_path, stream, auth_token, ucx_transports)
+    def __init__(self, stream: str, socket_path: str = DEFAULT_SOCKET,
+                 auth_token: str = "") -> None:
+        self._native = _native.producer(socket_path, stream, auth_token)
         self.stream = stream
 
     def put(self, step: int, samples: Iterable[Sample], wait: float = 0.0) -> Dict[str, int]:

@@ -5,15 +5,15 @@
 // (docs/INGEST.md): an RL loop's rollouts, step by step, for every consumer
 // job's ranks to be served balanced and packed.
 //
-// A put copies its samples once into a staging region registered with UCX
-// when the producer is created (and grown, re-registered, only when a put
-// needs more), then tells the daemon over gRPC where they lie; the daemon
-// reads them with one-sided UCX gets before it answers, so the region is
-// free again when Put returns. A progress thread serves the daemon's reads
-// where they need it (across nodes). Nothing is pickled or sent through
+// The producer's staging arena is a memfd shared once with the daemon (over
+// SOCKET.rings, at the first put). A put describes its samples over gRPC and
+// the daemon, once the stream has room, answers where in the arena to write
+// them; the producer copies them there, the only copy of their bytes, and
+// commits the put. The daemon serves the samples from that memory and frees
+// the span when their step is freed. Nothing is pickled or sent through
 // gRPC but the description.
 //
-// Thread-safe; puts are serialised (one staging region). UCX and gRPC stay
+// Thread-safe; puts are serialised (one reservation at a time). gRPC stays
 // behind the implementation: this header needs Abseil only.
 
 #include <cstdint>
@@ -32,7 +32,6 @@ struct ProducerOptions {
   std::string socket_path = kDefaultSocketPath;
   std::string stream;  // required
   std::string auth_token;
-  std::string ucx_transports;  // "" = UCX's choice
   // Added to a put's own wait for room, for the call as a whole.
   absl::Duration call_timeout = absl::Seconds(60);
 };
@@ -90,8 +89,8 @@ struct IngestStreamStatus {
 class Producer {
  public:
   // InvalidArgument without a stream or with a socket path longer than a
-  // Unix socket allows (107 bytes); UCX errors as they come. The daemon is
-  // first called by Put, Seal or Status.
+  // Unix socket allows (107 bytes). The daemon is first called by Put, Seal
+  // or Status.
   static absl::StatusOr<std::unique_ptr<Producer>> Create(const ProducerOptions& options);
   ~Producer();
 
@@ -110,8 +109,9 @@ class Producer {
   absl::StatusOr<SealResult> Seal(int64_t step);
   // What the stream holds and how far each consumer got.
   absl::StatusOr<IngestStreamStatus> Status();
-  // The staging region's size (grows with the largest put).
-  uint64_t staging_bytes() const;
+  // The staging arena's size (twice the stream's budget; 0 before the
+  // first put). Only what puts write takes memory.
+  uint64_t arena_bytes() const;
 
  private:
   class Impl;

@@ -1,0 +1,88 @@
+#include "server/ingest/staging_arena.h"
+
+#include <iterator>
+
+namespace packfeed::server {
+namespace {
+
+uint64_t Aligned(uint64_t bytes) {
+  constexpr uint64_t kAlign = ExtentAllocator::kExtentAlignment;
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
+
+ExtentAllocator::ExtentAllocator(uint64_t bytes) {
+  const uint64_t usable = bytes / kExtentAlignment * kExtentAlignment;
+  if (usable > 0) free_[0] = usable;
+}
+
+std::optional<uint64_t> ExtentAllocator::Allocate(uint64_t bytes) {
+  if (bytes == 0) return std::nullopt;
+  const uint64_t need = Aligned(bytes);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < need) continue;
+    const uint64_t offset = it->first;
+    const uint64_t rest = it->second - need;
+    free_.erase(it);
+    if (rest > 0) free_[offset + need] = rest;
+    return offset;
+  }
+  return std::nullopt;
+}
+
+void ExtentAllocator::Free(uint64_t offset, uint64_t bytes) {
+  uint64_t start = offset;
+  uint64_t length = Aligned(bytes);
+  auto next = free_.lower_bound(offset);
+  if (next != free_.begin()) {
+    auto before = std::prev(next);
+    if (before->first + before->second == start) {
+      start = before->first;
+      length += before->second;
+      free_.erase(before);
+    }
+  }
+  if (next != free_.end() && start + length == next->first) {
+    length += next->second;
+    free_.erase(next);
+  }
+  free_[start] = length;
+}
+
+uint64_t ExtentAllocator::free_bytes() const {
+  uint64_t total = 0;
+  for (const auto& [offset, length] : free_) total += length;
+  return total;
+}
+
+ArenaSpan::ArenaSpan(std::shared_ptr<StagingArena> arena, uint64_t offset, uint64_t bytes)
+    : arena(std::move(arena)), offset(offset), bytes(bytes) {}
+
+ArenaSpan::~ArenaSpan() {
+  registered.reset();
+  arena->Free(offset, bytes);
+}
+
+char* ArenaSpan::data() const { return arena->data() + offset; }
+
+StagingArena::StagingArena(uint64_t id, std::shared_ptr<transport::SharedRing> memory,
+                           transport::PeerIdentity owner)
+    : id_(id), memory_(std::move(memory)), owner_(owner), spans_(memory_->bytes()) {}
+
+std::shared_ptr<ArenaSpan> StagingArena::Take(uint64_t bytes) {
+  std::optional<uint64_t> offset;
+  {
+    absl::MutexLock lock(&mutex_);
+    offset = spans_.Allocate(bytes);
+  }
+  if (!offset.has_value()) return nullptr;
+  return std::make_shared<ArenaSpan>(shared_from_this(), *offset, bytes);
+}
+
+void StagingArena::Free(uint64_t offset, uint64_t bytes) {
+  absl::MutexLock lock(&mutex_);
+  spans_.Free(offset, bytes);
+}
+
+}  // namespace packfeed::server
