@@ -97,7 +97,7 @@ uint64_t JobRunner::CachedBytes() const {
   uint64_t bytes = 0;
   for (const auto& [_, held] : steps_) {
     if (held.data == nullptr) continue;
-    for (const auto& [_, run] : held.data->runs) bytes += run.size() * sizeof(int64_t);
+    for (const auto& [_, run] : held.data->runs) bytes += run.owned_bytes();
   }
   return bytes;
 }

@@ -24,7 +24,7 @@ absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSo
   std::vector<SampleBounds> samples;
   for (size_t i = 0; i < source.runs.size(); ++i) {
     if (!pretraining.inter_document_masking()) {
-      samples.push_back(EodBounds(*source.runs[i], seq_length, source.rules));
+      samples.push_back(EodBounds(source.runs[i], seq_length, source.rules));
       continue;
     }
     const scheduler::SampleRef& ref =
@@ -185,7 +185,7 @@ std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
 }
 
 absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
-                                               absl::Span<const std::vector<int64_t>* const> runs,
+                                               absl::Span<const absl::Span<const int64_t>> runs,
                                                int cp_rank, const dataset::SampleRules& rules,
                                                std::vector<SideRun> sides) {
   if (runs.size() != group.sequences.size()) {
@@ -215,7 +215,7 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
   int64_t padded_total = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const scheduler::PlannedSequence& sequence = group.sequences[i];
-    const auto run_length = static_cast<int64_t>(runs[i]->size());
+    const auto run_length = static_cast<int64_t>(runs[i].size());
     const int64_t padded = sequence.padded_length;
     const int64_t real = sequence.length;
     // varlen reads labels up to t[real]; sft reads within the run.
@@ -254,7 +254,7 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
   for (SideSlice& slice : SideSlicesOfStage(job.side_fields(), job.stages(), coords.pp)) {
     sides.push_back({std::move(slice), {}});
   }
-  std::vector<const std::vector<int64_t>*> runs;
+  std::vector<absl::Span<const int64_t>> runs;
   for (const scheduler::PlannedSequence& sequence : group.sequences) {
     auto failed = data.failed.find(sequence.sample);
     if (failed != data.failed.end()) return failed->second;
@@ -268,7 +268,7 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
                                               ": sample ", sequence.sample, " was not read"));
     }
-    runs.push_back(&run->second);
+    runs.push_back(run->second.tokens());
     for (SideRun& side_run : sides) {
       const size_t field = static_cast<size_t>(side_run.slice.field - job.side_fields().data());
       side_run.rows.push_back(side->second[field].bytes());
@@ -355,7 +355,7 @@ void WriteMicrobatch(const MicrobatchSource& source,
   for (size_t i = 0; i < source.runs.size(); ++i) {
     const int64_t real = source.group->sequences[i].length;
     for (const scheduler::TokenRange& range : source.slices[i]) {
-      WritePositions(*source.runs[i], real, range.begin, range.end, source.rules, at, out);
+      WritePositions(source.runs[i], real, range.begin, range.end, source.rules, at, out);
       if (!source.document_bounds.empty()) {
         RestartPositions(source.document_bounds[i], range, at, out.position_ids);
       }

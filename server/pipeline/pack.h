@@ -67,7 +67,7 @@ struct MicrobatchSource {
   const scheduler::CpGroup* group = nullptr;
   int cp_rank = 0;  // within the group
   dataset::SampleRules rules;
-  std::vector<const std::vector<int64_t>*> runs;  // per sequence of the group
+  std::vector<absl::Span<const int64_t>> runs;  // per sequence of the group
   std::vector<SideRun> sides;
   std::vector<RankRanges> slices;  // per sequence, this rank's CP slice of it
   int64_t tokens = 0;              // positions this rank holds
@@ -95,7 +95,7 @@ struct MicrobatchSource {
 // length does not split evenly into 2·size parts, or cp_rank is outside
 // the group.
 absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
-                                               absl::Span<const std::vector<int64_t>* const> runs,
+                                               absl::Span<const absl::Span<const int64_t>> runs,
                                                int cp_rank, const dataset::SampleRules& rules,
                                                std::vector<SideRun> sides = {});
 

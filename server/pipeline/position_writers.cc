@@ -15,7 +15,7 @@ void Fill(T* field, int64_t at, int64_t count, T value) {
 }
 
 // Tokens [from, from + count) of `run` at position `at` of `field`.
-void CopyRun(int64_t* field, int64_t at, const std::vector<int64_t>& run, int64_t from,
+void CopyRun(int64_t* field, int64_t at, absl::Span<const int64_t> run, int64_t from,
              int64_t count) {
   if (field != nullptr && count > 0) {
     std::memcpy(field + at, run.data() + from, static_cast<size_t>(count) * sizeof(int64_t));
@@ -29,7 +29,7 @@ void Positions(int64_t* field, int64_t at, int64_t count, int64_t first) {
 // Positions [begin, end) of a varlen sequence (real length `real`, the run
 // holding its label t[real] too) at position `at`: Megatron zeroes every
 // field of a pad slot.
-void WriteVarlenPositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
+void WriteVarlenPositions(absl::Span<const int64_t> run, int64_t real, int64_t begin, int64_t end,
                           int64_t at, const TokenFields& out) {
   const int64_t kept = std::clamp(real, begin, end) - begin;
   const int64_t pads = end - begin - kept;
@@ -48,7 +48,7 @@ void WriteVarlenPositions(const std::vector<int64_t>& run, int64_t real, int64_t
 // The same for SFT's b = t + pads: pad slots keep the pad id and running
 // positions; a position whose label is a pad (or Megatron's ignore index)
 // is not trained.
-void WriteSftPositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
+void WriteSftPositions(absl::Span<const int64_t> run, int64_t real, int64_t begin, int64_t end,
                        int64_t pad_id, int64_t at, const TokenFields& out) {
   const auto run_length = static_cast<int64_t>(run.size());
   const int64_t count = end - begin;
@@ -75,7 +75,7 @@ void WriteSftPositions(const std::vector<int64_t>& run, int64_t real, int64_t be
 // (text padded with the pad id to seq_length + 1); the loss masked at an
 // EOD input (eod_mask_loss) and a pad label; positions restarting after each
 // EOD input (reset_position_ids); pad ids served as 0.
-void WritePretrainingPositions(const std::vector<int64_t>& run, int64_t begin, int64_t end,
+void WritePretrainingPositions(absl::Span<const int64_t> run, int64_t begin, int64_t end,
                                const dataset::SampleRules& rules, int64_t at,
                                const TokenFields& out) {
   const auto run_length = static_cast<int64_t>(run.size());
@@ -108,7 +108,7 @@ void WritePretrainingPositions(const std::vector<int64_t>& run, int64_t begin, i
 
 }  // namespace
 
-void WritePositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
+void WritePositions(absl::Span<const int64_t> run, int64_t real, int64_t begin, int64_t end,
                     const dataset::SampleRules& rules, int64_t at, const TokenFields& out) {
   switch (rules.kind) {
     case SampleKind::kPretraining:

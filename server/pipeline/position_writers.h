@@ -26,7 +26,7 @@ struct TokenFields {
 
 // Positions [begin, end) of a sequence (real length `real`; its token run
 // `run`) at position `at` of the fields, by the sample kind of `rules`.
-void WritePositions(const std::vector<int64_t>& run, int64_t real, int64_t begin, int64_t end,
+void WritePositions(absl::Span<const int64_t> run, int64_t real, int64_t begin, int64_t end,
                     const dataset::SampleRules& rules, int64_t at, const TokenFields& out);
 
 // inter_document_masking: positions [range) of a sample count from the

@@ -140,10 +140,11 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
       continue;
     }
     if (job.pretraining() != nullptr) {
-      data.runs.emplace(samples[i], std::move(tokens));
+      data.runs.emplace(samples[i], TokenRun(std::move(tokens)));
       continue;
     }
-    data.runs.emplace(samples[i], dataset::MakeTokenRun(tokens, job.ShapeOf(ref), job.rules()));
+    data.runs.emplace(samples[i],
+                      TokenRun(dataset::MakeTokenRun(tokens, job.ShapeOf(ref), job.rules())));
   }
   data.plan = std::move(plan);
   return data;
@@ -161,7 +162,13 @@ StepData AssembleIngestStep(const Job& job, StepPlan plan, absl::Span<const int>
       continue;
     }
     const dataset::SampleShape shape = dataset::ShapeOfSample(sample.num_tokens, job.rules());
-    data.runs.emplace(s, dataset::MakeTokenRun(sample.tokens(), shape, job.rules()));
+    // Served from the stream's memory unless an EOD is to be appended: a
+    // copy of every token of the step was most of the time from the seal
+    // to the first microbatch.
+    data.runs.emplace(s,
+                      shape.run_length == sample.num_tokens
+                          ? TokenRun(sample.tokens())
+                          : TokenRun(dataset::MakeTokenRun(sample.tokens(), shape, job.rules())));
     if (job.side_fields().empty()) continue;
     std::vector<FetchedSample>& side = data.side.rows[s];
     for (size_t f = 0; f < job.side_fields().size(); ++f) {

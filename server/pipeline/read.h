@@ -51,9 +51,28 @@ SideRows AssembleSideRows(const Job& job, const StepPlan& plan, absl::Span<const
                           absl::Span<const FetchedSample> fetched);
 
 // The token runs of the samples some ranks need for one step.
+// A sample's token run: its own tokens (read from a file, an EOD appended)
+// or a view of an ingested sample's, which the step's plan keeps alive.
+// Move-only: the view points into the owned tokens when there are any.
+class TokenRun {
+ public:
+  explicit TokenRun(std::vector<int64_t> owned) : owned_(std::move(owned)), tokens_(owned_) {}
+  explicit TokenRun(absl::Span<const int64_t> view) : tokens_(view) {}
+  TokenRun(TokenRun&&) = default;  // a vector moved keeps its buffer
+  TokenRun& operator=(TokenRun&&) = delete;
+
+  absl::Span<const int64_t> tokens() const { return tokens_; }
+  // The bytes this run holds itself (not those of a view).
+  uint64_t owned_bytes() const { return owned_.size() * sizeof(int64_t); }
+
+ private:
+  std::vector<int64_t> owned_;
+  absl::Span<const int64_t> tokens_;
+};
+
 struct StepData {
   StepPlan plan;
-  std::map<int64_t, std::vector<int64_t>> runs;  // by planned sample
+  std::map<int64_t, TokenRun> runs;  // by planned sample
   // An ingest job's side rows (in the stream's memory); a dataset job's
   // are fetched per microbatch, apart from the step.
   SideRows side;

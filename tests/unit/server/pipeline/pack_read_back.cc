@@ -55,7 +55,7 @@ PackedMicrobatch ReadBack(const MicrobatchSource& source) {
 }
 
 absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
-                                                absl::Span<const std::vector<int64_t>* const> runs,
+                                                absl::Span<const absl::Span<const int64_t>> runs,
                                                 int cp_rank, const dataset::SampleRules& rules,
                                                 std::vector<SideRun> sides) {
   PF_ASSIGN_OR_RETURN(MicrobatchSource source,

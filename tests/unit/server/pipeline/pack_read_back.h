@@ -40,7 +40,7 @@ PackedMicrobatch ReadBack(const MicrobatchSource& source);
 
 // SourceOfGroup, written and read back.
 absl::StatusOr<PackedMicrobatch> PackMicrobatch(const scheduler::CpGroup& group,
-                                                absl::Span<const std::vector<int64_t>* const> runs,
+                                                absl::Span<const absl::Span<const int64_t>> runs,
                                                 int cp_rank, const dataset::SampleRules& rules,
                                                 std::vector<SideRun> sides = {});
 

@@ -19,7 +19,7 @@ TEST(PackTest, VarlenZeroesPadSlotsAndRestartsPositions) {
   const std::vector<int64_t> a = {10, 11, 12, 99};  // real 3
   const std::vector<int64_t> b = {20, 99};          // real 1
   scheduler::CpGroup group{0, 1, {{0, 3, 4}, {1, 1, 2}}};
-  const std::vector<const std::vector<int64_t>*> runs = {&a, &b};
+  const std::vector<absl::Span<const int64_t>> runs = {a, b};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen());
   ASSERT_TRUE(packed.ok()) << packed.status();
   EXPECT_THAT(packed->tokens, ElementsAre(10, 11, 12, 0, 20, 0));
@@ -35,7 +35,7 @@ TEST(PackTest, VarlenZeroesPadSlotsAndRestartsPositions) {
 TEST(PackTest, SftKeepsPadIdsAndMasksPadLabels) {
   const std::vector<int64_t> a = {10, 11, 99};  // EOD is an input here
   scheduler::CpGroup group{0, 1, {{0, 4, 4}}};  // Megatron: real = padded
-  const std::vector<const std::vector<int64_t>*> runs = {&a};
+  const std::vector<absl::Span<const int64_t>> runs = {a};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Sft());
   ASSERT_TRUE(packed.ok()) << packed.status();
   EXPECT_THAT(packed->tokens, ElementsAre(10, 11, 99, 98));
@@ -57,7 +57,7 @@ dataset::SampleRules Pretraining(bool reset_positions, bool eod_mask) {
 TEST(PackTest, PretrainingFollowsMegatronsGetItem) {
   const std::vector<int64_t> text = {10, 11, 99, 12, 13, 99, 14, 15, 16};  // seq 8 + 1
   scheduler::CpGroup group{0, 1, {{0, 8, 8}}};
-  const std::vector<const std::vector<int64_t>*> runs = {&text};
+  const std::vector<absl::Span<const int64_t>> runs = {text};
   absl::StatusOr<PackedMicrobatch> plain =
       PackMicrobatch(group, runs, 0, Pretraining(false, false));
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -83,7 +83,7 @@ TEST(PackTest, PretrainingFollowsMegatronsGetItem) {
 TEST(PackTest, PretrainingPartialSampleIsPaddedAndMasked) {
   const std::vector<int64_t> text = {10, 11, 12, 13, 14};
   scheduler::CpGroup group{0, 1, {{0, 8, 8}}};
-  const std::vector<const std::vector<int64_t>*> runs = {&text};
+  const std::vector<absl::Span<const int64_t>> runs = {text};
   absl::StatusOr<PackedMicrobatch> packed =
       PackMicrobatch(group, runs, 0, Pretraining(false, false));
   ASSERT_TRUE(packed.ok()) << packed.status();
@@ -97,7 +97,7 @@ TEST(PackTest, ZigzagGivesRankKPartsKAnd2cMinus1MinusK) {
   std::vector<int64_t> run(9);
   for (int i = 0; i < 9; ++i) run[i] = 100 + i;  // real 8, padded 8, c = 2: parts of 2
   scheduler::CpGroup group{4, 2, {{7, 8, 8}}};
-  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  const std::vector<absl::Span<const int64_t>> runs = {run};
   absl::StatusOr<PackedMicrobatch> rank0 = PackMicrobatch(group, runs, 0, Varlen());
   absl::StatusOr<PackedMicrobatch> rank1 = PackMicrobatch(group, runs, 1, Varlen());
   ASSERT_TRUE(rank0.ok() && rank1.ok());
@@ -111,7 +111,7 @@ TEST(PackTest, ZigzagGivesRankKPartsKAnd2cMinus1MinusK) {
 
 TEST(PackTest, RefusesWhatCannotBePacked) {
   const std::vector<int64_t> run = {1, 2, 3, 99};
-  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  const std::vector<absl::Span<const int64_t>> runs = {run};
   EXPECT_THAT(PackMicrobatch({0, 2, {{0, 3, 6}}}, runs, 0, Varlen()).status().message(),
               HasSubstr("does not split into 4 parts"));
   EXPECT_THAT(PackMicrobatch({0, 2, {{0, 3, 8}}}, runs, 2, Varlen()).status().message(),
@@ -126,7 +126,7 @@ TEST(PackTest, RefusesWhatCannotBePacked) {
 TEST(PackTest, AMiddleStageSlotHoldsOnlyItsFieldsWrittenWhole) {
   const std::vector<int64_t> a = {10, 11, 12, 99};
   scheduler::CpGroup group{0, 1, {{0, 3, 4}}};
-  const std::vector<const std::vector<int64_t>*> runs = {&a};
+  const std::vector<absl::Span<const int64_t>> runs = {a};
   absl::StatusOr<MicrobatchSource> source = SourceOfGroup(group, runs, 0, Varlen());
   ASSERT_TRUE(source.ok()) << source.status();
   source->stage = FieldsOfStage(1, 3);
@@ -199,7 +199,7 @@ TEST(PackTest, SideFieldFollowsTokensOrLabelsWithPadsAndZigzag) {
   for (int i = 0; i < 9; ++i) run[i] = 100 + i;        // stored 9 tokens, real 8
   const std::vector<int16_t> rows = Rows(0, 9, 1, 1);  // value r at row r
   scheduler::CpGroup group{0, 2, {{0, 6, 8}}};         // real 6 of 8 (truncated run view)
-  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  const std::vector<absl::Span<const int64_t>> runs = {run};
   for (bool labels : {false, true}) {
     const SideFieldInfo field = Int16Field(labels, {});
     const SideSlice slice{&field, "f", {}};
@@ -225,7 +225,7 @@ TEST(PackTest, LayerAxisIsCutToTheSliceAndLabelsPastTheStoredRowsArePads) {
   const SideSlice slice{&field, "f", {{1, 2}, {3, 4}}};  // layers 1 and 3
   const std::vector<SideRun> sides = {{slice, {Bytes(rows)}}};
   scheduler::CpGroup group{0, 1, {{0, 3, 4}}};
-  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  const std::vector<absl::Span<const int64_t>> runs = {run};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);
   ASSERT_TRUE(packed.ok()) << packed.status();
   EXPECT_THAT(packed->side[0].inner_shape, ElementsAre(2, 2));
@@ -247,7 +247,7 @@ TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
   const std::vector<SideRun> sides = {
       {slice, {{reinterpret_cast<const char*>(mask.data()), mask.size()}}}};
   scheduler::CpGroup group{0, 1, {{0, 4, 6}}};
-  const std::vector<const std::vector<int64_t>*> runs = {&run};
+  const std::vector<absl::Span<const int64_t>> runs = {run};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);
   ASSERT_TRUE(packed.ok()) << packed.status();
   // Position j trains label j + 1: the prompt's second token is a label
