@@ -2,9 +2,10 @@
 run against a real packfeedd:
 
 - put throughput from one producer process (packfeed.Producer.put of a
-  step's samples, in chunks as a driver puts finished rollouts; the daemon
-  pulls the bytes over UCX), beside a NumPy copy of the same arrays into one
-  buffer in the same process;
+  step's samples, in chunks as a driver puts finished rollouts), beside a
+  NumPy copy of the same arrays made just before each put, in the same
+  process: bytes over seconds summed over the steps after the producer's
+  staging arena was first written, and apart over those first steps;
 - seal-to-first-microbatch latency: from Producer.seal(step) to each of 8
   consumer ranks (DP 8, threads of this process) returning from
   next_step() with its first microbatch, p50 and p99 over steps × ranks;
@@ -145,7 +146,7 @@ def main():
     buffer = np.empty(largest, dtype=np.uint8)
     buffer[:] = 0  # touched, as the daemon's memory is
 
-    put_rates, copy_rates, seal_calls = [], [], []
+    step_sizes, put_seconds, copy_seconds_of_step, seal_calls = [], [], [], []
     if args.peer:
         half = args.ranks // 2
         ports = [free_port(), free_port()]
@@ -190,8 +191,9 @@ def main():
                 start = time.perf_counter()
                 producer.put(s, chunk, wait=120.0)
                 putting += time.perf_counter() - start
-            copy_rates.append(size / copying / 1e9)
-            put_rates.append(size / putting / 1e9)
+            step_sizes.append(size)
+            copy_seconds_of_step.append(copying)
+            put_seconds.append(putting)
             seals.append(time.perf_counter())
             producer.seal(s)
             seal_calls.append((time.perf_counter() - seals[-1]) * 1e3)
@@ -210,7 +212,13 @@ def main():
     # fresh pages (the kernel zeroes each on first touch). The steps after
     # those are what a long run sees; both are printed.
     warm = min(args.steps - 1, -(-budget // largest))
-    ratios = [put / copy for put, copy in zip(put_rates, copy_rates)]
+
+    def rates(steps):  # GB/s of the puts and of the copies over `steps`
+        size = sum(step_sizes[steps]) / 1e9
+        return size / sum(put_seconds[steps]), size / sum(copy_seconds_of_step[steps])
+
+    put_rate, copy_rate = rates(slice(warm, None))
+    warm_put, warm_copy = rates(slice(0, warm))
     latencies = [[], []]  # per node
     for rank, rank_arrivals in enumerate(arrivals):
         latencies[node_of[rank]] += [(arrival - seal) * 1e3
@@ -218,11 +226,11 @@ def main():
     figures = {
         "samples_per_step": args.samples, "ranks": args.ranks, "steps": args.steps,
         "step_mb": round(largest / 1e6, 1),
-        "put_gb_per_s": round(percentile(put_rates[warm:], 0.5), 2),
-        "memcpy_gb_per_s": round(percentile(copy_rates[warm:], 0.5), 2),
-        "put_over_memcpy": round(percentile(ratios[warm:], 0.5), 2),
+        "put_gb_per_s": round(put_rate, 2),
+        "memcpy_gb_per_s": round(copy_rate, 2),
+        "put_over_memcpy": round(put_rate / copy_rate, 2),
         "warmup_steps": warm,
-        "warmup_put_over_memcpy": round(percentile(ratios[:warm], 0.5), 2),
+        "warmup_put_over_memcpy": round(warm_put / warm_copy, 2),
         "seal_to_first_p50_ms": round(percentile(latencies[0], 0.5), 2),
         "seal_to_first_p99_ms": round(percentile(latencies[0], 0.99), 2),
         "seal_call_p50_ms": round(percentile(seal_calls, 0.5), 2),
@@ -242,7 +250,7 @@ def main():
     print(f"ingest_bench: {args.samples} samples/step ({figures['step_mb']} MB), "
           f"{args.steps} steps, {args.ranks} ranks (DP), puts of {args.chunk} samples")
     print(f"  put {figures['put_gb_per_s']} GB/s vs NumPy copy {figures['memcpy_gb_per_s']} GB/s "
-          f"in this process (ratio {figures['put_over_memcpy']}); medians over steps after the "
+          f"in this process (ratio {figures['put_over_memcpy']}) over the steps after the "
           f"first {warm} (their ratio {figures['warmup_put_over_memcpy']}: fresh arena memory)")
     print(f"  seal -> first microbatch: p50 {figures['seal_to_first_p50_ms']} ms, "
           f"p99 {figures['seal_to_first_p99_ms']} ms ({len(latencies[0])} rank-steps"
