@@ -24,7 +24,7 @@
 //
 //   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|device|staged|daemon]
 //             [--experts 48x8] [--memory-budget-mib N] [--side-read-ahead-mib N]
-//             [--quick] [--json]
+//             [--packing-threads N] [--quick] [--json]
 
 #include <signal.h>
 
@@ -60,6 +60,7 @@ struct Args {
   std::string experts;               // LAYERSxTOP_K, or empty
   uint64_t memory_budget_mib = 0;    // 0: the daemon's default
   uint64_t side_read_ahead_mib = 0;  // 0: the daemon's default
+  uint32_t packing_threads = 0;      // 0: the daemon's default
 };
 
 struct Figures {
@@ -94,6 +95,8 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks,
       args.side_read_ahead_mib == 0
           ? ""
           : absl::StrCat("side_rows_read_ahead_bytes: ", args.side_read_ahead_mib << 20, "\n"),
+      args.packing_threads == 0 ? ""
+                                : absl::StrCat("packing_threads: ", args.packing_threads, "\n"),
       R"(jobs {
   name: "bench"
   datasets { prefix: ")",
@@ -289,6 +292,8 @@ int main(int argc, char** argv) {
                  "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
   app.add_option("--memory-budget-mib", args.memory_budget_mib,
                  "the daemon's memory_budget_bytes in MiB (0: its default)");
+  app.add_option("--packing-threads", args.packing_threads,
+                 "the daemon's packing_threads (0: its default)");
   app.add_option("--side-read-ahead-mib", args.side_read_ahead_mib,
                  "the daemon's side_rows_read_ahead_bytes in MiB (0: its default)");
   app.add_flag("--quick", args.quick, "a short run (smoke test)");

@@ -507,6 +507,10 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
   if (config.jobs().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": jobs: at least one job is required"));
   }
+  if (config.packing_threads() > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": packing_threads: ", config.packing_threads(), " threads per job; at most 64"));
+  }
   std::set<std::string> names;
   std::vector<v1::JobConfig> split_jobs;
   for (int i = 0; i < config.jobs_size(); ++i) {

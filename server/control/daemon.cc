@@ -150,6 +150,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
         "unset)",
         daemon->config_.memory_budget_bytes() >> 20);
   }
+  if (config.packing_threads() == 0) {
+    daemon->config_.set_packing_threads(static_cast<uint32_t>(std::clamp(UsableCores() / 4, 1, 8)));
+  }
   if (!config.state_dir().empty() && mkdir(config.state_dir().c_str(), 0750) != 0 &&
       errno != EEXIST) {
     return ErrnoToStatus(errno, "state_dir: mkdir", config.state_dir());
@@ -177,6 +180,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     JobRunnerOptions runner_options;
     runner_options.sender.ucx.transports = options.ucx_transports;
     runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
+    runner_options.packing_threads = static_cast<int>(daemon->config_.packing_threads());
     runner_options.side_rows_read_ahead_bytes = config.side_rows_read_ahead_bytes();
     runner_options.ledger.keep_steps = static_cast<int64_t>(config.ledger_keep_steps());
     runner_options.ledger.compact_after_lines = config.ledger_compact_after_lines();

@@ -60,7 +60,10 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job, Stor
 }
 
 JobRunner::JobRunner(const Job& job, Storage& storage, JobRunnerOptions options)
-    : job_(job), storage_(storage), options_(std::move(options)) {}
+    : job_(job),
+      storage_(storage),
+      options_(std::move(options)),
+      packers_(std::max(1, options_.packing_threads)) {}
 
 JobRunner::~JobRunner() {
   {
@@ -278,7 +281,7 @@ bool JobRunner::ServeRank(RankState& rank) {
     }
     absl::Status status =
         PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device", data->plan,
-                       rank.next_microbatch, *source, staging_);
+                       rank.next_microbatch, *source, staging_, &packers_);
     if (status.ok()) {
       absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.connection_id);
       if (after.ok()) rank.bytes_sent = after->bytes;

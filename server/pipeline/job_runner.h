@@ -36,6 +36,7 @@
 #include "packfeed/transport/sender.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/job_figures.h"
+#include "server/pipeline/pack_workers.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
 #include "server/pipeline/step_planner.h"
@@ -50,6 +51,8 @@ struct JobRunnerOptions {
   // with `sender`. Tests give a fake here to drive the runner in one process.
   std::function<absl::StatusOr<std::unique_ptr<transport::SlotSender>>()> make_sender;
   int prefetch_steps = 2;  // steps ahead of the slowest attached rank
+  // Threads writing one large microbatch, the runner's own included.
+  int packing_threads = 1;
   // Side-field rows read ahead of the ranks' current microbatches, at most.
   uint64_t side_rows_read_ahead_bytes = uint64_t{16} << 20;
   // How a dataset job's step is planned (on the planner thread); empty =
@@ -193,6 +196,7 @@ class JobRunner {
   const JobRunnerOptions options_;
   std::unique_ptr<transport::SlotSender> sender_;  // runner thread only, after Start
   std::vector<uint8_t> staging_;  // a slot's bytes for rings not mapped (runner thread)
+  PackWorkers packers_;           // write large slots with the runner thread
   std::string sender_address_;
 
   // Runner thread only.

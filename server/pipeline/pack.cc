@@ -303,7 +303,8 @@ std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source
 }
 
 void WriteMicrobatch(const MicrobatchSource& source,
-                     absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot) {
+                     absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
+                     PackWorkers* workers) {
   const std::vector<SlotField> fields = FieldsOf(source);
   TokenFields out;
   std::vector<uint8_t*> side_out(source.sides.size(), nullptr);
@@ -350,28 +351,69 @@ void WriteMicrobatch(const MicrobatchSource& source,
     }
   }
   std::vector<std::vector<char>> pad_rows;
-  for (const SideRun& side : source.sides) pad_rows.push_back(PadRow(side.slice));
-  int64_t at = 0;  // position in the microbatch
+  std::vector<uint64_t> side_row_bytes;
+  for (const SideRun& side : source.sides) {
+    pad_rows.push_back(PadRow(side.slice));
+    side_row_bytes.push_back(SliceRowBytes(side.slice));
+  }
+  // Every position is written on its own (its field entries at `at`), so
+  // the microbatch splits into chunks of whole or cut token ranges, which
+  // the workers write at once.
+  struct Piece {
+    size_t sequence;
+    scheduler::TokenRange range;
+    int64_t at;  // position in the microbatch
+  };
+  const uint64_t slot_bytes = layout.empty() ? 0 : layout.back().offset + layout.back().bytes;
+  const bool split = workers != nullptr && workers->threads() > 1 && slot_bytes >= kSplitBytes;
+  std::vector<std::vector<Piece>> chunks(1);
+  int64_t in_chunk = 0;
+  int64_t at = 0;
   for (size_t i = 0; i < source.runs.size(); ++i) {
-    const int64_t real = source.group->sequences[i].length;
     for (const scheduler::TokenRange& range : source.slices[i]) {
-      WritePositions(source.runs[i], real, range.begin, range.end, source.rules, at, out);
+      for (int64_t begin = range.begin; begin < range.end;) {
+        const int64_t end =
+            split ? std::min(range.end, begin + kChunkPositions - in_chunk) : range.end;
+        chunks.back().push_back({i, {begin, end}, at});
+        at += end - begin;
+        in_chunk += end - begin;
+        begin = end;
+        if (split && in_chunk == kChunkPositions) {
+          chunks.emplace_back();
+          in_chunk = 0;
+        }
+      }
+    }
+  }
+  auto write = [&](int chunk) {
+    std::vector<uint8_t*> side_at(source.sides.size(), nullptr);
+    for (const Piece& piece : chunks[static_cast<size_t>(chunk)]) {
+      const int64_t real = source.group->sequences[piece.sequence].length;
+      const scheduler::TokenRange& range = piece.range;
+      WritePositions(source.runs[piece.sequence], real, range.begin, range.end, source.rules,
+                     piece.at, out);
       if (!source.document_bounds.empty()) {
-        RestartPositions(source.document_bounds[i], range, at, out.position_ids);
+        RestartPositions(source.document_bounds[piece.sequence], range, piece.at, out.position_ids);
       }
       for (size_t f = 0; f < source.sides.size(); ++f) {
         const SideRun& side = source.sides[f];
         if (side.slice.field->loss_mask) {
           if (out.loss_mask != nullptr) {
-            ApplyLossMask(side.rows[i], real, range.begin, range.end, out.loss_mask + at);
+            ApplyLossMask(side.rows[piece.sequence], real, range.begin, range.end,
+                          out.loss_mask + piece.at);
           }
         } else if (side_out[f] != nullptr) {
-          side_out[f] = WriteSideRows(side.slice, side.rows[i], real, range.begin, range.end,
-                                      pad_rows[f], side_out[f]);
+          WriteSideRows(side.slice, side.rows[piece.sequence], real, range.begin, range.end,
+                        pad_rows[f],
+                        side_out[f] + static_cast<uint64_t>(piece.at) * side_row_bytes[f]);
         }
       }
-      at += range.end - range.begin;
     }
+  };
+  if (split) {
+    workers->Run(static_cast<int>(chunks.size()), write);
+  } else {
+    write(0);
   }
 }
 

@@ -23,6 +23,7 @@
 #include "server/config/side_fields.h"
 #include "server/pipeline/document_mask.h"
 #include "server/pipeline/job.h"
+#include "server/pipeline/pack_workers.h"
 #include "server/pipeline/read.h"
 
 namespace packfeed::server {
@@ -113,9 +114,14 @@ std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source
 // Writes every field of the microbatch into `slot`, at the offsets of
 // `layout` = LayoutFields(MicrobatchSpecs(source), ...): one copy of each
 // byte from the step's data, runs copied whole. `slot` may be the
-// receiver's ring itself.
+// receiver's ring itself. A slot of at least kSplitBytes is written by
+// `workers` (when given) in chunks of kChunkPositions positions; the bytes
+// are the same either way.
+inline constexpr uint64_t kSplitBytes = uint64_t{1} << 20;
+inline constexpr int64_t kChunkPositions = 16384;
 void WriteMicrobatch(const MicrobatchSource& source,
-                     absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot);
+                     absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
+                     PackWorkers* workers = nullptr);
 
 // The bytes of the largest slot any rank of `job` needs: at most
 // max_tokens_per_rank local tokens, the whole batch's sequences (or one per

@@ -7,7 +7,8 @@ namespace packfeed::server {
 
 absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,
                             bool inline_small_fields, const StepPlan& plan, int microbatch,
-                            const MicrobatchSource& source, std::vector<uint8_t>& staging) {
+                            const MicrobatchSource& source, std::vector<uint8_t>& staging,
+                            PackWorkers* workers) {
   transport::SlotContent content;
   content.step = plan.step;
   content.microbatch = static_cast<uint32_t>(microbatch);
@@ -36,7 +37,7 @@ absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_i
     PF_ASSIGN_OR_RETURN(transport::MappedSlot slot, sender.MapNextSlot(connection_id));
     PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
                         transport::LayoutFields(specs, slot.bytes));
-    WriteMicrobatch(source, layout, slot.data);
+    WriteMicrobatch(source, layout, slot.data, workers);
     finish_metadata(layout, slot.data);
     for (const transport::FieldSpec& spec : specs) content.fields.push_back({spec, nullptr});
     return sender.CommitMapped(connection_id, content);
@@ -46,7 +47,7 @@ absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_i
   // Grows to the largest microbatch and stays: no fresh pages per push.
   const uint64_t bytes = layout.back().offset + layout.back().bytes;
   if (staging.size() < bytes) staging.resize(bytes);
-  WriteMicrobatch(source, layout, staging.data());
+  WriteMicrobatch(source, layout, staging.data(), workers);
   finish_metadata(layout, staging.data());
   for (size_t i = 0; i < specs.size(); ++i) {
     content.fields.push_back({specs[i], staging.data() + layout[i].offset});

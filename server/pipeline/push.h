@@ -6,7 +6,8 @@
 // transport's Sender). A ring mapped into the daemon (same-node shared
 // memory) is written in place, one copy per byte from the step's data;
 // any other is written into `staging` (reused, so no allocation per push)
-// and put from there. Runs on the thread that owns the Sender.
+// and put from there. Runs on the thread that owns the Sender; `workers`
+// (optional) help write a large microbatch (WriteMicrobatch).
 
 #include <cstdint>
 #include <vector>
@@ -28,7 +29,8 @@ namespace packfeed::server {
 inline constexpr uint64_t kInlineFieldBytes = 64;
 absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,
                             bool inline_small_fields, const StepPlan& plan, int microbatch,
-                            const MicrobatchSource& source, std::vector<uint8_t>& staging);
+                            const MicrobatchSource& source, std::vector<uint8_t>& staging,
+                            PackWorkers* workers = nullptr);
 
 }  // namespace packfeed::server
 

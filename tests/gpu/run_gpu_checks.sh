@@ -82,6 +82,9 @@ if [[ -n $py ]] && wanted python; then
 fi
 
 if wanted bench; then
+  # A large microbatch written by 1, 2, 4 and 8 threads (packing_threads):
+  # what one thread leaves of the host's memory bandwidth.
+  step "${debian_ucx[@]}" "$dev/bin/pack_bench" --threads 1,2,4,8
   # The staged ring first: its figures are the ones only a GPU machine gives.
   for ((i = ${#rings[@]} - 1; i >= 0; --i)); do
     e2e=("${debian_ucx[@]}" "$dev/bin/e2e_bench" --daemon "$dev/bin/packfeedd" --ring "${rings[i]}")

@@ -272,6 +272,14 @@ TEST(DaemonConfigTest, CostModelsAreCalibratedForTheTopology) {
   EXPECT_THAT(Message(with("cost_model: \"gpt5\"")), HasSubstr("unknown cost model 'gpt5'"));
 }
 
+TEST(DaemonConfigTest, PackingThreadsAreBounded) {
+  EXPECT_THAT(Message(absl::StrCat("packing_threads: 65\n", kJob)),
+              HasSubstr("packing_threads: 65 threads per job; at most 64"));
+  auto config = ParseDaemonConfig(absl::StrCat("packing_threads: 64\n", kJob), "test");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->packing_threads(), 64u);
+}
+
 TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddressWithAToken) {
   EXPECT_THAT(Message(absl::StrCat("peers: \"10.0.0.2:7070\"\n", kJob)),
               HasSubstr("peers: peers check each other, so admin_tcp_address must be set"));

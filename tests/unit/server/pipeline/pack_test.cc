@@ -1,5 +1,6 @@
 #include "server/pipeline/pack.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "gmock/gmock.h"
@@ -254,6 +255,78 @@ TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
   // of position 0 only.
   EXPECT_THAT(packed->loss_mask, ElementsAre(0, 1, 1, 1, 0, 0));
   EXPECT_TRUE(packed->side.empty());  // not served by name
+}
+
+// A microbatch past kSplitBytes is written by several threads in chunks cut
+// inside sequences; every byte equals the one-thread write, side rows cut to
+// a layer slice and shifted to labels, the loss mask and pads included.
+TEST(PackTest, WorkersWriteALargeMicrobatchByteForByteAsOneThread) {
+  constexpr int kSequences = 7;
+  std::vector<std::vector<int64_t>> texts;
+  std::vector<std::vector<int16_t>> rows;
+  std::vector<std::vector<uint8_t>> masks;
+  scheduler::CpGroup group{0, 2, {}};
+  int64_t positions = 0;
+  for (int i = 0; i < kSequences; ++i) {
+    const int real = 9000 + 3001 * i;               // a chunk boundary inside most
+    const int64_t padded = (real + 3) / 4 * 4 + 4;  // splits in 4 parts for CP 2
+    texts.emplace_back(static_cast<size_t>(real) + 1);
+    for (int t = 0; t <= real; ++t) texts.back()[static_cast<size_t>(t)] = 1000 * i + t;
+    rows.push_back(Rows(i, real - 5, 4, 2));  // fewer rows than tokens: pads
+    masks.emplace_back(static_cast<size_t>(real) + 1, 1);
+    masks.back()[3] = 0;
+    group.sequences.push_back({i, real, padded});
+    positions += padded / 2;
+  }
+  const SideFieldInfo field = Int16Field(true, {4, 2});
+  const SideSlice slice{&field, "f", {{1, 2}, {3, 4}}};
+  SideFieldInfo mask_field;
+  mask_field.name = "mask";
+  mask_field.labels_aligned = true;
+  mask_field.loss_mask = true;
+  mask_field.pad = {0};
+  const SideSlice mask_slice{&mask_field, "mask", {}};
+  std::vector<absl::Span<const int64_t>> runs;
+  std::vector<SideRun> sides = {{slice, {}}, {mask_slice, {}}};
+  for (int i = 0; i < kSequences; ++i) {
+    runs.push_back(texts[static_cast<size_t>(i)]);
+    sides[0].rows.push_back(Bytes(rows[static_cast<size_t>(i)]));
+    sides[1].rows.push_back({reinterpret_cast<const char*>(masks[static_cast<size_t>(i)].data()),
+                             masks[static_cast<size_t>(i)].size()});
+  }
+  for (int cp_rank : {0, 1}) {
+    absl::StatusOr<MicrobatchSource> source = SourceOfGroup(group, runs, cp_rank, Varlen(), sides);
+    ASSERT_TRUE(source.ok()) << source.status();
+    auto layout = transport::LayoutFields(MicrobatchSpecs(*source), UINT64_MAX);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const uint64_t bytes = layout->back().offset + layout->back().bytes;
+    ASSERT_GE(bytes, kSplitBytes);
+    ASSERT_GT(positions, 3 * kChunkPositions);
+    std::vector<uint8_t> one(bytes, 0xAB);
+    std::vector<uint8_t> many(bytes, 0xCD);
+    WriteMicrobatch(*source, *layout, one.data());
+    PackWorkers workers(3);
+    WriteMicrobatch(*source, *layout, many.data(), &workers);
+    // Only what the layout places is written; compare those bytes.
+    for (const transport::FieldDescriptor& f : *layout) {
+      EXPECT_EQ(std::memcmp(one.data() + f.offset, many.data() + f.offset, f.bytes), 0)
+          << "cp rank " << cp_rank << ", field at " << f.offset;
+    }
+  }
+}
+
+TEST(PackWorkersTest, RunsEveryPartOnceAndReturnsWhenAllAreDone) {
+  PackWorkers workers(4);
+  EXPECT_EQ(workers.threads(), 4);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::atomic<int>> calls(37);
+    workers.Run(37, [&](int part) { calls[static_cast<size_t>(part)].fetch_add(1); });
+    for (const std::atomic<int>& c : calls) ASSERT_EQ(c.load(), 1) << "round " << round;
+  }
+  PackWorkers alone(1);
+  int sum = 0;
+  alone.Run(5, [&](int part) { sum += part; });
+  EXPECT_EQ(sum, 10);
 }
 
 }  // namespace
