@@ -20,13 +20,20 @@ the driver puts into the first (the origin), whose seal forwards each step
 to the second (docs/INGEST.md, Several nodes). The latency is then given per
 node, and the seal call's own duration (the peer's fetch) beside it.
 
-usage: ingest_bench.py BIN_DIR [--samples 1024] [--steps 12] [--ranks 8] [--peer] [--json]
+With --trainers-apart the ranks are threads of a second process, as an RL
+driver's trainers are; otherwise of this one, where they share the
+interpreter lock with the driver's puts.
+
+usage: ingest_bench.py BIN_DIR [--samples 1024] [--steps 12] [--ranks 8] [--peer]
+                       [--trainers-apart] [--json]
 (PYTHONPATH: the built packfeed package and tests/integration)"""
 import argparse
 import contextlib
 import json
 import pathlib
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -113,6 +120,28 @@ def consume(client, steps, first_arrivals, errors):
         errors.append(error)
 
 
+def consume_in_this_process(sockets, steps):
+    """The ranks (rank r on sockets[r]) as threads of this process: attaches
+    them, prints "ready", consumes `steps` steps, prints each rank's arrival
+    times (time.perf_counter, the same clock in every process)."""
+    clients = [packfeed.Client("actor", rank=r, socket_path=path)
+               for r, path in enumerate(sockets)]
+    arrivals = [[0.0] * steps for _ in clients]
+    errors = []
+    threads = [threading.Thread(target=consume, args=(c, steps, arrivals[r], errors))
+               for r, c in enumerate(clients)]
+    print("ready", flush=True)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    for client in clients:
+        client.close()
+    if errors:
+        raise errors[0]
+    print(json.dumps(arrivals), flush=True)
+
+
 def wait_healthy(daemon):
     deadline = time.time() + 60
     while daemon.ctl_run("health").returncode != 0:
@@ -136,8 +165,14 @@ def main():
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=128, help="samples per put")
     parser.add_argument("--peer", action="store_true", help="two daemons, half the ranks each")
+    parser.add_argument("--trainers-apart", action="store_true",
+                        help="the ranks in a process of their own, as a driver's trainers are")
+    parser.add_argument("--consume", help=argparse.SUPPRESS)  # that process: its sockets
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.consume:
+        consume_in_this_process(json.loads(args.consume), args.steps)
+        return
     rng = np.random.default_rng(7)
     steps = [make_step(rng, s, args.samples) for s in range(args.steps)]
     largest = max(step_bytes(s) for s in steps)
@@ -169,14 +204,24 @@ def main():
             wait_healthy(daemon)
         daemon = daemons[0]
         producer = packfeed.Producer("rollouts", socket_path=daemon.socket)
-        clients = [packfeed.Client("actor", rank=r, socket_path=daemons[node_of[r]].socket)
-                   for r in range(args.ranks)]
-        arrivals = [[0.0] * args.steps for _ in clients]
-        errors = []
-        threads = [threading.Thread(target=consume, args=(c, args.steps, arrivals[r], errors))
-                   for r, c in enumerate(clients)]
-        for thread in threads:
-            thread.start()
+        sockets = [daemons[node_of[r]].socket for r in range(args.ranks)]
+        trainers = None
+        if args.trainers_apart:
+            trainers = subprocess.Popen(
+                [sys.executable, __file__, args.bin_dir, "--consume", json.dumps(sockets),
+                 "--steps", str(args.steps)], stdout=subprocess.PIPE, text=True)
+            stack.callback(trainers.kill)
+            if trainers.stdout.readline().strip() != "ready":
+                raise RuntimeError("the trainers' process did not attach its ranks")
+        else:
+            clients = [packfeed.Client("actor", rank=r, socket_path=path)
+                       for r, path in enumerate(sockets)]
+            arrivals = [[0.0] * args.steps for _ in clients]
+            errors = []
+            threads = [threading.Thread(target=consume, args=(c, args.steps, arrivals[r], errors))
+                       for r, c in enumerate(clients)]
+            for thread in threads:
+                thread.start()
         seals = []
         for s, samples in enumerate(steps):
             size = step_bytes(samples)
@@ -197,16 +242,23 @@ def main():
             seals.append(time.perf_counter())
             producer.seal(s)
             seal_calls.append((time.perf_counter() - seals[-1]) * 1e3)
-        for thread in threads:
-            thread.join(timeout=600)
-        if errors:
-            raise errors[0]
+        if trainers is not None:
+            out, _ = trainers.communicate(timeout=600)
+            if trainers.returncode != 0:
+                raise RuntimeError(f"the trainers' process failed ({trainers.returncode})")
+            arrivals = json.loads(out.strip().splitlines()[-1])
+        else:
+            for thread in threads:
+                thread.join(timeout=600)
+            if errors:
+                raise errors[0]
         status = producer.status()
         rss = peak_rss_mib(daemon.process.pid)
         peer_bytes = (next(s for s in daemons[1].ctl_json("stats")["ingest_streams"])["bytes_put"]
                       if args.peer else 0)
-        for client in clients:
-            client.close()
+        if trainers is None:
+            for client in clients:
+                client.close()
     # A put writes the producer's staging arena, which takes memory only
     # once written: until the stream has held its budget once, puts write
     # fresh pages (the kernel zeroes each on first touch). The steps after
@@ -225,6 +277,7 @@ def main():
                                      for arrival, seal in zip(rank_arrivals, seals)]
     figures = {
         "samples_per_step": args.samples, "ranks": args.ranks, "steps": args.steps,
+        "trainers_apart": args.trainers_apart,
         "step_mb": round(largest / 1e6, 1),
         "put_gb_per_s": round(put_rate, 2),
         "memcpy_gb_per_s": round(copy_rate, 2),
