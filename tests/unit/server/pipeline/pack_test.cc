@@ -236,14 +236,20 @@ TEST(PackTest, LayerAxisIsCutToTheSliceAndLabelsPastTheStoredRowsArePads) {
               ElementsAre(111, 111, 311, 311, 112, 112, 312, 312, -1, -1, -1, -1, -1, -1, -1, -1));
 }
 
-TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
-  const std::vector<int64_t> run = {1, 2, 3, 4, 99};  // real 4
-  const std::vector<uint8_t> mask = {0, 0, 1, 1, 1};  // a prompt of 2 tokens
+// A uint8 loss mask, value j + 1 for position j (0 = not trained).
+SideFieldInfo LossMaskField() {
   SideFieldInfo field;
   field.name = "mask";
   field.labels_aligned = true;
   field.loss_mask = true;
   field.pad = {0};
+  return field;
+}
+
+TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
+  const std::vector<int64_t> run = {1, 2, 3, 4, 99};  // real 4
+  const std::vector<uint8_t> mask = {0, 0, 1, 1, 1};  // a prompt of 2 tokens
+  const SideFieldInfo field = LossMaskField();
   const SideSlice slice{&field, "mask", {}};
   const std::vector<SideRun> sides = {
       {slice, {{reinterpret_cast<const char*>(mask.data()), mask.size()}}}};
@@ -280,11 +286,7 @@ TEST(PackTest, WorkersWriteALargeMicrobatchByteForByteAsOneThread) {
   }
   const SideFieldInfo field = Int16Field(true, {4, 2});
   const SideSlice slice{&field, "f", {{1, 2}, {3, 4}}};
-  SideFieldInfo mask_field;
-  mask_field.name = "mask";
-  mask_field.labels_aligned = true;
-  mask_field.loss_mask = true;
-  mask_field.pad = {0};
+  const SideFieldInfo mask_field = LossMaskField();
   const SideSlice mask_slice{&mask_field, "mask", {}};
   std::vector<absl::Span<const int64_t>> runs;
   std::vector<SideRun> sides = {{slice, {}}, {mask_slice, {}}};
