@@ -493,8 +493,8 @@ void IngestServer::Enqueue(PendingPut pending, bool may_run_here) {
       return;
     }
     // With nothing of its stream waiting before it and room now, a put is
-    // admitted on the caller's thread: the hop to the transfer thread was a
-    // third of a put's time on a busy node.
+    // admitted on the caller's thread, sparing a wake-up of the transfer
+    // thread (a second runnable thread on a busy node) per put.
     if (may_run_here && queued_[pending.stream] == 0 &&
         pending.stream->Reserve(pending.bytes).ok()) {
       admitted = pending.claim == nullptr || pending.claim();
