@@ -82,7 +82,7 @@ int Main(int argc, char** argv) {
       mb.group.sequences.push_back({i, real, real});
       at += real;
     }
-    mb.sides = {{{&field, "routed_experts", {}}, {}}};
+    mb.sides = {{{&field, "routed_experts", {}}, {}, {}}};
     for (size_t i = 0; i < mb.texts.size(); ++i) {
       mb.runs.push_back(mb.texts[i]);
       mb.sides[0].rows.push_back(

@@ -77,6 +77,7 @@ JobRunner::~JobRunner() {
   planner_.reset();  // its last plan Posts to a stopped runner: dropped
   // Before the mutex goes: a fetch completing now Posts to this runner
   // (FetchPin's destructor waits for that).
+  for (auto& [_, rank] : ranks_) rank.filling.reset();
   sides_.clear();
   steps_.clear();
 }
@@ -168,6 +169,12 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   state.receives_side_rows =
       job_.ingest() == nullptr &&
       !SideSlicesOfStage(job_.side_fields(), job_.stages(), state.coords.pp).empty();
+  if (state.receives_side_rows && state.ring == "memfd" && args.shared_ring != nullptr &&
+      SideRowsIntoSlot(state.coords)) {
+    state.receives_side_rows = false;
+    state.side_rows_into_slot = true;
+    state.ring_memory = args.shared_ring;
+  }
   if (!args.device_ring_fallback.empty()) {
     spdlog::warn("job {} rank {}: a staged device ring, not one the daemon writes: {}", job_.name(),
                  args.global_rank, args.device_ring_fallback);
@@ -179,8 +186,11 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
     first_attach_ = absl::Now();
   }
   UpdateAttached();
-  spdlog::info("job {} rank {}: attached at step {} microbatch {} (connection {:#x})", job_.name(),
-               args.global_rank, at.step, at.microbatch, connection_id);
+  spdlog::info("job {} rank {}: attached at step {} microbatch {} (connection {:#x}{})",
+               job_.name(), args.global_rank, at.step, at.microbatch, connection_id,
+               ranks_.at(args.global_rank).side_rows_into_slot
+                   ? "; side rows read straight into its slots"
+                   : "");
   return absl::OkStatus();
 }
 
@@ -251,7 +261,7 @@ void JobRunner::RankGone(int global_rank, uint64_t connection_id, std::string wh
 bool JobRunner::ServeRank(RankState& rank) {
   bool pushed = false;
   if (rank.live()) AccountTaken(rank);
-  while (rank.live()) {
+  while (rank.live() && !rank.filling.has_value()) {
     absl::StatusOr<uint32_t> credits = sender_->Credits(rank.connection_id);
     if (!credits.ok()) {
       spdlog::warn("job {} rank {} step {}: connection lost: {}", job_.name(), rank.global_rank,
@@ -267,47 +277,117 @@ bool JobRunner::ServeRank(RankState& rank) {
       if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
       break;
     }
-    const SideRows* side_rows =
-        SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
-    if (side_rows == nullptr) break;  // being read
+    const SideRows* side_rows = nullptr;
+    if (!rank.side_rows_into_slot) {
+      side_rows = SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
+      if (side_rows == nullptr) break;  // being read
+    }
     const scheduler::GlobalPlan& plan = data->plan.plan;
     absl::StatusOr<MicrobatchSource> source =
-        SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank, *side_rows);
+        SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank, side_rows);
     if (!source.ok()) {
       // A sample it needs could not be read: this rank cannot go on; the
       // ranks that need other samples can.
       EndRank(rank, source.status());
       break;
     }
-    absl::Status status =
-        PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device", data->plan,
-                       rank.next_microbatch, *source, staging_, &packers_);
-    if (status.ok()) {
-      absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.connection_id);
-      if (after.ok()) rank.bytes_sent = after->bytes;
-      rank.in_flight.push_back(
-          {{rank.next_step, rank.next_microbatch},
-           plan.num_microbatches(),
-           SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
+    RankState::InFlight sent{
+        {rank.next_step, rank.next_microbatch},
+        plan.num_microbatches(),
+        SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))};
+    absl::Status status;
+    if (rank.side_rows_into_slot) {
+      std::vector<SlotRead> reads;
+      absl::StatusOr<transport::SlotContent> content =
+          WriteMappedSlot(*sender_, rank.connection_id, data->plan, rank.next_microbatch, *source,
+                          &packers_, reads);
+      status = content.status();
+      if (content.ok() && !reads.empty()) {
+        // Announced by OnSlotFilled; the runner serves the others meanwhile.
+        const int global_rank = rank.global_rank;
+        const uint64_t connection_id = rank.connection_id;
+        rank.filling = RankState::Filling{
+            storage_.ReadInto({job_.name(), global_rank, rank.next_step}, std::move(reads),
+                              /*urgent=*/true,
+                              [this, global_rank, connection_id](absl::Status read) {
+                                Post([this, global_rank, connection_id, read] {
+                                  OnSlotFilled(global_rank, connection_id, read);
+                                });
+                              }),
+            *std::move(content), std::move(sent)};
+        break;
+      }
+      if (content.ok()) status = sender_->CommitMapped(rank.connection_id, *content);
+    } else {
+      status = PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device",
+                              data->plan, rank.next_microbatch, *source, staging_, &packers_);
     }
     if (absl::IsResourceExhausted(status)) break;
     if (!status.ok()) {
-      spdlog::error("job {} rank {} step {} microbatch {}: {}", job_.name(), rank.global_rank,
-                    rank.next_step, rank.next_microbatch, status.ToString());
-      rank.failed = true;
-      UpdateAttached();
+      PushFailed(rank, status);
       break;
     }
     pushed = true;
-    ++rank.pushed;
-    const SideKey sent{rank.next_step, rank.next_microbatch, source->group->first_rank};
-    if (++rank.next_microbatch == plan.num_microbatches()) {
-      rank.next_microbatch = 0;
-      ++rank.next_step;
-    }
-    if (rank.receives_side_rows) DropSideIfSent(sent);
+    const SideKey held{rank.next_step, rank.next_microbatch, source->group->first_rank};
+    rank.in_flight.push_back(std::move(sent));
+    Advance(rank);
+    if (rank.receives_side_rows) DropSideIfSent(held);
   }
   return pushed;
+}
+
+void JobRunner::PushFailed(RankState& rank, const absl::Status& status) {
+  spdlog::error("job {} rank {} step {} microbatch {}: {}", job_.name(), rank.global_rank,
+                rank.next_step, rank.next_microbatch, status.ToString());
+  rank.failed = true;
+  UpdateAttached();
+}
+
+void JobRunner::Advance(RankState& rank) {
+  absl::StatusOr<transport::ConnectionStats> after = sender_->Stats(rank.connection_id);
+  if (after.ok()) rank.bytes_sent = after->bytes;
+  ++rank.pushed;
+  if (++rank.next_microbatch == rank.in_flight.back().num_microbatches) {
+    rank.next_microbatch = 0;
+    ++rank.next_step;
+  }
+}
+
+void JobRunner::OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status) {
+  auto it = ranks_.find(global_rank);
+  if (it == ranks_.end() || it->second.connection_id != connection_id ||
+      !it->second.filling.has_value()) {
+    return;  // ended or attached again since: the reads were withdrawn
+  }
+  RankState& rank = it->second;
+  RankState::Filling filling = *std::move(rank.filling);
+  rank.filling.reset();
+  filling.pin.reset();
+  if (!rank.live()) return;
+  if (!status.ok()) {
+    EndRank(rank, status);
+    return;
+  }
+  status = sender_->CommitMapped(rank.connection_id, filling.content);
+  if (!status.ok()) {
+    PushFailed(rank, status);
+    return;
+  }
+  rank.in_flight.push_back(std::move(filling.sent));
+  Advance(rank);
+}
+
+bool JobRunner::SideRowsIntoSlot(const RankCoords& coords) const {
+  for (const SideSlice& slice : SideSlicesOfStage(job_.side_fields(), job_.stages(), coords.pp)) {
+    if (slice.field->loss_mask) return false;
+  }
+  for (int other : job_.local_ranks()) {
+    const RankCoords peer = job_.layout().Coords(other);
+    if (peer.tp != coords.tp && peer.dp_cp_rank == coords.dp_cp_rank && peer.pp == coords.pp) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool JobRunner::IsTransient(const absl::Status& status) {

@@ -144,6 +144,18 @@ class JobRunner {
   absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
   void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);
   bool ServeRank(RankState& rank);  // true when it pushed something
+  // Whether a rank with these coordinates, its ring shared by descriptor,
+  // has its side rows read straight into its slots: its stage applies no
+  // loss-mask field (that one is applied from memory), and no other local
+  // rank shares its group and stage (a TP peer would read the same rows
+  // again; for those the rows are held once and copied).
+  bool SideRowsIntoSlot(const RankCoords& coords) const;
+  // A slot was announced: the rank's position moves past in_flight.back().
+  void Advance(RankState& rank);
+  // Pushing or announcing its slot failed: its connection is broken.
+  void PushFailed(RankState& rank, const absl::Status& status);
+  // The side rows of the rank's filling slot were read, or failed.
+  void OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status);
   static bool IsTransient(const absl::Status& status);
   // Ends the rank's connection, telling it `cause`.
   void EndRank(RankState& rank, const absl::Status& cause);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,23 @@ struct JobRunner::RankState {
   std::string ring;                  // RankStats.ring
   bool mapped = false;               // its slots are written in place (Sender::MapNextSlot)
   std::string device_ring_fallback;  // AttachArgs'
-  // A dataset job's side rows are fetched for it (its stage receives one).
+  // A dataset job's side rows are fetched and held for it (its stage
+  // receives one, and they are not read into its slots).
   bool receives_side_rows = false;
+  // Its side rows are read from their files straight into its slots
+  // (SideRowsIntoSlot): nothing is held for it. `ring_memory` keeps its
+  // ring mapped until `filling` (declared after it, so destroyed first) has
+  // waited for the reads writing into it, whatever its connection does.
+  bool side_rows_into_slot = false;
+  std::shared_ptr<transport::SharedRing> ring_memory;
+  // A slot written but for the side rows being read into it; announced
+  // (CommitMapped) once they are. Destroying it withdraws the reads.
+  struct Filling {
+    std::unique_ptr<FetchPin> pin;
+    transport::SlotContent content;
+    InFlight sent;
+  };
+  std::optional<Filling> filling;
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
   TrainerTimes times;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
@@ -193,10 +194,10 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
         absl::StrCat(runs.size(), " token runs for ", group.sequences.size(), " sequences"));
   }
   for (const SideRun& side : sides) {
-    if (side.rows.size() != runs.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(side.rows.size(), " rows of side field ",
-                                                     side.slice.wire_name, " for ", runs.size(),
-                                                     " sequences"));
+    const size_t rows = side.in_file.empty() ? side.rows.size() : side.in_file.size();
+    if (rows != runs.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          rows, " rows of side field ", side.slice.wire_name, " for ", runs.size(), " sequences"));
     }
   }
   if (cp_rank < 0 || cp_rank >= group.size) {
@@ -246,29 +247,46 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
 }
 
 absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& data, int microbatch,
-                                               int global_rank, const SideRows& side_rows) {
+                                               int global_rank, const SideRows* side_rows) {
   const RankCoords coords = job.layout().Coords(global_rank);
   const scheduler::CpGroup& group = scheduler::GroupOfRank(
       data.plan.plan.microbatches[static_cast<size_t>(microbatch)], coords.dp_cp_rank);
   std::vector<SideRun> sides;
   for (SideSlice& slice : SideSlicesOfStage(job.side_fields(), job.stages(), coords.pp)) {
-    sides.push_back({std::move(slice), {}});
+    sides.push_back({std::move(slice), {}, {}});
   }
   std::vector<absl::Span<const int64_t>> runs;
   for (const scheduler::PlannedSequence& sequence : group.sequences) {
     auto failed = data.failed.find(sequence.sample);
     if (failed != data.failed.end()) return failed->second;
-    if (!sides.empty()) {
-      auto side_failed = side_rows.failed.find(sequence.sample);
-      if (side_failed != side_rows.failed.end()) return side_failed->second;
-    }
     auto run = data.runs.find(sequence.sample);
-    auto side = side_rows.rows.find(sequence.sample);
-    if (run == data.runs.end() || (!sides.empty() && side == side_rows.rows.end())) {
+    if (run == data.runs.end()) {
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
                                               ": sample ", sequence.sample, " was not read"));
     }
     runs.push_back(run->second.tokens());
+    if (sides.empty()) continue;
+    if (side_rows == nullptr) {
+      const std::vector<SampleNeed> stored = SideNeedsOf(job, data.plan, {sequence.sample});
+      for (SideRun& side_run : sides) {
+        if (side_run.slice.field->loss_mask) {
+          return absl::InternalError(
+              "a loss-mask side field is applied from memory, not read "
+              "into the slot");
+        }
+        side_run.in_file.push_back(
+            stored[static_cast<size_t>(side_run.slice.field - job.side_fields().data())]);
+      }
+      continue;
+    }
+    auto side_failed = side_rows->failed.find(sequence.sample);
+    if (side_failed != side_rows->failed.end()) return side_failed->second;
+    auto side = side_rows->rows.find(sequence.sample);
+    if (side == side_rows->rows.end()) {
+      return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
+                                              ": sample ", sequence.sample,
+                                              "'s side rows were not read"));
+    }
     for (SideRun& side_run : sides) {
       const size_t field = static_cast<size_t>(side_run.slice.field - job.side_fields().data());
       side_run.rows.push_back(side->second[field].bytes());
@@ -304,7 +322,7 @@ std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source
 
 void WriteMicrobatch(const MicrobatchSource& source,
                      absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
-                     PackWorkers* workers) {
+                     PackWorkers* workers, std::vector<SlotRead>* reads) {
   const std::vector<SlotField> fields = FieldsOf(source);
   TokenFields out;
   std::vector<uint8_t*> side_out(source.sides.size(), nullptr);
@@ -385,8 +403,8 @@ void WriteMicrobatch(const MicrobatchSource& source,
       }
     }
   }
+  std::vector<std::vector<SlotRead>> chunk_reads(chunks.size());
   auto write = [&](int chunk) {
-    std::vector<uint8_t*> side_at(source.sides.size(), nullptr);
     for (const Piece& piece : chunks[static_cast<size_t>(chunk)]) {
       const int64_t real = source.group->sequences[piece.sequence].length;
       const scheduler::TokenRange& range = piece.range;
@@ -403,9 +421,14 @@ void WriteMicrobatch(const MicrobatchSource& source,
                           out.loss_mask + piece.at);
           }
         } else if (side_out[f] != nullptr) {
-          WriteSideRows(side.slice, side.rows[piece.sequence], real, range.begin, range.end,
-                        pad_rows[f],
-                        side_out[f] + static_cast<uint64_t>(piece.at) * side_row_bytes[f]);
+          uint8_t* at = side_out[f] + static_cast<uint64_t>(piece.at) * side_row_bytes[f];
+          if (side.in_file.empty()) {
+            WriteSideRows(side.slice, side.rows[piece.sequence], real, range.begin, range.end,
+                          pad_rows[f], at);
+          } else {
+            PlanSideRowsRead(side.slice, side.in_file[piece.sequence], real, range.begin, range.end,
+                             pad_rows[f], at, chunk_reads[static_cast<size_t>(chunk)]);
+          }
         }
       }
     }
@@ -414,6 +437,10 @@ void WriteMicrobatch(const MicrobatchSource& source,
     workers->Run(static_cast<int>(chunks.size()), write);
   } else {
     write(0);
+  }
+  for (std::vector<SlotRead>& chunk : chunk_reads) {
+    if (chunk.empty()) continue;
+    std::move(chunk.begin(), chunk.end(), std::back_inserter(*reads));
   }
 }
 

@@ -54,10 +54,13 @@ struct SideSlice {
 std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
                                          const ModelStages& stages, int pp_rank);
 
-// One sequence's stored rows of a side field (row_bytes() per read token).
+// A side field's stored rows (row_bytes() per read token), per sequence of
+// the group: in memory, or (`in_file`) where they are stored, to be read
+// straight into the slot (WriteMicrobatch's `reads`).
 struct SideRun {
   SideSlice slice;
-  std::vector<absl::Span<const char>> rows;  // per sequence of the group
+  std::vector<absl::Span<const char>> rows;
+  std::vector<SampleNeed> in_file;
 };
 
 // One rank's microbatch, checked and sized before a byte of it is written:
@@ -103,10 +106,12 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
 // The source of what `global_rank` receives for `microbatch` of `data`,
 // with the dynamic-CP fields when the job plans dynamic CP, and its side
 // fields from `side_rows` (data.side for an ingest job; a dataset job's are
-// fetched per microbatch). The read error of a sample the rank needs that
-// could not be read; Internal when `data` or `side_rows` lacks one.
+// fetched per microbatch), or, when it is null, from their files (a dataset
+// job's, without a loss-mask field: SideRun::in_file). The read error of a
+// sample the rank needs that could not be read; Internal when `data` or
+// `side_rows` lacks one.
 absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& data, int microbatch,
-                                               int global_rank, const SideRows& side_rows);
+                                               int global_rank, const SideRows* side_rows);
 
 // The slot's fields, in slot order (LayoutFields places them).
 std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source);
@@ -116,12 +121,14 @@ std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source
 // byte from the step's data, runs copied whole. `slot` may be the
 // receiver's ring itself. A slot of at least kSplitBytes is written by
 // `workers` (when given) in chunks of kChunkPositions positions; the bytes
-// are the same either way.
+// are the same either way. Side rows `in_file` are not written: their reads
+// into the slot are appended to `reads` (required then), and the slot is
+// whole once they are done.
 inline constexpr uint64_t kSplitBytes = uint64_t{1} << 20;
 inline constexpr int64_t kChunkPositions = 16384;
 void WriteMicrobatch(const MicrobatchSource& source,
                      absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
-                     PackWorkers* workers = nullptr);
+                     PackWorkers* workers = nullptr, std::vector<SlotRead>* reads = nullptr);
 
 // The bytes of the largest slot any rank of `job` needs: at most
 // max_tokens_per_rank local tokens, the whole batch's sequences (or one per

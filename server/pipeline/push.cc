@@ -4,6 +4,39 @@
 #include "packfeed/v1/service.pb.h"
 
 namespace packfeed::server {
+namespace {
+
+// What Next() returns beside the fields: the step's shape and FLOPs inputs.
+v1::SlotMetadata MetadataOf(const StepPlan& plan, int microbatch) {
+  const scheduler::FlopsInputs& flops = plan.plan.flops;
+  v1::SlotMetadata metadata;
+  metadata.set_step(plan.step);
+  metadata.set_microbatch(static_cast<uint32_t>(microbatch));
+  metadata.set_num_microbatches(static_cast<uint32_t>(plan.plan.num_microbatches()));
+  metadata.set_padded_sum(flops.padded_sum);
+  metadata.set_padded_squared_sum(flops.padded_squared_sum);
+  metadata.set_real_sum(flops.real_sum);
+  metadata.set_real_squared_sum(flops.real_squared_sum);
+  return metadata;
+}
+
+}  // namespace
+
+absl::StatusOr<transport::SlotContent> WriteMappedSlot(
+    transport::SlotSender& sender, uint64_t connection_id, const StepPlan& plan, int microbatch,
+    const MicrobatchSource& source, PackWorkers* workers, std::vector<SlotRead>& reads) {
+  const std::vector<transport::FieldSpec> specs = MicrobatchSpecs(source);
+  PF_ASSIGN_OR_RETURN(transport::MappedSlot slot, sender.MapNextSlot(connection_id));
+  PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
+                      transport::LayoutFields(specs, slot.bytes));
+  WriteMicrobatch(source, layout, slot.data, workers, &reads);
+  transport::SlotContent content;
+  content.step = plan.step;
+  content.microbatch = static_cast<uint32_t>(microbatch);
+  content.inline_metadata = MetadataOf(plan, microbatch).SerializeAsString();
+  for (const transport::FieldSpec& spec : specs) content.fields.push_back({spec, nullptr});
+  return content;
+}
 
 absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,
                             bool inline_small_fields, const StepPlan& plan, int microbatch,
@@ -13,16 +46,7 @@ absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_i
   content.step = plan.step;
   content.microbatch = static_cast<uint32_t>(microbatch);
   const std::vector<transport::FieldSpec> specs = MicrobatchSpecs(source);
-  // What Next() returns beside the fields: the step's shape and FLOPs inputs.
-  const scheduler::FlopsInputs& flops = plan.plan.flops;
-  v1::SlotMetadata metadata;
-  metadata.set_step(plan.step);
-  metadata.set_microbatch(content.microbatch);
-  metadata.set_num_microbatches(static_cast<uint32_t>(plan.plan.num_microbatches()));
-  metadata.set_padded_sum(flops.padded_sum);
-  metadata.set_padded_squared_sum(flops.padded_squared_sum);
-  metadata.set_real_sum(flops.real_sum);
-  metadata.set_real_squared_sum(flops.real_squared_sum);
+  v1::SlotMetadata metadata = MetadataOf(plan, microbatch);
   // Once the fields are written: a device ring's small fields ride along.
   const auto finish_metadata = [&](const std::vector<transport::FieldDescriptor>& layout,
                                    const uint8_t* written) {

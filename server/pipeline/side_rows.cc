@@ -31,14 +31,32 @@ std::vector<char> PadRow(const SideSlice& slice) {
   return pad_row;
 }
 
+namespace {
+
+uint8_t* WritePads(int64_t from, int64_t end, const std::vector<char>& pad_row, uint8_t* out) {
+  for (int64_t j = from; j < end; ++j) {
+    std::memcpy(out, pad_row.data(), pad_row.size());
+    out += pad_row.size();
+  }
+  return out;
+}
+
+// Positions [begin, served) take stored rows (row j + shift), the rest pads.
+int64_t ServedEnd(const SideFieldInfo& field, uint64_t stored_bytes, int64_t real_length,
+                  int64_t begin, int64_t end) {
+  const int64_t shift = field.labels_aligned ? 1 : 0;
+  const auto stored = static_cast<int64_t>(stored_bytes / field.row_bytes());
+  return std::max(begin, std::min({end, real_length, stored - shift}));
+}
+
+}  // namespace
+
 uint8_t* WriteSideRows(const SideSlice& slice, absl::Span<const char> rows, int64_t real_length,
                        int64_t begin, int64_t end, const std::vector<char>& pad_row, uint8_t* out) {
   const SideFieldInfo& field = *slice.field;
   const uint64_t row_bytes = field.row_bytes();
   const int64_t shift = field.labels_aligned ? 1 : 0;
-  const int64_t stored = static_cast<int64_t>(rows.size() / row_bytes);
-  // Positions [begin, served) take stored rows, the rest pads.
-  const int64_t served = std::max(begin, std::min({end, real_length, stored - shift}));
+  const int64_t served = ServedEnd(field, rows.size(), real_length, begin, end);
   const uint64_t served_bytes = static_cast<uint64_t>(served - begin) * row_bytes;
   if (served_bytes > 0) {
     const char* first = rows.data() + static_cast<uint64_t>(begin + shift) * row_bytes;
@@ -55,11 +73,31 @@ uint8_t* WriteSideRows(const SideSlice& slice, absl::Span<const char> rows, int6
       }
     }
   }
-  for (int64_t j = served; j < end; ++j) {
-    std::memcpy(out, pad_row.data(), pad_row.size());
-    out += pad_row.size();
+  return WritePads(served, end, pad_row, out);
+}
+
+uint8_t* PlanSideRowsRead(const SideSlice& slice, const SampleNeed& stored, int64_t real_length,
+                          int64_t begin, int64_t end, const std::vector<char>& pad_row,
+                          uint8_t* out, std::vector<SlotRead>& reads) {
+  const SideFieldInfo& field = *slice.field;
+  const uint64_t row_bytes = field.row_bytes();
+  const int64_t shift = field.labels_aligned ? 1 : 0;
+  const int64_t served = ServedEnd(field, stored.bytes, real_length, begin, end);
+  if (served > begin) {
+    SlotRead& read = reads.emplace_back();
+    read.need = stored;
+    read.need.offset += static_cast<uint64_t>(begin + shift) * row_bytes;
+    read.need.bytes = static_cast<uint64_t>(served - begin) * row_bytes;
+    read.destination = out;
+    read.row_bytes = row_bytes;
+    for (const IndexRange& range : slice.entries) {  // a field without a layer axis has none
+      const uint64_t layer_bytes = row_bytes / static_cast<uint64_t>(field.inner_shape[0]);
+      read.kept.emplace_back(static_cast<uint64_t>(range.begin) * layer_bytes,
+                             static_cast<uint64_t>(range.size()) * layer_bytes);
+    }
+    out += static_cast<uint64_t>(served - begin) * pad_row.size();
   }
-  return out;
+  return WritePads(served, end, pad_row, out);
 }
 
 void ApplyLossMask(absl::Span<const char> mask, int64_t real_length, int64_t begin, int64_t end,

@@ -10,6 +10,7 @@
 
 #include "absl/types/span.h"
 #include "server/pipeline/pack.h"
+#include "server/storage/storage.h"
 
 namespace packfeed::server {
 
@@ -23,6 +24,13 @@ std::vector<char> PadRow(const SideSlice& slice);
 // labels) of a real position, else the pad.
 uint8_t* WriteSideRows(const SideSlice& slice, absl::Span<const char> rows, int64_t real_length,
                        int64_t begin, int64_t end, const std::vector<char>& pad_row, uint8_t* out);
+// The same positions when the rows are read straight into the slot: writes
+// the pads, appends the read of the stored rows to `reads` (`stored`: the
+// sequence's rows in the file, as SideNeedsOf has them) and returns the end
+// of what it and the read fill.
+uint8_t* PlanSideRowsRead(const SideSlice& slice, const SampleNeed& stored, int64_t real_length,
+                          int64_t begin, int64_t end, const std::vector<char>& pad_row,
+                          uint8_t* out, std::vector<SlotRead>& reads);
 // The loss mask of positions [begin, end): stored value j + 1 of a real
 // position is 0 = not trained.
 void ApplyLossMask(absl::Span<const char> mask, int64_t real_length, int64_t begin, int64_t end,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <list>
 #include <optional>
 #include <set>
@@ -67,6 +68,8 @@ namespace {
 
 constexpr size_t kLatencyWindow = 4096;
 constexpr size_t kReReadsKept = 16;
+// A cut row's read goes through a bounce buffer of at most this size.
+constexpr uint64_t kCutPieceBytes = uint64_t{256} << 10;
 
 // Where document `document`'s bytes begin in .bin. REQUIRES: its index
 // entries passed CheckDocument (PlanStep checks every sample it plans).
@@ -133,6 +136,27 @@ struct Storage::Read {
   uint64_t length = 0;
   std::vector<std::pair<Key, uint64_t>> members;  // and where each starts in the read
   FetchCause cause;  // of the fetch that needed it first, charged with the bytes
+};
+
+struct Storage::IntoRequest {
+  FetchCause cause;
+  bool urgent = false;
+  ReadIntoDone done;
+  absl::Status status;  // the first piece's error
+  int outstanding = 0;  // pieces not yet read
+  int running = 0;      // pieces being read now
+  bool withdrawn = false;
+  bool completing = false;
+};
+
+struct Storage::IntoPiece {
+  uint64_t id = 0;  // of its IntoRequest
+  const dataset::IndexedDataset* dataset = nullptr;
+  uint64_t offset = 0;  // in .bin
+  uint64_t length = 0;
+  uint8_t* destination = nullptr;
+  uint64_t row_bytes = 0;
+  std::shared_ptr<const std::vector<std::pair<uint64_t, uint64_t>>> kept;
 };
 
 FetchPin::~FetchPin() { storage_->Release(id_); }
@@ -374,10 +398,7 @@ void Storage::DoRead(Read& read) {
     }
     file = &files_[read.dataset];
     if (reread_bytes > 0) RecordReRead(read.cause, file->path, reread_samples, reread_bytes);
-    file->bytes_read += read.length;
-    ++file->reads;
-    jobs_[read.cause.job].bytes_read += read.length;
-    bytes_in_flight_ += read.length;
+    CountRead(*file, read.cause, read.length);
   }
   // Not zero-filled: the read overwrites it.
   std::shared_ptr<char[]> buffer = std::make_shared_for_overwrite<char[]>(read.length);
@@ -397,12 +418,7 @@ void Storage::DoRead(Read& read) {
   absl::MutexLock lock(&mutex_);
   reads_started_.erase(started);
   bytes_in_flight_ -= read.length;
-  if (file->latencies_ms.size() < kLatencyWindow) {
-    file->latencies_ms.push_back(latency_ms);
-  } else {
-    file->latencies_ms[file->next_latency] = latency_ms;
-  }
-  file->next_latency = (file->next_latency + 1) % kLatencyWindow;
+  RecordLatency(*file, latency_ms);
   for (const auto& [key, offset] : read.members) {
     auto it = held_.find(key);
     Entry& entry = it->second;
@@ -438,8 +454,147 @@ void Storage::Complete(uint64_t id) {
   request->completing = false;
 }
 
+void Storage::CountRead(File& file, const FetchCause& cause, uint64_t bytes) {
+  file.bytes_read += bytes;
+  ++file.reads;
+  jobs_[cause.job].bytes_read += bytes;
+  bytes_in_flight_ += bytes;
+}
+
+void Storage::RecordLatency(File& file, double latency_ms) {
+  if (file.latencies_ms.size() < kLatencyWindow) {
+    file.latencies_ms.push_back(latency_ms);
+  } else {
+    file.latencies_ms[file.next_latency] = latency_ms;
+  }
+  file.next_latency = (file.next_latency + 1) % kLatencyWindow;
+}
+
+std::unique_ptr<FetchPin> Storage::ReadInto(FetchCause cause, std::vector<SlotRead> reads,
+                                            bool urgent, ReadIntoDone done) {
+  absl::MutexLock lock(&mutex_);
+  const uint64_t id = next_id_++;
+  IntoRequest& request = into_[id];
+  request.cause = std::move(cause);
+  request.urgent = urgent;
+  request.done = std::move(done);
+  auto& queue = urgent ? urgent_work_ : work_;
+  for (SlotRead& read : reads) {
+    if (read.need.bytes == 0) continue;
+    const bool cut = !read.kept.empty();
+    // Whole rows per piece: up to a request's size straight into place, or
+    // a small bounce buffer's worth when rows are cut.
+    const uint64_t rows_per_piece =
+        std::max<uint64_t>(1, (cut ? kCutPieceBytes : options_.max_request_bytes) / read.row_bytes);
+    const uint64_t piece_bytes = rows_per_piece * read.row_bytes;
+    uint64_t kept_row_bytes = read.row_bytes;
+    if (cut) {
+      kept_row_bytes = 0;
+      for (const auto& [_, bytes] : read.kept) kept_row_bytes += bytes;
+    }
+    auto kept =
+        std::make_shared<const std::vector<std::pair<uint64_t, uint64_t>>>(std::move(read.kept));
+    const uint64_t begin = DocumentBegin(*read.need.dataset, read.need.document) + read.need.offset;
+    for (uint64_t at = 0; at < read.need.bytes; at += piece_bytes) {
+      auto piece = std::make_shared<IntoPiece>();
+      piece->id = id;
+      piece->dataset = read.need.dataset;
+      piece->offset = begin + at;
+      piece->length = std::min(piece_bytes, read.need.bytes - at);
+      piece->destination = read.destination + at / read.row_bytes * kept_row_bytes;
+      piece->row_bytes = read.row_bytes;
+      piece->kept = kept;
+      queue.push_back([this, piece] { DoReadInto(*piece); });
+      ++request.outstanding;
+    }
+    File& file = files_[read.need.dataset];
+    file.distinct_bytes += read.need.bytes;
+    jobs_[request.cause.job].distinct_bytes += read.need.bytes;
+  }
+  if (request.outstanding == 0) queue.push_back([this, id] { CompleteInto(id); });
+  return std::unique_ptr<FetchPin>(new FetchPin(this, id));
+}
+
+void Storage::DoReadInto(const IntoPiece& piece) {
+  File* file = nullptr;
+  const absl::Time start = absl::Now();
+  std::multiset<absl::Time>::iterator started;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = into_.find(piece.id);
+    if (it == into_.end() || it->second.withdrawn) return;
+    ++it->second.running;
+    file = &files_[piece.dataset];
+    CountRead(*file, it->second.cause, piece.length);
+    started = reads_started_.insert(start);
+  }
+  absl::Status status;
+  if (piece.kept->empty()) {
+    status = piece.dataset->ReadBytes(
+        piece.offset, absl::MakeSpan(reinterpret_cast<char*>(piece.destination), piece.length));
+  } else {
+    // At most kCutPieceBytes per reader thread, whatever the job.
+    thread_local std::vector<char> bounce;
+    bounce.resize(piece.length);
+    status = piece.dataset->ReadBytes(piece.offset, absl::MakeSpan(bounce.data(), piece.length));
+    uint8_t* out = piece.destination;
+    for (uint64_t row = 0; status.ok() && row < piece.length; row += piece.row_bytes) {
+      for (const auto& [offset, bytes] : *piece.kept) {
+        std::memcpy(out, bounce.data() + row + offset, bytes);
+        out += bytes;
+      }
+    }
+  }
+  const double latency_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (!status.ok()) {
+    spdlog::error("{}: reading bytes [{}, {}) into a rank's slot: {}", file->path, piece.offset,
+                  piece.offset + piece.length, status.ToString());
+  }
+  absl::MutexLock lock(&mutex_);
+  reads_started_.erase(started);
+  bytes_in_flight_ -= piece.length;
+  RecordLatency(*file, latency_ms);
+  IntoRequest& request = into_.at(piece.id);
+  --request.running;
+  if (!status.ok() && request.status.ok()) {
+    request.status = absl::Status(status.code(), absl::StrCat(file->path, ": ", status.message()));
+  }
+  if (--request.outstanding == 0 && !request.withdrawn) {
+    (request.urgent ? urgent_work_ : work_).push_back([this, id = piece.id] { CompleteInto(id); });
+  }
+}
+
+void Storage::CompleteInto(uint64_t id) {
+  ReadIntoDone done;
+  absl::Status status;
+  IntoRequest* request = nullptr;
+  {
+    absl::MutexLock lock(&mutex_);
+    auto it = into_.find(id);
+    if (it == into_.end() || it->second.withdrawn) return;
+    request = &it->second;
+    done = std::move(request->done);
+    request->done = nullptr;
+    status = request->status;
+    request->completing = true;
+  }
+  done(std::move(status));
+  absl::MutexLock lock(&mutex_);
+  request->completing = false;
+}
+
 void Storage::Release(uint64_t id) {
   absl::MutexLock lock(&mutex_);
+  if (auto into = into_.find(id); into != into_.end()) {
+    // Pieces still queued skip themselves once it is gone; those being read
+    // write into the caller's memory, so they are waited for.
+    IntoRequest& request = into->second;
+    request.withdrawn = true;
+    mutex_.Await(absl::Condition(
+        +[](IntoRequest* r) { return r->running == 0 && !r->completing; }, &request));
+    into_.erase(into);
+    return;
+  }
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& request = it->second;

@@ -148,6 +148,17 @@ struct FetchedSample {
   absl::Span<const char> bytes() const { return {buffer.get() + offset, size}; }
 };
 
+// Stored rows read straight into memory the caller owns (a rank's ring
+// slot), so the daemon holds no copy of them: `need`'s bytes (whole rows of
+// `row_bytes`), each row whole, or cut to the byte ranges `kept` (offset in
+// the row, length), written one after another.
+struct SlotRead {
+  SampleNeed need;
+  uint8_t* destination = nullptr;
+  uint64_t row_bytes = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> kept;  // empty = the whole row
+};
+
 class Storage;
 
 // Holds a fetch's samples; destroying it releases them, or withdraws a
@@ -185,6 +196,17 @@ class Storage {
   std::unique_ptr<FetchPin> Fetch(FetchCause cause, std::vector<SampleNeed> needs, bool urgent,
                                   FetchDone done);
 
+  // Reads `reads` into their destinations on the reader threads (urgent
+  // first, as Fetch) and calls `done` once, on a reader thread, with the
+  // first error or OK. The bytes count as read and as distinct (each is one
+  // rank's own positions); nothing is held, kept or charged to the budget,
+  // since the memory is the caller's. Destroying the pin withdraws the
+  // reads not begun and waits for those running and for `done`: after it,
+  // nothing is written into the destinations, which must live until then.
+  using ReadIntoDone = std::function<void(absl::Status)>;
+  std::unique_ptr<FetchPin> ReadInto(FetchCause cause, std::vector<SlotRead> reads, bool urgent,
+                                     ReadIntoDone done);
+
   // A job's share of the figures: what its fetches read and first needed.
   struct JobIo {
     uint64_t bytes_read = 0;
@@ -205,6 +227,8 @@ class Storage {
   struct Request;
   struct File;
   struct Read;
+  struct IntoRequest;
+  struct IntoPiece;
 
   void Release(uint64_t id);
   void Admit(Request& request, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -228,6 +252,12 @@ class Storage {
   void Worker();
   void DoRead(Read& read);
   void Complete(uint64_t id);
+  void DoReadInto(const IntoPiece& piece);
+  void CompleteInto(uint64_t id);
+  // Counts a read of `bytes` of `file` for `cause`, issued now.
+  void CountRead(File& file, const FetchCause& cause, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void RecordLatency(File& file, double latency_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const StorageOptions options_;
   mutable absl::Mutex mutex_;
@@ -240,7 +270,8 @@ class Storage {
   std::list<Key> kept_ ABSL_GUARDED_BY(mutex_);  // unpinned, oldest first
   uint64_t kept_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   std::map<uint64_t, Request> requests_ ABSL_GUARDED_BY(mutex_);
-  std::deque<uint64_t> waiting_ ABSL_GUARDED_BY(mutex_);  // not yet admitted, in order
+  std::map<uint64_t, IntoRequest> into_ ABSL_GUARDED_BY(mutex_);  // ReadInto's
+  std::deque<uint64_t> waiting_ ABSL_GUARDED_BY(mutex_);          // not yet admitted, in order
   // Work for the readers: urgent first.
   std::deque<std::function<void()>> urgent_work_ ABSL_GUARDED_BY(mutex_);
   std::deque<std::function<void()>> work_ ABSL_GUARDED_BY(mutex_);

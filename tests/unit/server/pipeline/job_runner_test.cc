@@ -60,6 +60,11 @@ class FakeSlotSender : public transport::SlotSender {
     rings_[id].slots = static_cast<uint64_t>(std::stoul(std::string(ring)));
     return id;
   }
+  // The ring's memory is not used: slots are the fake's own (MapNextSlot).
+  absl::StatusOr<uint64_t> ConnectShared(absl::string_view address, absl::string_view ring,
+                                         std::shared_ptr<transport::SharedRing>) override {
+    return Connect(address, ring);
+  }
   absl::Status Disconnect(uint64_t id, absl::string_view reason) override {
     absl::MutexLock lock(&mutex_);
     if (rings_.count(id) == 0) return absl::NotFoundError("no such connection");
@@ -80,14 +85,15 @@ class FakeSlotSender : public transport::SlotSender {
   }
   // Slots written in place when mapping (as same-node shared memory is):
   // each starts full of 0xEE, so a byte the runner does not write shows.
+  // One per connection: another's may be written meanwhile.
   absl::StatusOr<transport::MappedSlot> MapNextSlot(uint64_t id) override {
     absl::MutexLock lock(&mutex_);
-    const Ring* ring = Find(id);
+    Ring* ring = Find(id);
     if (!mapped_ || ring == nullptr || ring->pushed.size() - ring->released >= ring->slots) {
       return absl::FailedPreconditionError("no mapped slot");
     }
-    mapped_slot_.assign(slot_bytes_, 0xEE);
-    return transport::MappedSlot{mapped_slot_.data(), slot_bytes_, ring->pushed.size()};
+    ring->mapped_slot.assign(slot_bytes_, 0xEE);
+    return transport::MappedSlot{ring->mapped_slot.data(), slot_bytes_, ring->pushed.size()};
   }
   absl::Status CommitMapped(uint64_t id, const transport::SlotContent& content) override {
     absl::MutexLock lock(&mutex_);
@@ -105,7 +111,7 @@ class FakeSlotSender : public transport::SlotSender {
     stats.credits = static_cast<uint32_t>(ring->slots - (ring->pushed.size() - ring->released));
     stats.mapped = mapped_;
     stats.device = device_;
-    stats.shared = device_;
+    stats.shared = device_ || shared_;
     return stats;
   }
   void ProgressOrWait(absl::Duration timeout) override {
@@ -123,6 +129,8 @@ class FakeSlotSender : public transport::SlotSender {
   void set_mapped(bool mapped) { mapped_ = mapped; }
   // As a device ring the daemon copies into: written in place (mapped).
   void set_device(bool device) { device_ = mapped_ = device; }
+  // As a host ring shared by descriptor (memfd): written in place.
+  void set_shared(bool shared) { shared_ = mapped_ = shared; }
 
   void Release(uint64_t id, uint64_t count) {
     absl::MutexLock lock(&mutex_);
@@ -163,6 +171,16 @@ class FakeSlotSender : public transport::SlotSender {
     const Ring* ring = Find(id);
     return ring->closed ? ring->reason : "<open>";
   }
+  // Why connection `id` was closed, once it is (up to 10 s), or "<open>".
+  std::string WaitForClose(uint64_t id) {
+    absl::MutexLock lock(&mutex_);
+    auto closed = [&] {
+      mutex_.AssertHeld();
+      return rings_[id].closed;
+    };
+    mutex_.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(10));
+    return rings_[id].closed ? rings_[id].reason : "<open>";
+  }
 
  private:
   // A push (the fields' bytes from `content`, or from the mapped slot at
@@ -184,8 +202,9 @@ class FakeSlotSender : public transport::SlotSender {
     PushedSlot slot{content.step, content.microbatch, {}, content.inline_metadata};
     for (size_t f = 0; f < specs.size(); ++f) {
       const transport::FieldDescriptor& field = (*layout)[f];
-      const char* data = mapped ? reinterpret_cast<const char*>(mapped_slot_.data()) + field.offset
-                                : static_cast<const char*>(content.fields[f].data);
+      const char* data =
+          mapped ? reinterpret_cast<const char*>(ring->mapped_slot.data()) + field.offset
+                 : static_cast<const char*>(content.fields[f].data);
       slot.fields[field.name].assign(data, field.bytes);
       ring->bytes += field.bytes;
     }
@@ -203,6 +222,7 @@ class FakeSlotSender : public transport::SlotSender {
     bool failed = false;
     bool closed = false;
     std::string reason;
+    std::vector<uint8_t> mapped_slot;
   };
   const Ring* Find(uint64_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     auto ring = rings_.find(id);
@@ -221,7 +241,7 @@ class FakeSlotSender : public transport::SlotSender {
   uint64_t slot_bytes_ = UINT64_MAX;
   bool mapped_ = false;
   bool device_ = false;
-  std::vector<uint8_t> mapped_slot_ ABSL_GUARDED_BY(mutex_);
+  bool shared_ = false;
 };
 
 // `body` is the job's configuration without its name.
@@ -248,7 +268,7 @@ class JobRunnerTest : public ::testing::Test {
 
   // The same job with an int16 [2, 2] side field "experts" beside its
   // tokens (PREFIX_experts).
-  void StartSideFieldJob(int dp, JobRunnerOptions options) {
+  void StartSideFieldJob(int dp, JobRunnerOptions options, int tp = 1) {
     prefix_ = temp_.Prefix("data");
     std::vector<int64_t> lengths;
     for (int i = 0; i < 400; ++i) lengths.push_back(20 + (i * 37) % 181);
@@ -257,6 +277,7 @@ class JobRunnerTest : public ::testing::Test {
                                         /*layers=*/2, /*top_k=*/2, /*experts=*/8};
     ASSERT_TRUE(dataset::WriteGeneratedSideField(prefix_ + "_experts", lengths, experts, 1).ok());
     Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_, "\" } topology { dp: ", dp,
+                                " tp: ", tp,
                                 " } global_batch: 16 seq_length: 256 eod_id: 0 seed: 3 "
                                 "scheduler { kind: \"balanced\" max_tokens_per_rank: 256 } "
                                 "side_fields { name: \"experts\" dtype: \"int16\" "
@@ -279,6 +300,7 @@ class JobRunnerTest : public ::testing::Test {
       sender->set_slot_bytes(job_->required_slot_bytes());
       sender->set_mapped(mapped_);
       if (device_) sender->set_device(true);
+      if (shared_) sender->set_shared(true);
       sender_ = sender.get();
       return sender;
     };
@@ -298,6 +320,11 @@ class JobRunnerTest : public ::testing::Test {
     args.start_step = start_step;
     args.start_microbatch = start_microbatch;
     args.ring_slots = slots;
+    if (shared_) {
+      absl::StatusOr<transport::SharedRing> ring = transport::SharedRing::Create(4096);
+      EXPECT_TRUE(ring.ok()) << ring.status();
+      if (ring.ok()) args.shared_ring = std::make_shared<transport::SharedRing>(*std::move(ring));
+    }
     absl::Notification attached;
     absl::StatusOr<uint64_t> id;
     runner_->Attach(args, [&](absl::StatusOr<uint64_t> result) {
@@ -347,6 +374,7 @@ class JobRunnerTest : public ::testing::Test {
   std::unique_ptr<Job> job_;
   bool mapped_ = false;               // the sender writes slots in place
   bool device_ = false;               // ... into device rings (copied in)
+  bool shared_ = false;               // ... into rings shared by descriptor
   FakeSlotSender* sender_ = nullptr;  // owned by runner_
   std::unique_ptr<JobRunner> runner_;
 };
@@ -654,13 +682,56 @@ TEST_F(JobRunnerTest, SideRowsThatCannotBeReadEndTheRankWithTheReason) {
   StartSideFieldJob(/*dp=*/1, {});
   std::filesystem::resize_file(prefix_ + "_experts.bin", 0);
   const uint64_t id = Attach(0, /*slots=*/2);
-  std::string reason = "<open>";
-  for (int i = 0; i < 200 && reason == "<open>"; ++i) {
-    reason = sender_->ClosedWith(id);
-    if (reason == "<open>") absl::SleepFor(absl::Milliseconds(20));
-  }
+  const std::string reason = sender_->WaitForClose(id);
   EXPECT_THAT(reason, ::testing::HasSubstr("side field experts: "));
   EXPECT_THAT(reason, ::testing::HasSubstr(prefix_ + "_experts document "));
+  EXPECT_TRUE(sender_->Pushed(id).empty());
+}
+
+// A ring shared by descriptor gets its side rows read from the file
+// straight into its slots: the same bytes as rows held and copied, and no
+// row is held. Ranks with a local TP peer still share held rows.
+TEST_F(JobRunnerTest, SideRowsAreReadIntoTheSlotsOfARingSharedByDescriptor) {
+  std::vector<PushedSlot> runs[2];
+  for (bool shared : {false, true}) {
+    mapped_ = true;
+    shared_ = shared;
+    StartSideFieldJob(/*dp=*/2, {});
+    const uint64_t ids[2] = {Attach(0, /*slots=*/3), Attach(1, /*slots=*/3)};
+    for (uint64_t id : ids) sender_->ReleaseEverything(id);
+    size_t want = 0;
+    for (int64_t step = 0; step < 4; ++step) want += static_cast<size_t>(MicrobatchesOf(step));
+    for (uint64_t id : ids) {
+      std::vector<PushedSlot> slots = sender_->WaitForPushes(id, want);
+      ASSERT_GE(slots.size(), want);
+      runs[shared].insert(runs[shared].end(), slots.begin(),
+                          slots.begin() + static_cast<ptrdiff_t>(want));
+    }
+    EXPECT_EQ(Figures().peak_side_rows_bytes == 0, shared);
+    runner_.reset();
+    job_.reset();
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    ASSERT_EQ(runs[0][i].fields.count("experts"), 1u);
+    EXPECT_EQ(runs[0][i].fields, runs[1][i].fields) << "slot " << i;
+  }
+
+  StartSideFieldJob(/*dp=*/1, {}, /*tp=*/2);
+  const uint64_t peers[2] = {Attach(0, /*slots=*/2), Attach(1, /*slots=*/2)};
+  for (uint64_t id : peers) EXPECT_EQ(sender_->WaitForPushes(id, 2).size(), 2u);
+  EXPECT_GT(Figures().peak_side_rows_bytes, 0u);
+}
+
+// Read into the slot, rows that cannot be read end the rank with the file
+// and the reason; the slot is never announced.
+TEST_F(JobRunnerTest, SideRowsThatCannotBeReadIntoTheSlotEndTheRank) {
+  mapped_ = shared_ = true;
+  StartSideFieldJob(/*dp=*/1, {});
+  std::filesystem::resize_file(prefix_ + "_experts.bin", 0);
+  const uint64_t id = Attach(0, /*slots=*/2);
+  const std::string reason = sender_->WaitForClose(id);
+  EXPECT_THAT(reason, ::testing::HasSubstr(prefix_ + "_experts.bin: "));
   EXPECT_TRUE(sender_->Pushed(id).empty());
 }
 

@@ -204,7 +204,7 @@ TEST(PackTest, SideFieldFollowsTokensOrLabelsWithPadsAndZigzag) {
   for (bool labels : {false, true}) {
     const SideFieldInfo field = Int16Field(labels, {});
     const SideSlice slice{&field, "f", {}};
-    const std::vector<SideRun> sides = {{slice, {Bytes(rows)}}};
+    const std::vector<SideRun> sides = {{slice, {Bytes(rows)}, {}}};
     absl::StatusOr<PackedMicrobatch> rank1 = PackMicrobatch(group, runs, 1, Varlen(), sides);
     ASSERT_TRUE(rank1.ok()) << rank1.status();
     ASSERT_EQ(rank1->side.size(), 1u);
@@ -224,7 +224,7 @@ TEST(PackTest, LayerAxisIsCutToTheSliceAndLabelsPastTheStoredRowsArePads) {
   const std::vector<int16_t> rows = Rows(1, 3, 4, 2);
   const SideFieldInfo field = Int16Field(true, {4, 2});
   const SideSlice slice{&field, "f", {{1, 2}, {3, 4}}};  // layers 1 and 3
-  const std::vector<SideRun> sides = {{slice, {Bytes(rows)}}};
+  const std::vector<SideRun> sides = {{slice, {Bytes(rows)}, {}}};
   scheduler::CpGroup group{0, 1, {{0, 3, 4}}};
   const std::vector<absl::Span<const int64_t>> runs = {run};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);
@@ -252,7 +252,7 @@ TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
   const SideFieldInfo field = LossMaskField();
   const SideSlice slice{&field, "mask", {}};
   const std::vector<SideRun> sides = {
-      {slice, {{reinterpret_cast<const char*>(mask.data()), mask.size()}}}};
+      {slice, {{reinterpret_cast<const char*>(mask.data()), mask.size()}}, {}}};
   scheduler::CpGroup group{0, 1, {{0, 4, 6}}};
   const std::vector<absl::Span<const int64_t>> runs = {run};
   absl::StatusOr<PackedMicrobatch> packed = PackMicrobatch(group, runs, 0, Varlen(), sides);
@@ -289,7 +289,7 @@ TEST(PackTest, WorkersWriteALargeMicrobatchByteForByteAsOneThread) {
   const SideFieldInfo mask_field = LossMaskField();
   const SideSlice mask_slice{&mask_field, "mask", {}};
   std::vector<absl::Span<const int64_t>> runs;
-  std::vector<SideRun> sides = {{slice, {}}, {mask_slice, {}}};
+  std::vector<SideRun> sides = {{slice, {}, {}}, {mask_slice, {}, {}}};
   for (int i = 0; i < kSequences; ++i) {
     runs.push_back(texts[static_cast<size_t>(i)]);
     sides[0].rows.push_back(Bytes(rows[static_cast<size_t>(i)]));
@@ -313,6 +313,77 @@ TEST(PackTest, WorkersWriteALargeMicrobatchByteForByteAsOneThread) {
     for (const transport::FieldDescriptor& f : *layout) {
       EXPECT_EQ(std::memcmp(one.data() + f.offset, many.data() + f.offset, f.bytes), 0)
           << "cp rank " << cp_rank << ", field at " << f.offset;
+    }
+  }
+}
+
+// Side rows read straight into the slot (SideRun::in_file): the slot holds
+// the pads at once, and after the reads, as Storage::ReadInto does them,
+// every byte of the write from rows in memory. Here "document" i is
+// sequence i's rows and each read is served from them.
+TEST(PackTest, SideRowsReadIntoTheSlotGiveTheBytesOfRowsInMemory) {
+  constexpr int kSequences = 5;
+  std::vector<std::vector<int64_t>> texts;
+  scheduler::CpGroup group{0, 2, {}};
+  for (int i = 0; i < kSequences; ++i) {
+    const int real = 20000 + 3001 * i;
+    texts.emplace_back(static_cast<size_t>(real) + 1, 7 * i);
+    group.sequences.push_back({i, real, (real + 3) / 4 * 4 + 4});
+  }
+  const SideFieldInfo layers = Int16Field(true, {4, 2});
+  const SideFieldInfo scalar = Int16Field(false, {});
+  // Whole [4, 2] rows, the same cut to layers 1 and 3, one value a token.
+  for (const SideSlice& slice :
+       {SideSlice{&layers, "f", {}}, SideSlice{&layers, "f", {{1, 2}, {3, 4}}},
+        SideSlice{&scalar, "f", {}}}) {
+    const bool per_token = slice.field->inner_shape.empty();
+    std::vector<std::vector<int16_t>> rows;
+    for (int i = 0; i < kSequences; ++i) {  // fewer rows than tokens: pads
+      rows.push_back(Rows(i, static_cast<int>(group.sequences[i].length) - 5, per_token ? 1 : 4,
+                          per_token ? 1 : 2));
+    }
+    std::vector<absl::Span<const int64_t>> runs;
+    std::vector<SideRun> in_memory = {{slice, {}, {}}};
+    std::vector<SideRun> in_file = {{slice, {}, {}}};
+    for (int i = 0; i < kSequences; ++i) {
+      runs.push_back(texts[static_cast<size_t>(i)]);
+      in_memory[0].rows.push_back(Bytes(rows[static_cast<size_t>(i)]));
+      SampleNeed stored;
+      stored.document = i;
+      stored.bytes = in_memory[0].rows.back().size();
+      stored.tokens = false;
+      in_file[0].in_file.push_back(stored);
+    }
+    for (int cp_rank : {0, 1}) {
+      auto from_memory = SourceOfGroup(group, runs, cp_rank, Varlen(), in_memory);
+      auto from_file = SourceOfGroup(group, runs, cp_rank, Varlen(), in_file);
+      ASSERT_TRUE(from_memory.ok() && from_file.ok());
+      auto layout = transport::LayoutFields(MicrobatchSpecs(*from_memory), UINT64_MAX);
+      ASSERT_TRUE(layout.ok());
+      const uint64_t bytes = layout->back().offset + layout->back().bytes;
+      std::vector<uint8_t> expected(bytes, 0), slot(bytes, 0);
+      WriteMicrobatch(*from_memory, *layout, expected.data());
+      PackWorkers workers(3);
+      std::vector<SlotRead> reads;
+      WriteMicrobatch(*from_file, *layout, slot.data(), &workers, &reads);
+      ASSERT_FALSE(reads.empty());
+      EXPECT_NE(slot, expected) << "the rows were written without being read";
+      for (const SlotRead& read : reads) {
+        const absl::Span<const char> stored =
+            in_memory[0].rows[static_cast<size_t>(read.need.document)];
+        ASSERT_LE(read.need.offset + read.need.bytes, stored.size());
+        uint8_t* out = read.destination;
+        for (uint64_t row = 0; row < read.need.bytes; row += read.row_bytes) {
+          const char* from = stored.data() + read.need.offset + row;
+          if (read.kept.empty()) {
+            out = static_cast<uint8_t*>(std::memcpy(out, from, read.row_bytes)) + read.row_bytes;
+          }
+          for (const auto& [offset, length] : read.kept) {
+            out = static_cast<uint8_t*>(std::memcpy(out, from + offset, length)) + length;
+          }
+        }
+      }
+      EXPECT_EQ(slot, expected) << "cp rank " << cp_rank << ", cut " << !slice.entries.empty();
     }
   }
 }

@@ -1,12 +1,13 @@
 // The node's Storage on real files: one open dataset per file, coalesced
 // reads, shared held samples, re-reads counted and named, the memory budget,
-// withdrawn fetches.
+// withdrawn fetches, reads straight into the caller's memory.
 
 #include "server/storage/storage.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -208,6 +209,95 @@ TEST_F(StorageTest, AFileTruncatedAfterOpenFailsItsSamplesButNotThoseHeld) {
   EXPECT_THAT(samples[0].status.message(), ::testing::HasSubstr("changed since it was opened"));
   EXPECT_TRUE(absl::IsDataLoss(samples[1].status)) << samples[1].status;
   EXPECT_TRUE(samples[2].status.ok()) << samples[2].status;
+}
+
+// Reads into the caller's memory and waits; returns what `done` said.
+absl::Status ReadIntoAndWait(Storage& storage, std::vector<SlotRead> reads) {
+  absl::Notification done;
+  absl::Status out;
+  std::unique_ptr<FetchPin> pin =
+      storage.ReadInto({"j", 0, 0}, std::move(reads), /*urgent=*/true, [&](absl::Status status) {
+        out = std::move(status);
+        done.Notify();
+      });
+  done.WaitForNotification();
+  return out;
+}
+
+// Rows of 8 bytes: whole, or cut to their last 4, in pieces smaller than
+// one read so that the destination of each is checked.
+TEST_F(StorageTest, ReadsRowsStraightIntoTheCallersMemoryWholeOrCut) {
+  StorageOptions options;
+  options.max_request_bytes = 16;
+  Storage storage(options);
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  // Document 2 (30 tokens of 2 bytes) from byte 8: 6 rows.
+  SampleNeed need = Needs(**data, 2, 1)[0];
+  need.offset = 8;
+  need.bytes = 48;
+  need.tokens = false;
+  std::vector<char> expected(48);
+  const uint64_t begin = static_cast<uint64_t>((*data)->index().pointer(2));
+  ASSERT_TRUE((*data)->ReadBytes(begin + 8, absl::MakeSpan(expected)).ok());
+
+  std::vector<uint8_t> whole(48, 0xee), cut(24 + 1, 0xee);
+  ASSERT_TRUE(
+      ReadIntoAndWait(storage, {{need, whole.data(), 8, {}}, {need, cut.data(), 8, {{4, 4}}}})
+          .ok());
+  EXPECT_EQ(std::vector<char>(whole.begin(), whole.end()), expected);
+  for (int row = 0; row < 6; ++row) {
+    EXPECT_EQ(std::memcmp(cut.data() + row * 4, expected.data() + row * 8 + 4, 4), 0) << row;
+  }
+  EXPECT_EQ(cut.back(), 0xee) << "written past the cut rows";
+  const StorageFigures stats = storage.Stats();
+  EXPECT_EQ(stats.bytes_read, 96u);
+  EXPECT_EQ(File(stats).reads, 3u + 1u);  // 48 bytes in 16-byte pieces; cut: one piece
+  EXPECT_EQ(stats.bytes_held, 0u);
+  EXPECT_EQ(stats.bytes_in_flight, 0u);
+}
+
+TEST_F(StorageTest, AReadIntoATruncatedFileFailsNamingTheFile) {
+  Storage storage({});
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  std::filesystem::resize_file(prefix_ + ".bin", 100);
+  SampleNeed need = Needs(**data, 4, 1)[0];
+  std::vector<uint8_t> out(need.bytes);
+  const absl::Status status = ReadIntoAndWait(storage, {{need, out.data(), 4, {}}});
+  EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+  EXPECT_THAT(status.message(), ::testing::HasSubstr(prefix_ + ".bin"));
+  // With nothing to read, done still comes, OK.
+  need.bytes = 0;
+  EXPECT_TRUE(ReadIntoAndWait(storage, {{need, out.data(), 4, {}}}).ok());
+}
+
+// The only reader is kept busy by a fetch's callback while the read into
+// memory is queued behind it, then withdrawn: nothing is written, no call.
+TEST_F(StorageTest, AWithdrawnReadIntoWritesNothingAndNeverCallsBack) {
+  StorageOptions options;
+  options.read_threads = 1;
+  Storage storage(options);
+  auto data = storage.Open(prefix_);
+  ASSERT_TRUE(data.ok());
+  absl::Notification busy, release;
+  std::unique_ptr<FetchPin> blocker = storage.Fetch(
+      {"j", 0, 0}, Needs(**data, 0, 1), /*urgent=*/true, [&](std::vector<FetchedSample>) {
+        busy.Notify();
+        release.WaitForNotification();
+      });
+  busy.WaitForNotification();
+  std::vector<uint8_t> out(Needs(**data, 3, 1)[0].bytes, 0xee);
+  bool called = false;
+  std::unique_ptr<FetchPin> pin =
+      storage.ReadInto({"j", 0, 1}, {{Needs(**data, 3, 1)[0], out.data(), 4, {}}}, /*urgent=*/true,
+                       [&](absl::Status) { called = true; });
+  pin.reset();
+  release.Notify();
+  blocker.reset();
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(called);
+  EXPECT_EQ(out, std::vector<uint8_t>(out.size(), 0xee));
 }
 
 }  // namespace
