@@ -261,6 +261,10 @@ void JobRunner::RankGone(int global_rank, uint64_t connection_id, std::string wh
 bool JobRunner::ServeRank(RankState& rank) {
   bool pushed = false;
   if (rank.live()) AccountTaken(rank);
+  DropOrphanedFill(rank);
+  // An ended rank's ring is unmapped once no read writes into it (the
+  // rank's state stays, for its figures).
+  if (!rank.live() && !rank.filling.has_value()) rank.ring_memory.reset();
   while (rank.live() && !rank.filling.has_value()) {
     absl::StatusOr<uint32_t> credits = sender_->Credits(rank.connection_id);
     if (!credits.ok()) {
@@ -277,11 +281,16 @@ bool JobRunner::ServeRank(RankState& rank) {
       if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
       break;
     }
-    const SideRows* side_rows = nullptr;
-    if (!rank.side_rows_into_slot) {
-      side_rows = SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
-      if (side_rows == nullptr) break;  // being read
+    if (rank.side_rows_into_slot) {
+      // Announced once the rows are in (OnSlotFilled); the runner serves
+      // the other ranks meanwhile.
+      if (!StartFill(rank, *data)) break;
+      pushed = true;
+      continue;
     }
+    const SideRows* side_rows =
+        SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
+    if (side_rows == nullptr) break;  // being read
     const scheduler::GlobalPlan& plan = data->plan.plan;
     absl::StatusOr<MicrobatchSource> source =
         SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank, side_rows);
@@ -291,37 +300,9 @@ bool JobRunner::ServeRank(RankState& rank) {
       EndRank(rank, source.status());
       break;
     }
-    RankState::InFlight sent{
-        {rank.next_step, rank.next_microbatch},
-        plan.num_microbatches(),
-        SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))};
-    absl::Status status;
-    if (rank.side_rows_into_slot) {
-      std::vector<SlotRead> reads;
-      absl::StatusOr<transport::SlotContent> content =
-          WriteMappedSlot(*sender_, rank.connection_id, data->plan, rank.next_microbatch, *source,
-                          &packers_, reads);
-      status = content.status();
-      if (content.ok() && !reads.empty()) {
-        // Announced by OnSlotFilled; the runner serves the others meanwhile.
-        const int global_rank = rank.global_rank;
-        const uint64_t connection_id = rank.connection_id;
-        rank.filling = RankState::Filling{
-            storage_.ReadInto({job_.name(), global_rank, rank.next_step}, std::move(reads),
-                              /*urgent=*/true,
-                              [this, global_rank, connection_id](absl::Status read) {
-                                Post([this, global_rank, connection_id, read] {
-                                  OnSlotFilled(global_rank, connection_id, read);
-                                });
-                              }),
-            *std::move(content), std::move(sent)};
-        break;
-      }
-      if (content.ok()) status = sender_->CommitMapped(rank.connection_id, *content);
-    } else {
-      status = PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device",
-                              data->plan, rank.next_microbatch, *source, staging_, &packers_);
-    }
+    absl::Status status =
+        PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device", data->plan,
+                       rank.next_microbatch, *source, staging_, &packers_);
     if (absl::IsResourceExhausted(status)) break;
     if (!status.ok()) {
       PushFailed(rank, status);
@@ -329,7 +310,10 @@ bool JobRunner::ServeRank(RankState& rank) {
     }
     pushed = true;
     const SideKey held{rank.next_step, rank.next_microbatch, source->group->first_rank};
-    rank.in_flight.push_back(std::move(sent));
+    rank.in_flight.push_back(
+        {{rank.next_step, rank.next_microbatch},
+         plan.num_microbatches(),
+         SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
     Advance(rank);
     if (rank.receives_side_rows) DropSideIfSent(held);
   }
@@ -351,43 +335,6 @@ void JobRunner::Advance(RankState& rank) {
     rank.next_microbatch = 0;
     ++rank.next_step;
   }
-}
-
-void JobRunner::OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status) {
-  auto it = ranks_.find(global_rank);
-  if (it == ranks_.end() || it->second.connection_id != connection_id ||
-      !it->second.filling.has_value()) {
-    return;  // ended or attached again since: the reads were withdrawn
-  }
-  RankState& rank = it->second;
-  RankState::Filling filling = *std::move(rank.filling);
-  rank.filling.reset();
-  filling.pin.reset();
-  if (!rank.live()) return;
-  if (!status.ok()) {
-    EndRank(rank, status);
-    return;
-  }
-  status = sender_->CommitMapped(rank.connection_id, filling.content);
-  if (!status.ok()) {
-    PushFailed(rank, status);
-    return;
-  }
-  rank.in_flight.push_back(std::move(filling.sent));
-  Advance(rank);
-}
-
-bool JobRunner::SideRowsIntoSlot(const RankCoords& coords) const {
-  for (const SideSlice& slice : SideSlicesOfStage(job_.side_fields(), job_.stages(), coords.pp)) {
-    if (slice.field->loss_mask) return false;
-  }
-  for (int other : job_.local_ranks()) {
-    const RankCoords peer = job_.layout().Coords(other);
-    if (peer.tp != coords.tp && peer.dp_cp_rank == coords.dp_cp_rank && peer.pp == coords.pp) {
-      return false;
-    }
-  }
-  return true;
 }
 
 bool JobRunner::IsTransient(const absl::Status& status) {

@@ -145,17 +145,31 @@ class JobRunner {
   void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);
   bool ServeRank(RankState& rank);  // true when it pushed something
   // Whether a rank with these coordinates, its ring shared by descriptor,
-  // has its side rows read straight into its slots: its stage applies no
-  // loss-mask field (that one is applied from memory), and no other local
-  // rank shares its group and stage (a TP peer would read the same rows
-  // again; for those the rows are held once and copied).
+  // has its side rows read straight into its slots: unless its stage
+  // applies a loss-mask field (applied from memory).
   bool SideRowsIntoSlot(const RankCoords& coords) const;
+  // Writes the rank's next slot, and its TP peers' at the same position
+  // (GatherPeers), and reads the side rows into them (job_runner_fill.cc).
+  // True when the slots were announced at once (no rows to read).
+  bool StartFill(RankState& rank, const StepData& data);
+  // The rank's TP peers at its position with a free slot, for one fill;
+  // false while one has none, for up to kPeerWait (the peers' trainers take
+  // their microbatches in step: a peer left out reads the rows again).
+  bool GatherPeers(RankState& rank, std::vector<RankState*>& members);
+  static constexpr absl::Duration kPeerWait = absl::Milliseconds(200);
+  // The side rows of the rank's filling slot were read, or failed: its
+  // slot and its peers' are announced, or the ranks ended.
+  void OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status);
+  // A peer's filling whose leader's fill is gone (the leader attached
+  // again): dropped, so the slot is written once more.
+  void DropOrphanedFill(RankState& rank);
+  // Announces the rank's filling slot, now whole, and ends its filling;
+  // its position moves on. False when the connection refused it.
+  bool AnnounceFilled(RankState& rank);
   // A slot was announced: the rank's position moves past in_flight.back().
   void Advance(RankState& rank);
   // Pushing or announcing its slot failed: its connection is broken.
   void PushFailed(RankState& rank, const absl::Status& status);
-  // The side rows of the rank's filling slot were read, or failed.
-  void OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status);
   static bool IsTransient(const absl::Status& status);
   // Ends the rank's connection, telling it `cause`.
   void EndRank(RankState& rank, const absl::Status& cause);
@@ -217,6 +231,9 @@ class JobRunner {
   absl::Time last_sync_;
   std::map<int64_t, HeldStep> steps_;
   std::map<SideKey, HeldSide> sides_;
+  // Per (dp-cp rank, stage), the furthest position whose side rows were
+  // read into a slot: reading it again is a re-read.
+  std::map<std::pair<int, int>, LedgerPosition> side_rows_filled_;
   uint64_t side_bytes_ = 0;  // the rows' bytes of sides_, read or being read
   uint64_t peak_side_bytes_ = 0;
   // Where the first rank to attach began, and when: steps from there stay

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -54,14 +55,24 @@ struct JobRunner::RankState {
   // waited for the reads writing into it, whatever its connection does.
   bool side_rows_into_slot = false;
   std::shared_ptr<transport::SharedRing> ring_memory;
-  // A slot written but for the side rows being read into it; announced
-  // (CommitMapped) once they are. Destroying it withdraws the reads.
+  // A slot written but for its side rows, announced (CommitMapped) once
+  // they are in. The rank that began the fill reads them into its own slot
+  // (`pin`; destroying it withdraws the reads) and copies `regions` into
+  // the slots of the TP peers that joined (`peers`); a peer's filling names
+  // that rank (`leader`).
   struct Filling {
     std::unique_ptr<FetchPin> pin;
+    uint8_t* slot = nullptr;
     transport::SlotContent content;
     InFlight sent;
+    std::vector<std::pair<int, uint64_t>> peers;         // global rank, connection
+    std::vector<std::pair<uint64_t, uint64_t>> regions;  // offset in the slot, bytes
+    int leader = -1;                                     // a peer's: global rank
+    uint64_t leader_connection = 0;
   };
   std::optional<Filling> filling;
+  // Since when it has waited for a TP peer's free slot, to fill both.
+  std::optional<absl::Time> peer_wait_since;
   // The trainer's time as its client reported it: this connection's latest
   // figures, and the sum of the rank's earlier connections'.
   TrainerTimes times;

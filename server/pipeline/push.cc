@@ -22,20 +22,22 @@ v1::SlotMetadata MetadataOf(const StepPlan& plan, int microbatch) {
 
 }  // namespace
 
-absl::StatusOr<transport::SlotContent> WriteMappedSlot(
-    transport::SlotSender& sender, uint64_t connection_id, const StepPlan& plan, int microbatch,
-    const MicrobatchSource& source, PackWorkers* workers, std::vector<SlotRead>& reads) {
+absl::StatusOr<MappedWrite> WriteMappedSlot(transport::SlotSender& sender, uint64_t connection_id,
+                                            const StepPlan& plan, int microbatch,
+                                            const MicrobatchSource& source, PackWorkers* workers,
+                                            std::vector<SlotRead>& reads) {
   const std::vector<transport::FieldSpec> specs = MicrobatchSpecs(source);
   PF_ASSIGN_OR_RETURN(transport::MappedSlot slot, sender.MapNextSlot(connection_id));
   PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
                       transport::LayoutFields(specs, slot.bytes));
   WriteMicrobatch(source, layout, slot.data, workers, &reads);
-  transport::SlotContent content;
-  content.step = plan.step;
-  content.microbatch = static_cast<uint32_t>(microbatch);
-  content.inline_metadata = MetadataOf(plan, microbatch).SerializeAsString();
-  for (const transport::FieldSpec& spec : specs) content.fields.push_back({spec, nullptr});
-  return content;
+  MappedWrite out;
+  out.slot = slot.data;
+  out.content.step = plan.step;
+  out.content.microbatch = static_cast<uint32_t>(microbatch);
+  out.content.inline_metadata = MetadataOf(plan, microbatch).SerializeAsString();
+  for (const transport::FieldSpec& spec : specs) out.content.fields.push_back({spec, nullptr});
+  return out;
 }
 
 absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_id, bool mapped,

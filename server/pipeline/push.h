@@ -35,11 +35,17 @@ absl::Status PushMicrobatch(transport::SlotSender& sender, uint64_t connection_i
 // A mapped ring's push in two halves, for a slot whose side rows are read
 // straight into it in between (Storage::ReadInto): writes what is in
 // memory into the connection's next slot, appends the reads that complete
-// it to `reads`, and returns what CommitMapped announces once they are
-// done. Not for a device ring, whose small fields ride in the metadata.
-absl::StatusOr<transport::SlotContent> WriteMappedSlot(
-    transport::SlotSender& sender, uint64_t connection_id, const StepPlan& plan, int microbatch,
-    const MicrobatchSource& source, PackWorkers* workers, std::vector<SlotRead>& reads);
+// it to `reads`, and returns the slot and what CommitMapped announces once
+// they are done. Not for a device ring, whose small fields ride in the
+// metadata.
+struct MappedWrite {
+  uint8_t* slot = nullptr;
+  transport::SlotContent content;
+};
+absl::StatusOr<MappedWrite> WriteMappedSlot(transport::SlotSender& sender, uint64_t connection_id,
+                                            const StepPlan& plan, int microbatch,
+                                            const MicrobatchSource& source, PackWorkers* workers,
+                                            std::vector<SlotRead>& reads);
 
 }  // namespace packfeed::server
 

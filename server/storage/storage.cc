@@ -508,8 +508,13 @@ std::unique_ptr<FetchPin> Storage::ReadInto(FetchCause cause, std::vector<SlotRe
       ++request.outstanding;
     }
     File& file = files_[read.need.dataset];
-    file.distinct_bytes += read.need.bytes;
-    jobs_[request.cause.job].distinct_bytes += read.need.bytes;
+    if (read.again) {
+      file.reread_bytes += read.need.bytes;
+      RecordReRead(request.cause, file.path, 1, read.need.bytes);
+    } else {
+      file.distinct_bytes += read.need.bytes;
+      jobs_[request.cause.job].distinct_bytes += read.need.bytes;
+    }
   }
   if (request.outstanding == 0) queue.push_back([this, id] { CompleteInto(id); });
   return std::unique_ptr<FetchPin>(new FetchPin(this, id));

@@ -151,12 +151,14 @@ struct FetchedSample {
 // Stored rows read straight into memory the caller owns (a rank's ring
 // slot), so the daemon holds no copy of them: `need`'s bytes (whole rows of
 // `row_bytes`), each row whole, or cut to the byte ranges `kept` (offset in
-// the row, length), written one after another.
+// the row, length), written one after another. `again`: the caller read
+// these rows before (for another rank), so they count as a re-read.
 struct SlotRead {
   SampleNeed need;
   uint8_t* destination = nullptr;
   uint64_t row_bytes = 0;
   std::vector<std::pair<uint64_t, uint64_t>> kept;  // empty = the whole row
+  bool again = false;
 };
 
 class Storage;
@@ -198,8 +200,9 @@ class Storage {
 
   // Reads `reads` into their destinations on the reader threads (urgent
   // first, as Fetch) and calls `done` once, on a reader thread, with the
-  // first error or OK. The bytes count as read and as distinct (each is one
-  // rank's own positions); nothing is held, kept or charged to the budget,
+  // first error or OK. The bytes count as read, and as distinct unless
+  // read `again` (a re-read, named as Fetch names one); nothing is held,
+  // kept or charged to the budget,
   // since the memory is the caller's. Destroying the pin withdraws the
   // reads not begun and waits for those running and for `done`: after it,
   // nothing is written into the destinations, which must live until then.

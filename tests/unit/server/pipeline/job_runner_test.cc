@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "packfeed/dataset/dataset_generator.h"
@@ -360,6 +361,15 @@ class JobRunnerTest : public ::testing::Test {
     return status;
   }
 
+  // The bytes of side-field files the storage read again, so far.
+  uint64_t SideRowsReRead() {
+    uint64_t bytes = 0;
+    for (const StorageFileFigures& file : storage_.Stats().files) {
+      if (absl::StrContains(file.path, "_experts")) bytes += file.reread_bytes;
+    }
+    return bytes;
+  }
+
   // Microbatches of `step` in the job's plan.
   int MicrobatchesOf(int64_t step) {
     absl::StatusOr<StepPlan> plan = PlanStep(*job_, step);
@@ -690,37 +700,38 @@ TEST_F(JobRunnerTest, SideRowsThatCannotBeReadEndTheRankWithTheReason) {
 
 // A ring shared by descriptor gets its side rows read from the file
 // straight into its slots: the same bytes as rows held and copied, and no
-// row is held. Ranks with a local TP peer still share held rows.
+// row is held. TP peers are filled together: the rows are read once.
 TEST_F(JobRunnerTest, SideRowsAreReadIntoTheSlotsOfARingSharedByDescriptor) {
-  std::vector<PushedSlot> runs[2];
-  for (bool shared : {false, true}) {
-    mapped_ = true;
-    shared_ = shared;
-    StartSideFieldJob(/*dp=*/2, {});
-    const uint64_t ids[2] = {Attach(0, /*slots=*/3), Attach(1, /*slots=*/3)};
-    for (uint64_t id : ids) sender_->ReleaseEverything(id);
-    size_t want = 0;
-    for (int64_t step = 0; step < 4; ++step) want += static_cast<size_t>(MicrobatchesOf(step));
-    for (uint64_t id : ids) {
-      std::vector<PushedSlot> slots = sender_->WaitForPushes(id, want);
-      ASSERT_GE(slots.size(), want);
-      runs[shared].insert(runs[shared].end(), slots.begin(),
-                          slots.begin() + static_cast<ptrdiff_t>(want));
+  for (const int tp : {1, 2}) {
+    std::vector<PushedSlot> runs[2];
+    for (bool shared : {false, true}) {
+      mapped_ = true;
+      shared_ = shared;
+      const uint64_t reread_before = SideRowsReRead();
+      StartSideFieldJob(/*dp=*/2 / tp, {}, tp);
+      const uint64_t ids[2] = {Attach(0, /*slots=*/3), Attach(1, /*slots=*/3)};
+      for (uint64_t id : ids) sender_->ReleaseEverything(id);
+      size_t want = 0;
+      for (int64_t step = 0; step < 4; ++step) want += static_cast<size_t>(MicrobatchesOf(step));
+      for (uint64_t id : ids) {
+        std::vector<PushedSlot> slots = sender_->WaitForPushes(id, want);
+        ASSERT_GE(slots.size(), want);
+        runs[shared].insert(runs[shared].end(), slots.begin(),
+                            slots.begin() + static_cast<ptrdiff_t>(want));
+      }
+      EXPECT_EQ(Figures().peak_side_rows_bytes == 0, shared) << "tp " << tp;
+      if (shared) {
+        EXPECT_EQ(SideRowsReRead(), reread_before) << "tp " << tp;
+      }
+      runner_.reset();
+      job_.reset();
     }
-    EXPECT_EQ(Figures().peak_side_rows_bytes == 0, shared);
-    runner_.reset();
-    job_.reset();
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      ASSERT_EQ(runs[0][i].fields.count("experts"), 1u);
+      EXPECT_EQ(runs[0][i].fields, runs[1][i].fields) << "slot " << i << ", tp " << tp;
+    }
   }
-  ASSERT_EQ(runs[0].size(), runs[1].size());
-  for (size_t i = 0; i < runs[0].size(); ++i) {
-    ASSERT_EQ(runs[0][i].fields.count("experts"), 1u);
-    EXPECT_EQ(runs[0][i].fields, runs[1][i].fields) << "slot " << i;
-  }
-
-  StartSideFieldJob(/*dp=*/1, {}, /*tp=*/2);
-  const uint64_t peers[2] = {Attach(0, /*slots=*/2), Attach(1, /*slots=*/2)};
-  for (uint64_t id : peers) EXPECT_EQ(sender_->WaitForPushes(id, 2).size(), 2u);
-  EXPECT_GT(Figures().peak_side_rows_bytes, 0u);
 }
 
 // Read into the slot, rows that cannot be read end the rank with the file

@@ -1,0 +1,202 @@
+// The runner's fills: a dataset job's side rows read from their files
+// straight into the slots of ranks whose rings it shares by descriptor, so
+// the daemon holds no copy of them (docs/ARCHITECTURE.md, "The runner").
+// TP peers at the same position are filled together: the rows are read
+// once, into one slot, and copied into the others before any is announced.
+
+#include <algorithm>
+#include <cstring>
+
+#include "server/pipeline/job_runner.h"
+#include "server/pipeline/job_runner_state.h"
+#include "server/pipeline/pack.h"
+#include "server/pipeline/push.h"
+
+namespace packfeed::server {
+namespace {
+
+// Where `reads` write, relative to `slot`, and how many bytes each.
+std::vector<std::pair<uint64_t, uint64_t>> RegionsOf(const std::vector<SlotRead>& reads,
+                                                     const uint8_t* slot) {
+  std::vector<std::pair<uint64_t, uint64_t>> regions;
+  for (const SlotRead& read : reads) {
+    uint64_t row = read.row_bytes;
+    if (!read.kept.empty()) {
+      row = 0;
+      for (const auto& [_, bytes] : read.kept) row += bytes;
+    }
+    regions.emplace_back(static_cast<uint64_t>(read.destination - slot),
+                         read.need.bytes / read.row_bytes * row);
+  }
+  return regions;
+}
+
+// The same rows into the same places of two slots (a peer's layout equals
+// its leader's unless their rings' slots differ in size).
+bool SameReads(const std::vector<SlotRead>& a, const uint8_t* a_slot,
+               const std::vector<SlotRead>& b, const uint8_t* b_slot) {
+  if (a.size() != b.size() || RegionsOf(a, a_slot) != RegionsOf(b, b_slot)) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const SampleNeed& x = a[i].need;
+    const SampleNeed& y = b[i].need;
+    if (x.dataset != y.dataset || x.document != y.document || x.offset != y.offset ||
+        x.bytes != y.bytes || a[i].kept != b[i].kept) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool JobRunner::SideRowsIntoSlot(const RankCoords& coords) const {
+  for (const SideSlice& slice : SideSlicesOfStage(job_.side_fields(), job_.stages(), coords.pp)) {
+    if (slice.field->loss_mask) return false;
+  }
+  return true;
+}
+
+bool JobRunner::GatherPeers(RankState& rank, std::vector<RankState*>& members) {
+  bool waits = false;
+  for (auto& [_, peer] : ranks_) {
+    if (&peer == &rank || !peer.live() || !peer.side_rows_into_slot || peer.filling.has_value() ||
+        peer.coords.dp_cp_rank != rank.coords.dp_cp_rank || peer.coords.pp != rank.coords.pp ||
+        peer.next_step != rank.next_step || peer.next_microbatch != rank.next_microbatch) {
+      continue;
+    }
+    absl::StatusOr<uint32_t> credits = sender_->Credits(peer.connection_id);
+    if (!credits.ok()) continue;  // its own turn ends it
+    if (*credits == 0) {
+      waits = true;
+      continue;
+    }
+    members.push_back(&peer);
+  }
+  if (waits) {
+    const absl::Time now = absl::Now();
+    if (!rank.peer_wait_since.has_value()) rank.peer_wait_since = now;
+    if (now - *rank.peer_wait_since < kPeerWait) return false;
+  }
+  rank.peer_wait_since.reset();
+  return true;
+}
+
+bool JobRunner::StartFill(RankState& rank, const StepData& data) {
+  std::vector<RankState*> members = {&rank};
+  if (!GatherPeers(rank, members)) return false;
+  const LedgerPosition at{rank.next_step, rank.next_microbatch};
+  const StepPlan& plan = data.plan;
+  std::vector<SlotRead> reads;  // into the first member's slot
+  std::vector<RankState*> filled;
+  for (RankState* member : members) {
+    absl::StatusOr<MicrobatchSource> source =
+        SourceForRank(job_, data, at.microbatch, member->global_rank, /*side_rows=*/nullptr);
+    if (!source.ok()) {
+      EndRank(*member, source.status());
+      continue;
+    }
+    std::vector<SlotRead> own;
+    absl::StatusOr<MappedWrite> written = WriteMappedSlot(*sender_, member->connection_id, plan,
+                                                          at.microbatch, *source, &packers_, own);
+    if (!written.ok()) {
+      PushFailed(*member, written.status());
+      continue;
+    }
+    if (!filled.empty() && !SameReads(own, written->slot, reads, filled[0]->filling->slot)) {
+      continue;  // fills its own slot on its next turn
+    }
+    if (filled.empty()) reads = std::move(own);
+    RankState::Filling& fill = member->filling.emplace();
+    fill.slot = written->slot;
+    fill.content = std::move(written->content);
+    fill.sent = {at, plan.plan.num_microbatches(),
+                 SharesOf(MicrobatchSamples(plan, at.microbatch, member->coords.dp_cp_rank))};
+    filled.push_back(member);
+  }
+  if (filled.empty()) return false;
+  RankState& leader = *filled[0];
+  if (reads.empty()) {  // no stored row at this position: pads only
+    for (RankState* member : filled) AnnounceFilled(*member);
+    return true;
+  }
+  const std::pair<int, int> key{leader.coords.dp_cp_rank, leader.coords.pp};
+  auto [mark, first] = side_rows_filled_.try_emplace(key, at);
+  const bool again = !first && at <= mark->second;
+  mark->second = std::max(mark->second, at);
+  RankState::Filling& fill = *leader.filling;
+  fill.regions = RegionsOf(reads, fill.slot);
+  for (SlotRead& read : reads) read.again = again;
+  for (size_t i = 1; i < filled.size(); ++i) {
+    fill.peers.emplace_back(filled[i]->global_rank, filled[i]->connection_id);
+    filled[i]->filling->leader = leader.global_rank;
+    filled[i]->filling->leader_connection = leader.connection_id;
+  }
+  const int global_rank = leader.global_rank;
+  const uint64_t connection_id = leader.connection_id;
+  fill.pin =
+      storage_.ReadInto({job_.name(), global_rank, at.step}, std::move(reads),
+                        /*urgent=*/true, [this, global_rank, connection_id](absl::Status status) {
+                          Post([this, global_rank, connection_id, status] {
+                            OnSlotFilled(global_rank, connection_id, status);
+                          });
+                        });
+  return false;
+}
+
+void JobRunner::OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status) {
+  auto it = ranks_.find(global_rank);
+  if (it == ranks_.end() || it->second.connection_id != connection_id ||
+      !it->second.filling.has_value()) {
+    return;  // attached again since: the reads were withdrawn
+  }
+  RankState& leader = it->second;
+  leader.filling->pin.reset();
+  const RankState::Filling& fill = *leader.filling;
+  for (const auto& [peer_rank, peer_connection] : fill.peers) {
+    auto peer = ranks_.find(peer_rank);
+    if (peer == ranks_.end() || peer->second.connection_id != peer_connection ||
+        !peer->second.filling.has_value() || peer->second.filling->leader != global_rank) {
+      continue;
+    }
+    RankState& member = peer->second;
+    if (!member.live() || !status.ok()) {
+      member.filling.reset();
+      if (member.live()) EndRank(member, status);
+      continue;
+    }
+    for (const auto& [offset, bytes] : fill.regions) {
+      std::memcpy(member.filling->slot + offset, fill.slot + offset, bytes);
+    }
+    AnnounceFilled(member);
+  }
+  if (!leader.live() || !status.ok()) {
+    leader.filling.reset();
+    if (leader.live()) EndRank(leader, status);
+    return;
+  }
+  AnnounceFilled(leader);
+}
+
+void JobRunner::DropOrphanedFill(RankState& rank) {
+  if (!rank.filling.has_value() || rank.filling->leader < 0) return;
+  auto leader = ranks_.find(rank.filling->leader);
+  if (leader == ranks_.end() || leader->second.connection_id != rank.filling->leader_connection ||
+      !leader->second.filling.has_value()) {
+    rank.filling.reset();
+  }
+}
+
+bool JobRunner::AnnounceFilled(RankState& rank) {
+  RankState::Filling fill = *std::move(rank.filling);
+  rank.filling.reset();
+  const absl::Status status = sender_->CommitMapped(rank.connection_id, fill.content);
+  if (!status.ok()) {
+    PushFailed(rank, status);
+    return false;
+  }
+  rank.in_flight.push_back(std::move(fill.sent));
+  Advance(rank);
+  return true;
+}
+
+}  // namespace packfeed::server
