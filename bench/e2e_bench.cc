@@ -22,7 +22,7 @@
 // (an int16 [LAYERS, TOP_K] side field, all layers on every rank: PP 1), and
 // a last line compares the two: peak private memory and tokens/s.
 //
-//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|memfd|device|staged|daemon]
+//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|ucx|device|staged|daemon]
 //             [--experts 48x8] [--memory-budget-mib N] [--side-read-ahead-mib N]
 //             [--packing-threads N] [--quick] [--json]
 
@@ -181,9 +181,9 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
                       : args.ring == "staged" ? packfeed::RingPlacement::kStagedDevice
                       : args.ring == "daemon" ? packfeed::RingPlacement::kDaemonDevice
                                               : packfeed::RingPlacement::kHost;
-  // A host ring the client shares by descriptor, as a trainer of another uid
-  // than the daemon's does (the systemd unit's).
-  if (args.ring == "memfd") options.sharing = client::RingSharing::kFileDescriptor;
+  // A host ring in UCX's shared memory, rather than a memfd the client
+  // hands to the daemon (the default).
+  if (args.ring == "ucx") options.sharing = client::RingSharing::kUcx;
 
   // Throughput: every rank as fast as it can.
   std::atomic<int64_t> tokens{0};
@@ -287,10 +287,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--daemon", daemon, "packfeedd binary")->capture_default_str();
   app.add_option("--ring", args.ring,
-                 "where each rank's ring lives: host, memfd (host, shared by descriptor as "
-                 "across uids), device (CUDA, written by UCX), staged (host, copied to the "
-                 "device on arrival) or daemon (CUDA, copied in by the daemon)")
-      ->check(CLI::IsMember({"host", "memfd", "device", "staged", "daemon"}));
+                 "where each rank's ring lives: host (a memfd the daemon maps), ucx (host, in "
+                 "UCX's shared memory), device (CUDA, written by UCX), staged (host, copied to "
+                 "the device on arrival) or daemon (CUDA, copied in by the daemon)")
+      ->check(CLI::IsMember({"host", "ucx", "device", "staged", "daemon"}));
   app.add_option("--experts", args.experts,
                  "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
   app.add_option("--memory-budget-mib", args.memory_budget_mib,

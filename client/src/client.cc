@@ -292,12 +292,15 @@ absl::Status Client::Impl::Open() {
   receiver.placement = options.placement;
   receiver.cuda_device = options.cuda_device;
   struct stat socket_info {};
+  const bool other_uid =
+      stat(options.socket_path.c_str(), &socket_info) == 0 && socket_info.st_uid != geteuid();
   receiver.shared_by_fd =
       options.sharing == RingSharing::kFileDescriptor ||
-      (options.sharing == RingSharing::kAuto && options.placement != RingPlacement::kDevice &&
-       stat(options.socket_path.c_str(), &socket_info) == 0 && socket_info.st_uid != geteuid());
+      (options.sharing == RingSharing::kAuto && options.placement != RingPlacement::kDevice);
   // UCX's shared memory does not connect two uids: notifications go by TCP.
-  if (receiver.shared_by_fd && receiver.ucx.transports.empty()) receiver.ucx.transports = "tcp";
+  if (receiver.shared_by_fd && other_uid && receiver.ucx.transports.empty()) {
+    receiver.ucx.transports = "tcp";
+  }
   absl::StatusOr<std::unique_ptr<transport::Receiver>> created =
       transport::Receiver::Create(receiver);
   if (options.placement == RingPlacement::kDaemonDevice && created.ok()) {

@@ -39,7 +39,7 @@ struct AdminArgs {
   std::string fingerprint;
   uint64_t slot_bytes = 0;
   double hold_seconds = 0;
-  bool share_ring = false;
+  std::string ring_sharing = "auto";
   bool json = false;
   bool check = false;
 };
@@ -363,7 +363,9 @@ absl::Status Dump(const AdminArgs& args) {
   options.fingerprint = args.fingerprint;
   options.slot_bytes = args.slot_bytes;
   options.placement = RingPlacement::kHost;
-  if (args.share_ring) options.sharing = client::RingSharing::kFileDescriptor;
+  options.sharing = args.ring_sharing == "fd"    ? client::RingSharing::kFileDescriptor
+                    : args.ring_sharing == "ucx" ? client::RingSharing::kUcx
+                                                 : client::RingSharing::kAuto;
   // An operator's look: a daemon that goes away ends it at once.
   options.reconnect_timeout = absl::ZeroDuration();
   PF_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client, client::Client::Attach(options));
@@ -465,8 +467,11 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
   dump->add_option("--slot-bytes", args->slot_bytes, "Ring slot size (0 = what the job needs)");
   dump->add_option("--hold-seconds", args->hold_seconds,
                    "Stay attached this long after printing (to inspect the daemon meanwhile)");
-  dump->add_flag("--share-ring", args->share_ring,
-                 "Share the ring by file descriptor, as a trainer of another uid does");
+  dump->add_option("--ring-sharing", args->ring_sharing,
+                   "How the daemon gets the ring: auto, fd (a memfd it maps) or ucx (UCX's "
+                   "shared memory)")
+      ->check(CLI::IsMember({"auto", "fd", "ucx"}))
+      ->capture_default_str();
   dump->callback([args, exit_code] { *exit_code = ExitCode(Dump(*args)); });
 }
 

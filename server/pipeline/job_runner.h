@@ -154,7 +154,8 @@ class JobRunner {
   bool StartFill(RankState& rank, const StepData& data);
   // The rank's TP peers at its position with a free slot, for one fill;
   // false while one has none, for up to kPeerWait (the peers' trainers take
-  // their microbatches in step: a peer left out reads the rows again).
+  // their microbatches in step: a peer left out reads the rows again), and
+  // while one is still to attach (AwaitingRanks).
   bool GatherPeers(RankState& rank, std::vector<RankState*>& members);
   static constexpr absl::Duration kPeerWait = absl::Milliseconds(200);
   // The side rows of the rank's filling slot were read, or failed: its

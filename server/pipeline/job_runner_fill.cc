@@ -57,11 +57,23 @@ bool JobRunner::SideRowsIntoSlot(const RankCoords& coords) const {
 }
 
 bool JobRunner::GatherPeers(RankState& rank, std::vector<RankState*>& members) {
+  auto is_peer = [&rank](const RankCoords& coords) {
+    return coords.dp_cp_rank == rank.coords.dp_cp_rank && coords.pp == rank.coords.pp;
+  };
+  // A peer still to attach (within kAttachGrace of the first rank): its
+  // trainer is needed before the rank's can use anything.
+  if (AwaitingRanks()) {
+    for (int global_rank : job_.local_ranks()) {
+      if (ranks_.count(global_rank) == 0 && is_peer(job_.layout().Coords(global_rank))) {
+        return false;
+      }
+    }
+  }
   bool waits = false;
   for (auto& [_, peer] : ranks_) {
     if (&peer == &rank || !peer.live() || !peer.side_rows_into_slot || peer.filling.has_value() ||
-        peer.coords.dp_cp_rank != rank.coords.dp_cp_rank || peer.coords.pp != rank.coords.pp ||
-        peer.next_step != rank.next_step || peer.next_microbatch != rank.next_microbatch) {
+        !is_peer(peer.coords) || peer.next_step != rank.next_step ||
+        peer.next_microbatch != rank.next_microbatch) {
       continue;
     }
     absl::StatusOr<uint32_t> credits = sender_->Credits(peer.connection_id);

@@ -10,10 +10,10 @@ contract:
   - PP3 with the MTP layer on the middle stage;
   - an interleaved PP2×VPP2 job, each model chunk's view (the C++ client's
     Microbatch::Chunk, through packfeedctl dump) compared per chunk.
-The MTP, VPP and split-document jobs' ranks share their rings by descriptor
-and have no local TP peer: their side rows are read straight into the slots
-(the router-replay job's TP peers and the SFT job's loss mask keep rows held
-in memory), so both paths meet the same reference.
+The MTP, VPP and split-document jobs' rings are memfds the daemon maps, so
+their side rows are read straight into the slots; the router-replay and SFT
+jobs' rings are in UCX's shared memory, so their rows are held and copied:
+both paths meet the same reference.
 Then bad input: each is one clear start-up error.
 
 ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
@@ -100,11 +100,10 @@ def differing(got, want):
 
 
 def compare(checks, label, daemon, job, ranks, topology, dynamic, data, stage_of, sides, steps=2,
-            chunks=1, seq_length=SEQ_LENGTH, split=True, share_ring=False):
-    """share_ring: the ranks share their rings by descriptor (as trainers of
-    another uid do), so ranks without a local TP peer have their side rows
-    read straight into their slots."""
-    dumps = daemon.dump_ranks(job, ranks, steps, *(["--share-ring"] if share_ring else []))
+            chunks=1, seq_length=SEQ_LENGTH, split=True, sharing="fd"):
+    """sharing: how the ranks hand their rings to the daemon; "fd" (a memfd
+    it maps): side rows read straight into the slots; "ucx": held rows."""
+    dumps = daemon.dump_ranks(job, ranks, steps, "--ring-sharing", sharing)
     for step in range(steps):
         plan = daemon.ctl_json("plan-step", "--job", job, str(step))
         for rank in ranks:
@@ -201,7 +200,8 @@ def test_side_fields(bin_dir, checks):
     with Daemon(bin_dir, text, name="moe") as daemon:
         dumps = compare(checks, "moe", daemon, "moe", range(16), topology, True, data,
                         lambda p, k: {"inputs": p == 0, "targets": p == 1},
-                        [experts_side(layers, [0], read), logprobs_side({1}, read)])
+                        [experts_side(layers, [0], read), logprobs_side({1}, read)],
+                        sharing="ucx")
         stats = daemon.ctl_json("stats")
     first = dumps[0]["steps"][0]["microbatches"][0]
     last = dumps[15]["steps"][0]["microbatches"][0]
@@ -223,7 +223,7 @@ def test_side_fields(bin_dir, checks):
     with Daemon(bin_dir, text, name="sft") as daemon:
         dumps = compare(checks, "sft", daemon, "sft", range(4), topology, False, data,
                         lambda p, k: {"inputs": True, "targets": True},
-                        [prompt_mask_side(truncated)], split=False)
+                        [prompt_mask_side(truncated)], split=False, sharing="ucx")
         stats = daemon.ctl_json("stats")["jobs"][0]
     checks.check("truncation is counted in stats",
                  int(stats["tokens_truncated"]) > 0 and int(stats["documents_split"]) == 0,
@@ -240,7 +240,7 @@ def test_side_fields(bin_dir, checks):
     with Daemon(bin_dir, text, name="mtp") as daemon:
         dumps = compare(checks, "mtp", daemon, "mtp", range(6), topology, False, data,
                         lambda p, k: {"inputs": p in (0, 1), "targets": p in (1, 2)},
-                        [experts_side(layers, [0], read)], share_ring=True)
+                        [experts_side(layers, [0], read)])
     middle = dumps[2]["steps"][0]["microbatches"][0]
     checks.check("mtp: the middle stage gets tokens, labels and 3 layers of experts",
                  {"tokens", "labels", "loss_mask", "position_ids"} <= set(middle)
@@ -259,7 +259,7 @@ def test_side_fields(bin_dir, checks):
                         [experts_side(layers, [0, 4], read),
                          lambda fields, positions, p, k, stored: logprobs_side({1}, read)(
                              fields, positions, p, k, stored) if k == 1 else None],
-                        chunks=2, share_ring=True)
+                        chunks=2)
     chunks = dumps[0]["steps"][0]["microbatches"][0]["chunks"]
     checks.check("vpp: stage 0 chunk 1 holds one MoE layer (4 is dense), chunk 0 one",
                  len(chunks[1]["routed_experts"]) == 2 * len(chunks[1]["padding_mask"])
@@ -276,8 +276,7 @@ def test_side_fields(bin_dir, checks):
     with Daemon(bin_dir, text, name="split") as daemon:
         compare(checks, "split", daemon, "split", range(4), topology, True, data,
                 lambda p, k: {"inputs": True, "targets": True},
-                [experts_side(layers, [0], pieces), logprobs_side({0}, pieces)], seq_length=64,
-                share_ring=True)
+                [experts_side(layers, [0], pieces), logprobs_side({0}, pieces)], seq_length=64)
         plan = daemon.ctl_json("plan-step", "--job", "split", "0")
         stats = daemon.ctl_json("stats")["jobs"][0]
     later = [s for m in plan["microbatches"] for g in m["groups"] for s in g["sequences"]

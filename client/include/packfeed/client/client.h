@@ -35,14 +35,15 @@ namespace packfeed::client {
 
 // How the daemon writes a host ring.
 enum class RingSharing {
-  // kFileDescriptor when the daemon's socket belongs to another uid than
-  // this process's, else kUcx.
+  // kFileDescriptor for a host ring (not for kDevice placement).
   kAuto,
   // UCX's shared memory (one node) or its network transports.
   kUcx,
-  // A sealed memfd handed to the daemon over SOCKET.rings: shared memory
-  // for a trainer of another uid, which UCX 1.13 cannot give. UCX carries
-  // only the notifications, over TCP unless ucx_transports says otherwise.
+  // A sealed memfd handed to the daemon over SOCKET.rings, which it maps:
+  // shared memory for a trainer of another uid too, which UCX 1.13 cannot
+  // give, and the daemon can read side rows straight into it. UCX carries
+  // only the notifications: over its shared memory for the daemon's own
+  // uid, over TCP for another (unless ucx_transports says otherwise).
   kFileDescriptor,
 };
 
