@@ -61,6 +61,10 @@ struct JobRunner::RankState {
   // the slots of the TP peers that joined (`peers`); a peer's filling names
   // that rank (`leader`).
   struct Filling {
+    // Defined below: clang cannot default-construct a nested class with
+    // member initializers inside std::optional while RankState is
+    // incomplete.
+    Filling();
     std::unique_ptr<FetchPin> pin;
     uint8_t* slot = nullptr;
     transport::SlotContent content;
@@ -88,6 +92,8 @@ struct JobRunner::RankState {
     return all;
   }
 };
+
+inline JobRunner::RankState::Filling::Filling() = default;
 
 // A step being fetched or held: its samples stay in the storage while this
 // entry of steps_ lives.
