@@ -20,13 +20,8 @@ std::vector<std::pair<uint64_t, uint64_t>> RegionsOf(const std::vector<SlotRead>
                                                      const uint8_t* slot) {
   std::vector<std::pair<uint64_t, uint64_t>> regions;
   for (const SlotRead& read : reads) {
-    uint64_t row = read.row_bytes;
-    if (!read.kept.empty()) {
-      row = 0;
-      for (const auto& [_, bytes] : read.kept) row += bytes;
-    }
     regions.emplace_back(static_cast<uint64_t>(read.destination - slot),
-                         read.need.bytes / read.row_bytes * row);
+                         read.need.bytes / read.row_bytes * read.kept_row_bytes());
   }
   return regions;
 }

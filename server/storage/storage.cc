@@ -487,11 +487,7 @@ std::unique_ptr<FetchPin> Storage::ReadInto(FetchCause cause, std::vector<SlotRe
     const uint64_t rows_per_piece =
         std::max<uint64_t>(1, (cut ? kCutPieceBytes : options_.max_request_bytes) / read.row_bytes);
     const uint64_t piece_bytes = rows_per_piece * read.row_bytes;
-    uint64_t kept_row_bytes = read.row_bytes;
-    if (cut) {
-      kept_row_bytes = 0;
-      for (const auto& [_, bytes] : read.kept) kept_row_bytes += bytes;
-    }
+    const uint64_t kept_row_bytes = read.kept_row_bytes();
     auto kept =
         std::make_shared<const std::vector<std::pair<uint64_t, uint64_t>>>(std::move(read.kept));
     const uint64_t begin = DocumentBegin(*read.need.dataset, read.need.document) + read.need.offset;

@@ -159,6 +159,13 @@ struct SlotRead {
   uint64_t row_bytes = 0;
   std::vector<std::pair<uint64_t, uint64_t>> kept;  // empty = the whole row
   bool again = false;
+
+  // Bytes one row leaves at the destination.
+  uint64_t kept_row_bytes() const {
+    uint64_t bytes = kept.empty() ? row_bytes : 0;
+    for (const auto& [_, length] : kept) bytes += length;
+    return bytes;
+  }
 };
 
 class Storage;
