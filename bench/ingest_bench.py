@@ -4,8 +4,9 @@ run against a real packfeedd:
 - put throughput from one producer process (packfeed.Producer.put of a
   step's samples, in chunks as a driver puts finished rollouts), beside a
   NumPy copy of the same arrays made just before each put, in the same
-  process: bytes over seconds summed over the steps after the producer's
-  staging arena was first written, and apart over those first steps;
+  process: bytes over seconds summed over the steps whose puts wrote only
+  staging-arena memory written before (Producer.arena_bytes_written did not
+  grow), and apart over the steps that wrote fresh pages;
 - seal-to-first-microbatch latency: from Producer.seal(step) to each of 8
   consumer ranks (DP 8, threads of this process) returning from
   next_step() with its first microbatch, p50 and p99 over steps × ranks;
@@ -24,7 +25,7 @@ With --trainers-apart the ranks are threads of a second process, as an RL
 driver's trainers are; otherwise of this one, where they share the
 interpreter lock with the driver's puts.
 
-usage: ingest_bench.py BIN_DIR [--samples 1024] [--steps 12] [--ranks 8] [--peer]
+usage: ingest_bench.py BIN_DIR [--samples 1024] [--steps 16] [--ranks 8] [--peer]
                        [--trainers-apart] [--json]
 (PYTHONPATH: the built packfeed package and tests/integration)"""
 import argparse
@@ -161,7 +162,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bin_dir")
     parser.add_argument("--samples", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=128, help="samples per put")
     parser.add_argument("--peer", action="store_true", help="two daemons, half the ranks each")
@@ -182,6 +183,7 @@ def main():
     buffer[:] = 0  # touched, as the daemon's memory is
 
     step_sizes, put_seconds, copy_seconds_of_step, seal_calls = [], [], [], []
+    fresh_steps = []  # whether a step's puts wrote arena pages for the first time
     if args.peer:
         half = args.ranks // 2
         ports = [free_port(), free_port()]
@@ -229,6 +231,7 @@ def main():
             # meet the same load (the consumers of the step before).
             copying = putting = 0.0
             offset = 0  # the copies fill the buffer as the puts fill the stream
+            written = producer.arena_bytes_written
             for first in range(0, len(samples), args.chunk):
                 chunk = samples[first:first + args.chunk]
                 seconds, offset = copy_seconds(chunk, buffer, offset)
@@ -239,6 +242,7 @@ def main():
             step_sizes.append(size)
             copy_seconds_of_step.append(copying)
             put_seconds.append(putting)
+            fresh_steps.append(producer.arena_bytes_written > written)
             seals.append(time.perf_counter())
             producer.seal(s)
             seal_calls.append((time.perf_counter() - seals[-1]) * 1e3)
@@ -260,17 +264,22 @@ def main():
             for client in clients:
                 client.close()
     # A put writes the producer's staging arena, which takes memory only
-    # once written: until the stream has held its budget once, puts write
-    # fresh pages (the kernel zeroes each on first touch). The steps after
-    # those are what a long run sees; both are printed.
-    warm = min(args.steps - 1, -(-budget // largest))
+    # once written: until the arena's written part stops growing, some puts
+    # write fresh pages, which the kernel zeroes first (on this VM that made
+    # the copy 3-4 times slower). The steps after that are what a long run
+    # sees; both are printed, and a figure without a step of its kind is None.
+    def rates(fresh):  # GB/s of the puts and of the copies over those steps
+        steps = [s for s in range(args.steps) if fresh_steps[s] == fresh]
+        if not steps:
+            return None, None, None
+        size = sum(step_sizes[s] for s in steps) / 1e9
+        put = size / sum(put_seconds[s] for s in steps)
+        copy = size / sum(copy_seconds_of_step[s] for s in steps)
+        return round(put, 2), round(copy, 2), round(put / copy, 2)
 
-    def rates(steps):  # GB/s of the puts and of the copies over `steps`
-        size = sum(step_sizes[steps]) / 1e9
-        return size / sum(put_seconds[steps]), size / sum(copy_seconds_of_step[steps])
-
-    put_rate, copy_rate = rates(slice(warm, None))
-    warm_put, warm_copy = rates(slice(0, warm))
+    put_rate, copy_rate, put_over_copy = rates(False)
+    warm = sum(fresh_steps)
+    warm_ratio = rates(True)[2]
     latencies = [[], []]  # per node
     for rank, rank_arrivals in enumerate(arrivals):
         latencies[node_of[rank]] += [(arrival - seal) * 1e3
@@ -279,11 +288,11 @@ def main():
         "samples_per_step": args.samples, "ranks": args.ranks, "steps": args.steps,
         "trainers_apart": args.trainers_apart,
         "step_mb": round(largest / 1e6, 1),
-        "put_gb_per_s": round(put_rate, 2),
-        "memcpy_gb_per_s": round(copy_rate, 2),
-        "put_over_memcpy": round(put_rate / copy_rate, 2),
-        "warmup_steps": warm,
-        "warmup_put_over_memcpy": round(warm_put / warm_copy, 2),
+        "put_gb_per_s": put_rate,
+        "memcpy_gb_per_s": copy_rate,
+        "put_over_memcpy": put_over_copy,
+        "fresh_arena_steps": warm,
+        "fresh_arena_put_over_memcpy": warm_ratio,
         "seal_to_first_p50_ms": round(percentile(latencies[0], 0.5), 2),
         "seal_to_first_p99_ms": round(percentile(latencies[0], 0.99), 2),
         "seal_call_p50_ms": round(percentile(seal_calls, 0.5), 2),
@@ -303,8 +312,9 @@ def main():
     print(f"ingest_bench: {args.samples} samples/step ({figures['step_mb']} MB), "
           f"{args.steps} steps, {args.ranks} ranks (DP), puts of {args.chunk} samples")
     print(f"  put {figures['put_gb_per_s']} GB/s vs NumPy copy {figures['memcpy_gb_per_s']} GB/s "
-          f"in this process (ratio {figures['put_over_memcpy']}) over the steps after the "
-          f"first {warm} (their ratio {figures['warmup_put_over_memcpy']}: fresh arena memory)")
+          f"in this process (ratio {figures['put_over_memcpy']}) over the {args.steps - warm} steps "
+          f"that wrote arena memory written before; the {warm} that wrote fresh pages: ratio "
+          f"{figures['fresh_arena_put_over_memcpy']}")
     print(f"  seal -> first microbatch: p50 {figures['seal_to_first_p50_ms']} ms, "
           f"p99 {figures['seal_to_first_p99_ms']} ms ({len(latencies[0])} rank-steps"
           f"{' on the origin' if args.peer else ''}); the seal call itself "

@@ -488,7 +488,8 @@ PYBIND11_MODULE(_native, m) {
              }
              return StreamStats(ValueOrRaise(std::move(stats)));
            })
-      .def_property_readonly("arena_bytes", &Producer::arena_bytes);
+      .def_property_readonly("arena_bytes", &Producer::arena_bytes)
+      .def_property_readonly("arena_bytes_written", &Producer::arena_bytes_written);
   m.def("producer", &MakeProducer, py::arg("socket_path"), py::arg("stream"),
         py::arg("auth_token"));
   m.def("attach", &Attach, py::arg("socket_path"), py::arg("job"), py::arg("global_rank"),

@@ -2,7 +2,7 @@
 
 #include <unistd.h>
 
-#include <cstring>
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -12,6 +12,7 @@
 #include "client/src/grpc_status.h"
 #include "client/src/share_ring.h"
 #include "grpcpp/create_channel.h"
+#include "packfeed/common/copy_past_caches.h"
 #include "packfeed/common/mutex_mode.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
@@ -53,6 +54,7 @@ class Producer::Impl {
   absl::StatusOr<SealResult> Seal(int64_t step);
   absl::StatusOr<IngestStreamStatus> Status();
   uint64_t arena_bytes() const;
+  uint64_t arena_bytes_written() const;
 
  private:
   // Where to write the put `request` describes: a span of the arena,
@@ -68,6 +70,7 @@ class Producer::Impl {
   mutable absl::Mutex mutex_;  // puts are serialised: one reservation at a time
   std::optional<transport::SharedRing> arena_ ABSL_GUARDED_BY(mutex_);
   uint64_t arena_id_ ABSL_GUARDED_BY(mutex_) = 0;  // 0 = not known to the daemon
+  uint64_t arena_written_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions& options) {
@@ -88,6 +91,7 @@ absl::StatusOr<PutResult> Producer::Put(int64_t step, absl::Span<const std::stri
 absl::StatusOr<SealResult> Producer::Seal(int64_t step) { return impl_->Seal(step); }
 absl::StatusOr<IngestStreamStatus> Producer::Status() { return impl_->Status(); }
 uint64_t Producer::arena_bytes() const { return impl_->arena_bytes(); }
+uint64_t Producer::arena_bytes_written() const { return impl_->arena_bytes_written(); }
 
 Producer::Impl::~Impl() {
   absl::MutexLock lock(&mutex_);
@@ -107,6 +111,11 @@ Producer::Impl::~Impl() {
 uint64_t Producer::Impl::arena_bytes() const {
   absl::MutexLock lock(&mutex_);
   return arena_.has_value() ? arena_->bytes() : 0;
+}
+
+uint64_t Producer::Impl::arena_bytes_written() const {
+  absl::MutexLock lock(&mutex_);
+  return arena_written_;
 }
 
 absl::Status Producer::Impl::ShareArena(v1::ReserveRequest& request) {
@@ -187,22 +196,26 @@ absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std
   request.mutable_region()->set_length(SampleAligned(at));
   PF_ASSIGN_OR_RETURN(const v1::ReserveReply reserved, Reserve(reserve, wait));
   // The one copy of the samples' bytes: into the span the daemon serves
-  // them from.
+  // them from, read by the daemon's packers later rather than by this
+  // thread, so past the caches.
   char* base = reinterpret_cast<char*>(arena_->data()) + reserved.offset();
+  arena_written_ = std::max(arena_written_, reserved.offset() + request.region().length());
   for (size_t i = 0; i < samples.size(); ++i) {
     const ProducerSample& sample = samples[i];
     const v1::IngestSample& placed = request.samples(static_cast<int>(i));
     if (!sample.tokens.empty()) {
-      std::memcpy(base + placed.offset(), sample.tokens.data(),
-                  sample.tokens.size() * sizeof(int64_t));
+      CopyPastCaches(base + placed.offset(), sample.tokens.data(),
+                     sample.tokens.size() * sizeof(int64_t));
     }
     for (size_t f = 0; f < sample.fields.size(); ++f) {
       const absl::Span<const char> field = sample.fields[f];
       if (!field.empty()) {
-        std::memcpy(base + placed.field_offsets(static_cast<int>(f)), field.data(), field.size());
+        CopyPastCaches(base + placed.field_offsets(static_cast<int>(f)), field.data(),
+                       field.size());
       }
     }
   }
+  FenceCopiesPastCaches();
   v1::CommitRequest commit;
   commit.set_stream(options_.stream);
   commit.set_auth_token(options_.auth_token);

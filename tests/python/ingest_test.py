@@ -159,14 +159,21 @@ class IngestTest(unittest.TestCase):
         with Daemon(BIN_DIR, STREAM % "" + ACTOR + REFERENCE, name="verl") as daemon:
             producer = self.producer(daemon)
             put = {}
+            self.assertEqual(producer.arena_bytes_written, 0)
+            written = []
             for step in range(steps):
                 samples = grpo_step(rng, step)
                 put[step] = samples
                 # Two puts per step, as two rollout workers would.
                 producer.put(step, samples[:16])
                 producer.put(step, samples[16:])
+                written.append(producer.arena_bytes_written)
                 sealed = producer.seal(step)
                 self.assertEqual(sealed, {"samples": 32, "groups": 8, "peers_behind": []})
+            # The arena's written end only moves forward, within the arena.
+            self.assertGreater(written[0], 0)
+            self.assertEqual(written, sorted(written))
+            self.assertLessEqual(written[-1], producer._native.arena_bytes)
             # The plans, while the steps are held (consumed, they are freed).
             plans = {(job, step): daemon.ctl_json("plan-step", "--job", job, str(step))
                      for job in ("actor", "ref") for step in range(steps)}

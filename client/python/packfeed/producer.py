@@ -79,3 +79,10 @@ class Producer:
         consumer job, the steps it consumed (``consumed_before``): after a
         daemon restart, put again the steps from the least of those on."""
         return self._native.status()
+
+    @property
+    def arena_bytes_written(self) -> int:
+        """How far into the staging arena (the memory shared with the
+        daemon) puts have written: a put beyond it writes pages for the
+        first time, which the kernel zeroes first."""
+        return int(self._native.arena_bytes_written)
