@@ -76,8 +76,7 @@ JobRunner::~JobRunner() {
   thread_.join();
   planner_.reset();  // its last plan Posts to a stopped runner: dropped
   // Before the mutex goes: a fetch completing now Posts to this runner
-  // (FetchPin's destructor waits for that).
-  for (auto& [_, rank] : ranks_) rank.filling.reset();
+  // (FetchPin's destructor waits for that). The loop dropped the fills.
   sides_.clear();
   steps_.clear();
 }
@@ -377,6 +376,11 @@ void JobRunner::Loop() {
     sender_->ProgressOrWait(pushed ? absl::ZeroDuration() : absl::Milliseconds(100));
   }
   SyncLedger();
+  // Reads still writing side rows into slots end before the connections
+  // go, as a sender may own its slots' memory. A read completing now Posts
+  // to this stopped runner, which drops it (FetchPin's destructor waits
+  // for that).
+  for (auto& [_, rank] : ranks_) rank.filling.reset();
   // Goodbyes go out from the thread that owns the sender.
   sender_.reset();
 }
