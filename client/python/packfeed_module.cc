@@ -380,6 +380,7 @@ py::dict StreamStats(const IngestStreamStatus& stats) {
   out["samples_put"] = stats.samples_put;
   out["bytes_put"] = stats.bytes_put;
   out["puts_waited"] = stats.puts_waited;
+  out["puts_in_one_call"] = stats.puts_in_one_call;
   out["puts_refused"] = stats.puts_refused;
   py::list steps;
   for (const IngestStreamStatus::Step& step : stats.steps) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -26,6 +27,9 @@ namespace {
 // read in place by the daemon); its fields follow its tokens 8-byte aligned.
 uint64_t SampleAligned(uint64_t offset) { return (offset + 15) & ~uint64_t{15}; }
 uint64_t FieldAligned(uint64_t offset) { return (offset + 7) & ~uint64_t{7}; }
+// The daemon gives out arena spans at multiples of 64 bytes, lengths
+// rounded up to 64 (ArenaFreeSpan).
+uint64_t SpanAligned(uint64_t bytes) { return (bytes + 63) & ~uint64_t{63}; }
 
 // The staging arena of a stream with a budget: twice the budget, so that a
 // put finds a free span although the stream's held bytes lie scattered. A
@@ -63,6 +67,24 @@ class Producer::Impl {
   absl::StatusOr<v1::ReserveReply> Reserve(v1::ReserveRequest& request, absl::Duration wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status ShareArena(v1::ReserveRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The put in two calls: Reserve, the copy, Commit.
+  absl::StatusOr<v1::PutReply> PutInTwoCalls(v1::ReserveRequest& request,
+                                             absl::Span<const ProducerSample> samples,
+                                             absl::Duration wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The put in one call (Ingest.Put), its samples written at `offset`.
+  absl::StatusOr<v1::PutReply> PutInOneCall(v1::ReserveRequest& request, uint64_t offset,
+                                            absl::Duration wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The one copy of the samples' bytes, into the arena at `offset` where
+  // the daemon serves them from. The daemon's packers read them later,
+  // not this thread, so the copy goes past the caches.
+  void WriteSamples(const v1::PutRequest& request, absl::Span<const ProducerSample> samples,
+                    uint64_t offset) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The lowest span of `bytes` within the free spans the daemon last
+  // named, now taken from them; nullopt when none is that long within the
+  // part of the arena puts have written.
+  std::optional<uint64_t> PlaceInFreeSpan(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const ProducerOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -71,6 +93,10 @@ class Producer::Impl {
   std::optional<transport::SharedRing> arena_ ABSL_GUARDED_BY(mutex_);
   uint64_t arena_id_ ABSL_GUARDED_BY(mutex_) = 0;  // 0 = not known to the daemon
   uint64_t arena_written_ ABSL_GUARDED_BY(mutex_) = 0;
+  // offset -> length: the arena's free spans in the daemon's last answer,
+  // less what puts placed since. The daemon only frees spans between two
+  // puts, so these are free at least.
+  std::map<uint64_t, uint64_t> free_spans_ ABSL_GUARDED_BY(mutex_);
 };
 
 absl::StatusOr<std::unique_ptr<Producer>> Producer::Create(const ProducerOptions& options) {
@@ -194,12 +220,51 @@ absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std
     }
   }
   request.mutable_region()->set_length(SampleAligned(at));
-  PF_ASSIGN_OR_RETURN(const v1::ReserveReply reserved, Reserve(reserve, wait));
-  // The one copy of the samples' bytes: into the span the daemon serves
-  // them from, read by the daemon's packers later rather than by this
-  // thread, so past the caches.
-  char* base = reinterpret_cast<char*>(arena_->data()) + reserved.offset();
-  arena_written_ = std::max(arena_written_, reserved.offset() + request.region().length());
+  // Once the daemon has named free spans of the arena, a put is one call:
+  // written into such a span first, then announced. A span the daemon no
+  // longer has free, or an arena it lost in a restart, sends the put
+  // through the two calls instead, which reserve afresh.
+  absl::StatusOr<v1::PutReply> reply = absl::UnknownError("not put");
+  std::optional<uint64_t> placed =
+      arena_id_ != 0 ? PlaceInFreeSpan(request.region().length()) : std::nullopt;
+  if (placed.has_value()) {
+    WriteSamples(request, samples, *placed);
+    reply = PutInOneCall(reserve, *placed, wait);
+    const absl::Status& status = reply.status();
+    if ((absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not free")) ||
+        (absl::IsNotFound(status) && absl::StrContains(status.message(), "no staging arena"))) {
+      placed.reset();
+    }
+  }
+  if (!placed.has_value()) reply = PutInTwoCalls(reserve, samples, wait);
+  free_spans_.clear();
+  PF_RETURN_IF_ERROR(reply.status());
+  for (const v1::ArenaFreeSpan& span : reply->free_spans()) {
+    free_spans_[span.offset()] = span.length();
+  }
+  return PutResult{reply->samples_held(), reply->bytes_held()};
+}
+
+std::optional<uint64_t> Producer::Impl::PlaceInFreeSpan(uint64_t bytes) {
+  const uint64_t need = SpanAligned(bytes);
+  for (auto it = free_spans_.begin(); it != free_spans_.end(); ++it) {
+    const auto [offset, length] = *it;
+    if (length < need) continue;
+    // Past what puts have written, the daemon places the put: spans freed
+    // since its last answer may hold it in memory written before, where
+    // the copy does not wait for the kernel to zero fresh pages.
+    if (offset + need > arena_written_) return std::nullopt;
+    free_spans_.erase(it);
+    if (length > need) free_spans_[offset + need] = length - need;
+    return offset;
+  }
+  return std::nullopt;
+}
+
+void Producer::Impl::WriteSamples(const v1::PutRequest& request,
+                                  absl::Span<const ProducerSample> samples, uint64_t offset) {
+  char* base = reinterpret_cast<char*>(arena_->data()) + offset;
+  arena_written_ = std::max(arena_written_, offset + request.region().length());
   for (size_t i = 0; i < samples.size(); ++i) {
     const ProducerSample& sample = samples[i];
     const v1::IngestSample& placed = request.samples(static_cast<int>(i));
@@ -216,6 +281,28 @@ absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std
     }
   }
   FenceCopiesPastCaches();
+}
+
+absl::StatusOr<v1::PutReply> Producer::Impl::PutInOneCall(v1::ReserveRequest& request,
+                                                          uint64_t offset, absl::Duration wait) {
+  request.set_arena(arena_id_);
+  request.clear_arena_token();
+  request.set_written_at(offset);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + wait + options_.call_timeout));
+  v1::PutReply reply;
+  PF_RETURN_IF_ERROR(DaemonCallStatus(ingest_->Put(&context, request, &reply),
+                                      absl::StrCat("put into step ", request.put().step()),
+                                      options_.socket_path));
+  return reply;
+}
+
+absl::StatusOr<v1::PutReply> Producer::Impl::PutInTwoCalls(v1::ReserveRequest& request,
+                                                           absl::Span<const ProducerSample> samples,
+                                                           absl::Duration wait) {
+  request.clear_written_at();
+  PF_ASSIGN_OR_RETURN(const v1::ReserveReply reserved, Reserve(request, wait));
+  WriteSamples(request.put(), samples, reserved.offset());
   v1::CommitRequest commit;
   commit.set_stream(options_.stream);
   commit.set_auth_token(options_.auth_token);
@@ -225,8 +312,9 @@ absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
   v1::PutReply reply;
   PF_RETURN_IF_ERROR(DaemonCallStatus(ingest_->Commit(&context, commit, &reply),
-                                      absl::StrCat("put into step ", step), options_.socket_path));
-  return PutResult{reply.samples_held(), reply.bytes_held()};
+                                      absl::StrCat("put into step ", request.put().step()),
+                                      options_.socket_path));
+  return reply;
 }
 
 absl::StatusOr<SealResult> Producer::Impl::Seal(int64_t step) {
@@ -260,6 +348,7 @@ absl::StatusOr<IngestStreamStatus> Producer::Impl::Status() {
   out.samples_put = stats.samples_put();
   out.bytes_put = stats.bytes_put();
   out.puts_waited = stats.puts_waited();
+  out.puts_in_one_call = stats.puts_in_one_call();
   out.puts_refused = stats.puts_refused();
   for (const v1::IngestStepStats& step : stats.steps()) {
     out.steps.push_back({step.step(),

@@ -2,6 +2,7 @@
 // says what is wrong and touches no other producer or consumer.
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/status_macros.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
 #include "spdlog/spdlog.h"
@@ -17,12 +18,8 @@ class IngestService final : public v1::Ingest::CallbackService {
                                     const v1::ReserveRequest* request,
                                     v1::ReserveReply* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    const v1::PutRequest& put = request->put();
-    IngestStream* stream = nullptr;
-    absl::Status status = Check(*context, put.stream(), put.auth_token(),
-                                absl::StrCat("put into step ", put.step()), stream);
-    absl::StatusOr<transport::PeerIdentity> caller = daemon_.CallerOf(*context);
-    if (status.ok()) status = caller.status();
+    absl::StatusOr<transport::PeerIdentity> caller = CheckPut(*context, request->put());
+    absl::Status status = caller.status();
     std::shared_ptr<transport::SharedRing> shared;
     if (status.ok() && !request->arena_token().empty()) {
       absl::StatusOr<std::shared_ptr<transport::SharedRing>> taken =
@@ -57,6 +54,21 @@ class IngestService final : public v1::Ingest::CallbackService {
       if (!status.ok()) spdlog::warn("ingest: put refused: {}", std::string(status.message()));
     }
     reactor->Finish(proto::ToGrpc(status));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Put(grpc::CallbackServerContext* context,
+                                const v1::ReserveRequest* request, v1::PutReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::StatusOr<transport::PeerIdentity> caller = CheckPut(*context, request->put());
+    if (!caller.ok()) {
+      reactor->Finish(proto::ToGrpc(caller.status()));
+      return reactor;
+    }
+    daemon_.ingest()->Put(*request, *caller, [reactor, reply](absl::StatusOr<v1::PutReply> done) {
+      if (done.ok()) *reply = *std::move(done);
+      reactor->Finish(proto::ToGrpc(done.status()));
+    });
     return reactor;
   }
 
@@ -153,6 +165,15 @@ class IngestService final : public v1::Ingest::CallbackService {
     status = stream->CheckToken(token);
     if (!status.ok()) spdlog::warn("ingest: {} refused: {}", action, std::string(status.message()));
     return status;
+  }
+
+  // A put's caller, once its stream and token are checked.
+  absl::StatusOr<transport::PeerIdentity> CheckPut(const grpc::CallbackServerContext& context,
+                                                   const v1::PutRequest& put) const {
+    IngestStream* stream = nullptr;
+    PF_RETURN_IF_ERROR(Check(context, put.stream(), put.auth_token(),
+                             absl::StrCat("put into step ", put.step()), stream));
+    return daemon_.CallerOf(context);
   }
 
   Daemon& daemon_;

@@ -123,6 +123,7 @@ v1::IngestStreamStats IngestStreamStatsProto(const IngestStreamFigures& figures)
   out.set_samples_put(figures.samples_put);
   out.set_bytes_put(figures.bytes_put);
   out.set_puts_waited(figures.puts_waited);
+  out.set_puts_in_one_call(figures.puts_in_one_call);
   out.set_puts_refused(figures.puts_refused);
   for (const IngestStreamFigures::Step& step : figures.steps) {
     v1::IngestStepStats* to = out.add_steps();

@@ -93,11 +93,12 @@ using ull = unsigned long long;
 void PrintIngest(const v1::IngestStreamStats& stream) {
   std::printf(
       "ingest stream %s: %llu B held (peak %llu, budget %llu); %llu samples, %llu B put; "
-      "%llu puts waited for room, %llu refused\n",
+      "%llu puts waited for room, %llu refused, %llu in one call\n",
       stream.name().c_str(), static_cast<ull>(stream.bytes_held()),
       static_cast<ull>(stream.peak_bytes_held()), static_cast<ull>(stream.budget_bytes()),
       static_cast<ull>(stream.samples_put()), static_cast<ull>(stream.bytes_put()),
-      static_cast<ull>(stream.puts_waited()), static_cast<ull>(stream.puts_refused()));
+      static_cast<ull>(stream.puts_waited()), static_cast<ull>(stream.puts_refused()),
+      static_cast<ull>(stream.puts_in_one_call()));
   for (const v1::IngestStepStats& step : stream.steps()) {
     std::printf(
         "  step %lld %s: %llu samples, %llu B; consumed by: %s\n",

@@ -128,10 +128,22 @@ PutShape ShapeOf(const v1::PutRequest& put) {
   return shape;
 }
 
-v1::PutReply PutReplyOf(const PutOutcome& outcome) {
+// The most free spans a reply names: the producer places a put in the
+// lowest that holds it, and the reply stays small however fragmented the
+// arena.
+constexpr int kFreeSpansNamed = 64;
+
+// The reply to a put into `arena`, naming the spans free there now.
+v1::PutReply PutReplyOf(const PutOutcome& outcome, const StagingArena& arena) {
   v1::PutReply reply;
   reply.set_samples_held(outcome.samples_held);
   reply.set_bytes_held(outcome.bytes_held);
+  for (const auto& [offset, length] : arena.FreeSpans()) {
+    if (reply.free_spans_size() == kFreeSpansNamed) break;
+    v1::ArenaFreeSpan* span = reply.add_free_spans();
+    span->set_offset(offset);
+    span->set_length(length);
+  }
   return reply;
 }
 
@@ -186,34 +198,45 @@ IngestStream* IngestServer::stream(const std::string& name) const {
   return nullptr;
 }
 
+absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> IngestServer::CheckPut(
+    const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+    std::shared_ptr<transport::SharedRing> shared) {
+  const v1::PutRequest& put = request.put();
+  IngestStream* target = stream(put.stream());
+  if (target == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream(), "'"));
+  }
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<StagingArena> arena,
+                      ArenaFor(request, caller, std::move(shared)));
+  PF_RETURN_IF_ERROR(target->CheckPut(ShapeOf(put)).status());
+  const uint64_t bytes = put.region().length();
+  if (bytes > arena->bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a put of ", bytes, " bytes into a staging arena of ", arena->bytes()));
+  }
+  return std::make_pair(target, std::move(arena));
+}
+
 void IngestServer::Reserve(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
                            std::shared_ptr<transport::SharedRing> shared,
                            std::function<void(absl::StatusOr<v1::ReserveReply>)> done) {
   const v1::PutRequest& put = request.put();
-  IngestStream* target = stream(put.stream());
-  if (target == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream(), "'")));
+  absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> checked =
+      CheckPut(request, caller, std::move(shared));
+  if (!checked.ok()) {
+    spdlog::warn("ingest: put refused: {}", std::string(checked.status().message()));
+    done(checked.status());
     return;
   }
-  absl::StatusOr<std::shared_ptr<StagingArena>> arena =
-      ArenaFor(request, caller, std::move(shared));
-  absl::Status valid = arena.ok() ? target->CheckPut(ShapeOf(put)).status() : arena.status();
+  IngestStream* target = checked->first;
+  const std::shared_ptr<StagingArena>& arena = checked->second;
   const uint64_t bytes = put.region().length();
-  if (valid.ok() && bytes > (*arena)->bytes()) {
-    valid = absl::InvalidArgumentError(
-        absl::StrCat("a put of ", bytes, " bytes into a staging arena of ", (*arena)->bytes()));
-  }
-  if (!valid.ok()) {
-    spdlog::warn("ingest: put refused: {}", std::string(valid.message()));
-    done(valid);
-    return;
-  }
   auto span = std::make_shared<std::shared_ptr<ArenaSpan>>();
-  auto claim = [memory = *arena, bytes, span] {
+  auto claim = [memory = arena, bytes, span] {
     *span = memory->Take(bytes);
     return *span != nullptr;
   };
-  auto run = [this, &put, target, bytes, span, id = (*arena)->id(), done](absl::Status room) {
+  auto run = [this, &put, target, bytes, span, id = arena->id(), done](absl::Status room) {
     absl::StatusOr<v1::ReserveReply> reply = absl::UnknownError("not run");
     if (!room.ok()) {
       reply = room;
@@ -245,6 +268,62 @@ void IngestServer::Reserve(const v1::ReserveRequest& request, const transport::P
     done(std::move(reply));
   };
   // Registering a span for peers is UCX work, kept to the transfer thread.
+  Enqueue({target, bytes, put.timeout_ms(), {}, false, std::move(claim), std::move(run)},
+          /*may_run_here=*/!for_peers_);
+}
+
+void IngestServer::Put(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+                       std::function<void(absl::StatusOr<v1::PutReply>)> done) {
+  const v1::PutRequest& put = request.put();
+  absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> checked =
+      request.arena_token().empty()
+          ? CheckPut(request, caller, nullptr)
+          : absl::InvalidArgumentError("a put in one call names its arena, not an arena token");
+  const uint64_t offset = request.written_at();
+  const uint64_t bytes = put.region().length();
+  if (checked.ok()) {
+    if (!checked->second->IsFree(offset, bytes)) {
+      checked = absl::FailedPreconditionError(absl::StrCat(
+          "the put's span [", offset, ", ", offset + bytes, ") of staging arena ", request.arena(),
+          " is not free: a put in one call goes within a free span a reply named"));
+    }
+  }
+  if (!checked.ok()) {
+    spdlog::warn("ingest: put refused: {}", std::string(checked.status().message()));
+    done(checked.status());
+    return;
+  }
+  // Only this producer's puts take spans of its arena, one at a time, so
+  // the span stays free while the put waits for room in its stream.
+  IngestStream* target = checked->first;
+  auto span = std::make_shared<std::shared_ptr<ArenaSpan>>();
+  auto claim = [memory = checked->second, offset, bytes, span] {
+    *span = memory->TakeAt(offset, bytes);
+    return *span != nullptr;
+  };
+  auto run = [this, &put, target, bytes, span, done](absl::Status room) {
+    absl::StatusOr<v1::PutReply> reply = absl::UnknownError("not run");
+    if (!room.ok()) {
+      reply = room;
+    } else {
+      absl::StatusOr<std::vector<IngestedSample>> samples = SamplesIn(put, *target, *span);
+      if (!samples.ok()) {
+        target->Unreserve(bytes);
+        reply = samples.status();
+      } else {
+        absl::StatusOr<PutOutcome> outcome = target->Commit(put.step(), *std::move(samples), bytes);
+        if (outcome.ok()) {
+          target->CountPutInOneCall();
+          reply = PutReplyOf(*outcome, *(*span)->arena);
+        } else {
+          reply = outcome.status();
+        }
+      }
+      span->reset();  // a refused put's span is free again before the answer
+    }
+    if (!reply.ok()) spdlog::warn("ingest: put refused: {}", std::string(reply.status().message()));
+    done(std::move(reply));
+  };
   Enqueue({target, bytes, put.timeout_ms(), {}, false, std::move(claim), std::move(run)},
           /*may_run_here=*/!for_peers_);
 }
@@ -336,6 +415,7 @@ void IngestServer::Cancel(std::optional<Lease>& lease) {
 absl::StatusOr<v1::PutReply> IngestServer::Commit(const v1::CommitRequest& request,
                                                   const transport::PeerIdentity& caller) {
   std::optional<Lease> lease;
+  std::shared_ptr<StagingArena> arena;
   {
     absl::MutexLock lock(&mutex_);
     auto it = arenas_.find(request.arena());
@@ -356,10 +436,11 @@ absl::StatusOr<v1::PutReply> IngestServer::Commit(const v1::CommitRequest& reque
     }
     lease = std::move(held);
     held.reset();
+    arena = it->second.memory;
   }
   PF_ASSIGN_OR_RETURN(PutOutcome outcome,
                       lease->stream->Commit(lease->step, std::move(lease->samples), lease->bytes));
-  return PutReplyOf(outcome);
+  return PutReplyOf(outcome, *arena);
 }
 
 absl::Status IngestServer::ReleaseArena(uint64_t arena, const transport::PeerIdentity& caller) {

@@ -2,20 +2,24 @@
 #define PACKFEED_SERVER_INGEST_INGEST_SERVER_H_
 
 // The daemon's ingest streams and the thread that admits puts into them
-// (docs/INGEST.md). A driver's put comes in two calls. Reserve names its
-// samples over gRPC and waits here, puts of other streams going on, until
-// its stream's budget and its producer's staging arena (staging_arena.h)
-// have room, or its timeout passes; the answer says where in the arena to
-// write. The producer copies the samples there and Commit adds them to
-// their step: the daemon serves them from that memory, so their bytes are
-// copied once, by the producer.
+// (docs/INGEST.md). A driver's first put comes in two calls. Reserve names
+// its samples over gRPC and waits here, puts of other streams going on,
+// until its stream's budget and its producer's staging arena
+// (staging_arena.h) have room, or its timeout passes; the answer says where
+// in the arena to write. The producer copies the samples there and Commit
+// adds them to their step: the daemon serves them from that memory, so
+// their bytes are copied once, by the producer. Each answer to a put names
+// the arena's free spans, and later puts come in one call: the producer
+// writes the samples into such a span first and Put adds them once the
+// stream has room.
 //
 // With peer daemons (docs/INGEST.md, Several nodes) each put's span is
 // registered with UCX, so that the peers can get its samples once the step
 // is sealed; a step forwarded by a peer is fetched by the transfer thread,
 // only the samples this node's ranks are planned.
 //
-// Thread-safe; Reserve's and Forward's `done` run on the transfer thread.
+// Thread-safe; the `done` of Reserve, Put and Forward may run on the
+// transfer thread.
 
 #include <deque>
 #include <functional>
@@ -24,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -67,6 +72,12 @@ class IngestServer {
   // committed, never given).
   absl::StatusOr<v1::PutReply> Commit(const v1::CommitRequest& request,
                                       const transport::PeerIdentity& caller);
+  // A put in one call into `caller`'s arena: its region already written at
+  // request.written_at, which must lie in a free span. Waits for room as
+  // Reserve does, then adds the samples to their step. `request` must stay
+  // valid until `done`.
+  void Put(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+           std::function<void(absl::StatusOr<v1::PutReply>)> done);
   // Forgets `caller`'s arena `arena`, cancelling what it reserved.
   absl::Status ReleaseArena(uint64_t arena, const transport::PeerIdentity& caller);
   // A step a peer sealed (its token is the caller's business): plans it,
@@ -130,6 +141,11 @@ class IngestServer {
                                                        const IngestStream& stream,
                                                        const std::vector<bool>& wanted);
   absl::StatusOr<Origin*> OriginAt(const std::string& address);
+  // A put's stream and arena (ArenaFor), once its shape and size are
+  // checked: what both ways of putting begin with.
+  absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> CheckPut(
+      const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+      std::shared_ptr<transport::SharedRing> shared) ABSL_LOCKS_EXCLUDED(mutex_);
   // The arena `request` names, for `caller`.
   absl::StatusOr<std::shared_ptr<StagingArena>> ArenaFor(
       const v1::ReserveRequest& request, const transport::PeerIdentity& caller,

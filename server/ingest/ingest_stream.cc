@@ -368,6 +368,11 @@ void IngestStream::CountRefusal() {
   ++puts_refused_;
 }
 
+void IngestStream::CountPutInOneCall() {
+  absl::MutexLock lock(&mutex_);
+  ++puts_in_one_call_;
+}
+
 IngestStreamFigures IngestStream::Stats() const {
   absl::MutexLock lock(&mutex_);
   IngestStreamFigures stats;
@@ -379,6 +384,7 @@ IngestStreamFigures IngestStream::Stats() const {
   stats.bytes_put = bytes_put_;
   stats.puts_waited = puts_waited_;
   stats.puts_refused = puts_refused_;
+  stats.puts_in_one_call = puts_in_one_call_;
   for (const auto& [number, step] : steps_) {
     IngestStreamFigures::Step& out = stats.steps.emplace_back();
     out.step = number;

@@ -132,6 +132,7 @@ struct IngestStreamFigures {
   uint64_t bytes_put = 0;
   uint64_t puts_waited = 0;
   uint64_t puts_refused = 0;
+  uint64_t puts_in_one_call = 0;
   std::vector<Step> steps;
   std::vector<Consumer> consumers;
 };
@@ -194,6 +195,7 @@ class IngestStream {
   // refused after its timeout.
   void CountWait();
   void CountRefusal();
+  void CountPutInOneCall();
 
  private:
   struct Step {
@@ -231,6 +233,7 @@ class IngestStream {
   uint64_t samples_put_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t bytes_put_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t puts_waited_ ABSL_GUARDED_BY(mutex_) = 0;
+  uint64_t puts_in_one_call_ ABSL_GUARDED_BY(mutex_) = 0;
   uint64_t puts_refused_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 

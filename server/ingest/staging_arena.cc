@@ -31,6 +31,32 @@ std::optional<uint64_t> ExtentAllocator::Allocate(uint64_t bytes) {
   return std::nullopt;
 }
 
+std::map<uint64_t, uint64_t>::const_iterator ExtentAllocator::FreeSpanHolding(
+    uint64_t offset, uint64_t bytes) const {
+  if (bytes == 0 || offset % kExtentAlignment != 0) return free_.end();
+  const uint64_t need = Aligned(bytes);
+  auto it = free_.upper_bound(offset);
+  if (it == free_.begin()) return free_.end();
+  --it;  // the free span starting at or before `offset`
+  if (offset + need < offset || offset + need > it->first + it->second) return free_.end();
+  return it;
+}
+
+bool ExtentAllocator::IsFree(uint64_t offset, uint64_t bytes) const {
+  return FreeSpanHolding(offset, bytes) != free_.end();
+}
+
+bool ExtentAllocator::AllocateAt(uint64_t offset, uint64_t bytes) {
+  const auto it = FreeSpanHolding(offset, bytes);
+  if (it == free_.end()) return false;
+  const uint64_t need = Aligned(bytes);
+  const auto [start, length] = *it;
+  free_.erase(it);
+  if (offset > start) free_[start] = offset - start;
+  if (start + length > offset + need) free_[offset + need] = start + length - (offset + need);
+  return true;
+}
+
 void ExtentAllocator::Free(uint64_t offset, uint64_t bytes) {
   uint64_t start = offset;
   uint64_t length = Aligned(bytes);
@@ -78,6 +104,24 @@ std::shared_ptr<ArenaSpan> StagingArena::Take(uint64_t bytes) {
   }
   if (!offset.has_value()) return nullptr;
   return std::make_shared<ArenaSpan>(shared_from_this(), *offset, bytes);
+}
+
+std::shared_ptr<ArenaSpan> StagingArena::TakeAt(uint64_t offset, uint64_t bytes) {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (!spans_.AllocateAt(offset, bytes)) return nullptr;
+  }
+  return std::make_shared<ArenaSpan>(shared_from_this(), offset, bytes);
+}
+
+bool StagingArena::IsFree(uint64_t offset, uint64_t bytes) const {
+  absl::MutexLock lock(&mutex_);
+  return spans_.IsFree(offset, bytes);
+}
+
+std::map<uint64_t, uint64_t> StagingArena::FreeSpans() const {
+  absl::MutexLock lock(&mutex_);
+  return spans_.free_spans();
 }
 
 void StagingArena::Free(uint64_t offset, uint64_t bytes) {

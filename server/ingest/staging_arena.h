@@ -3,9 +3,11 @@
 
 // A producer's staging memory, which the daemon serves ingested samples
 // from (docs/INGEST.md, "Memory"): a memfd the producer shared once over
-// SOCKET.rings and the daemon mapped. Each put reserves one span of it;
-// the producer writes its samples there (the only copy of their bytes)
-// and the span stays the daemon's until the last sample in it is freed.
+// SOCKET.rings and the daemon mapped. Each put takes one span of it,
+// reserved by the daemon or placed by the producer within the free spans
+// the daemon's last reply named; the producer writes its samples there
+// (the only copy of their bytes) and the span stays the daemon's until the
+// last sample in it is freed.
 //
 // The memfd is sparse: only spans written ever take memory, and a span
 // freed is written again by a later put of the same producer (first fit,
@@ -39,11 +41,22 @@ class ExtentAllocator {
   // The offset of a free span of `bytes` (> 0), now taken; nullopt when no
   // free span is that long.
   std::optional<uint64_t> Allocate(uint64_t bytes);
+  // Takes the span of `bytes` (> 0) at `offset` (aligned) when it is free
+  // whole; false, taking nothing, otherwise.
+  bool AllocateAt(uint64_t offset, uint64_t bytes);
+  // Whether AllocateAt(offset, bytes) would take the span now.
+  bool IsFree(uint64_t offset, uint64_t bytes) const;
   // Returns a span Allocate gave (the same `bytes`).
   void Free(uint64_t offset, uint64_t bytes);
   uint64_t free_bytes() const;
+  // offset -> length of every free span, lowest offset first.
+  const std::map<uint64_t, uint64_t>& free_spans() const { return free_; }
 
  private:
+  // The free span that holds [offset, offset + bytes) whole, or end().
+  std::map<uint64_t, uint64_t>::const_iterator FreeSpanHolding(uint64_t offset,
+                                                               uint64_t bytes) const;
+
   std::map<uint64_t, uint64_t> free_;  // offset -> length, disjoint, not touching
 };
 
@@ -85,6 +98,12 @@ class StagingArena : public std::enable_shared_from_this<StagingArena> {
 
   // A span of `bytes`; null while no free span is that long.
   std::shared_ptr<ArenaSpan> Take(uint64_t bytes);
+  // The span of `bytes` at `offset`, placed there by the producer (a put in
+  // one call); null unless it is free whole.
+  std::shared_ptr<ArenaSpan> TakeAt(uint64_t offset, uint64_t bytes);
+  bool IsFree(uint64_t offset, uint64_t bytes) const;
+  // offset -> length of the spans free now, lowest offset first.
+  std::map<uint64_t, uint64_t> FreeSpans() const;
 
  private:
   friend struct ArenaSpan;
@@ -93,7 +112,7 @@ class StagingArena : public std::enable_shared_from_this<StagingArena> {
   const uint64_t id_;
   const std::shared_ptr<transport::SharedRing> memory_;
   const transport::PeerIdentity owner_;
-  absl::Mutex mutex_;
+  mutable absl::Mutex mutex_;
   ExtentAllocator spans_ ABSL_GUARDED_BY(mutex_);
 };
 

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -374,6 +375,24 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
          return ingest_->Reserve(&context, request, &reply);
        },
        StatusCode::NOT_FOUND, "no ring was shared under that token"},
+      {"put: an arena never shared",
+       [&] {
+         v1::ReserveRequest request = ReserveOf(10);
+         request.set_arena(999);
+         v1::PutReply reply;
+         grpc::ClientContext context;
+         return ingest_->Put(&context, request, &reply);
+       },
+       StatusCode::NOT_FOUND, "no staging arena 999"},
+      {"put: an arena token in place of its arena",
+       [&] {
+         v1::ReserveRequest request = ReserveOf(10);
+         request.set_arena_token("nope");
+         v1::PutReply reply;
+         grpc::ClientContext context;
+         return ingest_->Put(&context, request, &reply);
+       },
+       StatusCode::INVALID_ARGUMENT, "names its arena, not an arena token"},
       {"commit: a lease never given",
        [&] {
          v1::CommitRequest request;
@@ -445,6 +464,75 @@ TEST_F(DaemonBadInputTest, AProducerThatExitsBetweenReserveAndCommitHoldsNoRoom)
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(put->samples_held, 1u);
   EXPECT_EQ(put->bytes_held, tokens.size() * sizeof(int64_t));
+}
+
+// A put in one call goes only where the daemon's last answer named a free
+// span: one over a committed put's span, past the arena or off the 64-byte
+// grid is refused and leaves the committed samples as they were; one in a
+// free span joins its step, and the answer names the spans left.
+TEST_F(DaemonBadInputTest, APutInOneCallOutsideTheFreeSpansIsRefused) {
+  auto arena = transport::SharedRing::Create(1 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto token = client::ShareRing(*socket_ + ".rings", arena->fd(),
+                                 transport::RingOffer{arena->bytes(), ""}, absl::Seconds(10));
+  ASSERT_TRUE(token.ok()) << token.status();
+  auto put_of = [](uint64_t tokens) {
+    v1::ReserveRequest request = ReserveOf(tokens);
+    request.mutable_put()->set_step(5);
+    request.mutable_put()->mutable_samples(0)->set_group(3);
+    return request;
+  };
+  v1::ReserveRequest first = put_of(1000);
+  first.set_arena_token(*token);
+  v1::ReserveReply reserved;
+  {
+    grpc::ClientContext context;
+    const grpc::Status status = ingest_->Reserve(&context, first, &reserved);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  auto* written = reinterpret_cast<int64_t*>(arena->data() + reserved.offset());
+  std::fill(written, written + 1000, 5);
+  v1::PutReply committed;
+  {
+    v1::CommitRequest commit;
+    commit.set_stream("small");
+    commit.set_auth_token("driver-secret");
+    commit.set_arena(reserved.arena());
+    commit.set_lease(reserved.lease());
+    grpc::ClientContext context;
+    const grpc::Status status = ingest_->Commit(&context, commit, &committed);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  ASSERT_GT(committed.free_spans_size(), 0);
+  for (const v1::ArenaFreeSpan& span : committed.free_spans()) {
+    EXPECT_EQ(span.offset() % 64, 0u);
+    const bool apart = span.offset() >= reserved.offset() + 8000 ||
+                       span.offset() + span.length() <= reserved.offset();
+    EXPECT_TRUE(apart) << "free span at " << span.offset() << " overlaps the committed put";
+  }
+  const uint64_t free_at = committed.free_spans(0).offset();
+  auto put_at = [&](uint64_t offset) {
+    v1::ReserveRequest request = put_of(10);
+    request.set_arena(reserved.arena());
+    request.set_written_at(offset);
+    grpc::ClientContext context;
+    v1::PutReply reply;
+    grpc::Status status = ingest_->Put(&context, request, &reply);
+    return std::make_pair(status, reply);
+  };
+  for (const uint64_t offset : {reserved.offset(), uint64_t{arena->bytes()}, free_at + 8}) {
+    SCOPED_TRACE(offset);
+    const grpc::Status status = put_at(offset).first;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(status.error_message(), HasSubstr("is not free"));
+  }
+  EXPECT_TRUE(std::all_of(written, written + 1000, [](int64_t t) { return t == 5; }));
+  std::fill_n(reinterpret_cast<int64_t*>(arena->data() + free_at), 10, 6);
+  const auto [status, reply] = put_at(free_at);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(reply.samples_held(), 2u);
+  ASSERT_GT(reply.free_spans_size(), 0);
+  EXPECT_EQ(reply.free_spans(0).offset(), free_at + 128);  // 80 bytes, on the 64-byte grid
 }
 
 // Not a bad request, but the C++ side of a trainer's fault that must not

@@ -319,6 +319,52 @@ class IngestTest(unittest.TestCase):
                 time.sleep(0.05)
             self.assertEqual(producer.status()["bytes_held"], 0)
 
+    def test_later_puts_take_one_call_and_serve_the_same_bytes(self):
+        """Once consumed steps free arena spans, the producer writes later
+        puts into spans the daemon named free and puts them in one call
+        (Ingest.Put). What the rank gets equals a run whose puts all came
+        before any consumption, bit for bit, and the arena is reused, not
+        grown."""
+        solo = REFERENCE.replace('"ref"', '"solo"').replace("dp: 4", "dp: 1")
+        config = STREAM % "" + solo
+        rng = random.Random(17)
+        steps = [grpo_step(rng, step) for step in range(3)]  # 32 samples each
+        keys = ("tokens", "labels", "loss_mask", "position_ids", "logprobs")
+
+        def put(producer, step):
+            for quarter in range(4):
+                producer.put(step, steps[step][quarter * 8:(quarter + 1) * 8])
+            producer.seal(step)
+
+        def take(client):
+            return [as_lists(batch, keys) for batch in client.next_step(timeout=30)[0]]
+
+        with Daemon(BIN_DIR, config, name="ahead") as daemon:
+            producer = self.producer(daemon)
+            for step in range(len(steps)):
+                put(producer, step)
+            client = packfeed.Client("solo", rank=0, socket_path=daemon.socket, copy=True)
+            expected = [take(client) for _ in steps]
+            client.close()
+        with Daemon(BIN_DIR, config, name="in-turn") as daemon:
+            producer = self.producer(daemon)
+            client = packfeed.Client("solo", rank=0, socket_path=daemon.socket, copy=True)
+            got, written = [], []
+            for step in range(len(steps)):
+                put(producer, step)
+                written.append(producer.arena_bytes_written)
+                got.append(take(client))
+                # Its spans are free once the step is consumed.
+                deadline = time.time() + 10
+                while producer.status()["bytes_held"] and time.time() < deadline:
+                    time.sleep(0.05)
+            client.close()
+            status = producer.status()
+        self.assertEqual(got, expected)
+        self.assertGreater(status["puts_in_one_call"], 0, status)
+        self.assertLess(status["puts_in_one_call"], 4 * len(steps), status)
+        self.assertLess(written[-1], 2 * written[0], written)
+
     def test_a_consumer_rank_that_dies_mid_step_comes_back_and_misses_nothing(self):
         """Rank processes (rank_worker.py) of the reference job; one is
         SIGKILLed after a microbatch that is not its step's last and started

@@ -6,12 +6,15 @@
 // job's ranks to be served balanced and packed.
 //
 // The producer's staging arena is a memfd shared once with the daemon (over
-// SOCKET.rings, at the first put). A put describes its samples over gRPC and
-// the daemon, once the stream has room, answers where in the arena to write
-// them; the producer copies them there, the only copy of their bytes, and
-// commits the put. The daemon serves the samples from that memory and frees
-// the span when their step is freed. Nothing is pickled or sent through
-// gRPC but the description.
+// SOCKET.rings, at the first put). The first put describes its samples over
+// gRPC and the daemon, once the stream has room, answers where in the arena
+// to write them; the producer copies them there, the only copy of their
+// bytes, and commits the put. Every answer names the arena's free spans,
+// so later puts take one call: the producer copies the samples into a span
+// the daemon named free, then describes them, and the daemon adds them once
+// the stream has room. The daemon serves the samples from that memory and
+// frees the span when their step is freed. Nothing is pickled or sent
+// through gRPC but the description.
 //
 // Thread-safe; puts are serialised (one reservation at a time). gRPC stays
 // behind the implementation: this header needs Abseil only.
@@ -80,8 +83,9 @@ struct IngestStreamStatus {
   uint64_t budget_bytes = 0;  // 0 = unbounded
   uint64_t samples_put = 0;
   uint64_t bytes_put = 0;
-  uint64_t puts_waited = 0;   // puts that waited for room
-  uint64_t puts_refused = 0;  // refused for room after their wait
+  uint64_t puts_waited = 0;       // puts that waited for room
+  uint64_t puts_refused = 0;      // refused for room after their wait
+  uint64_t puts_in_one_call = 0;  // the rest took two calls (the first, ...)
   std::vector<Step> steps;
   std::vector<Consumer> consumers;
 };

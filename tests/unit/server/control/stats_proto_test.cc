@@ -157,6 +157,7 @@ TEST(StatsProtoTest, IngestStreamFiguresBecomeIngestStreamStatsFieldForField) {
   figures.bytes_put = 5;
   figures.puts_waited = 6;
   figures.puts_refused = 7;
+  figures.puts_in_one_call = 13;
   figures.steps.push_back({8, true, 9, 10, {"actor", "critic"}});
   figures.consumers.push_back({"actor", 11, 12});
 
@@ -164,6 +165,7 @@ TEST(StatsProtoTest, IngestStreamFiguresBecomeIngestStreamStatsFieldForField) {
   ExpectEveryFieldSet(stats);
   EXPECT_EQ(stats.name(), "rollouts");
   EXPECT_EQ(stats.puts_refused(), 7u);
+  EXPECT_EQ(stats.puts_in_one_call(), 13u);
   ASSERT_EQ(stats.steps_size(), 1);
   EXPECT_EQ(stats.steps(0).step(), 8);
   EXPECT_EQ(stats.steps(0).bytes(), 10u);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 
 namespace packfeed::server {
 namespace {
@@ -37,6 +38,31 @@ TEST(ExtentAllocatorTest, FreedNeighboursMergeAndAreTakenAgainFirst) {
   spans.Free(b, 2 * kAlign);  // joins a's hole and c's
   EXPECT_EQ(spans.free_bytes(), 8 * kAlign);
   EXPECT_EQ(spans.Allocate(8 * kAlign), 0u);
+}
+
+// A producer's own placement (a put in one call): the span it names is
+// taken only when free whole and on the grid, splitting the free span
+// around it.
+TEST(ExtentAllocatorTest, ASpanIsTakenWhereItIsNamedOnlyWhenFreeWhole) {
+  ExtentAllocator spans(10 * kAlign);
+  ASSERT_EQ(spans.Allocate(2 * kAlign), 0u);
+  EXPECT_FALSE(spans.IsFree(kAlign, kAlign));          // taken
+  EXPECT_FALSE(spans.IsFree(kAlign, 2 * kAlign));      // partly taken
+  EXPECT_FALSE(spans.IsFree(3 * kAlign + 8, 1));       // off the grid
+  EXPECT_FALSE(spans.IsFree(9 * kAlign, kAlign + 1));  // past the end once rounded up
+  EXPECT_FALSE(spans.IsFree(4 * kAlign, 0));
+  EXPECT_FALSE(spans.AllocateAt(kAlign, kAlign));
+  EXPECT_EQ(spans.free_bytes(), 8 * kAlign);
+
+  ASSERT_TRUE(spans.IsFree(4 * kAlign, kAlign + 1));
+  ASSERT_TRUE(spans.AllocateAt(4 * kAlign, kAlign + 1));  // two units
+  const std::map<uint64_t, uint64_t> expected = {{2 * kAlign, 2 * kAlign},
+                                                 {6 * kAlign, 4 * kAlign}};
+  EXPECT_EQ(spans.free_spans(), expected);
+  EXPECT_FALSE(spans.AllocateAt(5 * kAlign, kAlign));
+  spans.Free(4 * kAlign, kAlign + 1);
+  const std::map<uint64_t, uint64_t> merged = {{2 * kAlign, 8 * kAlign}};
+  EXPECT_EQ(spans.free_spans(), merged);
 }
 
 TEST(ExtentAllocatorTest, AnArenaSmallerThanOneUnitHasNoSpan) {
