@@ -300,6 +300,7 @@ def main():
         "peak_held_mb": round(status["peak_bytes_held"] / 1e6, 1),
         "daemon_peak_rss_mib": round(rss, 1),
         "puts_waited": status["puts_waited"],
+        "puts_in_one_call": status["puts_in_one_call"],
     }
     if args.peer:
         figures.update({
@@ -325,7 +326,9 @@ def main():
               f"it fetched {figures['peer_fetched_over_put']} of the bytes put")
     print(f"  memory: budget {figures['budget_mb']} MB, peak held {figures['peak_held_mb']} MB, "
           f"daemon peak RSS {figures['daemon_peak_rss_mib']} MiB; "
-          f"{figures['puts_waited']} puts waited for consumers")
+          f"{figures['puts_waited']} puts waited for consumers; "
+          f"{figures['puts_in_one_call']} of {args.steps * -(-args.samples // args.chunk)} puts "
+          f"took one call")
 
 
 if __name__ == "__main__":
