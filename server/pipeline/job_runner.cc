@@ -258,65 +258,57 @@ void JobRunner::RankGone(int global_rank, uint64_t connection_id, std::string wh
 }
 
 bool JobRunner::ServeRank(RankState& rank) {
-  bool pushed = false;
   if (rank.live()) AccountTaken(rank);
   DropOrphanedFill(rank);
   // An ended rank's ring is unmapped once no read writes into it (the
   // rank's state stays, for its figures).
   if (!rank.live() && !rank.filling.has_value()) rank.ring_memory.reset();
-  while (rank.live() && !rank.filling.has_value()) {
-    absl::StatusOr<uint32_t> credits = sender_->Credits(rank.connection_id);
-    if (!credits.ok()) {
-      spdlog::warn("job {} rank {} step {}: connection lost: {}", job_.name(), rank.global_rank,
-                   rank.next_step, credits.status().ToString());
-      rank.failed = true;
-      UpdateAttached();
-      break;
-    }
-    if (*credits == 0) break;
-    if (rank.next_step > SlowestStep() + options_.prefetch_steps) break;
-    const StepData* data = StepAt(rank.next_step, rank.global_rank, /*urgent=*/true);
-    if (data == nullptr) {
-      if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
-      break;
-    }
-    if (rank.side_rows_into_slot) {
-      // Announced once the rows are in (OnSlotFilled); the runner serves
-      // the other ranks meanwhile.
-      if (!StartFill(rank, *data)) break;
-      pushed = true;
-      continue;
-    }
-    const SideRows* side_rows =
-        SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
-    if (side_rows == nullptr) break;  // being read
-    const scheduler::GlobalPlan& plan = data->plan.plan;
-    absl::StatusOr<MicrobatchSource> source =
-        SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank, side_rows);
-    if (!source.ok()) {
-      // A sample it needs could not be read: this rank cannot go on; the
-      // ranks that need other samples can.
-      EndRank(rank, source.status());
-      break;
-    }
-    absl::Status status =
-        PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device", data->plan,
-                       rank.next_microbatch, *source, staging_, &packers_);
-    if (absl::IsResourceExhausted(status)) break;
-    if (!status.ok()) {
-      PushFailed(rank, status);
-      break;
-    }
-    pushed = true;
-    const SideKey held{rank.next_step, rank.next_microbatch, source->group->first_rank};
-    rank.in_flight.push_back(
-        {{rank.next_step, rank.next_microbatch},
-         plan.num_microbatches(),
-         SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
-    Advance(rank);
-    if (rank.receives_side_rows) DropSideIfSent(held);
+  if (!rank.live() || rank.filling.has_value()) return false;
+  absl::StatusOr<uint32_t> credits = sender_->Credits(rank.connection_id);
+  if (!credits.ok()) {
+    spdlog::warn("job {} rank {} step {}: connection lost: {}", job_.name(), rank.global_rank,
+                 rank.next_step, credits.status().ToString());
+    rank.failed = true;
+    UpdateAttached();
+    return false;
   }
-  return pushed;
+  if (*credits == 0 || rank.next_step > SlowestStep() + options_.prefetch_steps) return false;
+  const StepData* data = StepAt(rank.next_step, rank.global_rank, /*urgent=*/true);
+  if (data == nullptr) {
+    if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
+    return false;
+  }
+  // Announced once the rows are in (OnSlotFilled); the runner serves the
+  // other ranks meanwhile.
+  if (rank.side_rows_into_slot) return StartFill(rank, *data);
+  const SideRows* side_rows =
+      SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
+  if (side_rows == nullptr) return false;  // being read
+  const scheduler::GlobalPlan& plan = data->plan.plan;
+  absl::StatusOr<MicrobatchSource> source =
+      SourceForRank(job_, *data, rank.next_microbatch, rank.global_rank, side_rows);
+  if (!source.ok()) {
+    // A sample it needs could not be read: this rank cannot go on; the
+    // ranks that need other samples can.
+    EndRank(rank, source.status());
+    return false;
+  }
+  absl::Status status =
+      PushMicrobatch(*sender_, rank.connection_id, rank.mapped, rank.ring == "device", data->plan,
+                     rank.next_microbatch, *source, staging_, &packers_);
+  if (absl::IsResourceExhausted(status)) return false;
+  if (!status.ok()) {
+    PushFailed(rank, status);
+    return false;
+  }
+  const SideKey held{rank.next_step, rank.next_microbatch, source->group->first_rank};
+  rank.in_flight.push_back(
+      {{rank.next_step, rank.next_microbatch},
+       plan.num_microbatches(),
+       SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
+  Advance(rank);
+  if (rank.receives_side_rows) DropSideIfSent(held);
+  return true;
 }
 
 void JobRunner::PushFailed(RankState& rank, const absl::Status& status) {
@@ -364,8 +356,15 @@ void JobRunner::Loop() {
       tasks.swap(tasks_);
     }
     for (auto& task : tasks) task();
+    // Breadth first: every rank gets its next microbatch before any gets
+    // two, so a step's first microbatch reaches the last rank after one
+    // pack per rank, not after every rank before it filled its ring.
     bool pushed = false;
-    for (auto& [_, rank] : ranks_) pushed |= ServeRank(rank);
+    for (bool round = true; round;) {
+      round = false;
+      for (auto& [_, rank] : ranks_) round |= ServeRank(rank);
+      pushed |= round;
+    }
     if (absl::Now() - last_sync_ >= kLedgerSyncInterval) SyncLedger();
     Evict();
     EvictSides();

@@ -143,7 +143,7 @@ class JobRunner {
   // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
   absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
   void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);
-  bool ServeRank(RankState& rank);  // true when it pushed something
+  bool ServeRank(RankState& rank);  // true when it pushed (or pads-filled) one microbatch
   // Whether a rank with these coordinates, its ring shared by descriptor,
   // has its side rows read straight into its slots: unless its stage
   // applies a loss-mask field (applied from memory).
