@@ -131,15 +131,14 @@ PutShape ShapeOf(const v1::PutRequest& put) {
 // The most free spans a reply names: the producer places a put in the
 // lowest that holds it, and the reply stays small however fragmented the
 // arena.
-constexpr int kFreeSpansNamed = 64;
+constexpr size_t kFreeSpansNamed = 64;
 
 // The reply to a put into `arena`, naming the spans free there now.
 v1::PutReply PutReplyOf(const PutOutcome& outcome, const StagingArena& arena) {
   v1::PutReply reply;
   reply.set_samples_held(outcome.samples_held);
   reply.set_bytes_held(outcome.bytes_held);
-  for (const auto& [offset, length] : arena.FreeSpans()) {
-    if (reply.free_spans_size() == kFreeSpansNamed) break;
+  for (const auto& [offset, length] : arena.FreeSpans(kFreeSpansNamed)) {
     v1::ArenaFreeSpan* span = reply.add_free_spans();
     span->set_offset(offset);
     span->set_length(length);

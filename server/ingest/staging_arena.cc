@@ -1,5 +1,6 @@
 #include "server/ingest/staging_arena.h"
 
+#include <algorithm>
 #include <iterator>
 
 namespace packfeed::server {
@@ -119,9 +120,15 @@ bool StagingArena::IsFree(uint64_t offset, uint64_t bytes) const {
   return spans_.IsFree(offset, bytes);
 }
 
-std::map<uint64_t, uint64_t> StagingArena::FreeSpans() const {
+std::vector<std::pair<uint64_t, uint64_t>> StagingArena::FreeSpans(size_t at_most) const {
   absl::MutexLock lock(&mutex_);
-  return spans_.free_spans();
+  const std::map<uint64_t, uint64_t>& free = spans_.free_spans();
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  spans.reserve(std::min(at_most, free.size()));
+  for (auto span = free.begin(); span != free.end() && spans.size() < at_most; ++span) {
+    spans.push_back(*span);
+  }
+  return spans;
 }
 
 void StagingArena::Free(uint64_t offset, uint64_t bytes) {

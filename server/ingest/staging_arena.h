@@ -20,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -102,8 +104,9 @@ class StagingArena : public std::enable_shared_from_this<StagingArena> {
   // one call); null unless it is free whole.
   std::shared_ptr<ArenaSpan> TakeAt(uint64_t offset, uint64_t bytes);
   bool IsFree(uint64_t offset, uint64_t bytes) const;
-  // offset -> length of the spans free now, lowest offset first.
-  std::map<uint64_t, uint64_t> FreeSpans() const;
+  // (offset, length) of the lowest `at_most` spans free now, lowest first
+  // (copied under the arena's lock, so no more than a put's answer names).
+  std::vector<std::pair<uint64_t, uint64_t>> FreeSpans(size_t at_most) const;
 
  private:
   friend struct ArenaSpan;

@@ -7,6 +7,8 @@
 
 #include <cstring>
 #include <map>
+#include <utility>
+#include <vector>
 
 namespace packfeed::server {
 namespace {
@@ -87,6 +89,24 @@ TEST(StagingArenaTest, ASpanReturnsWhenItsLastSampleGoes) {
   EXPECT_EQ(std::memcmp(sample.get(), "tokens", 6), 0);
   sample.reset();
   EXPECT_NE(arena->Take(4 * kAlign), nullptr);
+}
+
+// A put's answer names at most so many free spans, the lowest first.
+TEST(StagingArenaTest, FreeSpansAreTheLowestFew) {
+  auto memory = transport::SharedRing::Create(8 * kAlign);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  auto arena = std::make_shared<StagingArena>(
+      7, std::make_shared<transport::SharedRing>(*std::move(memory)), transport::PeerIdentity{});
+  std::vector<std::shared_ptr<ArenaSpan>> units;
+  for (int unit = 0; unit < 8; ++unit) {
+    units.push_back(arena->Take(kAlign));
+    ASSERT_NE(units.back(), nullptr);
+  }
+  for (int unit = 0; unit < 8; unit += 2) units[unit].reset();  // free: 0, 2, 4, 6
+  using Spans = std::vector<std::pair<uint64_t, uint64_t>>;
+  EXPECT_EQ(arena->FreeSpans(2), (Spans{{0, kAlign}, {2 * kAlign, kAlign}}));
+  EXPECT_EQ(arena->FreeSpans(64).size(), 4u);
+  EXPECT_TRUE(arena->FreeSpans(0).empty());
 }
 
 }  // namespace
