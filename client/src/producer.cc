@@ -6,7 +6,6 @@
 #include <map>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -174,9 +173,9 @@ absl::StatusOr<v1::ReserveReply> Producer::Impl::Reserve(v1::ReserveRequest& req
     v1::ReserveReply reply;
     absl::Status status =
         DaemonCallStatus(ingest_->Reserve(&context, request, &reply), what, options_.socket_path);
-    // A daemon restarted since the arena was shared knows it no more.
-    if (absl::IsNotFound(status) && arena_id_ != 0 && attempt == 0 &&
-        absl::StrContains(status.message(), "no staging arena")) {
+    // A daemon restarted since the arena was shared knows it no more (a
+    // stream it does not know either is refused again, with its name).
+    if (absl::IsNotFound(status) && arena_id_ != 0 && attempt == 0) {
       arena_id_ = 0;
       continue;
     }
@@ -230,11 +229,9 @@ absl::StatusOr<PutResult> Producer::Impl::Put(int64_t step, absl::Span<const std
   if (placed.has_value()) {
     WriteSamples(request, samples, *placed);
     reply = PutInOneCall(reserve, *placed, wait);
-    const absl::Status& status = reply.status();
-    if ((absl::IsFailedPrecondition(status) && absl::StrContains(status.message(), "not free")) ||
-        (absl::IsNotFound(status) && absl::StrContains(status.message(), "no staging arena"))) {
-      placed.reset();
-    }
+    // ABORTED: the span is not free; NOT_FOUND: the arena is not known
+    // (a daemon restarted since), which the two calls share again.
+    if (absl::IsAborted(reply.status()) || absl::IsNotFound(reply.status())) placed.reset();
   }
   if (!placed.has_value()) reply = PutInTwoCalls(reserve, samples, wait);
   free_spans_.clear();

@@ -281,8 +281,11 @@ void IngestServer::Put(const v1::ReserveRequest& request, const transport::PeerI
   const uint64_t offset = request.written_at();
   const uint64_t bytes = put.region().length();
   if (checked.ok()) {
+    // ABORTED, as a failed sequencer check: the producer puts again
+    // through Reserve and Commit, telling this from any other refusal by
+    // its code.
     if (!checked->second->IsFree(offset, bytes)) {
-      checked = absl::FailedPreconditionError(absl::StrCat(
+      checked = absl::AbortedError(absl::StrCat(
           "the put's span [", offset, ", ", offset + bytes, ") of staging arena ", request.arena(),
           " is not free: a put in one call goes within a free span a reply named"));
     }

@@ -523,7 +523,7 @@ TEST_F(DaemonBadInputTest, APutInOneCallOutsideTheFreeSpansIsRefused) {
   for (const uint64_t offset : {reserved.offset(), uint64_t{arena->bytes()}, free_at + 8}) {
     SCOPED_TRACE(offset);
     const grpc::Status status = put_at(offset).first;
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED);
     EXPECT_THAT(status.error_message(), HasSubstr("is not free"));
   }
   EXPECT_TRUE(std::all_of(written, written + 1000, [](int64_t t) { return t == 5; }));
