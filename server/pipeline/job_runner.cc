@@ -165,14 +165,13 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
     state.mapped = stats->mapped;
   }
   state.device_ring_fallback = args.device_ring_fallback;
-  state.receives_side_rows =
-      job_.ingest() == nullptr &&
-      !SideSlicesOfStage(job_.side_fields(), job_.stages(), state.coords.pp).empty();
-  if (state.receives_side_rows && state.ring == "memfd" && args.shared_ring != nullptr &&
-      SideRowsIntoSlot(state.coords)) {
-    state.receives_side_rows = false;
-    state.side_rows_into_slot = true;
-    state.ring_memory = args.shared_ring;
+  if (job_.ingest() == nullptr &&
+      !SideSlicesOfStage(job_.side_fields(), job_.stages(), state.coords.pp).empty()) {
+    state.side_rows = RankState::SideRows::kHeld;
+    if (state.ring == "memfd" && args.shared_ring != nullptr && SideRowsIntoSlot(state.coords)) {
+      state.side_rows = RankState::SideRows::kIntoSlot;
+      state.ring_memory = args.shared_ring;
+    }
   }
   if (!args.device_ring_fallback.empty()) {
     spdlog::warn("job {} rank {}: a staged device ring, not one the daemon writes: {}", job_.name(),
@@ -187,7 +186,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   UpdateAttached();
   spdlog::info("job {} rank {}: attached at step {} microbatch {} (connection {:#x}{})",
                job_.name(), args.global_rank, at.step, at.microbatch, connection_id,
-               ranks_.at(args.global_rank).side_rows_into_slot
+               ranks_.at(args.global_rank).side_rows_into_slot()
                    ? "; side rows read straight into its slots"
                    : "");
   return absl::OkStatus();
@@ -280,7 +279,7 @@ bool JobRunner::ServeRank(RankState& rank) {
   }
   // Announced once the rows are in (OnSlotFilled); the runner serves the
   // other ranks meanwhile.
-  if (rank.side_rows_into_slot) return StartFill(rank, *data);
+  if (rank.side_rows_into_slot()) return StartFill(rank, *data);
   const SideRows* side_rows =
       SideRowsFor(rank.next_step, rank.next_microbatch, rank, /*urgent=*/true);
   if (side_rows == nullptr) return false;  // being read
@@ -307,7 +306,7 @@ bool JobRunner::ServeRank(RankState& rank) {
        plan.num_microbatches(),
        SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
   Advance(rank);
-  if (rank.receives_side_rows) DropSideIfSent(held);
+  if (rank.side_rows_held()) DropSideIfSent(held);
   return true;
 }
 

@@ -66,7 +66,7 @@ bool JobRunner::GatherPeers(RankState& rank, std::vector<RankState*>& members) {
   }
   bool waits = false;
   for (auto& [_, peer] : ranks_) {
-    if (&peer == &rank || !peer.live() || !peer.side_rows_into_slot || peer.filling.has_value() ||
+    if (&peer == &rank || !peer.live() || !peer.side_rows_into_slot() || peer.filling.has_value() ||
         !is_peer(peer.coords) || peer.next_step != rank.next_step ||
         peer.next_microbatch != rank.next_microbatch) {
       continue;

@@ -21,7 +21,7 @@ bool AtOrBefore(int64_t step, int microbatch, const std::tuple<int64_t, int, int
 const SideRows* JobRunner::SideRowsFor(int64_t step, int microbatch, const RankState& rank,
                                        bool urgent) {
   const std::shared_ptr<const StepData>& data = steps_.at(step).data;
-  if (!rank.receives_side_rows) return &data->side;
+  if (!rank.side_rows_held()) return &data->side;
   const scheduler::CpGroup& group = scheduler::GroupOfRank(
       data->plan.plan.microbatches[static_cast<size_t>(microbatch)], rank.coords.dp_cp_rank);
   const SideKey key{step, microbatch, group.first_rank};
@@ -97,7 +97,7 @@ void JobRunner::OnSideRead(const SideKey& key, uint64_t generation,
 void JobRunner::FetchSidesAhead() {
   uint32_t horizon = 0;  // no rank can be sent more than its ring holds
   for (const auto& [_, rank] : ranks_) {
-    if (rank.live() && rank.receives_side_rows) horizon = std::max(horizon, rank.ring_slots);
+    if (rank.live() && rank.side_rows_held()) horizon = std::max(horizon, rank.ring_slots);
   }
   const int64_t slowest = SlowestStep();
   if (horizon == 0 || slowest == INT64_MAX) return;
@@ -105,7 +105,7 @@ void JobRunner::FetchSidesAhead() {
   for (uint32_t ahead = 0; ahead < horizon; ++ahead) {
     for (const auto& [_, rank] : ranks_) {
       if (side_bytes_ >= options_.side_rows_read_ahead_bytes) return;
-      if (!rank.live() || !rank.receives_side_rows || ahead >= rank.ring_slots) continue;
+      if (!rank.live() || !rank.side_rows_held() || ahead >= rank.ring_slots) continue;
       // The rank's microbatch `ahead` past its next, if its step is held.
       int64_t step = rank.next_step;
       int64_t microbatch = rank.next_microbatch + ahead;
@@ -139,7 +139,7 @@ bool JobRunner::SideNeeded(const SideKey& key, const HeldSide& held) const {
   }
   return std::any_of(ranks_.begin(), ranks_.end(), [&](const auto& entry) {
     const RankState& rank = entry.second;
-    return rank.live() && rank.receives_side_rows && in_group(rank.coords) &&
+    return rank.live() && rank.side_rows_held() && in_group(rank.coords) &&
            AtOrBefore(rank.next_step, rank.next_microbatch, key);
   });
 }

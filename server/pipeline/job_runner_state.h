@@ -46,14 +46,19 @@ struct JobRunner::RankState {
   std::string ring;                  // RankStats.ring
   bool mapped = false;               // its slots are written in place (Sender::MapNextSlot)
   std::string device_ring_fallback;  // AttachArgs'
-  // A dataset job's side rows are fetched and held for it (its stage
-  // receives one, and they are not read into its slots).
-  bool receives_side_rows = false;
-  // Its side rows are read from their files straight into its slots
-  // (SideRowsIntoSlot): nothing is held for it. `ring_memory` keeps its
-  // ring mapped until `filling` (declared after it, so destroyed first) has
-  // waited for the reads writing into it, whatever its connection does.
-  bool side_rows_into_slot = false;
+  // How a dataset job's side rows reach this rank.
+  enum class SideRows {
+    kNone,  // its stage receives none, or an ingest job's (in memory already)
+    kHeld,  // fetched and held for it, copied into each push
+    // Read from their files straight into its slots (SideRowsIntoSlot):
+    // nothing is held for it. `ring_memory` keeps its ring mapped until
+    // `filling` (declared after it, so destroyed first) has waited for the
+    // reads writing into it, whatever its connection does.
+    kIntoSlot,
+  };
+  SideRows side_rows = SideRows::kNone;
+  bool side_rows_held() const { return side_rows == SideRows::kHeld; }
+  bool side_rows_into_slot() const { return side_rows == SideRows::kIntoSlot; }
   std::shared_ptr<transport::SharedRing> ring_memory;
   // A slot written but for its side rows, announced (CommitMapped) once
   // they are in. The rank that began the fill reads them into its own slot
