@@ -171,9 +171,15 @@ std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string
                                bool elastic, uint32_t slots, uint64_t slot_bytes,
                                const std::string& placement, int cuda_device,
                                const std::string& ucx_transports, double attach_timeout,
-                               double reconnect_timeout) {
+                               double reconnect_timeout, const std::string& daemon_address,
+                               const std::string& tls_ca, const std::string& tls_cert,
+                               const std::string& tls_key) {
   ClientOptions options;
   options.socket_path = socket_path;
+  options.daemon_address = daemon_address;
+  options.tls_ca_file = tls_ca;
+  options.tls_cert_file = tls_cert;
+  options.tls_key_file = tls_key;
   options.job = job;
   options.global_rank = global_rank;
   options.fingerprint = fingerprint;
@@ -497,5 +503,7 @@ PYBIND11_MODULE(_native, m) {
         py::arg("fingerprint"), py::arg("auth_token"), py::arg("start_step"),
         py::arg("start_microbatch"), py::arg("start_sample"), py::arg("elastic"), py::arg("slots"),
         py::arg("slot_bytes"), py::arg("placement"), py::arg("cuda_device"),
-        py::arg("ucx_transports"), py::arg("attach_timeout"), py::arg("reconnect_timeout"));
+        py::arg("ucx_transports"), py::arg("attach_timeout"), py::arg("reconnect_timeout"),
+        py::arg("daemon_address") = "", py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+        py::arg("tls_key") = "");
 }

@@ -19,10 +19,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/src/daemon_channel.h"
 #include "client/src/grpc_status.h"
 #include "client/src/share_ring.h"
 #include "client/src/watch_stream.h"
-#include "grpcpp/create_channel.h"
 #include "packfeed/common/mutex_mode.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
@@ -107,7 +107,6 @@ class Client::Impl {
   struct Control {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Control::Stub> control;
-    std::unique_ptr<v1::Admin::Stub> admin;
     std::unique_ptr<WatchStream> watch;  // while attached
   };
   v1::RankTimes RankTimesNow() const;  // the current connection's figures
@@ -119,6 +118,9 @@ class Client::Impl {
   // at start_sample); resume_step_ is then where serving starts.
   absl::Status AttachAt(int64_t start_step, int start_microbatch,
                         std::optional<int64_t> start_sample = std::nullopt);
+  // Makes `receiver` a staged device ring instead of kDaemonDevice, and
+  // records and logs `why`.
+  void StageInstead(transport::ReceiverOptions& receiver, const absl::Status& why);
   // Hands the slot to the trainer: its own views, or a private copy when
   // the trainer holds every slot but this one.
   absl::StatusOr<Microbatch> HandOut(const transport::ReceivedSlot& slot, void* cuda_stream);
@@ -224,7 +226,6 @@ Microbatch Microbatch::Chunk(int chunk) const {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Attach(const ClientOptions& options) {
   if (options.job.empty()) return absl::InvalidArgumentError("ClientOptions.job is required");
-  PF_RETURN_IF_ERROR(CheckUnixSocketPath(options.socket_path));
   UseReleaseMutexChecks();
   auto impl = std::make_unique<Impl>(options);
   PF_RETURN_IF_ERROR(impl->Open());
@@ -257,33 +258,29 @@ int Client::num_chunks() const { return impl_->num_chunks(); }
 
 absl::Status Client::Impl::Open() {
   const ClientOptions& options = options_;
+  const bool remote = !options.daemon_address.empty();
+  if (remote && options.sharing == RingSharing::kFileDescriptor) {
+    return absl::InvalidArgumentError(
+        "a ring shared by file descriptor needs the daemon on this node, and daemon_address "
+        "names one on another");
+  }
   control_ = std::make_unique<Control>();
   Control& control = *control_;
-  // gRPC's own reconnect backoff (1 s growing to 2 min) would refuse calls
-  // long after a restarted daemon is back: keep it at Reattach's pace.
-  grpc::ChannelArguments arguments;
-  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  control.channel = grpc::CreateCustomChannel("unix:" + options.socket_path,
-                                              grpc::InsecureChannelCredentials(), arguments);
+  PF_ASSIGN_OR_RETURN(control.channel, OpenDaemonChannel(options));
   control.control = v1::Control::NewStub(control.channel);
-  control.admin = v1::Admin::NewStub(control.channel);
 
   uint64_t slot_bytes = options.slot_bytes;
   if (slot_bytes == 0) {
     grpc::ClientContext context;
     SetDeadline(context, options.attach_timeout);
-    v1::ListJobsReply jobs;
-    PF_RETURN_IF_ERROR(DaemonCallStatus(control.admin->ListJobs(&context, {}, &jobs), "list jobs",
-                                        options.socket_path));
-    for (const v1::JobSummary& job : jobs.jobs()) {
-      if (job.name() == options.job) slot_bytes = job.required_slot_bytes();
-    }
-    if (slot_bytes == 0) {
-      return absl::NotFoundError(
-          absl::StrCat("no job '", options.job, "' on the daemon at ", options.socket_path));
-    }
+    v1::DescribeRequest request;
+    request.set_job(options.job);
+    request.set_auth_token(options.auth_token);
+    v1::DescribeReply reply;
+    PF_RETURN_IF_ERROR(DaemonCallStatus(control.control->Describe(&context, request, &reply),
+                                        absl::StrCat("describe job ", options.job),
+                                        DaemonName(options)));
+    slot_bytes = reply.required_slot_bytes();
   }
   transport::ReceiverOptions receiver;
   receiver.ucx.transports = options.ucx_transports;
@@ -292,18 +289,24 @@ absl::Status Client::Impl::Open() {
   receiver.placement = options.placement;
   receiver.cuda_device = options.cuda_device;
   struct stat socket_info {};
-  const bool other_uid =
-      stat(options.socket_path.c_str(), &socket_info) == 0 && socket_info.st_uid != geteuid();
+  const bool other_uid = !remote && stat(options.socket_path.c_str(), &socket_info) == 0 &&
+                         socket_info.st_uid != geteuid();
   receiver.shared_by_fd =
-      options.sharing == RingSharing::kFileDescriptor ||
-      (options.sharing == RingSharing::kAuto && options.placement != RingPlacement::kDevice);
+      !remote &&
+      (options.sharing == RingSharing::kFileDescriptor ||
+       (options.sharing == RingSharing::kAuto && options.placement != RingPlacement::kDevice));
   // UCX's shared memory does not connect two uids: notifications go by TCP.
   if (receiver.shared_by_fd && other_uid && receiver.ucx.transports.empty()) {
     receiver.ucx.transports = "tcp";
   }
+  // A daemon on another node writes device memory only by a UCX put, which
+  // it keeps only where UCX carries it with GPUDirect RDMA (it checks).
+  if (remote && options.placement == RingPlacement::kDaemonDevice) {
+    receiver.placement = RingPlacement::kDevice;
+  }
   absl::StatusOr<std::unique_ptr<transport::Receiver>> created =
       transport::Receiver::Create(receiver);
-  if (options.placement == RingPlacement::kDaemonDevice && created.ok()) {
+  if (!remote && options.placement == RingPlacement::kDaemonDevice && created.ok()) {
     // The daemon imports it now: a refusal (no such GPU visible to it, a
     // driver that will not) is the reason to stage, like any local one.
     absl::StatusOr<std::string> token =
@@ -316,20 +319,36 @@ absl::Status Client::Impl::Open() {
     }
   }
   if (options.placement == RingPlacement::kDaemonDevice && !created.ok()) {
-    // Said out loud: here, in the daemon's log and stats (RankStats), and
-    // by DeviceRingFallback().
-    device_ring_fallback_ = std::string(created.status().message());
-    transport::Logger().warn("a staged device ring, not one the daemon writes: {}",
-                             device_ring_fallback_);
-    receiver.placement = RingPlacement::kStagedDevice;
+    StageInstead(receiver, created.status());
     created = transport::Receiver::Create(receiver);
   }
   if (!created.ok()) return created.status();
   receiver_ = *std::move(created);
   slot_bytes_ = slot_bytes;
-  PF_RETURN_IF_ERROR(AttachAt(options.start_step, options.start_microbatch, options.start_sample));
+  absl::Status attached =
+      AttachAt(options.start_step, options.start_microbatch, options.start_sample);
+  if (remote && absl::IsFailedPrecondition(attached) &&
+      receiver.placement == RingPlacement::kDevice &&
+      options.placement == RingPlacement::kDaemonDevice) {
+    // The daemon found that UCX would emulate the put (no GPUDirect RDMA).
+    // Any other refusal of this code comes back from the staged attach too.
+    StageInstead(receiver, attached);
+    receiver_ = nullptr;
+    PF_ASSIGN_OR_RETURN(receiver_, transport::Receiver::Create(receiver));
+    attached = AttachAt(options.start_step, options.start_microbatch, options.start_sample);
+  }
+  PF_RETURN_IF_ERROR(attached);
   next_step_ = resume_step_;
   return absl::OkStatus();
+}
+
+void Client::Impl::StageInstead(transport::ReceiverOptions& receiver, const absl::Status& why) {
+  // Said out loud: here, in the daemon's log and stats (RankStats), and by
+  // DeviceRingFallback().
+  device_ring_fallback_ = std::string(why.message());
+  transport::Logger().warn("a staged device ring, not one the daemon writes: {}",
+                           device_ring_fallback_);
+  receiver.placement = RingPlacement::kStagedDevice;
 }
 
 absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch,
@@ -366,7 +385,7 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch,
   PF_RETURN_IF_ERROR(
       DaemonCallStatus(control_->control->Attach(&context, request, &reply),
                        absl::StrCat("attach job ", options_.job, " rank ", options_.global_rank),
-                       options_.socket_path));
+                       DaemonName(options_)));
   PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.connection_id()));
   connection_id_ = reply.connection_id();
   v1::WatchRequest watch;
@@ -435,7 +454,7 @@ absl::Status Client::Impl::Detach() {
         return DaemonCallStatus(
             control_->control->Detach(&context, request, &reply),
             absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
-            options_.socket_path);
+            DaemonName(options_));
       },
       [](const absl::Status& status) { return absl::IsUnavailable(status); });
   // After the detach: the stream's end is then no news to the daemon.

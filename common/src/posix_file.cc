@@ -177,4 +177,13 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return text;
 }
 
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, absl::string_view what) {
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat(what, " cannot be read: ", text.status().message()));
+  }
+  return text;
+}
+
 }  // namespace packfeed

@@ -1,23 +1,9 @@
 #include "server/config/admin_tls.h"
 
-#include "absl/strings/str_cat.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
 
 namespace packfeed::server {
-namespace {
-
-absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view what) {
-  absl::StatusOr<std::string> text = ReadWholeFile(path);
-  if (!text.ok()) {
-    return absl::Status(text.status().code(),
-                        absl::StrCat(what, " cannot be read: ", text.status().message()));
-  }
-  return text;
-}
-
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> AdminServerCredentials(
     const v1::DaemonConfig& config) {
   if (!config.has_admin_tls()) return grpc::InsecureServerCredentials();
@@ -26,10 +12,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> AdminServerCredentials(
       tls.mutual() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
                    : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  PF_ASSIGN_OR_RETURN(pair.private_key, ReadPem(tls.key_file(), "admin_tls.key_file"));
-  PF_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(tls.cert_file(), "admin_tls.cert_file"));
+  PF_ASSIGN_OR_RETURN(pair.private_key, ReadWholeFile(tls.key_file(), "admin_tls.key_file"));
+  PF_ASSIGN_OR_RETURN(pair.cert_chain, ReadWholeFile(tls.cert_file(), "admin_tls.cert_file"));
   options.pem_key_cert_pairs.push_back(std::move(pair));
-  PF_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(tls.ca_file(), "admin_tls.ca_file"));
+  PF_ASSIGN_OR_RETURN(options.pem_root_certs, ReadWholeFile(tls.ca_file(), "admin_tls.ca_file"));
   return grpc::SslServerCredentials(options);
 }
 
@@ -42,10 +28,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> AdminChannelCredential
         "certificate");
   }
   grpc::SslCredentialsOptions options;
-  PF_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(ca_file, "TLS CA file"));
+  PF_ASSIGN_OR_RETURN(options.pem_root_certs, ReadWholeFile(ca_file, "TLS CA file"));
   if (!cert_file.empty()) {
-    PF_ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem(cert_file, "TLS certificate"));
-    PF_ASSIGN_OR_RETURN(options.pem_private_key, ReadPem(key_file, "TLS key"));
+    PF_ASSIGN_OR_RETURN(options.pem_cert_chain, ReadWholeFile(cert_file, "TLS certificate"));
+    PF_ASSIGN_OR_RETURN(options.pem_private_key, ReadWholeFile(key_file, "TLS key"));
   }
   return grpc::SslCredentials(options);
 }

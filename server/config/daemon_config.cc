@@ -315,6 +315,23 @@ absl::Status FillIngestPeerTimes(v1::IngestPeerTimes& times, absl::string_view s
   return absl::OkStatus();
 }
 
+// Ranks attaching over TCP are known by their job's token alone (no uid).
+absl::Status ValidateRanksOverTcp(const v1::DaemonConfig& config, absl::string_view source) {
+  if (!config.ranks_over_tcp()) return absl::OkStatus();
+  if (config.admin_tcp_address().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ranks_over_tcp: ranks attach over admin_tcp_address, which is not set"));
+  }
+  for (const v1::JobConfig& job : config.jobs()) {
+    if (job.auth_token().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": ranks_over_tcp: job '", job.name(),
+          "' has no auth_token, and a rank attaching over TCP proves itself by it alone"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where) {
@@ -532,6 +549,7 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
                         absl::StrCat("'", config.jobs(i).name(), "' names two jobs"));
     }
   }
+  PF_RETURN_IF_ERROR(ValidateRanksOverTcp(config, source));
   PF_RETURN_IF_ERROR(ValidateIngest(config, source));
   PF_RETURN_IF_ERROR(FillIngestPeerTimes(*config.mutable_ingest_peers(), source));
   return config;

@@ -7,10 +7,18 @@
 #include "server/control/attach_check.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
+#include "server/control/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
 namespace {
+
+absl::Status UnknownJob(const Daemon& daemon, const std::string& job) {
+  std::vector<std::string> names;
+  for (const auto& runner : daemon.runners()) names.push_back(runner->job().name());
+  return absl::NotFoundError(
+      absl::StrCat("no job '", job, "' on this daemon (jobs: ", absl::StrJoin(names, ", "), ")"));
+}
 
 // Everything an attach can get wrong that needs no runner.
 absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
@@ -20,12 +28,7 @@ absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
     return absl::UnavailableError("the daemon is starting: it is still checking its peers");
   }
   runner = daemon.runner(request.job());
-  if (runner == nullptr) {
-    std::vector<std::string> names;
-    for (const auto& r : daemon.runners()) names.push_back(r->job().name());
-    return absl::NotFoundError(absl::StrCat(
-        "no job '", request.job(), "' on this daemon (jobs: ", absl::StrJoin(names, ", "), ")"));
-  }
+  if (runner == nullptr) return UnknownJob(daemon, request.job());
   return CheckAttachRequest(runner->job(), request);
 }
 
@@ -37,7 +40,7 @@ absl::StatusOr<JobRunner*> RankCallRunner(const Daemon& daemon,
                                           const std::string& action) {
   PF_RETURN_IF_ERROR(daemon.CheckCaller(context, absl::StrCat(action, " job ", job)));
   JobRunner* runner = daemon.runner(job);
-  if (runner == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job, "'"));
+  if (runner == nullptr) return UnknownJob(daemon, job);
   PF_RETURN_IF_ERROR(CheckToken(token, runner->job().config().auth_token(),
                                 absl::StrCat("auth token for job ", job)));
   return runner;
@@ -54,6 +57,22 @@ class ControlService final : public v1::Control::CallbackService {
  public:
   explicit ControlService(Daemon& daemon) : daemon_(daemon) {}
 
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
+                                     const v1::DescribeRequest* request,
+                                     v1::DescribeReply* reply) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    // A rank's first call: refused as its attach would be.
+    absl::StatusOr<JobRunner*> runner =
+        RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "attach to");
+    if (runner.ok()) {
+      reply->set_required_slot_bytes((*runner)->job().required_slot_bytes());
+    } else {
+      spdlog::warn("job {}: attach refused: {}", request->job(), runner.status().ToString());
+    }
+    reactor->Finish(proto::ToGrpc(runner.status()));
+    return reactor;
+  }
+
   grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* context,
                                    const v1::AttachRequest* request,
                                    v1::AttachReply* reply) override {
@@ -67,6 +86,10 @@ class ControlService final : public v1::Control::CallbackService {
                    status.ToString());
       reactor->Finish(proto::ToGrpc(status));
       return reactor;
+    }
+    if (!IsUnixCaller(*context)) {
+      spdlog::info("job {} rank {}: attaching over TCP from {}", request->job(),
+                   request->global_rank(), context->peer());
     }
     AttachArgs args;
     args.global_rank = static_cast<int>(request->global_rank());

@@ -50,6 +50,15 @@ absl::Status PrepareSocketDirectory(const std::string& socket) {
 constexpr int kRankPingMs = 1000;
 constexpr int kRankPingTimeoutMs = 2000;
 
+// HTTP/2 pings on every connection with a call open (each rank's Watch
+// stream): a rank's process that stops answering (SIGSTOP, a hung machine)
+// breaks its stream within kRankPing + kRankPingTimeout.
+void PingRanks(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kRankPingMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kRankPingTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
 // CANCELLED, naming what start-up was doing, once a stop was asked for.
 absl::Status StopRequested(const DaemonOptions& options, absl::string_view doing) {
   if (options.stop == nullptr || !options.stop->HasBeenNotified()) return absl::OkStatus();
@@ -221,12 +230,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   // No listening port: UnixListener accepts on `socket` and hands gRPC each
   // connection, knowing who opened it.
   grpc::ServerBuilder builder;
-  // HTTP/2 pings on every connection with a call open (each rank's Watch
-  // stream): a rank's process that stops answering (SIGSTOP, a hung
-  // machine) breaks its stream within kRankPing + kRankPingTimeout.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kRankPingMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kRankPingTimeoutMs);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  PingRanks(builder);
   for (auto& service : daemon->services_) builder.RegisterService(service.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr) return absl::InternalError("the gRPC server did not start");
@@ -248,15 +252,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   }
   daemon->shared_rings_ = *std::move(shared_rings);
   if (!config.admin_tcp_address().empty()) {
-    // A server of its own with the Admin service only: attaching (Control)
-    // stays on the Unix socket, whose permissions say who may.
-    daemon->services_.push_back(MakeAdminService(*daemon, config.admin_tcp_token()));
+    // A server of its own with the Admin service, whose every call carries
+    // the admin token; and with ranks_over_tcp the Control service, whose
+    // every call carries its job's token (no uid is known here).
     grpc::ServerBuilder tcp;
     int port = 0;
     PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         AdminServerCredentials(config));
     tcp.AddListeningPort(config.admin_tcp_address(), credentials, &port);
+    daemon->services_.push_back(MakeAdminService(*daemon, config.admin_tcp_token()));
     tcp.RegisterService(daemon->services_.back().get());
+    if (config.ranks_over_tcp()) {
+      PingRanks(tcp);
+      daemon->services_.push_back(MakeControlService(*daemon));
+      tcp.RegisterService(daemon->services_.back().get());
+    }
     daemon->tcp_server_ = tcp.BuildAndStart();
     if (daemon->tcp_server_ == nullptr || port == 0) {
       return absl::UnavailableError(

@@ -115,7 +115,7 @@ class Daemon {
   std::unique_ptr<UnixListener> unix_;    // accepts server_'s connections
   std::set<uid_t> allowed_uids_;
   std::unique_ptr<SharedRingListener> shared_rings_;  // SOCKET.rings
-  std::unique_ptr<grpc::Server> tcp_server_;          // Admin only, admin_tcp_address
+  std::unique_ptr<grpc::Server> tcp_server_;          // admin_tcp_address: Admin (+ Control)
   std::unique_ptr<MetricsServer> metrics_;            // metrics_address
   std::atomic<bool> started_{false};
 };

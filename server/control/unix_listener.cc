@@ -101,10 +101,14 @@ std::optional<PeerCredentials> UnixListener::CallerOf(
   return it->second;
 }
 
+bool IsUnixCaller(const grpc::ServerContextBase& context) {
+  return absl::StartsWith(context.peer(), "fd:");
+}
+
 absl::Status CheckCaller(const UnixListener& listener, const grpc::ServerContextBase& context,
                          const std::set<uid_t>& allowed_uids, absl::string_view action) {
   const std::string peer = context.peer();
-  if (!absl::StartsWith(peer, "fd:")) return absl::OkStatus();  // not the Unix socket
+  if (!IsUnixCaller(context)) return absl::OkStatus();  // not the Unix socket
   const std::optional<PeerCredentials> caller = listener.CallerOf(context);
   if (!caller.has_value()) {
     return absl::PermissionDeniedError(

@@ -63,6 +63,10 @@ class UnixListener {
   std::map<int, PeerCredentials> peers_ ABSL_GUARDED_BY(mutex_);
 };
 
+// Whether a call came through a UnixListener (gRPC names such a peer "fd:N")
+// rather than a TCP listener.
+bool IsUnixCaller(const grpc::ServerContextBase& context);
+
 // PermissionDenied naming the caller unless its uid is in `allowed_uids`;
 // OK for a call from elsewhere than `listener` (it has its own checks).
 absl::Status CheckCaller(const UnixListener& listener, const grpc::ServerContextBase& context,

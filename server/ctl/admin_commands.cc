@@ -40,6 +40,7 @@ struct AdminArgs {
   uint64_t slot_bytes = 0;
   double hold_seconds = 0;
   std::string ring_sharing = "auto";
+  std::string ucx_transports;
   bool json = false;
   bool check = false;
 };
@@ -357,6 +358,11 @@ nlohmann::json FieldValues(const client::FieldView& field) {
 absl::Status Dump(const AdminArgs& args) {
   client::ClientOptions options;
   options.socket_path = args.socket;
+  options.daemon_address = args.address;
+  options.tls_ca_file = args.tls_ca;
+  options.tls_cert_file = args.tls_cert;
+  options.tls_key_file = args.tls_key;
+  options.ucx_transports = args.ucx_transports;
   options.job = args.job;
   options.global_rank = args.rank;
   options.auth_token = args.token;
@@ -417,17 +423,20 @@ CLI::App* AddCommand(CLI::App& app, const char* name, const char* help,
                      const std::shared_ptr<AdminArgs>& args) {
   CLI::App* command = app.add_subcommand(name, help);
   command->add_option("--socket", args->socket, "packfeedd's socket")->capture_default_str();
-  if (std::string(name) != "dump") {  // ranks attach over the socket only
-    command->add_option("--address", args->address,
-                        "Ask the daemon's admin_tcp_address (host:port) instead");
+  const bool rank = std::string(name) == "dump";
+  command->add_option("--address", args->address,
+                      rank ? "Attach over the daemon's admin_tcp_address (host:port) instead, "
+                             "as a rank on a node without a daemon (ranks_over_tcp)"
+                           : "Ask the daemon's admin_tcp_address (host:port) instead");
+  if (!rank) {
     command->add_option("--admin-token", args->admin_token, "With --address: admin_tcp_token");
-    command->add_option("--tls-ca", args->tls_ca,
-                        "With --address under admin_tls: the CA that signed the daemon's "
-                        "certificate (PEM)");
-    command->add_option("--tls-cert", args->tls_cert,
-                        "With mutual TLS: this client's certificate (PEM)");
-    command->add_option("--tls-key", args->tls_key, "With mutual TLS: its key (PEM)");
   }
+  command->add_option("--tls-ca", args->tls_ca,
+                      "With --address under admin_tls: the CA that signed the daemon's "
+                      "certificate (PEM)");
+  command->add_option("--tls-cert", args->tls_cert,
+                      "With mutual TLS: this client's certificate (PEM)");
+  command->add_option("--tls-key", args->tls_key, "With mutual TLS: its key (PEM)");
   command->add_flag("--json", args->json, "Print JSON");
   return command;
 }
@@ -473,6 +482,8 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
                    "shared memory)")
       ->check(CLI::IsMember({"auto", "fd", "ucx"}))
       ->capture_default_str();
+  dump->add_option("--ucx-transports", args->ucx_transports,
+                   "UCX's transports for the ring (UCX_TLS syntax; default: UCX's choice)");
   dump->callback([args, exit_code] { *exit_code = ExitCode(Dump(*args)); });
 }
 

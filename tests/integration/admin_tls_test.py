@@ -2,10 +2,13 @@
 """TLS and mutual TLS on the TCP admin listener (admin_tls), with
 certificates made here by openssl: packfeedctl with the CA (and, under
 mutual TLS, a client certificate) is answered; plaintext, another CA, or no
-client certificate under mutual TLS is refused. Two daemons checking each
-other as peers over mutual TLS both start.
+client certificate under mutual TLS is refused. A rank attaching over the
+same listener (ranks_over_tcp) is served with those credentials and refused
+without its certificate under mutual TLS. Two daemons checking each other as
+peers over mutual TLS both start.
 
 ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
+import json
 import pathlib
 import socket
 import subprocess
@@ -14,6 +17,7 @@ import tempfile
 from daemon_harness import Daemon, wait_until
 
 TOKEN = "admin-s3cret"
+JOB_TOKEN = "job-s3cret"
 
 
 def free_port():
@@ -48,6 +52,7 @@ def config(prefix, port, pki, mutual, local_ranks, peers=()):
     ranks = " ".join(f"local_ranks: {r}" for r in local_ranks)
     return f"""admin_tcp_address: "127.0.0.1:{port}"
 admin_tcp_token: "{TOKEN}"
+ranks_over_tcp: true
 {peer_lines}peer_timeout_seconds: 30
 admin_tls {{ cert_file: "{pki}/server.pem" key_file: "{pki}/server.key"
             ca_file: "{pki}/ca.pem" mutual: {str(mutual).lower()} }}
@@ -59,6 +64,7 @@ jobs {{
   seq_length: 512
   eod_id: 1000
   append_eod: true
+  auth_token: "{JOB_TOKEN}"
   {ranks}
   scheduler {{ kind: "balanced" max_tokens_per_rank: 1024 }}
 }}
@@ -99,6 +105,21 @@ def test_admin_api_over_tls(bin_dir, checks):
                 else:
                     checks.check("TLS: the CA alone is answered", without_cert.returncode == 0,
                                  without_cert.stderr)
+                # A rank on a node without a daemon attaches over the same
+                # listener, with the same credentials, and is served.
+                rank = daemon.ctl_run("dump", "--address", f"127.0.0.1:{port}", "--job", "job",
+                                      "--rank", "1", "--token", JOB_TOKEN, "--ucx-transports",
+                                      "tcp", "--json", "--tls-ca", f"{pki}/ca.pem", *client_cert)
+                checks.check(f"{kind}: a rank attaches over TCP and is served",
+                             rank.returncode == 0 and json.loads(rank.stdout)["rank"] == 1,
+                             rank.stderr)
+                if mutual:
+                    stranger = daemon.ctl_run("dump", "--address", f"127.0.0.1:{port}", "--job",
+                                              "job", "--rank", "1", "--token", JOB_TOKEN,
+                                              "--tls-ca", f"{pki}/ca.pem")
+                    checks.check(f"{kind}: a rank without a client certificate is refused",
+                                 stranger.returncode != 0 and "UNAVAILABLE" in stranger.stderr,
+                                 stranger.stderr)
                 for name, result in refused.items():
                     # gRPC reports a failed handshake as a connection that
                     # cannot be made: UNAVAILABLE, naming the call and where.

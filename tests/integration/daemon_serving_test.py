@@ -6,6 +6,7 @@ error; a client killed mid-stream.
 
 ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import signal
+import socket
 import subprocess
 import tempfile
 
@@ -128,6 +129,54 @@ def test_two_jobs_read_once(checks, bin_dir, prefix):
                  figures["1-byte budget"][0] > 1.5, figures)
     print(f"two jobs read once: amplification {amplification} ({read} bytes read, {kept} kept, "
           f"budget {budget >> 20} MiB); with a 1-byte budget {figures['1-byte budget'][0]}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ranks_over_tcp(checks, bin_dir, prefix):
+    """Ranks on a node without a daemon attach over its TCP address
+    (ranks_over_tcp) and get the bytes a rank on its socket gets."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    tcp = (f'admin_tcp_address: "{address}"\nadmin_tcp_token: "adm"\nranks_over_tcp: true\n')
+    text = job_text("job", prefix, tp=1, pp=1, token="s3cret")
+    with Daemon(bin_dir, tcp + text, name="over_tcp") as daemon:
+        local = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret")
+        # UCX over TCP as between nodes, and UCX's own choice.
+        remote = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret", "--address", address,
+                                   "--ucx-transports", "tcp")
+        chosen = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret", "--address", address)
+        checks.check("ranks over TCP get the bytes of ranks on the socket", remote == local)
+        checks.check("the same with UCX's choice of transport", chosen == local)
+        log = daemon.log.read_text()
+        checks.check("the daemon says where a rank attached from",
+                     "job job rank 3: attaching over TCP from ipv4:127.0.0.1:" in log, log[-2000:])
+        cases = [
+            ("wrong token", ["--token", "guess"], "PERMISSION_DENIED: describe job job: wrong auth"),
+            ("a ring shared by file descriptor", ["--token", "s3cret", "--ring-sharing", "fd"],
+             "a ring shared by file descriptor needs the daemon on this node"),
+            ("TLS files without a CA", ["--token", "s3cret", "--tls-cert", "c.pem"],
+             "need tls_ca_file"),
+        ]
+        for name, args, message in cases:
+            result = daemon.ctl_run("dump", "--job", "job", "--rank", "1", "--address", address,
+                                    *args)
+            checks.check(f"over TCP: {name} is refused", result.returncode != 0
+                         and message in result.stderr, result.stderr.strip())
+    # A daemon whose TCP address takes no ranks says so.
+    with Daemon(bin_dir, tcp.replace("ranks_over_tcp: true\n", "") + text,
+                name="admin_only") as daemon:
+        result = daemon.ctl_run("dump", "--job", "job", "--rank", "1", "--token", "s3cret",
+                                "--address", address)
+        checks.check("over TCP without ranks_over_tcp: refused, naming the setting",
+                     result.returncode != 0 and "UNIMPLEMENTED" in result.stderr
+                     and "ranks_over_tcp" in result.stderr, result.stderr.strip())
+    print(f"ranks over TCP: 4 ranks x 2 steps equal to the socket's, over UCX's tcp and its "
+          f"own choice; {len(cases) + 1} refusals named")
 
 
 def test_attach_errors(checks, bin_dir, prefix):

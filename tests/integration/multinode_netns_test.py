@@ -2,7 +2,9 @@
 a packfeedd in each hosting half of the ranks, checking the other's
 fingerprint over TCP at start-up, and clients in each namespace receiving
 their ranks' data, each rank's fields equal to the reference built from the
-plan and the files. A daemon whose job differs from its peer's, one with another admin
+plan and the files. Then one daemon hosting every rank, host b's ranks
+attaching over TCP (ranks_over_tcp) with no daemon of their own: the same
+bytes. A daemon whose job differs from its peer's, one with another admin
 token, and one whose peer never answers, fail start-up with one clear line.
 
 Skips (exit 77, with the reason) where the machine forbids network
@@ -105,6 +107,46 @@ def failed_start(checks, bin_dir, names, work, name, path, expected):
                  len(errors) == 1 and all(e in errors[0] for e in expected), errors)
 
 
+def remote_ranks(checks, bin_dir, names, work, expected):
+    """One daemon on host a hosting all 16 ranks (ranks_over_tcp); host b's
+    ranks, with no daemon of their own, attach over TCP and get the same
+    bytes as before."""
+    port = 7075
+    path = config(work, "a", list(range(16)), [], port=port)
+    path.write_text(path.read_text().replace(
+        "peer_timeout_seconds", "ranks_over_tcp: true\npeer_timeout_seconds")
+        .replace('auth_token: ""', 'auth_token: "s3cret"'))
+    log = f"{work}/a-remote.log"
+    daemon = start(bin_dir, names, "a", path, log)
+    try:
+        wait_healthy(bin_dir, f"{work}/a-{port}.sock", daemon, log)
+        # UCX over the veth as between nodes (its own choice could be shared
+        # memory: the namespaces share /dev/shm), and one rank with its choice.
+        ranks = {r: subprocess.Popen(
+            ["ip", "netns", "exec", names["b"], f"{bin_dir}/packfeedctl", "dump", "--address",
+             f"{HOSTS['a']}:{port}", "--token", "s3cret", "--job", "job", "--rank", str(r),
+             "--steps", "2", "--json", *(["--ucx-transports", "tcp"] if r != 15 else [])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(8, 16)}
+        dumps = {}
+        for rank, process in ranks.items():
+            stdout, stderr = process.communicate(timeout=120)
+            checks.check(f"host b rank {rank} served over TCP by host a", process.returncode == 0,
+                         stderr)
+            if process.returncode == 0:
+                dumps[rank] = json.loads(stdout)
+        checks.check("every rank of host b served by host a", sorted(dumps) == list(range(8, 16)),
+                     sorted(dumps))
+        compare(checks, "ranks over TCP", dumps, expected)
+        text = pathlib.Path(log).read_text()
+        checks.check("host a says rank 8 attached over TCP from host b",
+                     f"rank 8: attaching over TCP from ipv4:{HOSTS['b']}:" in text, text[-3000:])
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+    checks.check("the daemon of remote ranks exits 0 on SIGTERM", daemon.returncode == 0,
+                 daemon.returncode)
+
+
 def test_nodes_in_network_namespaces(bin_dir, checks):
     work = tempfile.mkdtemp(prefix="pf-netns-")
     make_dataset(bin_dir, f"{work}/data", "--count", "300", "--min", "8", "--max", "400",
@@ -158,6 +200,7 @@ def test_nodes_in_network_namespaces(bin_dir, checks):
         failed_start(checks, bin_dir, names, work, "a peer that never answers",
                      config(work, "b", halves["b"], [f"{HOSTS['a']}:7999"], port=7072, timeout=2),
                      [f"peer {HOSTS['a']}:7999 did not answer within 2 s"])
+        remote_ranks(checks, bin_dir, names, work, expected)
         print(f"two hosts: {len(clients)} ranks served across namespaces, each equal to the "
               "reference; fingerprints and the "
               "rank partition checked over TCP; a mismatched, an overlapping, a wrong-token and "

@@ -75,7 +75,7 @@ def test_unix_peer(bin_dir, checks):
         stats = ctl(daemon, NOBODY, "stats")
         checks.check("nobody may read stats", stats.returncode == 0, stats.stderr)
         attach = ctl(daemon, NOBODY, "dump", "--job", "job", "--rank", "0", "--steps", "1")
-        # Its ring is refused before its Attach is sent (see below).
+        # Refused at its first call (Describe), before it makes its ring.
         checks.check("nobody may not attach, and is told who and why",
                      attach.returncode != 0 and "PERMISSION_DENIED" in attach.stderr
                      and "uid 65534" in attach.stderr and "may not attach" in attach.stderr

@@ -82,6 +82,26 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(take_steps(resumed, 3), following)
             resumed.close()
 
+    def test_a_rank_on_another_node_attaches_by_address(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        tcp = (f'admin_tcp_address: "127.0.0.1:{port}"\nadmin_tcp_token: "adm"\n'
+               "ranks_over_tcp: true\n")
+        with self.daemon(tcp + job_text(token="s3cret"), name="address") as daemon:
+            local = packfeed.Client("job", rank=1, socket_path=daemon.socket,
+                                    auth_token="s3cret")
+            expected = take_steps(local, 2)
+            local.close()
+            # UCX over TCP, as from another node.
+            remote = packfeed.Client("job", rank=1, address=f"127.0.0.1:{port}",
+                                     auth_token="s3cret", ucx_transports="tcp")
+            self.assertEqual(take_steps(remote, 2), expected)
+            remote.close()
+            with self.assertRaises(packfeed.PermissionDeniedError) as raised:
+                packfeed.Client("job", rank=1, address=f"127.0.0.1:{port}", auth_token="guess")
+            self.assertIn("wrong auth token", str(raised.exception))
+
     def test_a_state_of_another_job_config_is_refused_by_fingerprint(self):
         with self.daemon(name="before") as daemon:
             client = packfeed.Client("job", rank=0, socket_path=daemon.socket)

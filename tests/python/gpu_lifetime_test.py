@@ -13,12 +13,16 @@ engine could have refilled the buffer:
     tokens must equal what the tokens were (the host ring's bytes);
   - freed at once: every view is dropped right after a read is queued behind
     the sleep, so only the recorded stream protects the buffer;
+  - a rank attached over TCP (ranks_over_tcp) asking for a device ring the
+    daemon writes: a UCX put where UCX has GPUDirect RDMA, else the staged
+    ring, saying why; its tokens equal the host ring's;
   - the negative control: the same reads on a side stream that was not
     recorded (the documented misuse: "clone them there") must see at least
     one refilled buffer, or the two tests above prove nothing.
 
 Skips (exit 77) without a CUDA device."""
 import os
+import socket
 import subprocess
 import tempfile
 import unittest
@@ -146,6 +150,29 @@ class DeviceLifetimeTest(unittest.TestCase):
             torch.cuda.synchronize()
             client.close()
         return reads
+
+    def test_a_rank_over_tcp_gets_device_tensors_or_says_why_not(self):
+        """A rank whose daemon is on another node (ranks_over_tcp): asked for
+        a device ring the daemon writes, it gets a UCX put into device memory
+        only where UCX writes it with GPUDirect RDMA; on one node UCX would
+        emulate the put, so the staged ring serves and says why. Either way
+        the tokens are the host ring's."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        tcp = (f'admin_tcp_address: "127.0.0.1:{port}"\nadmin_tcp_token: "adm"\n'
+               "ranks_over_tcp: true\n")
+        job = self.job.replace("append_eod: true", 'append_eod: true\n  auth_token: "s3cret"')
+        with Daemon(BIN_DIR, tcp + job, name="over-tcp", workdir=self.workdir):
+            client = packfeed.Client("train", rank=0, address=f"127.0.0.1:{port}",
+                                     auth_token="s3cret", device=self.device, slots=4,
+                                     device_ring="daemon")
+            fallback = client.ring()["device_ring_fallback"]
+            print(f"a rank over TCP: device ring fallback: {fallback or 'none'}")
+            self.assertEqual(client.ring_memory, "cuda")
+            for index, batch in enumerate(self.microbatches(client)):
+                self.assert_tokens(batch["tokens"], index, "a rank over TCP")
+            client.close()
 
     def test_freed_views_wait_for_reads_queued_on_the_recorded_stream(self):
         reads = self.reads_after_freeing(torch.cuda.current_stream(self.device), "recorded")

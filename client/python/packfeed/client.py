@@ -53,6 +53,8 @@ class Client:
     Defaults from the environment (explicit arguments win):
       rank         RANK (torchrun), else SLURM_PROCID, else 0
       socket_path  PACKFEED_SOCKET, else DEFAULT_SOCKET (/run/packfeed/packfeedd.sock)
+      address      PACKFEED_ADDRESS: a daemon on another node ("host:port", its
+                   admin_tcp_address under ranks_over_tcp) instead of the socket
       job          PACKFEED_JOB
       auth_token   PACKFEED_TOKEN
       device       "cuda" means cuda:LOCAL_RANK (else SLURM_LOCALID, else 0)
@@ -92,6 +94,14 @@ class Client:
     cannot be had the staged ring serves and ring()["device_ring_fallback"],
     the log and the daemon's stats say why.
 
+    address: a daemon on another node, for ranks on a node without one
+    (auth_token required). The ring is then written over UCX's network
+    transports; device_ring="daemon" asks for a UCX put into device memory,
+    kept only where UCX does it with GPUDirect RDMA, else staged (and
+    ring()["device_ring_fallback"] says why). tls: (ca, cert, key) PEM files
+    when the daemon's TCP address is under admin_tls (cert and key only for
+    mutual TLS: "" otherwise).
+
     Iterating a Client yields its steps, each what next_step() returns:
         for microbatches, num_microbatches, seqlen_sum, _ in client:
             for batch in microbatches: ...
@@ -105,7 +115,9 @@ class Client:
                  copy: bool = False, device_ring: str = "staged", ucx_transports: str = "",
                  attach_timeout: float = 30.0,
                  reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT,
-                 state: Optional[Dict[str, Any]] = None, elastic: bool = False) -> None:
+                 state: Optional[Dict[str, Any]] = None, elastic: bool = False,
+                 address: Optional[str] = None,
+                 tls: Tuple[str, str, str] = ("", "", "")) -> None:
         if torch is None:
             raise ImportError("packfeed.Client yields torch tensors: install torch")
         self.job = job or os.environ.get("PACKFEED_JOB") or ""
@@ -115,6 +127,8 @@ class Client:
         if world_size is not None and not 0 <= self.rank < world_size:
             raise ValueError(f"rank {self.rank} is outside WORLD_SIZE {world_size}")
         self.socket_path = socket_path or os.environ.get("PACKFEED_SOCKET") or DEFAULT_SOCKET
+        self.address = address if address is not None else os.environ.get("PACKFEED_ADDRESS", "")
+        self._tls = tls
         self._auth_token = auth_token if auth_token is not None else os.environ.get(
             "PACKFEED_TOKEN", "")
         self._copy = copy
@@ -262,7 +276,8 @@ class Client:
             placement="host" if cuda_device is None else self._device_ring,
             cuda_device=cuda_device or 0, slots=self._slots, slot_bytes=self._slot_bytes,
             ucx_transports=self._ucx_transports, attach_timeout=self._attach_timeout,
-            reconnect_timeout=self._reconnect_timeout)
+            reconnect_timeout=self._reconnect_timeout, daemon_address=self.address,
+            tls_ca=self._tls[0], tls_cert=self._tls[1], tls_key=self._tls[2])
 
     def _live(self) -> _native.Client:
         if self._native is None:

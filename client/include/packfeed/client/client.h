@@ -50,6 +50,20 @@ enum class RingSharing {
 struct ClientOptions {
   // The daemon's gRPC socket.
   std::string socket_path = kDefaultSocketPath;
+  // A daemon on another node instead: its admin_tcp_address ("host:port"),
+  // where it takes ranks under ranks_over_tcp (auth_token required). No
+  // file descriptor crosses nodes, so the ring is UCX's, written over UCX's
+  // network transports; kDaemonDevice then asks for a UCX put into device
+  // memory, kept only where UCX writes it with GPUDirect RDMA, and falls
+  // back to kStagedDevice saying why (docs/TRANSPORT.md, Ranks on another
+  // node).
+  std::string daemon_address;
+  // With daemon_address, under the daemon's admin_tls: the CA that signed
+  // its certificate and, under mutual TLS, this client's certificate and key
+  // (PEM files). Plaintext when tls_ca_file is empty.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
   std::string job;  // required
   int global_rank = 0;
   // The job fingerprint this trainer expects; empty = accept the daemon's

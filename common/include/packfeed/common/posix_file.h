@@ -53,6 +53,9 @@ absl::Status PreadFully(int fd, absl::string_view path, uint64_t offset, absl::S
 // it reports: those of /proc and /sys report 0 or 4096). Errors name the
 // call and the path (NotFound, PermissionDenied, … from errno).
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+// The same, an error's message beginning "`what` cannot be read: " (what:
+// the setting that named the file).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, absl::string_view what);
 
 // Writes all of `data`, retrying short writes and EINTR.
 absl::Status WriteFully(int fd, absl::string_view path, absl::string_view data);

@@ -280,6 +280,20 @@ TEST(DaemonConfigTest, PackingThreadsAreBounded) {
   EXPECT_EQ(config->packing_threads(), 64u);
 }
 
+TEST(DaemonConfigTest, RanksOverTcpNeedTheAddressAndEveryJobsToken) {
+  constexpr absl::string_view kTcp =
+      "admin_tcp_address: \"10.0.0.1:7070\"\nadmin_tcp_token: \"s\"\nranks_over_tcp: true\n";
+  EXPECT_THAT(Message(absl::StrCat("ranks_over_tcp: true\n", kJob)),
+              HasSubstr("ranks_over_tcp: ranks attach over admin_tcp_address, which is not set"));
+  EXPECT_THAT(Message(absl::StrCat(kTcp, kJob)),
+              HasSubstr("ranks_over_tcp: job 'pretrain' has no auth_token"));
+  std::string with_token(kJob);
+  with_token.replace(with_token.find("eod_id"), 0, "auth_token: \"t\"\n  ");
+  auto config = ParseDaemonConfig(absl::StrCat(kTcp, with_token), "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->ranks_over_tcp());
+}
+
 TEST(DaemonConfigTest, PeersNeedAnAdminTcpAddressWithAToken) {
   EXPECT_THAT(Message(absl::StrCat("peers: \"10.0.0.2:7070\"\n", kJob)),
               HasSubstr("peers: peers check each other, so admin_tcp_address must be set"));
