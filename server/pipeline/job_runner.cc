@@ -256,7 +256,7 @@ void JobRunner::RankGone(int global_rank, uint64_t connection_id, std::string wh
   });
 }
 
-bool JobRunner::ServeRank(RankState& rank) {
+bool JobRunner::ServeRank(RankState& rank, int64_t slowest) {
   if (rank.live()) AccountTaken(rank);
   DropOrphanedFill(rank);
   // An ended rank's ring is unmapped once no read writes into it (the
@@ -271,7 +271,7 @@ bool JobRunner::ServeRank(RankState& rank) {
     UpdateAttached();
     return false;
   }
-  if (*credits == 0 || rank.next_step > SlowestStep() + options_.prefetch_steps) return false;
+  if (*credits == 0 || rank.next_step > slowest + options_.prefetch_steps) return false;
   const StepData* data = StepAt(rank.next_step, rank.global_rank, /*urgent=*/true);
   if (data == nullptr) {
     if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
@@ -361,7 +361,8 @@ void JobRunner::Loop() {
     bool pushed = false;
     for (bool round = true; round;) {
       round = false;
-      for (auto& [_, rank] : ranks_) round |= ServeRank(rank);
+      const int64_t slowest = SlowestStep();
+      for (auto& [_, rank] : ranks_) round |= ServeRank(rank, slowest);
       pushed |= round;
     }
     if (absl::Now() - last_sync_ >= kLedgerSyncInterval) SyncLedger();

@@ -143,7 +143,11 @@ class JobRunner {
   // Ledger bookkeeping for a rank re-attaching ahead of the ledger.
   absl::Status ClaimUpTo(int global_rank, LedgerPosition from, LedgerPosition to, uint32_t slots);
   void RecordConsumedTo(int global_rank, LedgerPosition to, uint32_t slots);
-  bool ServeRank(RankState& rank);  // true when it pushed (or pads-filled) one microbatch
+  // Pushes (or starts filling) the rank's next microbatch when its credits
+  // allow and it is within prefetch_steps of `slowest` (SlowestStep(), taken
+  // once per round: a rank's own push moves it at most one step); true
+  // when it did.
+  bool ServeRank(RankState& rank, int64_t slowest);
   // Whether a rank with these coordinates, its ring shared by descriptor,
   // has its side rows read straight into its slots: unless its stage
   // applies a loss-mask field (applied from memory).

@@ -8,7 +8,8 @@
 #                    xxhash, CLI11, nlohmann-json and dlpack, with every
 #                    library they load apart from glibc's and the C++ runtime
 #   OUT/wheels/      scikit-build-core, pybind11, CMake, Ninja and NumPy for
-#                    each Python version asked for
+#                    each Python version asked for, and Megatron-Core 0.19.2
+#                    with packaging for each from 3.12 on
 #   OUT/build_python.sh  (tests/gpu/build_python.sh) builds and installs it
 #   OUT/env.sh       to source before running what it installed
 #
@@ -82,5 +83,12 @@ for v in "${versions[@]}"; do
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$out/wheels" \
     "scikit-build-core>=0.8" "pybind11>=2.10" "cmake>=3.25" ninja numpy \
     tomli exceptiongroup  # scikit-build-core's on Python < 3.11 (pip omits them here)
+  # Megatron-Core 0.19.2 (Python >= 3.12) for gpu_megatron_loss_test.py; its
+  # one dependency beyond torch and NumPy is packaging.
+  if [[ $(printf '%s\n' 3.12 "$v" | sort -V | head -1) == 3.12 ]]; then
+    pip download -q --only-binary=:all: --python-version "$v" --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$out/wheels" \
+      --no-deps megatron-core==0.19.2 "packaging>=24.2"
+  fi
 done
 du -sh "$out"

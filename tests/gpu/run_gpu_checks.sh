@@ -10,8 +10,9 @@
 #           has it, UCX 1.22 with CUDA;
 #   python  given PY and a PYTHON with torch: builds the Python package there
 #           (PY/build_python.sh) and runs, from PY's sources against DEV's
-#           daemon, gpu_varlen_test, gpu_lifetime_test and client_test's
-#           held-tensor test;
+#           daemon, gpu_varlen_test, gpu_lifetime_test, client_test's
+#           held-tensor test and, with Megatron-Core 0.19.2 installed from
+#           PY's wheels, gpu_megatron_loss_test;
 #   bench   transport_bench and e2e_bench on the staged ring, then the host
 #           ring (e2e_bench also on 1 000 documents with and without a 48x8
 #           int16 side field per token).
@@ -79,6 +80,11 @@ if [[ -n $py ]] && wanted python; then
   PF_DEVICE_RING=daemon python_test gpu_lifetime_test.py
   python_test client_test.py \
     ClientTest.test_held_tensors_never_change_and_holding_more_than_the_ring_copies
+  # A tiny GPTModel trained on Megatron's data path and on packfeed's: the
+  # same losses, bit for bit (Megatron-Core 0.19.2 from the bundle's wheels).
+  step "$venv_python" -m pip install -q --no-index --find-links "$py/wheels" --no-deps \
+    megatron-core==0.19.2 "packaging>=24.2"
+  python_test gpu_megatron_loss_test.py
 fi
 
 if wanted bench; then
