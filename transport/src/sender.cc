@@ -192,15 +192,22 @@ absl::StatusOr<uint64_t> Sender::Open(absl::string_view receiver_address,
 }
 
 absl::Status Sender::CheckDeviceRingPuts(Connection& connection) {
-  // One put of the size of a large field into the first slot (which the
-  // first push overwrites before the receiver is told of it), to ask UCX how
-  // it carries such puts.
-  std::vector<uint8_t> zeros(std::min<uint64_t>(connection.ring.slot_bytes, 4ull << 20));
+  // One put of the size of a large field into the first slot, to ask UCX
+  // how it carries such puts. A ring outlives its connections: a receiver
+  // attaching again may still hold slot 0's microbatch, so the put writes
+  // back the bytes a get has just read there.
+  std::vector<uint8_t> bytes(std::min<uint64_t>(connection.ring.slot_bytes, 4ull << 20));
+  const absl::Time deadline = absl::Now() + options_.operation_timeout;
+  PF_RETURN_IF_ERROR(
+      Wait(connection,
+           connection.endpoint->Get(bytes.data(), bytes.size(), connection.slot_address(0),
+                                    connection.remote_key.get()),
+           "ucp_get_nbx(from the device ring)", deadline));
   UcpEndpoint::DescribedPut put = connection.endpoint->PutDescribed(
-      zeros.data(), zeros.size(), connection.slot_address(0), connection.remote_key.get());
+      bytes.data(), bytes.size(), connection.slot_address(0), connection.remote_key.get());
   const PutPath path = ClassifyPut(put.description);
-  absl::Status status = Wait(connection, put.request, "ucp_put_nbx(into the device ring)",
-                             absl::Now() + options_.operation_timeout);
+  absl::Status status =
+      Wait(connection, put.request, "ucp_put_nbx(into the device ring)", deadline);
   if (path == PutPath::kTransportWrite) return status;
   status = absl::FailedPreconditionError(absl::StrCat(
       "a ring in device memory is refused: UCX ", UcpContext::LibraryVersion(),

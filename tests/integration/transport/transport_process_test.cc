@@ -628,6 +628,33 @@ TEST_P(TransportTest, RefusesADeviceRingUcxWouldNotWriteWithATransport) {
   }
 }
 
+// A ring outlives its connections: a receiver attaching again may still
+// hold slot 0's microbatch while the new sender asks UCX, with a put into
+// that slot, how it writes a ring in device memory. The put writes back the
+// bytes that were there. (A host ring announced as device memory, in this
+// process: the test reads the slot itself.)
+TEST_P(TransportTest, TheDeviceRingProbeLeavesAHeldSlotAsItWas) {
+  transport::ReceiverOptions options;
+  options.ucx.transports = transports();
+  options.slots = 2;
+  options.slot_bytes = kSmall;
+  auto receiver = Receiver::Create(options);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  absl::StatusOr<transport::RingDescriptor> ring =
+      transport::DecodeRingDescriptor((*receiver)->ring_descriptor());
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto* slot = reinterpret_cast<uint8_t*>(ring->base_address);
+  for (uint64_t i = 0; i < kSmall; ++i) slot[i] = static_cast<uint8_t>(i * 7 + 3);
+  ring->memory_kind = transport::MemoryKind::kCuda;
+  std::unique_ptr<Sender> sender = MakeSender();
+  auto connection_id =
+      sender->Connect((*receiver)->worker_address(), transport::EncodeRingDescriptor(*ring));
+  EXPECT_EQ(connection_id.status().code(), absl::StatusCode::kFailedPrecondition);
+  uint64_t changed = 0;
+  for (uint64_t i = 0; i < kSmall; ++i) changed += slot[i] != static_cast<uint8_t>(i * 7 + 3);
+  EXPECT_EQ(changed, 0u) << "of " << kSmall << " bytes of the held slot";
+}
+
 TEST(TransportProtocolTest, SenderRefusesARingOfAnotherProtocolVersion) {
   auto sender = Sender::Create({});
   ASSERT_TRUE(sender.ok()) << sender.status();
