@@ -17,16 +17,23 @@
 // ring is copied to its device on arrival (a GPU present; a slot's credit
 // returns when its copy is done, so the rate is the rate into device
 // memory); with --ring daemon each rank's ring is device memory the daemon
-// copies every slot into. With --experts LAYERSxTOP_K the second dataset is
-// the first again, each token also carrying router-replay expert indices
-// (an int16 [LAYERS, TOP_K] side field, all layers on every rank: PP 1), and
-// a last line compares the two: peak private memory and tokens/s.
+// copies every slot into; with --ring tcp every rank attaches over the
+// daemon's TCP address (ranks_over_tcp) with UCX over TCP, as a rank on a
+// node without a daemon would, its slots travelling as messages. With --experts LAYERSxTOP_K the
+// second dataset is the first again, each token also carrying router-replay expert indices (an
+// int16 [LAYERS, TOP_K] side field, all layers on every rank: PP 1), and a last line compares the
+// two: peak private memory and tokens/s.
 //
-//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000] [--ring host|ucx|device|staged|daemon]
+//   e2e_bench [--ranks 8] [--steps 20] [--docs 20000]
+//             [--ring host|ucx|device|staged|daemon|tcp]
 //             [--experts 48x8] [--memory-budget-mib N] [--side-read-ahead-mib N]
 //             [--packing-threads N] [--quick] [--json]
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,6 +64,7 @@ struct Args {
   bool quick = false;
   bool json = false;
   std::string ring = "host";
+  int tcp_port = 0;                  // --ring tcp: the daemon's admin_tcp_address port
   std::string experts;               // LAYERSxTOP_K, or empty
   uint64_t memory_budget_mib = 0;    // 0: the daemon's default
   uint64_t side_read_ahead_mib = 0;  // 0: the daemon's default
@@ -89,8 +97,13 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks,
                          "  side_fields { name: \"routed_experts\" dtype: \"int16\" inner_shape: [",
                          experts->layers, ", ", experts->top_k,
                          "] pad_value: -1 layer_axis: true }\n");
+  // --ring tcp: ranks as on a node without a daemon, over TCP.
+  const std::string over_tcp =
+      args.ring != "tcp" ? ""
+                         : absl::StrCat("admin_tcp_address: \"127.0.0.1:", args.tcp_port,
+                                        "\"\nadmin_tcp_token: \"bench\"\nranks_over_tcp: true\n");
   return absl::StrCat(
-      "socket_path: \"", dir, "/bench.sock\"\n",
+      "socket_path: \"", dir, "/bench.sock\"\n", over_tcp,
       "memory_budget_bytes: ", args.memory_budget_mib << 20, "\n",
       args.side_read_ahead_mib == 0
           ? ""
@@ -107,9 +120,26 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks,
   seq_length: 8192
   eod_id: 32000
   append_eod: true
+  auth_token: "bench"
   scheduler { kind: "dynamic_cp" max_tokens_per_rank: 8192 }
 )",
       side, "}\n");
+}
+
+// A TCP port of the loopback nobody listens on now (the kernel's pick).
+int FreeTcpPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(address);
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), size) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return port;
 }
 
 using bench::AttachWithRetry;
@@ -181,9 +211,14 @@ absl::StatusOr<Figures> Run(const Args& args, const std::string& daemon_path, in
                       : args.ring == "staged" ? packfeed::RingPlacement::kStagedDevice
                       : args.ring == "daemon" ? packfeed::RingPlacement::kDaemonDevice
                                               : packfeed::RingPlacement::kHost;
+  options.auth_token = "bench";
   // A host ring in UCX's shared memory, rather than a memfd the client
   // hands to the daemon (the default).
   if (args.ring == "ucx") options.sharing = client::RingSharing::kUcx;
+  if (args.ring == "tcp") {
+    options.daemon_address = absl::StrCat("127.0.0.1:", args.tcp_port);
+    options.ucx_transports = "tcp";
+  }
 
   // Throughput: every rank as fast as it can.
   std::atomic<int64_t> tokens{0};
@@ -289,8 +324,9 @@ int main(int argc, char** argv) {
   app.add_option("--ring", args.ring,
                  "where each rank's ring lives: host (a memfd the daemon maps), ucx (host, in "
                  "UCX's shared memory), device (CUDA, written by UCX), staged (host, copied to "
-                 "the device on arrival) or daemon (CUDA, copied in by the daemon)")
-      ->check(CLI::IsMember({"host", "ucx", "device", "staged", "daemon"}));
+                 "the device on arrival), daemon (CUDA, copied in by the daemon) or tcp (host, "
+                 "the ranks attached over TCP as from another node, UCX over TCP)")
+      ->check(CLI::IsMember({"host", "ucx", "device", "staged", "daemon", "tcp"}));
   app.add_option("--experts", args.experts,
                  "LAYERSxTOP_K: add int16 router-replay indices per token (e.g. 48x8)");
   app.add_option("--memory-budget-mib", args.memory_budget_mib,
@@ -302,6 +338,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", args.quick, "a short run (smoke test)");
   app.add_flag("--json", args.json, "one JSON object per dataset");
   CLI11_PARSE(app, argc, argv);
+  if (args.ring == "tcp") args.tcp_port = packfeed::FreeTcpPort();
   if (args.quick) {
     args.ranks = 4;
     args.steps = 3;
