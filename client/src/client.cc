@@ -118,6 +118,8 @@ class Client::Impl {
   // at start_sample); resume_step_ is then where serving starts.
   absl::Status AttachAt(int64_t start_step, int start_microbatch,
                         std::optional<int64_t> start_sample = std::nullopt);
+  // options_.slot_bytes, or else what the job needs, asked of the daemon.
+  absl::StatusOr<uint64_t> SlotBytes() const;
   // Makes `receiver` a staged device ring instead of kDaemonDevice, and
   // records and logs `why`.
   void StageInstead(transport::ReceiverOptions& receiver, const absl::Status& why);
@@ -269,19 +271,7 @@ absl::Status Client::Impl::Open() {
   PF_ASSIGN_OR_RETURN(control.channel, OpenDaemonChannel(options));
   control.control = v1::Control::NewStub(control.channel);
 
-  uint64_t slot_bytes = options.slot_bytes;
-  if (slot_bytes == 0) {
-    grpc::ClientContext context;
-    SetDeadline(context, options.attach_timeout);
-    v1::DescribeRequest request;
-    request.set_job(options.job);
-    request.set_auth_token(options.auth_token);
-    v1::DescribeReply reply;
-    PF_RETURN_IF_ERROR(DaemonCallStatus(control.control->Describe(&context, request, &reply),
-                                        absl::StrCat("describe job ", options.job),
-                                        DaemonName(options)));
-    slot_bytes = reply.required_slot_bytes();
-  }
+  PF_ASSIGN_OR_RETURN(const uint64_t slot_bytes, SlotBytes());
   transport::ReceiverOptions receiver;
   receiver.ucx.transports = options.ucx_transports;
   receiver.slots = options.slots;
@@ -340,6 +330,20 @@ absl::Status Client::Impl::Open() {
   PF_RETURN_IF_ERROR(attached);
   next_step_ = resume_step_;
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Client::Impl::SlotBytes() const {
+  if (options_.slot_bytes != 0) return options_.slot_bytes;
+  grpc::ClientContext context;
+  SetDeadline(context, options_.attach_timeout);
+  v1::DescribeRequest request;
+  request.set_job(options_.job);
+  request.set_auth_token(options_.auth_token);
+  v1::DescribeReply reply;
+  PF_RETURN_IF_ERROR(DaemonCallStatus(control_->control->Describe(&context, request, &reply),
+                                      absl::StrCat("describe job ", options_.job),
+                                      DaemonName(options_)));
+  return reply.required_slot_bytes();
 }
 
 void Client::Impl::StageInstead(transport::ReceiverOptions& receiver, const absl::Status& why) {

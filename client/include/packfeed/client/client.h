@@ -234,8 +234,10 @@ class Client {
   // daemon hosts, or another fingerprint), AlreadyExists (the rank is
   // attached), InvalidArgument (slots too small for the job, a bad start
   // step or start sample, no job name, a socket path longer than a Unix
-  // socket allows: 107 bytes). Unavailable when no daemon answers on the
-  // socket, or it is starting or draining. A release build of packfeed
+  // socket allows: 107 bytes; a ring shared by file descriptor with
+  // daemon_address). Unavailable when no daemon answers on the socket (or
+  // address), or it is starting or draining; Unimplemented from an address
+  // that takes no ranks (ranks_over_tcp off). A release build of packfeed
   // turns Abseil's lock-order checks off for the process here
   // (packfeed/common/mutex_mode.h).
   static absl::StatusOr<std::unique_ptr<Client>> Attach(const ClientOptions& options);
