@@ -189,7 +189,7 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
   {
     auto client = client::Client::Attach(Options(0));
     ASSERT_TRUE(client.ok()) << client.status();
-    for (int s = 0; s < 34; ++s) reference.push_back(TakeStep(**client));
+    for (int s = 0; s < 40; ++s) reference.push_back(TakeStep(**client));
   }
   auto good = client::Client::Attach(Options(0));
   ASSERT_TRUE(good.ok()) << good.status();
@@ -221,6 +221,16 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
       v1::AttachReply reply;
       grpc::ClientContext context;
       return control_->Attach(&context, request, &reply);
+    };
+  };
+  auto describe = [&](std::string job, std::string token) {
+    return [&, job, token] {
+      v1::DescribeRequest request;
+      request.set_job(job);
+      request.set_auth_token(token);
+      v1::DescribeReply reply;
+      grpc::ClientContext context;
+      return control_->Describe(&context, request, &reply);
     };
   };
   auto detach = [&](std::function<void(v1::DetachRequest&)> spoil) {
@@ -329,6 +339,10 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
          return admin_->GetPlan(&context, request, &reply);
        },
        StatusCode::INVALID_ARGUMENT, "step -1 < 0"},
+      {"describe: unknown job", describe("nope", kToken), StatusCode::NOT_FOUND,
+       "no job 'nope' on this daemon (jobs: job"},
+      {"describe: wrong token", describe("job", "guess"), StatusCode::PERMISSION_DENIED,
+       "wrong auth token"},
       {"stats: unknown job",
        [&] {
          v1::GetStatsRequest request;
