@@ -127,7 +127,8 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   TrainerTimes earlier_times;
   if (existing != ranks_.end()) {
     AccountTaken(existing->second);
-    sender_->Disconnect(existing->second.connection_id).IgnoreError();
+    // The rank's earlier process is gone or has given that connection up.
+    sender_->Abandon(existing->second.connection_id).IgnoreError();
     earlier_times = existing->second.all_times();
     ranks_.erase(existing);
   }
@@ -250,7 +251,8 @@ void JobRunner::RankGone(int global_rank, uint64_t connection_id, std::string wh
     spdlog::warn("job {} rank {}: {}: its connection {:#x} is ended", job_.name(), global_rank, why,
                  connection_id);
     AccountTaken(rank->second);
-    sender_->Disconnect(connection_id, why).IgnoreError();
+    // Dead or stopped: a goodbye would only wait on it.
+    sender_->Abandon(connection_id).IgnoreError();
     rank->second.failed = true;
     UpdateAttached();
   });

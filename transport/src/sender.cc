@@ -236,10 +236,19 @@ absl::Status Sender::Disconnect(uint64_t connection_id, absl::string_view reason
       status = Wait(connection, connection.endpoint->Flush(), "ucp_ep_flush_nbx", deadline);
     }
   }
-  connection.remote_key.Reset();
-  if (connection.endpoint.has_value()) connection.endpoint->Close(/*force=*/true).IgnoreError();
-  connections_.erase(it);
+  Abandon(connection_id).IgnoreError();
   return status;
+}
+
+absl::Status Sender::Abandon(uint64_t connection_id) {
+  auto it = connections_.find(connection_id);
+  if (it == connections_.end()) {
+    return absl::NotFoundError(absl::StrCat("no connection with id ", connection_id));
+  }
+  it->second->remote_key.Reset();
+  if (it->second->endpoint.has_value()) it->second->endpoint->Close(/*force=*/true).IgnoreError();
+  connections_.erase(it);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Sender::Connection*> Sender::Usable(uint64_t connection_id) const {

@@ -69,6 +69,13 @@ class FakeSlotSender : public transport::SlotSender {
     rings_[id].reason = std::string(reason);
     return absl::OkStatus();
   }
+  absl::Status Abandon(uint64_t id) override {
+    absl::MutexLock lock(&mutex_);
+    if (rings_.count(id) == 0) return absl::NotFoundError("no such connection");
+    rings_[id].closed = true;
+    rings_[id].abandoned = true;
+    return absl::OkStatus();
+  }
   absl::StatusOr<uint32_t> Credits(uint64_t id) const override {
     absl::MutexLock lock(&mutex_);
     const Ring* ring = Find(id);
@@ -169,6 +176,11 @@ class FakeSlotSender : public transport::SlotSender {
     return ring->closed ? ring->reason : "<open>";
   }
   // Why connection `id` was closed, once it is (up to 10 s), or "<open>".
+  bool Abandoned(uint64_t id) const {
+    absl::MutexLock lock(&mutex_);
+    const Ring* ring = Find(id);
+    return ring != nullptr && ring->abandoned;
+  }
   std::string WaitForClose(uint64_t id) {
     absl::MutexLock lock(&mutex_);
     auto closed = [&] {
@@ -218,6 +230,7 @@ class FakeSlotSender : public transport::SlotSender {
     bool release_all = false;
     bool failed = false;
     bool closed = false;
+    bool abandoned = false;  // closed without a goodbye
     std::string reason;
     std::vector<uint8_t> mapped_slot;
   };

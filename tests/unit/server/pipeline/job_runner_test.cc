@@ -377,5 +377,22 @@ TEST_F(JobRunnerTest, SideRowsThatCannotBeReadIntoTheSlotEndTheRank) {
   EXPECT_TRUE(sender_->Pushed(id).empty());
 }
 
+// A rank whose process is gone or stopped (its Watch stream broke) is
+// closed without a goodbye, whose flush would wait on it while every other
+// rank of the job waits on the runner; a goodbye with a reason still goes to
+// a live rank the daemon stops serving (above).
+TEST_F(JobRunnerTest, ARankGoneIsClosedWithoutAGoodbyeAndTheOthersGoOn) {
+  StartDatasetJob(/*dp=*/2, /*prefetch_steps=*/2);
+  const uint64_t gone = Attach(0, /*slots=*/2);
+  const uint64_t other = Attach(1, /*slots=*/2);
+  EXPECT_GE(sender_->WaitForPushes(gone, 1).size(), 1u);
+  runner_->RankGone(0, gone, "its Watch stream broke");
+  EXPECT_EQ(sender_->WaitForClose(gone), "");
+  EXPECT_TRUE(sender_->Abandoned(gone));
+  sender_->ReleaseEverything(other);
+  EXPECT_GE(sender_->WaitForPushes(other, 3).size(), 3u);
+  EXPECT_FALSE(sender_->Abandoned(other));
+}
+
 }  // namespace
 }  // namespace packfeed::server

@@ -69,6 +69,11 @@ class Sender : public SlotSender {
   // A non-empty `reason` tells the receiver why it is no longer served (its
   // Next then fails with FailedPrecondition carrying it).
   absl::Status Disconnect(uint64_t connection_id, absl::string_view reason = "") override;
+  // Closes and forgets the connection without a goodbye (whose flush would
+  // wait, up to operation_timeout, on a receiver that has stopped: over
+  // TCP UCX completes it only when the peer answers). NotFound for an
+  // unknown connection id.
+  absl::Status Abandon(uint64_t connection_id) override;
 
   // Free slots of the connection now: 0 until the receiver has accepted the
   // connection (Receiver::Connect sends its first credit). Unavailable once

@@ -73,6 +73,9 @@ class SlotSender {
   }
   // No slot follows those pushed; `reason`, when not empty, tells why.
   virtual absl::Status Disconnect(uint64_t connection_id, absl::string_view reason = "") = 0;
+  // The receiver is gone or does not answer: the connection is closed at
+  // once, telling it nothing and waiting on nothing.
+  virtual absl::Status Abandon(uint64_t connection_id) = 0;
   // Free slots now; Unavailable once the connection failed.
   virtual absl::StatusOr<uint32_t> Credits(uint64_t connection_id) const = 0;
   // The next slot; ResourceExhausted when none is free.
