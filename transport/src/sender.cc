@@ -71,6 +71,10 @@ struct Sender::Connection {
 
 namespace {
 
+// How long a goodbye may take to leave (Disconnect); a receiver alive and
+// progressing takes microseconds.
+constexpr absl::Duration kGoodbyeWait = absl::Seconds(2);
+
 std::vector<FieldSpec> Specs(const SlotContent& content) {
   std::vector<FieldSpec> specs;
   specs.reserve(content.fields.size());
@@ -226,8 +230,10 @@ absl::Status Sender::Disconnect(uint64_t connection_id, absl::string_view reason
   Connection& connection = *it->second;
   absl::Status status = connection.failure;
   if (status.ok()) {
-    // Goodbye, then a flush so it leaves before the endpoint closes.
-    const absl::Time deadline = absl::Now() + options_.operation_timeout;
+    // Goodbye, then a flush so it leaves before the endpoint closes. Not
+    // longer than kGoodbyeWait: a receiver that stopped answering would
+    // hold the sending thread, and every other connection of it, that long.
+    const absl::Time deadline = absl::Now() + std::min(options_.operation_timeout, kGoodbyeWait);
     connection.notification = EncodeMessage(Goodbye{connection_id, std::string(reason)});
     status =
         Wait(connection, connection.endpoint->SendEager(kActiveMessageId, connection.notification),
@@ -408,10 +414,11 @@ absl::Status Sender::Notify(Connection& connection, uint32_t slot,
 
 absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,
                           absl::Time deadline) {
+  const absl::Duration allowed = deadline - absl::Now();
   return worker_.Wait(request, call, deadline, [&] {
     // Alive but not progressing: closing the endpoint completes the request.
     Logger().warn("connection {}: {} did not complete within {}", connection.connection_id,
-                  std::string(call), absl::FormatDuration(options_.operation_timeout));
+                  std::string(call), absl::FormatDuration(absl::Ceil(allowed, absl::Seconds(1))));
     connection.remote_key.Reset();
     connection.endpoint->Close(/*force=*/true).IgnoreError();
   });

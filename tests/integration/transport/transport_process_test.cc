@@ -2,6 +2,7 @@
 // sender (or the receiver) and tests/integration/transport/transport_peer.cc
 // is the other side. Every test runs over shared memory and over TCP.
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -626,6 +627,35 @@ TEST_P(TransportTest, RefusesADeviceRingUcxWouldNotWriteWithATransport) {
     ASSERT_TRUE(PushTestMessages(*sender, served_connection, 0, 3, kSmall, &report).ok());
     EXPECT_EQ(Receive(served), absl::StrCat("ok ", report.bytes));
   }
+}
+
+// A receiver that stopped answering (SIGSTOP, a hung host) holds the
+// sending thread, and every other connection of it, no longer than a
+// goodbye's wait (2 s): over TCP, UCX completes the goodbye's flush only
+// when the peer answers, which once took the whole operation timeout (30 s).
+// Abandon waits on nothing.
+TEST_P(TransportTest, AStoppedReceiverHoldsTheSenderNoLongerThanAGoodbyesWait) {
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess told = Spawn("receiver");
+  ChildProcess dropped = Spawn("receiver");
+  const uint64_t told_connection = ConnectReceiver(*sender, told);
+  const uint64_t dropped_connection = ConnectReceiver(*sender, dropped);
+  // Slots it has not read yet, as a trainer holding its ring has.
+  for (uint64_t connection_id : {told_connection, dropped_connection}) {
+    PushReport report;
+    ASSERT_TRUE(PushTestMessages(*sender, connection_id, 0, 1, kSmall, &report).ok());
+  }
+  told.Kill(SIGSTOP);
+  dropped.Kill(SIGSTOP);
+  absl::Time start = absl::Now();
+  sender->Disconnect(told_connection, "the job cannot be served").IgnoreError();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  start = absl::Now();
+  EXPECT_TRUE(sender->Abandon(dropped_connection).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_TRUE(absl::IsNotFound(sender->Abandon(dropped_connection)));
+  told.Kill(SIGKILL);
+  dropped.Kill(SIGKILL);
 }
 
 // A ring outlives its connections: a receiver attaching again may still
