@@ -88,7 +88,8 @@ for v in "${versions[@]}"; do
   if [[ $(printf '%s\n' 3.12 "$v" | sort -V | head -1) == 3.12 ]]; then
     pip download -q --only-binary=:all: --python-version "$v" --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$out/wheels" \
-      --no-deps megatron-core==0.19.2 "packaging>=24.2"
+      --no-deps megatron-core==0.19.2 "packaging>=24.2" ||
+      echo "no megatron-core 0.19.2 wheel for Python $v: gpu_megatron_loss_test cannot run there" >&2
   fi
 done
 du -sh "$out"
