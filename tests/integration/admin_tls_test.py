@@ -10,20 +10,13 @@ peers over mutual TLS both start.
 ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import json
 import pathlib
-import socket
 import subprocess
 import tempfile
 
-from daemon_harness import Daemon, wait_until
+from daemon_harness import Daemon, free_port, wait_until
 
 TOKEN = "admin-s3cret"
 JOB_TOKEN = "job-s3cret"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def openssl(*args, cwd):

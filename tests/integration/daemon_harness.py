@@ -3,6 +3,7 @@ packfeedctl, as an operator would."""
 import json
 import pathlib
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -18,6 +19,20 @@ def wait_until(condition, what, timeout=20.0, poll=0.05):
             raise TimeoutError(f"not within {timeout} s: {what}")
         time.sleep(poll)
     return time.monotonic() - start
+
+
+def free_port():
+    """A TCP port of the loopback nobody listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ranks_over_tcp(address):
+    """Daemon configuration lines: Admin and Control on `address`, so ranks
+    attach there as from a node without a daemon (every job then needs its
+    auth_token)."""
+    return f'admin_tcp_address: "{address}"\nadmin_tcp_token: "adm"\nranks_over_tcp: true\n'
 
 
 def make_dataset(bin_dir, prefix, *options):

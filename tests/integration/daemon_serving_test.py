@@ -6,13 +6,12 @@ error; a client killed mid-stream.
 
 ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import signal
-import socket
 import subprocess
 import tempfile
 
 import pytest
 
-from daemon_harness import Daemon, make_dataset, wait_until
+from daemon_harness import Daemon, free_port, make_dataset, ranks_over_tcp, wait_until
 from serving_reference import EOD, compare, expected_dumps, job_text
 from thd_reference import Dataset
 
@@ -131,18 +130,12 @@ def test_two_jobs_read_once(checks, bin_dir, prefix):
           f"budget {budget >> 20} MiB); with a 1-byte budget {figures['1-byte budget'][0]}")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ranks_over_tcp(checks, bin_dir, prefix):
     """Ranks on a node without a daemon attach over its TCP address
     (ranks_over_tcp) and get the bytes a rank on its socket gets."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    tcp = (f'admin_tcp_address: "{address}"\nadmin_tcp_token: "adm"\nranks_over_tcp: true\n')
+    tcp = ranks_over_tcp(address)
     text = job_text("job", prefix, tp=1, pp=1, token="s3cret")
     with Daemon(bin_dir, tcp + text, name="over_tcp") as daemon:
         local = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret")

@@ -10,10 +10,9 @@ TCP address (ranks_over_tcp).
 ctest runs it under pytest, with the build's paths (tests/conftest.py)."""
 import os
 import signal
-import socket
 import tempfile
 
-from daemon_harness import Daemon, wait_until
+from daemon_harness import Daemon, free_port, ranks_over_tcp, wait_until
 
 JOB = """jobs {
   name: "job"
@@ -41,12 +40,6 @@ def hold(daemon, rank, how):
     process = daemon.start_dump("job", rank, 1, "--hold-seconds", "120", *how)
     wait_until(lambda: attached(daemon, rank), f"rank {rank} attached")
     return process
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_liveness(checks, daemon, label, how):
@@ -99,7 +92,7 @@ def test_a_stopped_or_killed_rank_is_noticed(bin_dir, checks):
     # Ranks attached over the daemon's TCP address (ranks_over_tcp): the
     # same pings, on the TCP listener.
     address = f"127.0.0.1:{free_port()}"
-    tcp = f'admin_tcp_address: "{address}"\nadmin_tcp_token: "adm"\nranks_over_tcp: true\n'
+    tcp = ranks_over_tcp(address)
     job = (JOB % prefix).replace("append_eod: true", 'append_eod: true\n  auth_token: "t"')
     with Daemon(bin_dir, tcp + job, name="liveness_tcp", workdir=work) as daemon:
         check_liveness(checks, daemon, "over TCP",

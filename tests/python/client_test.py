@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import re
-import socket
 import types
 import subprocess
 import urllib.request
@@ -22,7 +21,7 @@ import unittest
 import torch
 
 import packfeed
-from daemon_harness import wait_until
+from daemon_harness import free_port, ranks_over_tcp, wait_until
 from pf_test_support import BIN_DIR, Daemon, main
 
 EOD = 5000
@@ -83,11 +82,8 @@ class ClientTest(unittest.TestCase):
             resumed.close()
 
     def test_a_rank_on_another_node_attaches_by_address(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        tcp = (f'admin_tcp_address: "127.0.0.1:{port}"\nadmin_tcp_token: "adm"\n'
-               "ranks_over_tcp: true\n")
+        port = free_port()
+        tcp = ranks_over_tcp(f"127.0.0.1:{port}")
         with self.daemon(tcp + job_text(token="s3cret"), name="address") as daemon:
             local = packfeed.Client("job", rank=1, socket_path=daemon.socket,
                                     auth_token="s3cret")
@@ -406,9 +402,7 @@ class ClientTest(unittest.TestCase):
         rank 0), rank 0 hardly. The daemon's stats and Prometheus figures
         equal what each rank measured (its final report comes with its
         detach)."""
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         text = f'metrics_address: "127.0.0.1:{port}"\n' + job_text()
         with self.daemon(text, name="times") as daemon:
             clients = {rank: packfeed.Client("job", rank=rank, socket_path=daemon.socket)

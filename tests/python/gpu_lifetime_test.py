@@ -22,7 +22,6 @@ engine could have refilled the buffer:
 
 Skips (exit 77) without a CUDA device."""
 import os
-import socket
 import subprocess
 import tempfile
 import unittest
@@ -30,6 +29,7 @@ import unittest
 import torch
 
 import packfeed
+from daemon_harness import free_port, ranks_over_tcp
 from pf_test_support import BIN_DIR, Daemon, main
 
 # "staged" (the default) or "daemon" (a device ring the daemon copies into):
@@ -157,11 +157,8 @@ class DeviceLifetimeTest(unittest.TestCase):
         only where UCX writes it with GPUDirect RDMA; on one node UCX would
         emulate the put, so the staged ring serves and says why. Either way
         the tokens are the host ring's."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        tcp = (f'admin_tcp_address: "127.0.0.1:{port}"\nadmin_tcp_token: "adm"\n'
-               "ranks_over_tcp: true\n")
+        port = free_port()
+        tcp = ranks_over_tcp(f"127.0.0.1:{port}")
         job = self.job.replace("append_eod: true", 'append_eod: true\n  auth_token: "s3cret"')
         with Daemon(BIN_DIR, tcp + job, name="over-tcp", workdir=self.workdir):
             client = packfeed.Client("train", rank=0, address=f"127.0.0.1:{port}",
