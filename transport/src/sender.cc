@@ -414,11 +414,13 @@ absl::Status Sender::Notify(Connection& connection, uint32_t slot,
 
 absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,
                           absl::Time deadline) {
-  const absl::Duration allowed = deadline - absl::Now();
   return worker_.Wait(request, call, deadline, [&] {
     // Alive but not progressing: closing the endpoint completes the request.
-    Logger().warn("connection {}: {} did not complete within {}", connection.connection_id,
-                  std::string(call), absl::FormatDuration(absl::Ceil(allowed, absl::Seconds(1))));
+    // (No clock read on the way in: Push waits here for every slot.)
+    Logger().warn("connection {}: {} did not complete in time (operation_timeout {}, a goodbye {})",
+                  connection.connection_id, std::string(call),
+                  absl::FormatDuration(options_.operation_timeout),
+                  absl::FormatDuration(kGoodbyeWait));
     connection.remote_key.Reset();
     connection.endpoint->Close(/*force=*/true).IgnoreError();
   });
