@@ -4,6 +4,8 @@
 // bit-identical to an undisturbed run (no wrong bytes, nobody else held up).
 // The ledger shows the good rank's consumption exact at the end.
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +40,19 @@ using ::testing::HasSubstr;
 
 constexpr char kToken[] = "s3cret";
 
+// A TCP port on loopback that nothing listens on now.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  close(fd);
+  return ok ? ntohs(address.sin_port) : -1;
+}
+
 struct BadRequest {
   std::string name;
   std::function<grpc::Status()> send;
@@ -58,8 +73,14 @@ class DaemonBadInputTest : public ::testing::Test {
     ASSERT_TRUE(lengths.ok());
     ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix, *lengths, dataset).ok());
     socket_ = new std::string(*dir_ + "/packfeedd.sock");
-    std::ofstream(*dir_ + "/config.textproto") << absl::StrCat(
-        "socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n", R"(ingest_streams {
+    // Ranks may attach over TCP too, as from a node without a daemon.
+    const int port = FreePort();
+    ASSERT_GT(port, 0);
+    tcp_address_ = new std::string(absl::StrCat("127.0.0.1:", port));
+    std::ofstream(*dir_ + "/config.textproto")
+        << absl::StrCat("socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n",
+                        "admin_tcp_address: \"", *tcp_address_, "\"\nadmin_tcp_token: \"adm\"\n",
+                        "ranks_over_tcp: true\n", R"(ingest_streams {
   name: "rollouts"
   auth_token: "driver-secret"
   fields { name: "logprobs" dtype: "float32" }
@@ -72,14 +93,14 @@ ingest_streams {
 jobs {
   name: "job"
   datasets { prefix: ")",
-        prefix, R"(" }
+                        prefix, R"(" }
   topology { tp: 1 pp: 1 cp: 1 dp: 4 }
   global_batch: 8
   seq_length: 128
   eod_id: 5000
   append_eod: true
   auth_token: ")",
-        kToken, R"("
+                        kToken, R"("
   local_ranks: [0, 1, 2]
   scheduler { kind: "balanced" max_tokens_per_rank: 128 }
 })");
@@ -89,6 +110,9 @@ jobs {
     daemon_ = new testing::ChildProcess(*std::move(daemon));
     admin_ = v1::Admin::NewStub(Channel()).release();
     control_ = v1::Control::NewStub(Channel()).release();
+    control_over_tcp_ =
+        v1::Control::NewStub(grpc::CreateChannel(*tcp_address_, grpc::InsecureChannelCredentials()))
+            .release();
     ingest_ = v1::Ingest::NewStub(Channel()).release();
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (true) {
@@ -141,9 +165,11 @@ jobs {
 
   static inline std::string* dir_ = nullptr;
   static inline std::string* socket_ = nullptr;
+  static inline std::string* tcp_address_ = nullptr;
   static inline testing::ChildProcess* daemon_ = nullptr;
   static inline v1::Admin::Stub* admin_ = nullptr;
   static inline v1::Control::Stub* control_ = nullptr;
+  static inline v1::Control::Stub* control_over_tcp_ = nullptr;
   static inline v1::Ingest::Stub* ingest_ = nullptr;
 };
 
@@ -206,8 +232,9 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
   auto small = transport::Receiver::Create(ring_options);
   ASSERT_TRUE(small.ok()) << small.status();
 
-  auto attach = [&](std::function<void(v1::AttachRequest&)> spoil) {
-    return [&, spoil] {
+  auto attach = [&](std::function<void(v1::AttachRequest&)> spoil,
+                    v1::Control::Stub* control = control_) {
+    return [&, spoil, control] {
       v1::AttachRequest request;
       request.set_job("job");
       request.set_global_rank(1);
@@ -220,7 +247,7 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
       spoil(request);
       v1::AttachReply reply;
       grpc::ClientContext context;
-      return control_->Attach(&context, request, &reply);
+      return control->Attach(&context, request, &reply);
     };
   };
   auto describe = [&](std::string job, std::string token) {
@@ -314,6 +341,13 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
        StatusCode::ALREADY_EXISTS, "already attached"},
       {"garbage worker address", attach([](auto& r) { r.set_worker_address("not an address"); }),
        StatusCode::INVALID_ARGUMENT, "worker address"},
+      // No descriptor crosses TCP, and no uid proves whose ring a token names.
+      {"over TCP: a ring shared by descriptor",
+       attach([](auto& r) { r.mutable_ring()->set_shared_ring_token("token"); }, control_over_tcp_),
+       StatusCode::PERMISSION_DENIED, "shared memory is handed over only on the Unix socket"},
+      {"over TCP: wrong token",
+       attach([](auto& r) { r.set_auth_token("guess"); }, control_over_tcp_),
+       StatusCode::PERMISSION_DENIED, "wrong auth token"},
       {"detach: unknown job", detach([](auto& r) { r.set_job("nope"); }), StatusCode::NOT_FOUND,
        "no job 'nope'"},
       {"detach: wrong token", detach([](auto& r) { r.set_auth_token("guess"); }),
