@@ -23,7 +23,14 @@ plain torch optimizer.
 Environment: PF_BIN_DIR, PF_SOURCE_ROOT (pf_test_support); megatron-core
 0.19.2 installed (run_gpu_checks.sh installs it from the Python bundle's
 wheels) or unpacked at PF_MEGATRON_019_DIR. Skips (77) without a CUDA
-device; fails when megatron-core cannot be imported."""
+device; fails when megatron-core cannot be imported.
+
+PF_MEGATRON_LOSS_DEVICE=cpu rehearses the whole test on the CPU (gloo, and
+Megatron's CUDA RNG tracker replaced by a no-op, as dropout is 0, and
+torch.cuda.current_device() answering "cpu"), for a
+machine with torch >= 2.6 but no GPU. It proves the code paths and the
+batches; only the CUDA run is the proof of the losses."""
+import contextlib
 import math
 import os
 import pathlib
@@ -40,6 +47,7 @@ from torch.utils.data import default_collate  # noqa: E402
 from daemon_harness import Daemon  # noqa: E402
 from pf_test_support import BIN_DIR, main  # noqa: E402
 
+DEVICE = os.environ.get("PF_MEGATRON_LOSS_DEVICE", "cuda")
 ITERATIONS = 20
 EOD = 0
 MBS, GBS, SEQ, SEED = 2, 8, 128, 1234
@@ -75,7 +83,8 @@ class DocumentCausalAttention(torch.nn.Module):
         return out
 
 
-@unittest.skipIf(not torch.cuda.is_available(), "no CUDA device on this machine")
+@unittest.skipIf(DEVICE == "cuda" and not torch.cuda.is_available(),
+                 "no CUDA device on this machine")
 class MegatronLossTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -84,9 +93,12 @@ class MegatronLossTest(unittest.TestCase):
         from megatron.core import parallel_state, tensor_parallel
         cls.parallel_state, cls.tensor_parallel = parallel_state, tensor_parallel
         cls.work = pathlib.Path(tempfile.mkdtemp(prefix="pf-megatron-loss-"))
-        torch.cuda.set_device(0)
+        if DEVICE == "cuda":
+            torch.cuda.set_device(0)
+        else:
+            torch.cuda.current_device = lambda: DEVICE
         torch.distributed.init_process_group(
-            "nccl", init_method=f"file://{cls.work}/pg", rank=0, world_size=1)
+            "nccl" if DEVICE == "cuda" else "gloo", init_method=f"file://{cls.work}/pg", rank=0, world_size=1)
         parallel_state.initialize_model_parallel(1, 1)
         # Warn, not fail, on an op without a deterministic kernel: the losses'
         # bitwise equality is the check.
@@ -106,7 +118,10 @@ class MegatronLossTest(unittest.TestCase):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer.transformer_config import TransformerConfig
         torch.manual_seed(SEED)
-        self.tensor_parallel.model_parallel_cuda_manual_seed(SEED)
+        if DEVICE == "cuda":
+            self.tensor_parallel.model_parallel_cuda_manual_seed(SEED)
+        else:
+            self.tensor_parallel.get_cuda_rng_tracker().fork = contextlib.nullcontext
         config = TransformerConfig(
             num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
             use_cpu_initialization=True, deterministic_mode=True, hidden_dropout=0.0,
@@ -115,7 +130,7 @@ class MegatronLossTest(unittest.TestCase):
         if inter_document:
             spec.submodules.self_attention.submodules.core_attention = DocumentCausalAttention
         return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
-                        max_sequence_length=SEQ).cuda()
+                        max_sequence_length=SEQ).to(DEVICE)
 
     def train(self, batches, inter_document):
         """The loss of each iteration, as Megatron reports it (Σ loss ×
@@ -128,7 +143,7 @@ class MegatronLossTest(unittest.TestCase):
         for microbatches in batches:
             optimizer.zero_grad(set_to_none=True)
             tokens = sum(mb[KEYS.index("loss_mask")].sum() for mb in microbatches)
-            total = torch.zeros((), device="cuda")
+            total = torch.zeros((), device=DEVICE)
             for values in microbatches:
                 batch = dict(zip(KEYS, values))
                 packed = None
@@ -168,8 +183,9 @@ class MegatronLossTest(unittest.TestCase):
             microbatches = []
             for first in range(iteration * GBS, (iteration + 1) * GBS, MBS):
                 batch = default_collate([train[i] for i in range(first, first + MBS)])
-                for key in KEYS:
-                    batch[key] = batch.get(key)
+                # pretrain_gpt's get_batch: TP rank 0 moves the batch to the GPU.
+                batch = {key: None if batch.get(key) is None else batch[key].to(DEVICE)
+                         for key in KEYS}
                 batch = utils.get_batch_on_this_tp_rank(
                     batch, has_cu_seqlens=args["inter_document"], is_hybrid_cp=False,
                     create_attention_mask_in_dataloader=not args["inter_document"],
@@ -215,7 +231,7 @@ class MegatronLossTest(unittest.TestCase):
         name = f"inter{int(args['inter_document'])}"
         with Daemon(BIN_DIR, job, name=name, workdir=self.work) as daemon:
             provider = packfeed_megatron.datasets_provider(
-                "gpt", socket_path=daemon.socket, args=megatron_args, rank=0, device="cuda",
+                "gpt", socket_path=daemon.socket, args=megatron_args, rank=0, device=DEVICE,
                 copy=True)
             train, _, _ = provider(None)
             out = [[packfeed_megatron.get_batch(train) for _ in range(GBS // MBS)]
@@ -229,7 +245,7 @@ class MegatronLossTest(unittest.TestCase):
                 for key, u, v in zip(KEYS, x, y):
                     if (u is None) != (v is None) or (u is not None and (
                             u.dtype != v.dtype or u.shape != v.shape
-                            or not torch.equal(u.cuda(), v.cuda()))):
+                            or not torch.equal(u.cpu(), v.cpu()))):
                         return f"iteration {iteration} microbatch {m} {key}"
         return None
 
