@@ -106,7 +106,15 @@ Sender::Sender(SenderOptions options, UcpContext context, UcpWorker worker)
       next_connection_id_(static_cast<uint64_t>(std::random_device{}()) << 32 | 1) {}
 
 Sender::~Sender() {
-  while (!connections_.empty()) Disconnect(connections_.begin()->first).IgnoreError();
+  // Every goodbye at once, under one deadline: a drain with several stopped
+  // ranks waits one goodbye's wait, not one per rank.
+  const absl::Time deadline = GoodbyeDeadline();
+  std::vector<Farewell> farewells;
+  for (auto& [connection_id, connection] : connections_) {
+    if (connection->failure.ok()) farewells.push_back(SayGoodbye(*connection, ""));
+  }
+  for (Farewell& farewell : farewells) AwaitGoodbye(farewell, deadline).IgnoreError();
+  while (!connections_.empty()) Abandon(connections_.begin()->first).IgnoreError();
 }
 
 absl::StatusOr<uint64_t> Sender::Connect(absl::string_view receiver_address,
@@ -230,20 +238,34 @@ absl::Status Sender::Disconnect(uint64_t connection_id, absl::string_view reason
   Connection& connection = *it->second;
   absl::Status status = connection.failure;
   if (status.ok()) {
-    // Goodbye, then a flush so it leaves before the endpoint closes. Not
-    // longer than kGoodbyeWait: a receiver that stopped answering would
-    // hold the sending thread, and every other connection of it, that long.
-    const absl::Time deadline = absl::Now() + std::min(options_.operation_timeout, kGoodbyeWait);
-    connection.notification = EncodeMessage(Goodbye{connection_id, std::string(reason)});
-    status =
-        Wait(connection, connection.endpoint->SendEager(kActiveMessageId, connection.notification),
-             "ucp_am_send_nbx(goodbye)", deadline);
-    if (status.ok()) {
-      status = Wait(connection, connection.endpoint->Flush(), "ucp_ep_flush_nbx", deadline);
-    }
+    const absl::Time deadline = GoodbyeDeadline();
+    Farewell farewell = SayGoodbye(connection, reason);
+    status = AwaitGoodbye(farewell, deadline);
   }
   Abandon(connection_id).IgnoreError();
   return status;
+}
+
+absl::Time Sender::GoodbyeDeadline() const {
+  // Not longer than kGoodbyeWait: a receiver that stopped answering would
+  // hold the sending thread, and every other connection of it, that long.
+  return absl::Now() + std::min(options_.operation_timeout, kGoodbyeWait);
+}
+
+Sender::Farewell Sender::SayGoodbye(Connection& connection, absl::string_view reason) {
+  // The flush, started at once (UCX completes it after the goodbye), makes
+  // the goodbye leave before the endpoint closes.
+  connection.notification = EncodeMessage(Goodbye{connection.connection_id, std::string(reason)});
+  const ucs_status_ptr_t sent =
+      connection.endpoint->SendEager(kActiveMessageId, connection.notification);
+  return {&connection, sent, connection.endpoint->Flush()};
+}
+
+absl::Status Sender::AwaitGoodbye(Farewell& farewell, absl::Time deadline) {
+  absl::Status sent =
+      Wait(*farewell.connection, farewell.sent, "ucp_am_send_nbx(goodbye)", deadline);
+  absl::Status flushed = Wait(*farewell.connection, farewell.flushed, "ucp_ep_flush_nbx", deadline);
+  return sent.ok() ? flushed : sent;
 }
 
 absl::Status Sender::Abandon(uint64_t connection_id) {

@@ -658,6 +658,29 @@ TEST_P(TransportTest, AStoppedReceiverHoldsTheSenderNoLongerThanAGoodbyesWait) {
   dropped.Kill(SIGKILL);
 }
 
+// Ending a sender (a drain) says goodbye to every receiver at once: two
+// stopped receivers hold it one goodbye's wait, where one after the other
+// held it two, and a live receiver still gets its goodbye.
+TEST_P(TransportTest, EndingASenderWaitsOneGoodbyeForAllItsStoppedReceivers) {
+  std::unique_ptr<Sender> sender = MakeSender();
+  ChildProcess live = Spawn("receiver");
+  std::vector<ChildProcess> stopped;
+  for (int i = 0; i < 2; ++i) stopped.push_back(Spawn("receiver"));
+  ConnectReceiver(*sender, live);
+  for (ChildProcess& receiver : stopped) {
+    const uint64_t connection_id = ConnectReceiver(*sender, receiver);
+    PushReport report;
+    ASSERT_TRUE(PushTestMessages(*sender, connection_id, 0, 1, kSmall, &report).ok());
+    receiver.Kill(SIGSTOP);
+  }
+  ASSERT_TRUE(live.Send("receive 0 1").ok());  // a slot that never comes
+  const absl::Time start = absl::Now();
+  sender.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3.5));
+  EXPECT_THAT(Receive(live), HasSubstr("the sender closed it"));
+  for (ChildProcess& receiver : stopped) receiver.Kill(SIGKILL);
+}
+
 // A ring outlives its connections: a receiver attaching again may still
 // hold slot 0's microbatch while the new sender asks UCX, with a put into
 // that slot, how it writes a ring in device memory. The put writes back the

@@ -44,7 +44,9 @@ struct SenderOptions {
 class Sender : public SlotSender {
  public:
   static absl::StatusOr<std::unique_ptr<Sender>> Create(const SenderOptions& options);
-  ~Sender() override;  // Says goodbye on every open connection (bounded by the timeout).
+  // Says goodbye on every open connection, all at once: one goodbye's wait
+  // (2 s, or operation_timeout if shorter) bounds it however many stopped.
+  ~Sender() override;
 
   // The worker address to give receivers (EncodeWorkerAddress).
   std::string worker_address() const override { return EncodeWorkerAddress(worker_.address()); }
@@ -136,6 +138,17 @@ class Sender : public SlotSender {
   static absl::Status CheckCredit(const Connection& connection, const Credit& credit);
   absl::Status Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,
                     absl::Time deadline);
+  // A goodbye on its way: the send and the flush behind it, both started.
+  struct Farewell {
+    Connection* connection;
+    ucs_status_ptr_t sent;
+    ucs_status_ptr_t flushed;
+  };
+  absl::Time GoodbyeDeadline() const;
+  Farewell SayGoodbye(Connection& connection, absl::string_view reason);
+  // Both requests complete, or the deadline closes the endpoint; the first
+  // failure.
+  absl::Status AwaitGoodbye(Farewell& farewell, absl::Time deadline);
   absl::Status Fail(Connection& connection, absl::Status cause);
   void CloseFailedConnections();
   void OnMessage(absl::string_view bytes);
