@@ -17,6 +17,7 @@ build=${PF_BUILD_DIR:-$root/build}  # PF_BUILD_DIR: another build folder
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/ucx-modules"
 bins=("$build/tests/transport_gpu_test" "$build/tests/transport_peer"
       "$build/bench/transport_bench" "$build/bench/e2e_bench" "$build/bench/pack_bench"
+      "$build/bench/next_latency"
       "$build/server/packfeedd"
       "$build/server/packfeedctl")
 for b in "${bins[@]}"; do

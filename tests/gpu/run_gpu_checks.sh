@@ -12,7 +12,7 @@
 #           (PY/build_python.sh) and runs, from PY's sources against DEV's
 #           daemon, gpu_varlen_test, gpu_lifetime_test, client_test's
 #           held-tensor test and, with Megatron-Core 0.19.2 installed from
-#           PY's wheels, gpu_megatron_loss_test;
+#           PY's wheels, gpu_megatron_loss_test; then python_next_bench.py;
 #   bench   transport_bench and e2e_bench on the staged ring, then the host
 #           ring (e2e_bench also on 1 000 documents with and without a 48x8
 #           int16 side field per token).
@@ -85,6 +85,11 @@ if [[ -n $py ]] && wanted python; then
   step "$venv_python" -m pip install -q --no-index --find-links "$py/wheels" --no-deps \
     megatron-core==0.19.2 "packaging>=24.2"
   python_test gpu_megatron_loss_test.py
+  # Python's next() beside the C++ client's Next() in one run, on a machine
+  # faster than the 2-core VM, where eight tensors alone cost 15-19 us.
+  step env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules" \
+    PYTHONPATH="$py/src/tests/integration" "$venv_python" "$py/src/bench/python_next_bench.py" \
+    "$dev/bin" "$dev/bin" --rounds 6
 fi
 
 if wanted bench; then
