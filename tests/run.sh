@@ -6,6 +6,7 @@
 #                   an error (every ABSL_GUARDED_BY is checked), libFuzzer:
 #                   the unit tests and the asan-labelled process tests
 #                   again, then each fuzz target for a bounded time
+#   3. deploy/quickstart.sh on build/, as the README has a user run it
 # usage: tests/run.sh [--fast]
 #   --fast   the fast lane: build/ and its unit tests only (a few minutes)
 # PF_FUZZ_SECONDS (default 30) sets the fuzzing time per target; PF_JOBS
@@ -74,3 +75,12 @@ tests/fuzz/run_fuzzers.sh build-asan "${PF_FUZZ_SECONDS:-30}"
 
 phase "all tests"
 ctest --test-dir build -j "$jobs" --output-on-failure
+
+# The README's first command, as a user runs it (its build is the one above):
+# a daemon, eight ranks and a Python training loop; it fails on a rank that
+# fails or a ledger with a duplicate or a gap.
+phase "quickstart (deploy/quickstart.sh)"
+quickstart=$(mktemp -d)
+PACKFEED_QUICKSTART_DIR=$quickstart deploy/quickstart.sh >"$quickstart/log" 2>&1 ||
+  { cat "$quickstart/log"; exit 1; }
+tail -n 3 "$quickstart/log"
