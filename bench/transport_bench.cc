@@ -34,6 +34,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -66,8 +67,9 @@ struct Flags {
   bool quick = false;
   int spin_us = 50;
   std::string ring = "host";
-  int receiver_uid = -1;    // run the receiver as this uid (from root)
-  std::string ring_socket;  // internal: where a shared ring's descriptor goes
+  int receiver_uid = -1;                // run the receiver as this uid (from root)
+  bool receiver_pid_namespace = false;  // and in a PID namespace of its own (from root)
+  std::string ring_socket;              // internal: where a shared ring's descriptor goes
   // The bytes end in device memory.
   bool device() const { return ring == "device" || ring == "staged" || ring == "daemon"; }
   // The ring's descriptor travels over a Unix socket, as to the daemon.
@@ -327,10 +329,27 @@ int RunSender(const Flags& flags, const std::string& self) {
       Die(ErrnoToStatus(errno, "bind", socket_path));
     }
   }
-  ChildProcess child = Check(ChildProcess::Spawn(
-      {self, "--role", "receiver", "--tls", flags.transports, "--slots", absl::StrCat(flags.slots),
-       "--spin-us", absl::StrCat(flags.spin_us), "--ring", flags.ring, "--receiver-uid",
-       absl::StrCat(flags.receiver_uid), "--ring-socket", socket_path}));
+  // A trainer in a container: its pids mean nothing to the sender, which
+  // must not need them (descriptors pass over the socket, no ptrace).
+  std::vector<std::string> argv = {self,
+                                   "--role",
+                                   "receiver",
+                                   "--tls",
+                                   flags.transports,
+                                   "--slots",
+                                   absl::StrCat(flags.slots),
+                                   "--spin-us",
+                                   absl::StrCat(flags.spin_us),
+                                   "--ring",
+                                   flags.ring,
+                                   "--receiver-uid",
+                                   absl::StrCat(flags.receiver_uid),
+                                   "--ring-socket",
+                                   socket_path};
+  if (flags.receiver_pid_namespace) {
+    argv.insert(argv.begin(), {"/usr/bin/unshare", "--pid", "--fork", "--kill-child", "--"});
+  }
+  ChildProcess child = Check(ChildProcess::Spawn(argv));
   transport::SenderOptions options;
   options.ucx.transports = flags.transports;
   options.spin = absl::Microseconds(flags.spin_us);
@@ -359,10 +378,11 @@ int RunSender(const Flags& flags, const std::string& self) {
   bench.Measure(kMaxSlot, flags.slots, 1, 1);  // warm-up: the sender maps every page once
   const transport::ConnectionStats stats = Check(sender->Stats(connection_id));
   if (!flags.json) {
-    printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s, receiver uid %d\n",
+    printf("transport_bench: UCX %s, UCX_TLS=%s, %u slots, %s ring %s, receiver uid %d%s\n",
            transport::UcpContext::LibraryVersion().c_str(), flags.transports.c_str(), flags.slots,
            flags.ring.c_str(), stats.mapped ? "mapped into the sender" : "not mapped",
-           flags.receiver_uid >= 0 ? flags.receiver_uid : static_cast<int>(getuid()));
+           flags.receiver_uid >= 0 ? flags.receiver_uid : static_cast<int>(getuid()),
+           flags.receiver_pid_namespace ? " in a PID namespace of its own" : "");
     printf("%10s %12s %14s %13s %7s %9s %9s\n", "slot", "put GiB/s", "in-place GiB/s",
            flags.ring == "staged" ? "pinned H2D"
            : flags.device()       ? "H2D cpy GiB/s"
@@ -420,10 +440,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "shared", "device", "staged", "daemon"}));
   app.add_option("--receiver-uid", flags.receiver_uid,
                  "run the receiver as this uid (from root; with --ring shared and --tls tcp,self)");
+  app.add_flag("--receiver-pid-namespace", flags.receiver_pid_namespace,
+               "run the receiver in a PID namespace of its own (from root; unshare)");
   app.add_option("--ring-socket", flags.ring_socket, "internal");
   app.add_flag("--json", flags.json, "one JSON object per slot size");
   app.add_flag("--quick", flags.quick, "1/16 of the messages (a smoke run)");
   CLI11_PARSE(app, argc, argv);
   if (flags.role == "receiver") return packfeed::RunReceiver(flags);
-  return packfeed::RunSender(flags, "/proc/self/exe");
+  // The path itself: under unshare, /proc/self/exe would be unshare.
+  return packfeed::RunSender(flags, std::filesystem::read_symlink("/proc/self/exe").string());
 }

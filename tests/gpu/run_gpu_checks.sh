@@ -13,7 +13,9 @@
 #           daemon, gpu_varlen_test, gpu_lifetime_test, client_test's
 #           held-tensor test and, with Megatron-Core 0.19.2 installed from
 #           PY's wheels, gpu_megatron_loss_test; then python_next_bench.py;
-#   bench   transport_bench and e2e_bench on the staged ring, then the host
+#   bench   pack_bench; transport_bench into a device ring the daemon writes
+#           for a receiver of another uid in its own PID namespace; then
+#           transport_bench and e2e_bench on the staged ring, then the host
 #           ring (e2e_bench also on 1 000 documents with and without a 48x8
 #           int16 side field per token).
 # Every step runs and says how long it took; the exit status says whether
@@ -96,6 +98,13 @@ if wanted bench; then
   # A large microbatch written by 1, 2, 4 and 8 threads (packing_threads):
   # what one thread leaves of the host's memory bandwidth.
   step "${debian_ucx[@]}" "$dev/bin/pack_bench" --threads 1,2,4,8
+  # Device rings the daemon writes for a trainer of another uid in a PID
+  # namespace of its own (a container): the descriptor passing must need no
+  # ptrace rights. Notifications over TCP: shared memory across uids is not.
+  if [[ " ${rings[*]} " == *" daemon "* ]]; then
+    step "${debian_ucx[@]}" "$dev/bin/transport_bench" --ring daemon --tls tcp,self \
+      --receiver-uid 65534 --receiver-pid-namespace --quick
+  fi
   # The staged ring first: its figures are the ones only a GPU machine gives.
   for ((i = ${#rings[@]} - 1; i >= 0; --i)); do
     e2e=("${debian_ucx[@]}" "$dev/bin/e2e_bench" --daemon "$dev/bin/packfeedd" --ring "${rings[i]}")
