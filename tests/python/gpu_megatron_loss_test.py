@@ -25,11 +25,11 @@ Environment: PF_BIN_DIR, PF_SOURCE_ROOT (pf_test_support); megatron-core
 wheels) or unpacked at PF_MEGATRON_019_DIR. Skips (77) without a CUDA
 device; fails when megatron-core cannot be imported.
 
-PF_MEGATRON_LOSS_DEVICE=cpu rehearses the whole test on the CPU (gloo, and
-Megatron's CUDA RNG tracker replaced by a no-op, as dropout is 0, and
-torch.cuda.current_device() answering "cpu"), for a
-machine with torch >= 2.6 but no GPU. It proves the code paths and the
-batches; only the CUDA run is the proof of the losses."""
+PF_MEGATRON_LOSS_DEVICE=cpu rehearses the whole test on the CPU, for a
+machine with torch >= 2.6 but no GPU (tests/gpu/rehearse_megatron_loss_on_cpu.sh):
+gloo, Megatron's CUDA RNG tracker replaced by a no-op (dropout is 0) and
+torch.cuda.current_device() answering "cpu". It proves the code paths and
+the batches; only the CUDA run is the proof of the losses."""
 import contextlib
 import math
 import os
