@@ -70,11 +70,13 @@ if [[ -n $py ]] && wanted python; then
   if [[ $("$python" -c 'import sys; print(sys.prefix != sys.base_prefix)') != True ]]; then
     venv_python=$py/venv-$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')/bin/python
   fi
-  python_test() {
+  # PY's source file $1 (then its arguments) against DEV's daemon and libraries.
+  python_run() {
     step env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules" \
       PYTHONPATH="$py/src/tests/python:$py/src/tests/integration" PF_BIN_DIR="$dev/bin" \
-      PF_SOURCE_ROOT="$py/src" "$venv_python" "$py/src/tests/python/$1" "${@:2}"
+      PF_SOURCE_ROOT="$py/src" "$venv_python" "$py/src/$1" "${@:2}"
   }
+  python_test() { python_run "tests/python/$1" "${@:2}"; }
   python_test gpu_varlen_test.py
   python_test gpu_lifetime_test.py
   # The same against device rings the daemon copies into.
@@ -89,9 +91,7 @@ if [[ -n $py ]] && wanted python; then
   python_test gpu_megatron_loss_test.py
   # Python's next() beside the C++ client's Next() in one run, on a machine
   # faster than the 2-core VM, where eight tensors alone cost 15-19 us.
-  step env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules" \
-    PYTHONPATH="$py/src/tests/integration" "$venv_python" "$py/src/bench/python_next_bench.py" \
-    "$dev/bin" "$dev/bin" --rounds 6
+  python_run bench/python_next_bench.py "$dev/bin" "$dev/bin" --rounds 6
 fi
 
 if wanted bench; then
