@@ -73,7 +73,12 @@ def pytest_runtest_call(item):
 
 def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if exitstatus != 0 or reporter is None:
+    # A module skipped as a whole (pytest.skip(allow_module_level=True))
+    # collects no test, which pytest ends with NO_TESTS_COLLECTED (5): that
+    # is a skip too. A failure or an error is never turned into one.
+    skippable = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+    if exitstatus not in skippable or reporter is None:
         return
-    if reporter.stats.get("skipped") and not reporter.stats.get("passed"):
+    stats = reporter.stats
+    if stats.get("skipped") and not any(stats.get(k) for k in ("passed", "failed", "error")):
         session.exitstatus = SKIP_EXIT_CODE

@@ -19,7 +19,8 @@
 #           ring (e2e_bench also on 1 000 documents with and without a 48x8
 #           int16 side field per token).
 # Every step runs and says how long it took; the exit status says whether
-# any failed. PF_PARTS (default "tests python bench") names the parts to run;
+# any failed. On a machine with a device, a step whose tests all skipped
+# (exit 77) failed. PF_PARTS (default "tests python bench") names the parts to run;
 # PF_STEP_TIMEOUT (seconds, default 300) bounds each step; PF_QUICK=1 gives
 # the benchmarks --quick (a smoke run).
 set -uo pipefail
@@ -27,6 +28,7 @@ dev=$(cd "$(dirname "$0")" && pwd)
 py=${1:-}
 python=${2:-python3}
 failed=0
+device=false  # set below: whether nvidia-smi sees a GPU
 # A step that hangs is killed after PF_STEP_TIMEOUT seconds (default 300)
 # and counts as failed: the others still run.
 step() {
@@ -35,7 +37,13 @@ step() {
   timeout --kill-after=10 "${PF_STEP_TIMEOUT:-300}" "$@" || rc=$?
   case $rc in
     0) ;;
-    77) echo "== SKIPPED: $*" ;;  # every test of a Python file skipped (no device)
+    # Every test of the step skipped: right without a device, a failure
+    # with one (a skipped device test is never a pass).
+    77) if $device; then
+          echo "== FAILED (every test skipped on a machine with a device): $*"; failed=1
+        else
+          echo "== SKIPPED (no device): $*"
+        fi ;;
     124 | 137) echo "== TIMED OUT: $*"; failed=1 ;;
     *) echo "== FAILED ($rc): $*"; failed=1 ;;
   esac
@@ -51,6 +59,7 @@ wanted() { [[ " ${PF_PARTS:-tests python bench} " == *" $1 "* ]]; }
 
 rings=(host)
 if nvidia-smi -L; then
+  device=true
   rings+=(staged daemon)
 else
   echo "== no GPU here: the tests skip, the benchmarks run on the host ring only"
