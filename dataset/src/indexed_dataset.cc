@@ -83,7 +83,12 @@ absl::StatusOr<IndexedDataset::FileStamp> IndexedDataset::StampOf(int fd, absl::
   struct stat info;
   if (::fstat(fd, &info) != 0) return ErrnoToStatus(errno, "fstat", path);
   return FileStamp{static_cast<uint64_t>(info.st_size),
-                   absl::ToUnixNanos(absl::TimeFromTimespec(info.st_mtim))};
+                   absl::ToUnixNanos(absl::TimeFromTimespec(info.st_mtim)),
+                   absl::ToUnixNanos(absl::TimeFromTimespec(info.st_ctim)),
+                   static_cast<uint64_t>(info.st_nlink),
+                   info.st_mode,
+                   info.st_uid,
+                   info.st_gid};
 }
 
 absl::StatusOr<IndexedDataset> IndexedDataset::Open(absl::string_view prefix,
@@ -139,10 +144,14 @@ IndexedDataset::IndexedDataset(std::string prefix, std::string idx_path, std::st
       idx_size_(idx_size),
       idx_digest_(idx_digest),
       bin_fd_(std::move(bin_fd)),
-      bin_stamp_(bin_stamp),
+      bin_bytes_(bin_stamp.size),
+      bin_baseline_(std::make_unique<Baseline>()),
       bin_map_(std::move(bin_map)),
       validation_(validation),
-      bytes_read_(std::make_unique<std::atomic<uint64_t>>(0)) {}
+      bytes_read_(std::make_unique<std::atomic<uint64_t>>(0)) {
+  absl::MutexLock lock(&bin_baseline_->mutex);
+  bin_baseline_->stamp = bin_stamp;
+}
 
 IndexedDataset::IndexedDataset(IndexedDataset&&) noexcept = default;
 IndexedDataset& IndexedDataset::operator=(IndexedDataset&&) noexcept = default;
@@ -185,11 +194,23 @@ absl::Status IndexedDataset::CheckUnchanged() const {
   // After the read, not before: a writer stamps the file before its bytes
   // land, so a read that saw new bytes sees the new stamp here.
   PF_ASSIGN_OR_RETURN(const FileStamp now, StampOf(bin_fd_.get(), bin_path_));
-  if (now == bin_stamp_) return absl::OkStatus();
+  absl::MutexLock lock(&bin_baseline_->mutex);
+  FileStamp& then = bin_baseline_->stamp;
+  if (now.size == then.size && now.mtime_ns == then.mtime_ns) {
+    if (now.ctime_ns == then.ctime_ns) return absl::OkStatus();
+    if (now.links != then.links || now.mode != then.mode || now.uid != then.uid ||
+        now.gid != then.gid) {
+      then = now;  // chmod, chown, a rename over the path, a delete: no byte written
+      return absl::OkStatus();
+    }
+  }
+  const auto describe = [](const FileStamp& stamp) {
+    return absl::StrCat(stamp.size, " bytes, modified ",
+                        absl::FormatTime(absl::FromUnixNanos(stamp.mtime_ns)), ", changed ",
+                        absl::FormatTime(absl::FromUnixNanos(stamp.ctime_ns)));
+  };
   return absl::DataLossError(absl::StrCat(
-      bin_path_, ": changed since it was opened (", bin_stamp_.size, " bytes modified at ",
-      absl::FormatTime(absl::FromUnixNanos(bin_stamp_.mtime_ns)), ", now ", now.size,
-      " bytes modified at ", absl::FormatTime(absl::FromUnixNanos(now.mtime_ns)),
+      bin_path_, ": changed since it was opened (then ", describe(then), "; now ", describe(now),
       "): its bytes no longer match the index; restart the job once the dataset is whole"));
 }
 

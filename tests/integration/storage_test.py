@@ -183,10 +183,11 @@ def files_changed(checks, work, source):
     """Files changed under the running daemon, read directly (no FUSE):
     'cut' has its index truncated while served (a mapped index was SIGBUS
     for the whole daemon), 'gone' its files deleted and locked, 'rewritten'
-    its data rewritten in place with other tokens of the same size. The
-    first two keep serving what they opened, byte for byte; the third's rank
-    gets one clear error naming the file, the others go on, and a daemon
-    restarted once the file is whole again serves it right."""
+    its data rewritten in place with other tokens of the same size and its
+    modification time restored. The first two keep serving what they
+    opened, byte for byte; the third's rank gets one clear error naming the
+    file, the others go on, and a daemon restarted once the file is whole
+    again serves it right."""
     names = ("cut", "gone", "rewritten")
     for seed, name in enumerate(names, start=3):
         checks.run("make-dataset", "--out", str(source / name), "--count", "300", "--min", "16",
@@ -211,11 +212,17 @@ def files_changed(checks, work, source):
         checks.check("files deleted and locked under the daemon: what it opened, byte for byte",
                      all(gone[r]["steps"] == want["gone"][r]["steps"] for r in (0, 1)))
 
-        changed = bytes(b ^ 0x5A for b in original)
-        with open(bin_path, "r+b") as f:  # in place: the same inode, the same size
-            f.write(changed)
+        # As rsync --inplace -t leaves it: the same inode, the same size, and
+        # the modification time the daemon saw put back; only the change
+        # time (which no user can set) moves.
         stamp = bin_path.stat()
-        os.utime(bin_path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))
+        changed = bytes(b ^ 0x5A for b in original)
+        with open(bin_path, "r+b") as f:
+            f.write(changed)
+        os.utime(bin_path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        now = bin_path.stat()
+        assert (now.st_ino, now.st_size, now.st_mtime_ns) == (
+            stamp.st_ino, stamp.st_size, stamp.st_mtime_ns), "the rewrite is not same-stamp"
         refused = daemon.start_dump("rewritten", 0, STEPS)
         out, stderr = refused.communicate(timeout=60)
         checks.check("data rewritten in place: the rank gets one clear error naming the file",

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "index_test_util.h"
@@ -316,6 +318,50 @@ TEST(IndexedDatasetTest, BinRewrittenInPlaceIsDataLossNotTheNewBytes) {
   EXPECT_EQ(dataset->ReadBytes(0, absl::MakeSpan(raw)).code(), absl::StatusCode::kDataLoss);
   std::vector<int64_t> two(5);
   EXPECT_EQ(dataset->ReadSequences(0, 2, absl::MakeSpan(two)).code(), absl::StatusCode::kDataLoss);
+}
+
+// rsync --inplace -t and touch -r: the same size, other bytes, and the
+// modification time Open saw put back. Only the change time, which no user
+// can set, tells. A chmod before it moves the change time too, and is no
+// change to the bytes.
+TEST(IndexedDatasetTest, BinRewrittenWithItsSizeAndModificationTimeRestoredIsDataLoss) {
+  DatasetFiles files;
+  const std::string bin = files.prefix() + ".bin";
+  // Open a tick after the file was made, so that the rewrite's change time
+  // cannot share the coarse clock's tick with what Open saw.
+  testing::WriteFileBytes(bin, ValidBin());
+  absl::SleepFor(absl::Milliseconds(50));
+  absl::StatusOr<IndexedDataset> dataset = files.Open(ValidIndex().Serialize(), std::nullopt);
+  ASSERT_TRUE(dataset.ok());
+  struct stat opened;
+  ASSERT_EQ(::stat(bin.c_str(), &opened), 0);
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_EQ(::chmod(bin.c_str(), 0640), 0);
+  std::vector<int64_t> tokens(3);
+  ASSERT_TRUE(dataset->Read(1, absl::MakeSpan(tokens)).ok()) << "a chmod is no rewrite";
+  absl::SleepFor(absl::Milliseconds(50));
+
+  std::string other = ValidBin();
+  other[2] = 9;
+  {
+    // In place: the same inode.
+    ScopedFd fd(::open(bin.c_str(), O_WRONLY));
+    ASSERT_TRUE(fd.valid());
+    ASSERT_EQ(::pwrite(fd.get(), other.data(), other.size(), 0),
+              static_cast<ssize_t>(other.size()));
+  }
+  const struct timespec times[2] = {opened.st_atim, opened.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, bin.c_str(), times, 0), 0);
+  struct stat now;
+  ASSERT_EQ(::stat(bin.c_str(), &now), 0);
+  ASSERT_EQ(now.st_size, opened.st_size);
+  ASSERT_EQ(now.st_ino, opened.st_ino);
+  ASSERT_EQ(now.st_mtim.tv_sec, opened.st_mtim.tv_sec);
+  ASSERT_EQ(now.st_mtim.tv_nsec, opened.st_mtim.tv_nsec);
+
+  const absl::Status status = dataset->Read(1, absl::MakeSpan(tokens));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr(".bin: changed since it was opened"));
 }
 
 // Replaced by rename, deleted, or made unreadable: the open descriptor still

@@ -9,9 +9,11 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/dataset/compact_index.h"
@@ -38,9 +40,9 @@ struct IndexedDatasetOptions {
 // so what the dataset believes about sequence lengths and offsets cannot
 // change after validation. Token
 // data is read with pread (or through the optional map) into caller buffers,
-// and each read checks afterwards that .bin is still the file it opened (same
-// size and modification time): bytes of a file rewritten in place are never
-// returned as tokens the index describes.
+// and each read checks afterwards that .bin has not been written since
+// (size, modification and change time): bytes of a file rewritten in place are never
+// returned as tokens the index describes (see CheckUnchanged).
 // Thread-safe: all const methods may be called concurrently.
 class IndexedDataset {
  public:
@@ -67,7 +69,7 @@ class IndexedDataset {
   uint64_t idx_bytes() const { return idx_size_; }
   // IndexDigest of the .idx as it was read at Open.
   uint64_t idx_digest() const { return idx_digest_; }
-  uint64_t bin_bytes() const { return bin_stamp_.size; }
+  uint64_t bin_bytes() const { return bin_bytes_; }
 
   // Reads tokens [first_token, first_token + out.size()) of sequence
   // `sequence`, widened to int64. For float dtypes every value must be an
@@ -98,13 +100,20 @@ class IndexedDataset {
   absl::Status ReadMapped(uint64_t sequence, absl::Span<int64_t> out,
                           uint64_t first_token = 0) const;
 
-  // DataLoss naming .bin when its size or modification time is no longer
-  // what Open saw: the file was rewritten in place, and what it now holds is
-  // not what the index describes. (A file replaced by rename or deleted is
-  // no change: the open descriptor still reads the old inode.) Blind to a
-  // rewrite within the filesystem's timestamp granularity of Open (Linux
-  // stamps with a clock of a few ms) that keeps the size, and, on NFS, to
-  // one the client's attribute cache has not seen yet.
+  // DataLoss naming .bin when it was written since Open: its size or
+  // modification time changed, or its change time moved with nothing else
+  // to explain it. The change time catches a same-size rewrite whose mtime
+  // was restored (rsync --inplace -t, touch -r): no user can set it, and
+  // every write moves it. It also moves on chmod, chown, a rename over the
+  // path or a delete (the link count), which are no change to the bytes: a
+  // change time moved together with the mode, owner or link count is taken
+  // as the new baseline. (A file replaced by rename or deleted is no change:
+  // the open descriptor still reads the old inode.) Blind spots: a rewrite
+  // that comes with such a metadata change before the next read, a rewrite
+  // within the filesystem's timestamp granularity of Open (a few ms on
+  // Linux's local filesystems; 1-2 s on FAT and some NFS servers), a
+  // filesystem that does not keep ctime (some FUSE ones), and, on NFS, a
+  // rewrite the client's attribute cache (actimeo) has not seen yet.
   absl::Status CheckUnchanged() const;
 
   // Bytes of token data fetched from .bin since Open (pread and map reads).
@@ -115,9 +124,12 @@ class IndexedDataset {
   struct FileStamp {
     uint64_t size = 0;
     int64_t mtime_ns = 0;
-    bool operator==(const FileStamp& other) const {
-      return size == other.size && mtime_ns == other.mtime_ns;
-    }
+    int64_t ctime_ns = 0;
+    // What else moves the change time without writing a byte.
+    uint64_t links = 0;
+    uint32_t mode = 0;
+    uint32_t uid = 0;
+    uint32_t gid = 0;
   };
   static absl::StatusOr<FileStamp> StampOf(int fd, absl::string_view path);
 
@@ -138,7 +150,14 @@ class IndexedDataset {
   uint64_t idx_size_ = 0;
   uint64_t idx_digest_ = 0;
   ScopedFd bin_fd_;
-  FileStamp bin_stamp_;  // at Open
+  // At Open, then at the latest metadata-only change (CheckUnchanged);
+  // boxed with its mutex so the dataset stays movable.
+  struct Baseline {
+    absl::Mutex mutex;
+    FileStamp stamp ABSL_GUARDED_BY(mutex);
+  };
+  uint64_t bin_bytes_ = 0;
+  std::unique_ptr<Baseline> bin_baseline_;
   std::optional<MappedFile> bin_map_;
   IndexValidation validation_;
   // Boxed so the dataset stays movable.
