@@ -73,17 +73,6 @@ void UnixListener::Accept() {
       }
       continue;
     }
-    ucred credentials{};
-    socklen_t length = sizeof(credentials);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0) {
-      spdlog::warn("unix socket: SO_PEERCRED: {}; connection closed", std::strerror(errno));
-      close(fd);
-      continue;
-    }
-    {
-      absl::MutexLock lock(&mutex_);
-      peers_[fd] = {credentials.pid, credentials.uid, credentials.gid};
-    }
     grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns the fd from here
   }
 }
@@ -95,10 +84,20 @@ std::optional<PeerCredentials> UnixListener::CallerOf(
   if (!absl::StartsWith(peer, "fd:") || !absl::SimpleAtoi(peer.substr(3), &fd)) {
     return std::nullopt;
   }
-  absl::MutexLock lock(&mutex_);
-  auto it = peers_.find(fd);
-  if (it == peers_.end()) return std::nullopt;
-  return it->second;
+  // Asked of the connection itself while the call is on it: the call's
+  // stream holds gRPC's transport, and the transport its descriptor, so fd
+  // cannot have been closed and its number given to another connection.
+  // The kernel keeps the credentials with the socket (taken at connect).
+  int domain = 0;
+  socklen_t domain_length = sizeof(domain);
+  ucred credentials{};
+  socklen_t length = sizeof(credentials);
+  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &domain_length) != 0 || domain != AF_UNIX ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) != 0 ||
+      length != sizeof(credentials)) {
+    return std::nullopt;
+  }
+  return PeerCredentials{credentials.pid, credentials.uid, credentials.gid};
 }
 
 bool IsUnixCaller(const grpc::ServerContextBase& context) {

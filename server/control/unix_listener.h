@@ -2,25 +2,23 @@
 #define PACKFEED_SERVER_CONTROL_UNIX_LISTENER_H_
 
 // The daemon's Unix socket, served by packfeedd itself rather than by gRPC:
-// each connection is accepted here, the connecting process's credentials
-// read from the kernel (SO_PEERCRED: pid, uid, gid, which the peer cannot
-// forge) and the connection handed to gRPC (AddInsecureChannelFromFd). gRPC
-// names such a connection's peer "fd:N", so a call can ask who made it.
-// gRPC 1.51 offers no other way to learn a Unix peer's credentials.
+// each connection is accepted here and handed to gRPC
+// (AddInsecureChannelFromFd), which names such a connection's peer "fd:N".
+// A call asks who made its connection of the connection itself (SO_PEERCRED
+// on N: pid, uid, gid, which the kernel keeps with the socket and the peer
+// cannot forge), never of a table kept by number. gRPC 1.51 offers no other
+// way to learn a Unix peer's credentials.
 
 #include <sys/types.h>
 
-#include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_context.h"
 #include "packfeed/common/posix_file.h"
@@ -46,7 +44,8 @@ class UnixListener {
   ~UnixListener();  // stops accepting; connections handed over stay gRPC's
 
   // Who opened the connection a call came on; nullopt for a call that did
-  // not come through this listener (the admin TCP server's).
+  // not come through this listener (the admin TCP server's). Only while the
+  // call is being served (its connection is open).
   std::optional<PeerCredentials> CallerOf(const grpc::ServerContextBase& context) const;
 
  private:
@@ -57,10 +56,6 @@ class UnixListener {
   ScopedFd listening_;
   ScopedFd wake_;  // an eventfd: written to stop the acceptor
   std::thread acceptor_;
-  mutable absl::Mutex mutex_;
-  // By the fd gRPC names the connection with (a number the kernel reuses
-  // once gRPC closes it, and the next accept then overwrites).
-  std::map<int, PeerCredentials> peers_ ABSL_GUARDED_BY(mutex_);
 };
 
 // Whether a call came through a UnixListener (gRPC names such a peer "fd:N")

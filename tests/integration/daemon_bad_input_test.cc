@@ -4,6 +4,7 @@
 // bit-identical to an undisturbed run (no wrong bytes, nobody else held up).
 // The ledger shows the good rank's consumption exact at the end.
 
+#include <grp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kToken[] = "s3cret";
+constexpr uid_t kNobody = 65534;
 
 // A TCP port on loopback that nothing listens on now.
 int FreePort() {
@@ -80,7 +83,10 @@ class DaemonBadInputTest : public ::testing::Test {
     std::ofstream(*dir_ + "/config.textproto")
         << absl::StrCat("socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n",
                         "admin_tcp_address: \"", *tcp_address_, "\"\nadmin_tcp_token: \"adm\"\n",
-                        "ranks_over_tcp: true\n", R"(ingest_streams {
+                        "ranks_over_tcp: true\n",
+                        // nobody too: a second uid refused for its token, not its uid.
+                        "allowed_uids: [0, ", getuid(), ", ", kNobody, "]\n",
+                        R"(ingest_streams {
   name: "rollouts"
   auth_token: "driver-secret"
   fields { name: "logprobs" dtype: "float32" }
@@ -121,6 +127,11 @@ jobs {
       if (admin_->Health(&context, {}, &health).ok()) break;
       ASSERT_LT(absl::Now(), deadline) << "packfeedd did not answer";
       absl::SleepFor(absl::Milliseconds(100));
+    }  // Where nobody may connect (as root: the daemon makes its sockets 0660).
+    if (geteuid() == 0) {
+      std::filesystem::permissions(*dir_, std::filesystem::perms(0755));
+      std::filesystem::permissions(*socket_, std::filesystem::perms(0666));
+      std::filesystem::permissions(*socket_ + ".rings", std::filesystem::perms(0666));
     }
   }
 
@@ -207,6 +218,108 @@ TEST(ProducerThatExits, DISABLED_ReservesAndExits) {
   const grpc::Status reserved = ingest->Reserve(&context, request, &reply);
   ASSERT_TRUE(reserved.ok()) << reserved.error_message();
   std::_Exit(0);  // no Commit, no ReleaseArena
+}
+
+// A process that got hold of another's ring token (PF_THIEF_TOKEN) and
+// presents it in its Attach, as rank 2, with a ring and worker of its own;
+// as uid PF_THIEF_UID when set. Run by the tests below.
+TEST(RingTokenThief, DISABLED_PresentsACapturedToken) {
+  const char* socket = std::getenv("PF_THIEF_SOCKET");
+  const char* token = std::getenv("PF_THIEF_TOKEN");
+  if (socket == nullptr || token == nullptr) GTEST_SKIP() << "run by the test that needs it";
+  if (const char* uid = std::getenv("PF_THIEF_UID"); uid != nullptr) {
+    const auto id = static_cast<uid_t>(std::stoul(uid));
+    ASSERT_EQ(setgroups(0, nullptr), 0);
+    ASSERT_EQ(setgid(id), 0);
+    ASSERT_EQ(setuid(id), 0);
+  }
+  transport::ReceiverOptions options;
+  options.placement = transport::RingPlacement::kHost;
+  options.shared_by_fd = true;
+  options.ucx.transports = "tcp";
+  options.slots = 2;
+  options.slot_bytes = 4 << 20;
+  auto ring = transport::Receiver::Create(options);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  v1::AttachRequest request;
+  request.set_job("job");
+  request.set_global_rank(2);
+  request.set_auth_token(kToken);
+  request.set_worker_address((*ring)->worker_address());
+  request.mutable_ring()->set_slots(2);
+  request.mutable_ring()->set_slot_bytes(4 << 20);
+  request.mutable_ring()->set_ring_descriptor((*ring)->ring_descriptor());
+  request.mutable_ring()->set_shared_ring_token(token);
+  auto control = v1::Control::NewStub(
+      grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
+  v1::AttachReply reply;
+  grpc::ClientContext context;
+  const grpc::Status attached = control->Attach(&context, request, &reply);
+  EXPECT_EQ(attached.error_code(), grpc::StatusCode::PERMISSION_DENIED) << attached.error_message();
+  EXPECT_THAT(attached.error_message(),
+              HasSubstr("a token is good only for the process that shared the ring"));
+}
+
+class RingTokenTest : public DaemonBadInputTest {
+ protected:
+  // Shares a ring as rank 2's client would, lets `thief_uid` (this uid when
+  // nullopt) present its token from another process, then attaches with it:
+  // the thief is refused and the owner keeps its ring.
+  void ThiefIsRefusedAndTheOwnerKeepsItsRing(std::optional<uid_t> thief_uid) {
+    transport::ReceiverOptions options;
+    options.placement = transport::RingPlacement::kHost;
+    options.shared_by_fd = true;
+    options.slots = 2;
+    options.slot_bytes = 4 << 20;
+    auto ring = transport::Receiver::Create(options);
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    auto token = client::ShareRing(*socket_ + ".rings", (*ring)->ring_fd(), (*ring)->ring_offer(),
+                                   absl::Seconds(10));
+    ASSERT_TRUE(token.ok()) << token.status();
+
+    ASSERT_EQ(setenv("PF_THIEF_SOCKET", socket_->c_str(), 1), 0);
+    ASSERT_EQ(setenv("PF_THIEF_TOKEN", token->c_str(), 1), 0);
+    if (thief_uid.has_value()) {
+      ASSERT_EQ(setenv("PF_THIEF_UID", absl::StrCat(*thief_uid).c_str(), 1), 0);
+    }
+    auto thief = testing::ChildProcess::Spawn(
+        {"/proc/self/exe", "--gtest_also_run_disabled_tests",
+         "--gtest_filter=RingTokenThief.DISABLED_PresentsACapturedToken"});
+    unsetenv("PF_THIEF_UID");
+    ASSERT_TRUE(thief.ok()) << thief.status();
+    EXPECT_EQ(*thief->Wait(absl::Seconds(60)), 0) << "the thief was not refused as it should be";
+
+    v1::AttachRequest request;
+    request.set_job("job");
+    request.set_global_rank(2);
+    request.set_auth_token(kToken);
+    request.set_worker_address((*ring)->worker_address());
+    request.mutable_ring()->set_slots(2);
+    request.mutable_ring()->set_slot_bytes(4 << 20);
+    request.mutable_ring()->set_ring_descriptor((*ring)->ring_descriptor());
+    request.mutable_ring()->set_shared_ring_token(*token);
+    v1::AttachReply reply;
+    grpc::ClientContext context;
+    const grpc::Status attached = control_->Attach(&context, request, &reply);
+    ASSERT_TRUE(attached.ok()) << "the owner lost its ring: " << attached.error_message();
+    v1::DetachRequest detach;
+    detach.set_job("job");
+    detach.set_global_rank(2);
+    detach.set_auth_token(kToken);
+    detach.set_connection_id(reply.connection_id());
+    v1::DetachReply detached;
+    grpc::ClientContext detach_context;
+    EXPECT_TRUE(control_->Detach(&detach_context, detach, &detached).ok());
+  }
+};
+
+TEST_F(RingTokenTest, ACapturedTokenFromAnotherProcessIsRefused) {
+  ThiefIsRefusedAndTheOwnerKeepsItsRing(std::nullopt);
+}
+
+TEST_F(RingTokenTest, ACapturedTokenFromAnotherUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to present the token as another uid";
+  ThiefIsRefusedAndTheOwnerKeepsItsRing(kNobody);
 }
 
 TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExactly) {
