@@ -244,8 +244,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   daemon->unix_ = *std::move(unix);
   for (uint32_t uid : config.allowed_uids()) daemon->allowed_uids_.insert(uid);
   if (daemon->allowed_uids_.empty()) daemon->allowed_uids_ = {0, getuid()};
+  SharedRingLimits ring_limits;
+  ring_limits.max_ring_bytes = config.max_shared_ring_bytes();
   absl::StatusOr<std::unique_ptr<SharedRingListener>> shared_rings =
-      SharedRingListener::Start(socket + ".rings", daemon->allowed_uids_);
+      SharedRingListener::Start(socket + ".rings", daemon->allowed_uids_, ring_limits);
   if (!shared_rings.ok()) {
     return absl::UnavailableError(absl::StrCat("cannot take shared rings on unix:", socket,
                                                ".rings: ", shared_rings.status().message()));

@@ -48,6 +48,13 @@ absl::StatusOr<std::unique_ptr<SharedRingListener>> SharedRingListener::Start(
   listener->path_ = path;
   listener->allowed_uids_ = std::move(allowed_uids);
   listener->limits_ = limits;
+  if (listener->limits_.max_ring_bytes == 0) {
+    listener->limits_.max_ring_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                                       static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  }
+  if (listener->limits_.max_unclaimed_bytes == 0) {
+    listener->limits_.max_unclaimed_bytes = 4 * listener->limits_.max_ring_bytes;
+  }
   // A socket file left by a daemon that died is replaced, as the daemon's own.
   struct stat info {};
   if (lstat(path.c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) unlink(path.c_str());
@@ -180,6 +187,20 @@ absl::StatusOr<std::string> SharedRingListener::Serve(const Pending& pending) {
         static_cast<int>(std::count_if(rings_.begin(), rings_.end(), [&](const auto& entry) {
           return entry.second.owner.uid == peer.uid;
         }));
+    if (!offer->device()) {
+      uint64_t unclaimed_bytes = 0;
+      for (const auto& [_, shared] : rings_) {
+        if (shared.ring->device() == nullptr) unclaimed_bytes += shared.ring->bytes();
+      }
+      if (offer->bytes > limits_.max_ring_bytes ||
+          offer->bytes > limits_.max_unclaimed_bytes -
+                             std::min(unclaimed_bytes, limits_.max_unclaimed_bytes)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            Who(peer), ": a ring of ", offer->bytes, " bytes: at most ", limits_.max_ring_bytes,
+            " (config max_shared_ring_bytes), and ", limits_.max_unclaimed_bytes,
+            " for every ring shared and not attached (", unclaimed_bytes, " now)"));
+      }
+    }
     if (of_uid >= limits_.max_unclaimed_per_uid ||
         static_cast<int>(rings_.size()) >= limits_.max_unclaimed) {
       return absl::ResourceExhaustedError(

@@ -49,6 +49,12 @@ struct SharedRingLimits {
   // descriptors and maps, nor crowd out another uid.
   int max_unclaimed_per_uid = 64;
   int max_unclaimed = 1024;
+  // Bytes of one host ring (or staging arena) and of all unclaimed ones
+  // together: a larger offer is refused before it is mapped, so no peer can
+  // take the daemon's address space. 0 = the machine's physical memory
+  // (a staging arena is at most half of it), and 4 times max_ring_bytes.
+  uint64_t max_ring_bytes = 0;
+  uint64_t max_unclaimed_bytes = 0;
 };
 
 class SharedRingListener {

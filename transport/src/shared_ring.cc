@@ -1,9 +1,11 @@
 #include "packfeed/transport/shared_ring.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,6 +49,21 @@ absl::StatusOr<SharedRing> SharedRing::Create(uint64_t bytes) {
 }
 
 absl::StatusOr<SharedRing> SharedRing::Map(ScopedFd fd, uint64_t bytes) {
+  // Only shmem: a hole punched in it, or a page the kernel cannot find,
+  // faults in a new page on the next write. A HugeTLB memfd's pages come
+  // from a pool its owner can drain (by punching holes and mapping others),
+  // and a write to a page the pool cannot give is SIGBUS in the daemon.
+  struct statfs filesystem {};
+  if (fstatfs(fd.get(), &filesystem) != 0) return ErrnoToStatus(errno, "fstatfs", "shared ring");
+  if (filesystem.f_type != TMPFS_MAGIC) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a shared ring must be an ordinary memfd (memfd_create without MFD_HUGETLB), not a file "
+        "of filesystem type 0x",
+        absl::Hex(filesystem.f_type),
+        filesystem.f_type == HUGETLBFS_MAGIC ? " (HugeTLB: the daemon would die of SIGBUS when "
+                                               "the huge-page pool runs dry)"
+                                             : ""));
+  }
   const int seals = fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return absl::InvalidArgumentError(

@@ -2,6 +2,7 @@
 // sender (or the receiver) and tests/integration/transport/transport_peer.cc
 // is the other side. Every test runs over shared memory and over TCP.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -363,6 +364,38 @@ TEST_P(TransportTest, ARingSharedByFileDescriptorServesAReceiverOfAnotherUid) {
   EXPECT_THAT(Receive(child), StartsWith("ok "));
   EXPECT_TRUE(sender->Stats(*connection_id)->mapped);
   std::filesystem::remove_all(dir);
+}
+
+// What a peer could do to the memory it handed the daemon. A HugeTLB memfd
+// is refused (its owner could drain the huge-page pool, and the daemon's
+// next write would be SIGBUS). A hole punched in an ordinary one, which no
+// seal the daemon can live with stops, costs only the bytes: the daemon's
+// next write there faults in a new page, and it lives. Truncating it is
+// refused by its seals.
+TEST(SharedRingTest, RefusesHugeTlbAndLivesThroughHolesPunchedUnderIt) {
+  ScopedFd huge(memfd_create("huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB));
+  ASSERT_TRUE(huge.valid()) << "memfd_create(MFD_HUGETLB): " << std::strerror(errno);
+  const uint64_t huge_bytes = 2 << 20;
+  ASSERT_EQ(ftruncate(huge.get(), static_cast<off_t>(huge_bytes)), 0);
+  ASSERT_EQ(fcntl(huge.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  auto refused = transport::SharedRing::Map(std::move(huge), huge_bytes);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("HugeTLB"));
+
+  const uint64_t bytes = 64 << 10;
+  auto ring = transport::SharedRing::Create(bytes);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  auto daemons = transport::SharedRing::Map(ScopedFd(dup(ring->fd())), bytes);
+  ASSERT_TRUE(daemons.ok()) << daemons.status();
+  std::memset(daemons->data(), 0x5a, bytes);
+  ASSERT_EQ(fallocate(ring->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      static_cast<off_t>(bytes)),
+            0)
+      << std::strerror(errno);
+  EXPECT_EQ(daemons->data()[100], 0) << "the hole reads as zeros";
+  std::memset(daemons->data(), 0x33, bytes);  // a write into the hole: no SIGBUS
+  EXPECT_EQ(ring->data()[bytes - 1], 0x33);
+  EXPECT_NE(ftruncate(ring->fd(), 0), 0) << "sealed: it cannot be cut under the daemon";
 }
 
 TEST(SharedRingTest, RefusesARingThatCouldShrinkAndAMessageWithoutItsDescriptor) {

@@ -221,6 +221,26 @@ TEST_F(SharedRingListenerTest, UnclaimedRingsAreBoundedPerUidAndInAll) {
   }
 }
 
+// A ring larger than the bound, or one past what all unclaimed rings may
+// take, is refused before it is mapped: no peer takes the daemon's address
+// space. (Offers are checked against the memfd's own size as well.)
+TEST_F(SharedRingListenerTest, RingBytesAreBoundedEachAndInAll) {
+  SharedRingLimits limits;
+  limits.max_ring_bytes = kRingBytes;
+  limits.max_unclaimed_bytes = 2 * kRingBytes;
+  auto listener = Start(limits);
+  const std::string one = TokenOf(Share(path_));
+  EXPECT_THAT(Share(path_, absl::StrCat("packfeed-ring ", kRingBytes + 1)),
+              HasSubstr(absl::StrCat("a ring of ", kRingBytes + 1, " bytes: at most ", kRingBytes,
+                                     " (config max_shared_ring_bytes)")));
+  EXPECT_THAT(Share(path_, "packfeed-ring 18446744073709551615"), HasSubstr("at most"));
+  EXPECT_THAT(Share(path_), StartsWith("token "));
+  EXPECT_THAT(Share(path_), HasSubstr(absl::StrCat("(", 2 * kRingBytes, " now)")));
+  EXPECT_EQ(listener->unclaimed(), 2);
+  ASSERT_TRUE(listener->Take(one, getuid(), getpid()).ok());
+  EXPECT_THAT(Share(path_), StartsWith("token "));
+}
+
 TEST_F(SharedRingListenerTest, RefusesAStrangerAndAMalformedMessage) {
   auto strangers_only = Start({}, {kNobody + 1});
   EXPECT_THAT(Share(path_), HasSubstr("may not attach (it shared a ring)"));

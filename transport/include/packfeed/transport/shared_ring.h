@@ -30,8 +30,12 @@ class SharedRing {
   // against shrinking, growing and further seals.
   static absl::StatusOr<SharedRing> Create(uint64_t bytes);
   // The daemon's side: maps a ring a client sent. InvalidArgument unless it
-  // is sealed against shrinking (a client truncating a mapped file would
-  // crash the daemon with SIGBUS) and is exactly `bytes` long.
+  // is an ordinary (shmem) memfd, sealed against shrinking, and exactly
+  // `bytes` long: a client truncating a mapped file, or draining the pool of
+  // a HugeTLB one, would crash the daemon with SIGBUS. A hole the client
+  // punches (which no seal but F_SEAL_WRITE stops, and the daemon must
+  // write) only costs it its own bytes: the daemon's next write there
+  // faults in a new page.
   static absl::StatusOr<SharedRing> Map(ScopedFd fd, uint64_t bytes);
   // The daemon's side of a device ring: `size` bytes exported on the GPU
   // whose UUID is `gpu_uuid` (ExportedDeviceMemory), imported here. data()
