@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <utility>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -100,136 +102,275 @@ namespace {
 // still open (the exhaustive blend closes a dataset once it has given every
 // sample). helpers.cpp scans every dataset for every sample: 2.4·10^10
 // errors for a blend of 1 000 datasets and 24 M samples, most of a
-// corpus-scale start-up. The same choice, computed by the same double
-// expression, comes from blocks of datasets: each block knows its own
-// first-furthest-behind dataset and the step until which no other of its
-// datasets can catch up with it (their errors grow at their weights: one
-// of greater weight crosses at (drawn − its drawn) / (weight − its
-// weight)). A sample compares the blocks' leaders, first block first on
-// ties, and only the block that gave it, or one whose step has come, is
-// scanned again. The leaders' weights and counts are kept side by side so
-// that comparing them is a pass over two arrays. For 1 000 datasets and
-// 24 M samples that takes 3.2-6.1 s on a 2-core VM (three-level, near-equal
-// and lognormal weights), where helpers.cpp's scan takes 21-33 s; below a
-// few hundred datasets the scan is faster.
-class FurthestBehind {
+// corpus-scale start-up. The same choices, from the same double
+// expression, come here from two shortcuts, each exact for those doubles:
+//
+// 1. Datasets of bitwise-equal weight (and, exhaustive, equal size) form a
+//    class whose members are drawn in turn, lowest index first. Within a
+//    class every error is fl(fl(w·x) − n) with one product, so the member
+//    drawn least is furthest behind, and of those the first index: fl(p − n)
+//    is monotone in n, and two counts a draw apart cannot round to one
+//    double below 2^52. A class stands in for all its members: a recipe's
+//    thousand prefixes often have a handful of distinct weights.
+//
+// 2. From kBlocksFrom classes on, blocks of classes: each block knows its
+//    leader (its class furthest behind) and a step before which no other of
+//    its classes can take the lead, and only a block whose leader was drawn,
+//    or whose step has come, is scanned again. That step must hold for the
+//    doubles, not for exact arithmetic: weights a few ulps apart, or
+//    products that round to one double, tie where exact arithmetic would
+//    not, and the first index wins a tie. So a class is ruled out for good
+//    only where rounding cannot help it, and otherwise only while its exact
+//    error stays below the leader's by more than both errors' rounding can
+//    close (Overtaking); a pair that stays within that margin is scanned
+//    every step, as helpers.cpp scans every pair.
+//
+// Ties between classes go to the lower dataset index of their next
+// members, which is how helpers.cpp breaks them. For 1 000 datasets and
+// 24 M samples (a 2-core VM) see the unit test's and the bench's figures
+// in docs/PRETRAINING.md.
+
+// Datasets of one weight (and size), drawn in turn.
+struct WeightClass {
+  double weight = 0;
+  int64_t size = -1;              // samples each member gives; -1: unbounded
+  std::vector<uint32_t> members;  // dataset indices, ascending
+  int64_t rounds = 0;             // draws of each member from `next` on
+  size_t next = 0;                // the member drawn next
+
+  bool open() const { return size < 0 || rounds < size; }
+  uint32_t leader() const { return members[next]; }
+  // Draws the next member: its index and its sample number.
+  std::pair<size_t, int64_t> Draw() {
+    const std::pair<size_t, int64_t> drawn{members[next], rounds};
+    if (++next == members.size()) {
+      next = 0;
+      ++rounds;
+    }
+    return drawn;
+  }
+};
+
+// The classes of `weights` (with `sizes`, when not empty), ordered by their
+// first member.
+std::vector<WeightClass> ClassesOf(absl::Span<const double> weights,
+                                   absl::Span<const int64_t> sizes) {
+  // By the weight's bits, never a hash map's order.
+  std::map<std::pair<uint64_t, int64_t>, size_t> by_key;
+  std::vector<WeightClass> classes;
+  for (size_t d = 0; d < weights.size(); ++d) {
+    const int64_t size = sizes.empty() ? -1 : sizes[d];
+    const auto [it, added] =
+        by_key.try_emplace({absl::bit_cast<uint64_t>(weights[d]), size}, classes.size());
+    if (added) classes.push_back({weights[d], size, {}, 0, 0});
+    classes[it->second].members.push_back(static_cast<uint32_t>(d));
+  }
+  return classes;
+}
+
+// Whether class a is ahead of class b in helpers.cpp's order: the larger
+// error, then the lower index.
+bool Before(double error_a, uint32_t index_a, double error_b, uint32_t index_b) {
+  return error_a > error_b || (error_a == error_b && index_a < index_b);
+}
+
+// Every open class compared for every sample: below kBlocksFrom classes.
+class ScanClasses {
  public:
-  FurthestBehind(absl::Span<const double> weights, absl::Span<const int64_t> sizes)
-      : weights_(weights), sizes_(sizes), drawn_(weights.size(), 0) {
-    // Blocks of about √(D / 4) datasets: a scan costs a few times a
-    // leader's comparison, so about 2√D blocks balance them
-    // (for 1 000 datasets, blocks of 16 took 10-35 % less time than blocks
-    // of 8, and 0-20 % less than blocks of 32).
-    while (4 * block_ * block_ < weights.size()) block_ *= 2;
-    const size_t blocks = (weights.size() + block_ - 1) / block_;
-    leader_.assign(blocks, kNone);
-    lead_weight_.assign(blocks, 0);
-    lead_drawn_.assign(blocks, kClosed);
-    until_.assign(blocks, 0);
+  explicit ScanClasses(std::vector<WeightClass> classes) : classes_(std::move(classes)) {}
+
+  // The dataset sample `i` comes from and its number there. REQUIRES: some
+  // dataset is open.
+  std::pair<size_t, int64_t> Next(int64_t i) {
+    const double at = std::max(static_cast<double>(i), 1.0);
+    WeightClass* best = nullptr;
+    double best_error = 0;
+    for (WeightClass& c : classes_) {
+      if (!c.open()) continue;
+      const double error = c.weight * at - static_cast<double>(c.rounds);
+      if (best == nullptr || Before(error, c.leader(), best_error, best->leader())) {
+        best = &c;
+        best_error = error;
+      }
+    }
+    return best->Draw();
   }
 
-  // The dataset sample `i` comes from (i rises by one a call), and its
-  // number there. REQUIRES: some dataset is open.
+ private:
+  std::vector<WeightClass> classes_;
+};
+
+// Blocks of classes, each with its leader and the step to scan it again.
+// What Scan reads of each class (weight, rounds, next member, open) is kept
+// in arrays side by side: a scan is a pass over them.
+class BlocksOfClasses {
+ public:
+  explicit BlocksOfClasses(std::vector<WeightClass> classes) : classes_(std::move(classes)) {
+    for (const WeightClass& c : classes_) {
+      weight_.push_back(c.weight);
+      rounds_.push_back(0);
+      index_.push_back(c.leader());
+    }
+    // Blocks of about √(C / 4) classes: a scan costs a few times a
+    // leader's comparison, so about 2√C blocks balance them
+    // (for 1 000 datasets, blocks of 16 took 10-35 % less time than blocks
+    // of 8, and 0-20 % less than blocks of 32).
+    while (4 * block_ * block_ < classes_.size()) block_ *= 2;
+    const size_t blocks = (classes_.size() + block_ - 1) / block_;
+    leader_.assign(blocks, kNone);
+    lead_weight_.assign(blocks, 0);
+    lead_rounds_.assign(blocks, kClosed);
+    lead_index_.assign(blocks, UINT32_MAX);
+    until_.assign(blocks, 0);
+    shared_.assign(blocks, false);
+    for (size_t c = 0; c < classes_.size(); ++c) {
+      if (classes_[c].members.size() > 1) shared_[c / block_] = any_shared_ = true;
+    }
+  }
+
   std::pair<size_t, int64_t> Next(int64_t i) {
     at_ = std::max(static_cast<double>(i), 1.0);
     for (size_t b = 0; b < until_.size(); ++b) {
       if (until_[b] <= i) Scan(b, i);
     }
-    // The leaders' errors from contiguous copies of their weights and
-    // counts: the same double expression as Error, first block on ties.
-    size_t best_block = 0;
-    double best_error = -std::numeric_limits<double>::infinity();
-    for (size_t b = 0; b < lead_weight_.size(); ++b) {
-      const double error = lead_weight_[b] * at_ - lead_drawn_[b];
-      if (error > best_error) {
-        best_error = error;
-        best_block = b;
-      }
-    }
-    const size_t best = leader_[best_block];
-    const int64_t sample = drawn_[best]++;
-    until_[best_block] = 0;  // its error fell: scanned again next time
-    return {best, sample};
+    const size_t best_block = any_shared_ ? BestBlock<true>() : BestBlock<false>();
+    until_[best_block] = 0;  // its leader's error fell: scanned again next time
+    const size_t c = leader_[best_block];
+    const std::pair<size_t, int64_t> drawn = classes_[c].Draw();
+    rounds_[c] = classes_[c].open() ? static_cast<double>(classes_[c].rounds) : kClosed;
+    index_[c] = classes_[c].leader();
+    return drawn;
   }
 
  private:
   static constexpr size_t kNone = SIZE_MAX;
-  // A block with no open dataset: its error is −∞, below every other.
+  // The rounds of a closed class, and a block with no open class: its error
+  // is −∞, below every other.
   static constexpr double kClosed = std::numeric_limits<double>::infinity();
+  static constexpr int64_t kLatest = std::numeric_limits<int64_t>::max() / 2;
+  // The growth per step of the margin a lead must keep over rounding.
+  static constexpr double kRoundingSlope = 0x1p-48;
 
-  bool Open(size_t d) const { return sizes_.empty() || drawn_[d] < sizes_[d]; }
-  double Error(size_t d) const { return weights_[d] * at_ - static_cast<double>(drawn_[d]); }
-
-  // The block's leader at step i, and the step until which it stays so: the
-  // step before the first crossing (a scan too early costs a scan; one too
-  // late would be wrong).
+  // The block's leader at step i, and the step at which to scan it again: at
+  // or before the first step another of its classes could take the lead (a
+  // scan too early costs a scan; one too late would be wrong).
   void Scan(size_t b, int64_t i) {
     const size_t first = b * block_;
-    const size_t end = std::min(first + block_, weights_.size());
+    const size_t end = std::min(first + block_, classes_.size());
+    const size_t lead = shared_[b] ? LeaderOf<true>(first, end) : LeaderOf<false>(first, end);
+    leader_[b] = lead;
+    until_[b] = kLatest;
+    if (lead == kNone) {
+      lead_weight_[b] = 0;
+      lead_rounds_[b] = kClosed;
+      lead_index_[b] = UINT32_MAX;
+      return;
+    }
+    const Lead leader{weight_[lead], rounds_[lead], index_[lead]};
+    lead_weight_[b] = leader.weight;
+    lead_rounds_[b] = leader.rounds;
+    lead_index_[b] = leader.index;
+    int64_t until = kLatest;
+    for (size_t c = first; c < end && until > i + 1; ++c) {
+      if (c == lead || rounds_[c] == kClosed) continue;
+      until = std::min(until, Overtaking(weight_[c], rounds_[c], index_[c], leader, i));
+    }
+    until_[b] = until;
+  }
+
+  // The block whose leader is furthest behind, from contiguous copies of
+  // the leaders' weights, counts and indices (the same double expression as
+  // LeaderOf). Position order is index order unless some class has more
+  // than one member.
+  template <bool kShared>
+  size_t BestBlock() const {
+    size_t best_block = 0;
+    double best_error = -std::numeric_limits<double>::infinity();
+    uint32_t best_index = UINT32_MAX;
+    for (size_t b = 0; b < lead_weight_.size(); ++b) {
+      const double error = lead_weight_[b] * at_ - lead_rounds_[b];
+      if (kShared ? Before(error, lead_index_[b], best_error, best_index) : error > best_error) {
+        best_error = error;
+        best_index = lead_index_[b];
+        best_block = b;
+      }
+    }
+    return best_block;
+  }
+
+  // The first furthest behind of classes [first, end), kNone when all are
+  // closed. Where no class has more than one member, position order is
+  // index order, and the first position wins a tie (a third less time for
+  // a thousand distinct weights).
+  template <bool kShared>
+  size_t LeaderOf(size_t first, size_t end) const {
     size_t lead = kNone;
-    double lead_error = 0;
-    for (size_t d = first; d < end; ++d) {
-      if (!Open(d)) continue;
-      const double error = Error(d);
-      if (lead == kNone || error > lead_error) {
-        lead = d;
+    double lead_error = -std::numeric_limits<double>::infinity();
+    for (size_t c = first; c < end; ++c) {
+      if (rounds_[c] == kClosed) continue;
+      const double error = weight_[c] * at_ - rounds_[c];
+      if (lead == kNone ||
+          (kShared ? Before(error, index_[c], lead_error, index_[lead]) : error > lead_error)) {
+        lead = c;
         lead_error = error;
       }
     }
-    leader_[b] = lead;
-    lead_weight_[b] = lead == kNone ? 0 : weights_[lead];
-    lead_drawn_[b] = lead == kNone ? kClosed : static_cast<double>(drawn_[lead]);
-    double until = std::numeric_limits<double>::infinity();
-    if (lead != kNone) {
-      for (size_t d = first; d < end; ++d) {
-        if (d == lead || !Open(d) || weights_[d] <= weights_[lead]) continue;
-        until =
-            std::min(until, (static_cast<double>(drawn_[d]) - static_cast<double>(drawn_[lead])) /
-                                (weights_[d] - weights_[lead]));
-      }
-    }
-    const double latest = static_cast<double>(std::numeric_limits<int64_t>::max() / 2);
-    until_[b] = std::max(i + 1, static_cast<int64_t>(std::floor(std::min(until, latest))) - 1);
+    return lead;
   }
 
-  absl::Span<const double> weights_;
-  absl::Span<const int64_t> sizes_;
-  std::vector<int64_t> drawn_;
+  struct Lead {
+    double weight;
+    double rounds;
+    uint32_t index;
+  };
+
+  // The step from which a class (its weight, rounds and next member) may
+  // take the lead, or a step before it.
+  //
+  // Never, where rounding cannot help it: fl(w · x) is monotone in w, and
+  // fl(p − n) in p and n, so a class no heavier and drawn no less trails
+  // or ties at every x; and errors whose counts differ by ≥ 1 cannot round
+  // to one double below 2^52.
+  //
+  // Otherwise the leader is safe at x while its exact lead
+  // (w_L − w_c)·x − (n_L − n_c) exceeds kRoundingSlope·(x + 2). Each error
+  // rounds twice, by at most 2^-53 of |w·x| ≤ x and of max(w·x, n) ≤ x
+  // (n ≤ i, w ≤ 1), so both together move by less than 2^-51·x: the margin
+  // is 8 times that, and covers the rounding of this computation too.
+  static int64_t Overtaking(double weight, double rounds, uint32_t index, const Lead& lead,
+                            int64_t i) {
+    const double lighter = lead.weight - weight;
+    const double behind = lead.rounds - rounds;  // exact: both < 2^53
+    if (lighter >= 0 && (behind < 0 || (behind == 0 && index > lead.index))) return kLatest;
+    const double slope = lighter - kRoundingSlope;
+    const double offset = behind + 2 * kRoundingSlope;
+    if (!(slope * static_cast<double>(i + 1) > offset))
+      return i + 1;                  // too close already: scan each step
+    if (slope >= 0) return kLatest;  // the lead only grows
+    // Safe while x < offset / slope; shrunk so that this division's own
+    // rounding cannot carry it past the crossing.
+    const double crossing = offset / slope * (1 - 0x1p-40);
+    if (crossing >= static_cast<double>(kLatest)) return kLatest;
+    return std::max(i + 1, static_cast<int64_t>(std::floor(crossing)) - 1);
+  }
+
+  std::vector<WeightClass> classes_;
+  // Per class: its weight, its rounds as the double the error uses (kClosed
+  // once closed), and its next member.
+  std::vector<double> weight_;
+  std::vector<double> rounds_;
+  std::vector<uint32_t> index_;
   size_t block_ = 1;
-  // Per block: its first furthest behind, that dataset's weight and drawn
-  // count (as the double Error uses), and the step to scan it again.
+  // Per block: its leader class, that class's weight, rounds and next
+  // member, and the step to scan it again.
   std::vector<size_t> leader_;
   std::vector<double> lead_weight_;
-  std::vector<double> lead_drawn_;
+  std::vector<double> lead_rounds_;
+  std::vector<uint32_t> lead_index_;
   std::vector<int64_t> until_;
+  std::vector<bool> shared_;  // whether some class of the block has members
+  bool any_shared_ = false;
   double at_ = 1;
-};
-
-// helpers.cpp's scan itself, for blends of fewer datasets.
-class ScanFurthestBehind {
- public:
-  ScanFurthestBehind(absl::Span<const double> weights, absl::Span<const int64_t> sizes)
-      : weights_(weights), sizes_(sizes), drawn_(weights.size(), 0) {}
-
-  std::pair<size_t, int64_t> Next(int64_t i) {
-    const double at = std::max(static_cast<double>(i), 1.0);
-    size_t best = weights_.size();
-    double best_error = std::numeric_limits<double>::lowest();
-    for (size_t d = 0; d < weights_.size(); ++d) {
-      if (!sizes_.empty() && drawn_[d] >= sizes_[d]) continue;
-      const double error = weights_[d] * at - static_cast<double>(drawn_[d]);
-      if (error > best_error) {
-        best_error = error;
-        best = d;
-      }
-    }
-    return {best, drawn_[best]++};
-  }
-
- private:
-  absl::Span<const double> weights_;
-  absl::Span<const int64_t> sizes_;
-  std::vector<int64_t> drawn_;
 };
 
 template <typename Rule>
@@ -247,8 +388,9 @@ BlendIndices InterleaveBy(Rule rule, int64_t size) {
 
 BlendIndices Interleave(absl::Span<const double> weights, int64_t size,
                         absl::Span<const int64_t> sizes) {
-  if (weights.size() < kBlocksFrom) return InterleaveBy(ScanFurthestBehind(weights, sizes), size);
-  return InterleaveBy(FurthestBehind(weights, sizes), size);
+  std::vector<WeightClass> classes = ClassesOf(weights, sizes);
+  if (classes.size() < kBlocksFrom) return InterleaveBy(ScanClasses(std::move(classes)), size);
+  return InterleaveBy(BlocksOfClasses(std::move(classes)), size);
 }
 
 }  // namespace

@@ -20,8 +20,10 @@ any) in the environment. Skipped only when PyPI cannot be reached.
 """
 import json
 import logging
+import math
 import os
 import pathlib
+import random
 import shutil
 import sys
 import tempfile
@@ -84,28 +86,34 @@ jobs {{
 """
 
 
-def megatron(prefixes, weights, seq, seed, split, samples, keep_partial):
+def megatron(prefixes, weights, seq, seed, split, samples, keep_partial, surplus=None):
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq,
         blend=(prefixes, weights), split=split,
         path_to_cache=str(WORK / "megatron-cache"), tokenizer=Tokenizer(EOD),
         reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-        drop_last_partial_validation_sequence=not keep_partial)
-    sizes = [s if s > 0 else None for s in samples]
+        drop_last_partial_validation_sequence=not keep_partial,
+        **({} if surplus is None else {"mid_level_dataset_surplus": surplus}))
+    # A blend by size has no sample counts; a weighted blend keeps its 0s
+    # (a split of weight 0, which Megatron then leaves out).
+    sizes = [s if s > 0 or weights else None for s in samples]
     return Builder(GPTDataset, sizes, lambda: True, config).build()
 
 
-def compare(name, prefixes, weights, seq, seed, split, samples, keep_partial=False):
-    built = megatron(prefixes, weights, seq, seed, split, samples, keep_partial)
+def compare(name, prefixes, weights, seq, seed, split, samples, keep_partial=False,
+            surplus=None):
+    built = megatron(prefixes, weights, seq, seed, split, samples, keep_partial, surplus)
     for serve, theirs in zip(("SPLIT_TRAIN", "SPLIT_VALID", "SPLIT_TEST"), built):
         if theirs is None:
             continue
         out = WORK / f"{name}-{serve}"
         out.mkdir()
         config = out / "daemon.conf"
+        extra = ["keep_partial_validation_sequence: true"] if keep_partial else []
+        if surplus is not None:
+            extra.append(f"mid_level_dataset_surplus: {surplus}")
         config.write_text(job_config(name, prefixes, weights, seq, seed, split, samples, serve,
-                                     "keep_partial_validation_sequence: true" if keep_partial
-                                     else ""))
+                                     "\n    ".join(extra)))
         compare_split(f"{name} {serve}", theirs, config, name, out)
 
 
@@ -199,6 +207,49 @@ def test_indices_equal_megatrons_builder():
     # dataset (Megatron builds it alone), a test blend by size.
     compare_blend_per_split("perSplit", [(DATASETS[:2], [1.0, 3.0]), (DATASETS[2:], [5.0]),
                                          (DATASETS, None)], 64, 77, (2000, 300, 100))
+
+
+def adversarial_weights(count, seed, wide):
+    """Blend weights as recipes make them, where a fast path's shortcuts
+    would show: values ordinary arithmetic leaves a few ulps apart (0.1 + 0.2
+    beside 0.3, 0.7 beside 0.7000000000000001), exact repeats, lognormal
+    spreads, and with `wide` weights 10^12 and 10^-12 of the others."""
+    rng = random.Random(seed)
+    bases = [0.1 + 0.2, 0.3, 0.7, 0.7000000000000001, 1.0 / 3.0]
+    if wide:
+        bases += [1e12, 1e-12, 1.0]
+    weights = []
+    for _ in range(count):
+        w = rng.choice(bases)
+        kind = rng.randrange(4)
+        if kind == 0:  # a few ulps either way
+            for _ in range(rng.randrange(4)):
+                w = math.nextafter(w, 0.0 if rng.randrange(2) else math.inf)
+        elif kind == 1:
+            w *= math.exp(rng.uniform(-2.0, 2.0))
+        weights.append(w)  # kinds 2 and 3: the base itself, repeated
+    return weights
+
+
+def test_blend_order_at_corpus_scale():
+    """Blends of over a thousand datasets, as corpus-scale pretraining has
+    them, against Megatron's own builder and BlendedDataset, sample for
+    sample. The datasets are links to one small dataset (a blend may name a
+    file twice; only the weights matter to the order)."""
+    base = WORK / "corpus-base"
+    write_megatron_dataset(base, 400, 100, 1000, numpy.uint16, seed=11, eod=EOD)
+    prefixes = []
+    for i in range(1024):
+        prefix = WORK / f"corpus-{i}"
+        for suffix in (".bin", ".idx"):
+            os.symlink(f"{base}{suffix}", f"{prefix}{suffix}")
+        prefixes.append(str(prefix))
+    compare("corpusRecipe", prefixes, adversarial_weights(1024, 65, wide=False), 256, 1234,
+            "100,0,0", (60150, 0, 0))
+    # A thousand tiny shares, each rounded up, draw more than Megatron's
+    # default surplus (0.005) builds: its own builder refuses that blend.
+    compare("corpusWide", prefixes[:1000], adversarial_weights(1000, 66, wide=True), 256, 4321,
+            "100,0,0", (60150, 0, 0), surplus=0.05)
 
 
 # Megatron's cache (--data-cache-path): the "three" case's indices are read

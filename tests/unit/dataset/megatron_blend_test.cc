@@ -88,9 +88,10 @@ BlendIndices HelpersScan(const std::vector<double>& weights, int64_t size,
   return out;
 }
 
-// From kBlocksFrom datasets on the indices come from blocks, not a scan:
-// the same choices, ties and closed datasets included, for weights spread
-// wide, nearly equal and equal.
+// From kBlocksFrom distinct weights on the indices come from blocks, and
+// equal weights are drawn as classes, not scanned: the same choices, ties
+// and closed datasets included, for weights spread wide, nearly equal and
+// equal.
 TEST(BlendIndicesTest, ManyDatasetsGetHelpersChoicesExactly) {
   std::mt19937_64 random(7);
   for (const size_t datasets : {kBlocksFrom, size_t{300}, size_t{1000}}) {
@@ -121,6 +122,67 @@ TEST(BlendIndicesTest, ManyDatasetsGetHelpersChoicesExactly) {
       EXPECT_EQ(exhaustive.dataset_index, scanned.dataset_index);
       EXPECT_EQ(exhaustive.dataset_sample_index, scanned.dataset_sample_index);
     }
+  }
+}
+
+// Weights as recipes make them, where the blocks' margins matter: values
+// that ordinary arithmetic leaves a few ulps apart (0.1 + 0.2 beside 0.3),
+// exact repeats, weights 10^-12 of others, and lognormal spreads, mixed.
+std::vector<double> AdversarialWeights(size_t datasets, std::mt19937_64& random) {
+  const std::vector<double> bases = {0.1 + 0.2, 0.3,   0.7,  0.7000000000000001,
+                                     1.0,       1e-12, 1e12, 1.0 / 3.0};
+  std::vector<double> out;
+  for (size_t d = 0; d < datasets; ++d) {
+    double w = bases[random() % bases.size()];
+    switch (random() % 4) {
+      case 0:  // a few ulps either way
+        for (uint64_t k = random() % 4; k > 0; --k)
+          w = std::nextafter(w, random() % 2 ? 0.0 : 1e300);
+        break;
+      case 1:  // a spread
+        w *= std::exp(static_cast<double>(random() % 4000) / 1000.0 - 2.0);
+        break;
+      default:  // the base itself: exact repeats
+        break;
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+// Classes and blocks at dataset counts from kBlocksFrom on, on weights
+// built to find a lead that rounding overturns. 300 datasets of 0.1 + 0.2,
+// 0.3, 0.7 and 0.7000000000000001 alone took another dataset at sample
+// 14 250 before (blocks whose leads assumed exact arithmetic). A ladder of
+// 600 weights one ulp apart each keeps every block within the rounding
+// margin.
+TEST(BlendIndicesTest, RoundingNeverOverturnsABlocksLead) {
+  std::mt19937_64 random(65);
+  std::vector<std::vector<double>> blends;
+  std::vector<double> recipe;
+  for (size_t d = 0; d < 300; ++d) {
+    recipe.push_back(std::vector<double>{0.1 + 0.2, 0.3, 0.7, 0.7000000000000001}[d % 4]);
+  }
+  blends.push_back(recipe);
+  std::vector<double> ladder = {0.3};
+  while (ladder.size() < 600) ladder.push_back(std::nextafter(ladder.back(), 1.0));
+  std::shuffle(ladder.begin(), ladder.end(), random);
+  blends.push_back(ladder);
+  for (const size_t datasets : {kBlocksFrom, size_t{300}, size_t{1000}, size_t{1500}}) {
+    for (int trial = 0; trial < 3; ++trial) blends.push_back(AdversarialWeights(datasets, random));
+  }
+  for (const std::vector<double>& raw : blends) {
+    const absl::StatusOr<std::vector<double>> weights = NormalizeBlendWeights(raw);
+    ASSERT_TRUE(weights.ok());
+    const int64_t size = 60150;
+    const BlendIndices blocks = BuildBlendIndices(*weights, size);
+    const BlendIndices scan = HelpersScan(*weights, size, {});
+    const auto differ = std::mismatch(blocks.dataset_index.begin(), blocks.dataset_index.end(),
+                                      scan.dataset_index.begin());
+    ASSERT_EQ(differ.first, blocks.dataset_index.end())
+        << raw.size() << " datasets: first differs at sample "
+        << (differ.first - blocks.dataset_index.begin());
+    EXPECT_EQ(blocks.dataset_sample_index, scan.dataset_sample_index);
   }
 }
 

@@ -52,9 +52,11 @@ struct BlendIndices {
 };
 
 // build_blending_indices: sample i goes to the dataset furthest behind its
-// weight (weight · max(i, 1) − drawn so far; the first on ties). From
-// kBlocksFrom datasets on, the same choices come from blocks of datasets
-// rather than a scan of all of them per sample.
+// weight (weight · max(i, 1) − drawn so far; the first on ties), for the
+// doubles Megatron's helpers.cpp computes, at any dataset count. Datasets
+// of equal weight are drawn as one class; from kBlocksFrom distinct
+// weights on, the same choices come from blocks of classes rather than a
+// scan of all of them per sample.
 inline constexpr size_t kBlocksFrom = 256;
 // REQUIRES: 1 <= normalized_weights.size() < 32767.
 BlendIndices BuildBlendIndices(absl::Span<const double> normalized_weights, int64_t size);
