@@ -101,7 +101,8 @@ std::string Config(const std::string& dir, const std::string& prefix, int ranks,
   const std::string over_tcp =
       args.ring != "tcp" ? ""
                          : absl::StrCat("admin_tcp_address: \"127.0.0.1:", args.tcp_port,
-                                        "\"\nadmin_tcp_token: \"bench\"\nranks_over_tcp: true\n");
+                                        "\"\nadmin_tcp_token: \"bench\"\nranks_over_tcp: true\n"
+                                        "ranks_over_tcp_without_tls: true\n");
   return absl::StrCat(
       "socket_path: \"", dir, "/bench.sock\"\n", over_tcp,
       "memory_budget_bytes: ", args.memory_budget_mib << 20, "\n",

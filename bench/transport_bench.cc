@@ -141,14 +141,16 @@ int RunReceiver(const Flags& flags) {
         testing::ReceiveFrame(testing::kControlFd, absl::Minutes(10));
     if (!command.ok()) return 0;
     const std::vector<std::string> words = absl::StrSplit(*command, ' ');
-    uint64_t number = 0;
-    if (words.size() != 2 || !absl::SimpleAtoi(words[1], &number)) return 0;
-    if (words[0] == "connect") {
+    if (words[0] == "connect" && words.size() == 3) {
+      const testing::PeerConnection connection =
+          Check(testing::ParseConnection(absl::StrCat(words[1], " ", words[2])));
       const std::string address =
           Check(testing::ReceiveFrame(testing::kControlFd, absl::Minutes(1)));
-      Check(receiver->Connect(address, number));
+      Check(receiver->Connect(address, connection.id, connection.key));
       Check(testing::SendFrame(testing::kControlFd, "ok"));
     } else {
+      uint64_t number = 0;
+      if (words.size() != 2 || !absl::SimpleAtoi(words[1], &number)) return 0;
       std::vector<uint64_t> latencies;
       for (uint64_t i = 0; i < number; ++i) {
         transport::ReceivedSlot slot = Check(receiver->Next(absl::Seconds(30)));
@@ -370,7 +372,8 @@ int RunSender(const Flags& flags, const std::string& self) {
   } else {
     connection_id = Check(sender->Connect(address, ring));
   }
-  Check(child.Send(absl::StrCat("connect ", connection_id)));
+  Check(child.Send(absl::StrCat(
+      "connect ", testing::FormatConnection(connection_id, Check(sender->Key(connection_id))))));
   Check(child.Send(sender->worker_address()));
   if (Check(child.Receive()) != "ok") Die(absl::InternalError("receiver did not connect"));
 

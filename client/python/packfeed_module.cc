@@ -173,7 +173,7 @@ std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string
                                const std::string& ucx_transports, double attach_timeout,
                                double reconnect_timeout, const std::string& daemon_address,
                                const std::string& tls_ca, const std::string& tls_cert,
-                               const std::string& tls_key) {
+                               const std::string& tls_key, const std::string& admin_token) {
   ClientOptions options;
   options.socket_path = socket_path;
   options.daemon_address = daemon_address;
@@ -184,6 +184,7 @@ std::shared_ptr<Client> Attach(const std::string& socket_path, const std::string
   options.global_rank = global_rank;
   options.fingerprint = fingerprint;
   options.auth_token = auth_token;
+  options.admin_token = admin_token;
   options.start_step = start_step;
   options.start_microbatch = start_microbatch;
   options.start_sample = start_sample;
@@ -505,5 +506,5 @@ PYBIND11_MODULE(_native, m) {
         py::arg("slot_bytes"), py::arg("placement"), py::arg("cuda_device"),
         py::arg("ucx_transports"), py::arg("attach_timeout"), py::arg("reconnect_timeout"),
         py::arg("daemon_address") = "", py::arg("tls_ca") = "", py::arg("tls_cert") = "",
-        py::arg("tls_key") = "");
+        py::arg("tls_key") = "", py::arg("admin_token") = "");
 }

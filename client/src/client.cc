@@ -137,6 +137,7 @@ class Client::Impl {
   uint64_t handed_out_ = 0;  // microbatches Next returned
   uint64_t copied_out_ = 0;  // of those, private copies
   uint64_t connection_id_ = 0;
+  std::string connection_key_;  // AttachReply's: what Detach, Report, Watch carry
   uint64_t slot_bytes_ = 0;
   // The Report call in flight (ReportTimes), freed once answered.
   struct ReportCall {
@@ -380,6 +381,10 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch,
   request.mutable_ring()->set_device_ring_fallback(device_ring_fallback_);
   request.set_start_step(start_step);
   request.set_start_microbatch(static_cast<uint32_t>(start_microbatch));
+  // This process's own connection, to rewind it over TCP; the admin token,
+  // for a new process that must.
+  request.set_previous_connection_key(connection_key_);
+  request.set_admin_token(options_.admin_token);
   if (start_sample.has_value()) request.set_start_sample(*start_sample);
   // Elastic only for the first attach: a re-attach is to the same job.
   request.set_elastic(options_.elastic && fingerprint_.empty());
@@ -390,13 +395,20 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch,
       DaemonCallStatus(control_->control->Attach(&context, request, &reply),
                        absl::StrCat("attach job ", options_.job, " rank ", options_.global_rank),
                        DaemonName(options_)));
-  PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.connection_id()));
+  absl::StatusOr<transport::ConnectionKey> key = transport::KeyFromBytes(reply.connection_key());
+  if (!key.ok()) {
+    return absl::InternalError(absl::StrCat("attach job ", options_.job, " rank ",
+                                            options_.global_rank, ": the daemon's reply has no ",
+                                            "connection key: ", key.status().message()));
+  }
+  PF_RETURN_IF_ERROR(receiver_->Connect(reply.sender_address(), reply.connection_id(), *key));
   connection_id_ = reply.connection_id();
+  connection_key_ = reply.connection_key();
   v1::WatchRequest watch;
   watch.set_job(options_.job);
   watch.set_global_rank(static_cast<uint32_t>(options_.global_rank));
   watch.set_connection_id(connection_id_);
-  watch.set_auth_token(options_.auth_token);
+  watch.set_connection_key(connection_key_);
   control_->watch.reset();
   control_->watch = std::make_unique<WatchStream>(*control_->control, std::move(watch));
   fingerprint_ = reply.fingerprint();
@@ -441,7 +453,7 @@ absl::Status Client::Impl::Detach() {
   request.set_job(options_.job);
   request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
   request.set_connection_id(std::exchange(connection_id_, 0));
-  request.set_auth_token(options_.auth_token);
+  request.set_connection_key(connection_key_);
   const ClientState state = State();
   request.mutable_consumed_to()->set_step(state.next_step);
   request.mutable_consumed_to()->set_microbatch(static_cast<uint32_t>(state.next_microbatch));
@@ -455,10 +467,18 @@ absl::Status Client::Impl::Detach() {
         v1::DetachReply reply;
         grpc::ClientContext context;
         SetDeadline(context, absl::Seconds(2));
-        return DaemonCallStatus(
+        absl::Status status = DaemonCallStatus(
             control_->control->Detach(&context, request, &reply),
             absl::StrCat("detach job ", options_.job, " rank ", options_.global_rank),
             DaemonName(options_));
+        if ((absl::IsNotFound(status) || absl::IsPermissionDenied(status)) &&
+            request.auth_token().empty() && !options_.auth_token.empty()) {
+          // A daemon restarted since the attach knows no key of this rank's:
+          // the job's token proves it then, and what it consumed counts.
+          request.set_auth_token(options_.auth_token);
+          return absl::UnavailableError(status.message());  // retried with it
+        }
+        return status;
       },
       [](const absl::Status& status) { return absl::IsUnavailable(status); });
   // After the detach: the stream's end is then no news to the daemon.
@@ -503,7 +523,7 @@ void Client::Impl::ReportTimes() {
   report_->request.set_job(options_.job);
   report_->request.set_global_rank(static_cast<uint32_t>(options_.global_rank));
   report_->request.set_connection_id(connection_id_);
-  report_->request.set_auth_token(options_.auth_token);
+  report_->request.set_connection_key(connection_key_);
   *report_->request.mutable_times() = RankTimesNow();
   ReportCall* call = report_.get();
   control_->control->async()->Report(&call->context, &call->request, &call->reply,

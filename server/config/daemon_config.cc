@@ -329,6 +329,13 @@ absl::Status ValidateRanksOverTcp(const v1::DaemonConfig& config, absl::string_v
           "' has no auth_token, and a rank attaching over TCP proves itself by it alone"));
     }
   }
+  if (!config.has_admin_tls() && !config.ranks_over_tcp_without_tls()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source,
+        ": ranks_over_tcp without admin_tls: every job token and rank connection key would "
+        "cross the network in cleartext; set admin_tls, or ranks_over_tcp_without_tls: true "
+        "on a network only the job's own hosts reach"));
+  }
   return absl::OkStatus();
 }
 

@@ -32,8 +32,8 @@ absl::Status CheckAttach(const Daemon& daemon, const v1::AttachRequest& request,
   return CheckAttachRequest(runner->job(), request);
 }
 
-// The runner of `job` for a call of an attached rank's (detach, report):
-// the caller's uid is allowed, the job exists and `token` is its own.
+// The runner of `job` for a rank's call before its attach (describe): the
+// caller's uid is allowed, the job exists and `token` is its own.
 absl::StatusOr<JobRunner*> RankCallRunner(const Daemon& daemon,
                                           const grpc::CallbackServerContext& context,
                                           const std::string& job, const std::string& token,
@@ -43,6 +43,22 @@ absl::StatusOr<JobRunner*> RankCallRunner(const Daemon& daemon,
   if (runner == nullptr) return UnknownJob(daemon, job);
   PF_RETURN_IF_ERROR(CheckToken(token, runner->job().config().auth_token(),
                                 absl::StrCat("auth token for job ", job)));
+  return runner;
+}
+
+// The runner of `job` for a call of an attached rank's (detach, report,
+// watch): the caller's uid is allowed, and `connection_id` with `key` is
+// the rank's connection (the secret its AttachReply gave it; the job's
+// token is not sent again).
+absl::StatusOr<JobRunner*> ConnectionCallRunner(const Daemon& daemon,
+                                                const grpc::CallbackServerContext& context,
+                                                const std::string& job, uint32_t rank,
+                                                uint64_t connection_id, const std::string& key,
+                                                const std::string& action) {
+  PF_RETURN_IF_ERROR(daemon.CheckCaller(context, absl::StrCat(action, " job ", job)));
+  JobRunner* runner = daemon.runner(job);
+  if (runner == nullptr) return UnknownJob(daemon, job);
+  PF_RETURN_IF_ERROR(runner->CheckConnection(static_cast<int>(rank), connection_id, key));
   return runner;
 }
 
@@ -88,8 +104,16 @@ class ControlService final : public v1::Control::CallbackService {
       return reactor;
     }
     if (!IsUnixCaller(*context)) {
-      spdlog::info("job {} rank {}: attaching over TCP from {}", request->job(),
-                   request->global_rank(), context->peer());
+      if (daemon_.config().has_admin_tls()) {
+        spdlog::info("job {} rank {}: attaching over TCP from {}", request->job(),
+                     request->global_rank(), context->peer());
+      } else {
+        spdlog::warn(
+            "job {} rank {}: attaching over TCP from {} without TLS "
+            "(ranks_over_tcp_without_tls): its job token and connection key cross the network "
+            "in cleartext",
+            request->job(), request->global_rank(), context->peer());
+      }
     }
     AttachArgs args;
     args.global_rank = static_cast<int>(request->global_rank());
@@ -101,6 +125,18 @@ class ControlService final : public v1::Control::CallbackService {
     args.start_microbatch = static_cast<int>(request->start_microbatch());
     args.ring_slots = request->ring().slots();
     args.device_ring_fallback = request->ring().device_ring_fallback();
+    // Over the Unix socket the caller's uid was checked; over TCP a rewind
+    // needs the admin token or the rank's own key (AttachOnThread).
+    args.may_rewind =
+        IsUnixCaller(*context) ||
+        (!daemon_.config().admin_tcp_token().empty() &&
+         CheckToken(request->admin_token(), daemon_.config().admin_tcp_token(), "admin token")
+             .ok());
+    if (!request->previous_connection_key().empty()) {
+      absl::StatusOr<transport::ConnectionKey> previous =
+          transport::KeyFromBytes(request->previous_connection_key());
+      if (previous.ok()) args.previous_key = *previous;
+    }
     if (!request->ring().shared_ring_token().empty()) {
       absl::StatusOr<std::shared_ptr<transport::SharedRing>> shared =
           daemon_.TakeSharedRing(request->ring().shared_ring_token(), *context);
@@ -124,6 +160,9 @@ class ControlService final : public v1::Control::CallbackService {
       const RankCoords coords = job.layout().Coords(static_cast<int>(request->global_rank()));
       reply->set_sender_address(runner->sender_address());
       reply->set_connection_id(*connection_id);
+      absl::StatusOr<transport::ConnectionKey> key =
+          runner->KeyOf(static_cast<int>(request->global_rank()));
+      if (key.ok()) reply->set_connection_key(transport::KeyBytes(*key));
       reply->set_fingerprint(job.fingerprint());
       reply->set_tp(coords.tp);
       reply->set_pp(coords.pp);
@@ -141,8 +180,15 @@ class ControlService final : public v1::Control::CallbackService {
                                    const v1::DetachRequest* request,
                                    v1::DetachReply* /*reply*/) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    // A connection this daemon does not know (it died with an earlier
+    // daemon) is proved by the job's token, and only its consumed_to counts.
     absl::StatusOr<JobRunner*> runner =
-        RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "detach from");
+        ConnectionCallRunner(daemon_, *context, request->job(), request->global_rank(),
+                             request->connection_id(), request->connection_key(), "detach from");
+    if (absl::IsNotFound(runner.status())) {
+      runner =
+          RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "detach from");
+    }
     if (!runner.ok()) {
       reactor->Finish(proto::ToGrpc(runner.status()));
       return reactor;
@@ -166,7 +212,8 @@ class ControlService final : public v1::Control::CallbackService {
                                    v1::ReportReply* /*reply*/) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     absl::StatusOr<JobRunner*> runner =
-        RankCallRunner(daemon_, *context, request->job(), request->auth_token(), "report to");
+        ConnectionCallRunner(daemon_, *context, request->job(), request->global_rank(),
+                             request->connection_id(), request->connection_key(), "report to");
     if (!runner.ok()) {
       reactor->Finish(proto::ToGrpc(runner.status()));
       return reactor;
@@ -179,20 +226,11 @@ class ControlService final : public v1::Control::CallbackService {
 
   grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* context,
                                                   const v1::WatchRequest* request) override {
-    if (absl::Status caller =
-            daemon_.CheckCaller(*context, absl::StrCat("watch job ", request->job()));
-        !caller.ok()) {
-      return new RefusedWatch(caller);
-    }
-    JobRunner* runner = daemon_.runner(request->job());
-    if (runner == nullptr) {
-      return new RefusedWatch(absl::NotFoundError(absl::StrCat("no job '", request->job(), "'")));
-    }
-    if (absl::Status token = CheckToken(request->auth_token(), runner->job().config().auth_token(),
-                                        absl::StrCat("auth token for job ", request->job()));
-        !token.ok()) {
-      return new RefusedWatch(token);
-    }
+    absl::StatusOr<JobRunner*> checked =
+        ConnectionCallRunner(daemon_, *context, request->job(), request->global_rank(),
+                             request->connection_id(), request->connection_key(), "watch");
+    if (!checked.ok()) return new RefusedWatch(checked.status());
+    JobRunner* runner = *checked;
     const int rank = static_cast<int>(request->global_rank());
     const uint64_t connection_id = request->connection_id();
     Daemon* daemon = &daemon_;

@@ -265,6 +265,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
     daemon->services_.push_back(MakeAdminService(*daemon, config.admin_tcp_token()));
     tcp.RegisterService(daemon->services_.back().get());
     if (config.ranks_over_tcp()) {
+      if (!config.has_admin_tls()) {
+        spdlog::warn(
+            "ranks_over_tcp without admin_tls (ranks_over_tcp_without_tls): job tokens and "
+            "connection keys cross {} in cleartext; whoever can read that network can take a "
+            "rank's place",
+            config.admin_tcp_address());
+      }
       PingRanks(tcp);
       daemon->services_.push_back(MakeControlService(*daemon));
       tcp.RegisterService(daemon->services_.back().get());

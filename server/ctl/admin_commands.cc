@@ -366,6 +366,7 @@ absl::Status Dump(const AdminArgs& args) {
   options.job = args.job;
   options.global_rank = args.rank;
   options.auth_token = args.token;
+  options.admin_token = args.admin_token;
   options.start_step = args.step;
   options.fingerprint = args.fingerprint;
   options.slot_bytes = args.slot_bytes;
@@ -428,9 +429,10 @@ CLI::App* AddCommand(CLI::App& app, const char* name, const char* help,
                       rank ? "Attach over the daemon's admin_tcp_address (host:port) instead, "
                              "as a rank on a node without a daemon (ranks_over_tcp)"
                            : "Ask the daemon's admin_tcp_address (host:port) instead");
-  if (!rank) {
-    command->add_option("--admin-token", args->admin_token, "With --address: admin_tcp_token");
-  }
+  command->add_option("--admin-token", args->admin_token,
+                      rank ? "With --address: admin_tcp_token, to start before where the rank "
+                             "stands (a rewind)"
+                           : "With --address: admin_tcp_token");
   command->add_option("--tls-ca", args->tls_ca,
                       "With --address under admin_tls: the CA that signed the daemon's "
                       "certificate (PEM)");

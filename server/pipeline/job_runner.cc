@@ -124,6 +124,21 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
                        plan.plan.num_microbatches(), " microbatches"));
     }
   }
+  // A rewind serves again what the rank consumed: only for the rank's own
+  // process (its connection's key) or a caller who may (AttachArgs).
+  const std::optional<LedgerPosition> next = ledger_->next(args.global_rank);
+  if (next.has_value() && at < *next && !args.may_rewind) {
+    const bool own = existing != ranks_.end() && args.previous_key.has_value() &&
+                     transport::SameKey(*args.previous_key, existing->second.key);
+    if (!own) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "job ", job_.name(), " rank ", args.global_rank, " stands at step ", next->step,
+          " microbatch ", next->microbatch, "; attaching at step ", at.step, " microbatch ",
+          at.microbatch,
+          " would serve again what it consumed, which only its own connection (its key) or the "
+          "admin token may ask over TCP"));
+    }
+  }
   TrainerTimes earlier_times;
   if (existing != ranks_.end()) {
     AccountTaken(existing->second);
@@ -157,6 +172,11 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
   state.global_rank = args.global_rank;
   state.coords = job_.layout().Coords(args.global_rank);
   state.connection_id = connection_id;
+  PF_ASSIGN_OR_RETURN(state.key, sender_->Key(connection_id));
+  {
+    absl::MutexLock lock(&mutex_);
+    connections_[args.global_rank] = {connection_id, state.key};
+  }
   state.next_step = at.step;
   state.next_microbatch = at.microbatch;
   state.ring_slots = args.ring_slots;
@@ -191,6 +211,33 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
                    ? "; side rows read straight into its slots"
                    : "");
   return absl::OkStatus();
+}
+
+absl::Status JobRunner::CheckConnection(int global_rank, uint64_t connection_id,
+                                        absl::string_view key) const {
+  absl::MutexLock lock(&mutex_);
+  auto known = connections_.find(global_rank);
+  if (known == connections_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
+                                            " has no connection on this daemon"));
+  }
+  absl::StatusOr<transport::ConnectionKey> presented = transport::KeyFromBytes(key);
+  if (known->second.id != connection_id || !presented.ok() ||
+      !transport::SameKey(*presented, known->second.key)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job ", job_.name(), " rank ", global_rank, ": connection ", connection_id,
+                     " with that key is not the rank's (the key comes in the AttachReply)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<transport::ConnectionKey> JobRunner::KeyOf(int global_rank) const {
+  absl::MutexLock lock(&mutex_);
+  auto known = connections_.find(global_rank);
+  if (known == connections_.end()) {
+    return absl::NotFoundError(absl::StrCat("rank ", global_rank, " has no connection"));
+  }
+  return known->second.key;
 }
 
 void JobRunner::Detach(int global_rank, uint64_t connection_id,

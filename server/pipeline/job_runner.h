@@ -78,6 +78,12 @@ struct AttachArgs {
   // RingInfo.device_ring_fallback: why the client serves a staged ring
   // though it asked for a device ring the daemon writes.
   std::string device_ring_fallback;
+  // Whether the caller may rewind the rank (attach before where its ledger
+  // stands): a uid allowed on the Unix socket, or the admin token. Else only
+  // the rank's own process may, by the key of its connection
+  // (previous_key).
+  bool may_rewind = false;
+  std::optional<transport::ConnectionKey> previous_key;
 };
 
 class JobRunner {
@@ -93,8 +99,17 @@ class JobRunner {
   const std::string& sender_address() const { return sender_address_; }
 
   // Connects a rank's ring. AlreadyExists when the rank is attached and
-  // alive; FailedPrecondition for a ring the transport refuses.
+  // alive; FailedPrecondition for a ring the transport refuses;
+  // PermissionDenied for a rewind the caller may not make (AttachArgs).
   void Attach(AttachArgs args, std::function<void(absl::StatusOr<uint64_t> connection_id)> done);
+  // Whether `connection_id` is the rank's latest connection on this daemon
+  // and `key` its key (what a rank's calls after its attach prove themselves
+  // with). NotFound when the rank has no connection here; PermissionDenied
+  // for another connection's id or a wrong key. Safe from any thread.
+  absl::Status CheckConnection(int global_rank, uint64_t connection_id,
+                               absl::string_view key) const;
+  // The key of the rank's latest connection (for its AttachReply).
+  absl::StatusOr<transport::ConnectionKey> KeyOf(int global_rank) const;
   // NotFound when `connection_id` is not the rank's connection, unless the rank
   // says what it consumed and no process of it is attached: then the ledger
   // takes that in, and OK. `consumed_to`: the rank's own position.
@@ -264,6 +279,12 @@ class JobRunner {
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   int attached_ ABSL_GUARDED_BY(mutex_) = 0;
+  // Each rank's latest connection and its key, for CheckConnection.
+  struct KnownConnection {
+    uint64_t id = 0;
+    transport::ConnectionKey key{};
+  };
+  std::map<int, KnownConnection> connections_ ABSL_GUARDED_BY(mutex_);
   std::atomic<int64_t> last_loop_ns_{absl::GetCurrentTimeNanos()};
   std::thread thread_;
 };

@@ -24,8 +24,9 @@ struct JobRunner::RankState {
   int global_rank = 0;
   RankCoords coords;
   uint64_t connection_id = 0;
-  bool failed = false;    // its connection broke
-  bool detached = false;  // it said goodbye; kept for its figures
+  transport::ConnectionKey key{};  // its connection's (Sender::Key)
+  bool failed = false;             // its connection broke
+  bool detached = false;           // it said goodbye; kept for its figures
   int64_t next_step = 0;
   int next_microbatch = 0;
   uint64_t pushed = 0;

@@ -83,7 +83,7 @@ class DaemonBadInputTest : public ::testing::Test {
     std::ofstream(*dir_ + "/config.textproto")
         << absl::StrCat("socket_path: \"", *socket_, "\"\nstate_dir: \"", *dir_, "/state\"\n",
                         "admin_tcp_address: \"", *tcp_address_, "\"\nadmin_tcp_token: \"adm\"\n",
-                        "ranks_over_tcp: true\n",
+                        "ranks_over_tcp: true\nranks_over_tcp_without_tls: true\n",
                         // nobody too: a second uid refused for its token, not its uid.
                         "allowed_uids: [0, ", getuid(), ", ", kNobody, "]\n",
                         R"(ingest_streams {
@@ -305,8 +305,8 @@ class RingTokenTest : public DaemonBadInputTest {
     v1::DetachRequest detach;
     detach.set_job("job");
     detach.set_global_rank(2);
-    detach.set_auth_token(kToken);
     detach.set_connection_id(reply.connection_id());
+    detach.set_connection_key(reply.connection_key());
     v1::DetachReply detached;
     grpc::ClientContext detach_context;
     EXPECT_TRUE(control_->Detach(&detach_context, detach, &detached).ok());
@@ -463,10 +463,12 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
        StatusCode::PERMISSION_DENIED, "wrong auth token"},
       {"detach: unknown job", detach([](auto& r) { r.set_job("nope"); }), StatusCode::NOT_FOUND,
        "no job 'nope'"},
-      {"detach: wrong token", detach([](auto& r) { r.set_auth_token("guess"); }),
-       StatusCode::PERMISSION_DENIED, "wrong auth token"},
-      {"detach: another connection", detach([](auto&) {}), StatusCode::NOT_FOUND,
-       "has no connection 12345"},
+      // A detach proves itself by the connection's key, never the job's
+      // token alone: another rank's connection cannot be ended with it.
+      {"detach: the job's token, no key", detach([](auto& r) { r.set_auth_token(kToken); }),
+       StatusCode::PERMISSION_DENIED, "connection 12345 with that key is not the rank's"},
+      {"detach: another connection", detach([](auto&) {}), StatusCode::PERMISSION_DENIED,
+       "connection 12345 with that key is not the rank's"},
       {"plan: unknown job",
        [&] {
          v1::GetPlanRequest request;

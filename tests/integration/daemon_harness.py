@@ -32,7 +32,8 @@ def ranks_over_tcp(address):
     """Daemon configuration lines: Admin and Control on `address`, so ranks
     attach there as from a node without a daemon (every job then needs its
     auth_token)."""
-    return f'admin_tcp_address: "{address}"\nadmin_tcp_token: "adm"\nranks_over_tcp: true\n'
+    return (f'admin_tcp_address: "{address}"\nadmin_tcp_token: "adm"\nranks_over_tcp: true\n'
+            "ranks_over_tcp_without_tls: true\n")
 
 
 def make_dataset(bin_dir, prefix, *options):

@@ -139,10 +139,19 @@ def test_ranks_over_tcp(checks, bin_dir, prefix):
     text = job_text("job", prefix, tp=1, pp=1, token="s3cret")
     with Daemon(bin_dir, tcp + text, name="over_tcp") as daemon:
         local = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret")
+        # Over TCP the same steps again are a rewind, which a new process
+        # may ask only with the admin token.
+        rewind = daemon.ctl_run("dump", "--job", "job", "--rank", "1", "--address", address,
+                                "--token", "s3cret")
+        checks.check("over TCP a rewind without the admin token is refused, saying why",
+                     rewind.returncode != 0 and "would serve again what it consumed"
+                     in rewind.stderr, rewind.stderr.strip())
         # UCX over TCP as between nodes, and UCX's own choice.
+        admin = ("--admin-token", "adm")
         remote = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret", "--address", address,
-                                   "--ucx-transports", "tcp")
-        chosen = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret", "--address", address)
+                                   "--ucx-transports", "tcp", *admin)
+        chosen = daemon.dump_ranks("job", range(4), 2, "--token", "s3cret", "--address", address,
+                                   *admin)
         checks.check("ranks over TCP get the bytes of ranks on the socket", remote == local)
         checks.check("the same with UCX's choice of transport", chosen == local)
         log = daemon.log.read_text()

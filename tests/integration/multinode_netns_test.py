@@ -114,7 +114,7 @@ def remote_ranks(checks, bin_dir, names, work, expected):
     port = 7075
     path = config(work, "a", list(range(16)), [], port=port)
     path.write_text(path.read_text().replace(
-        "peer_timeout_seconds", "ranks_over_tcp: true\npeer_timeout_seconds")
+        "peer_timeout_seconds", "ranks_over_tcp: true\nranks_over_tcp_without_tls: true\npeer_timeout_seconds")
         .replace('auth_token: ""', 'auth_token: "s3cret"'))
     log = f"{work}/a-remote.log"
     daemon = start(bin_dir, names, "a", path, log)

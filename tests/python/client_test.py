@@ -89,9 +89,19 @@ class ClientTest(unittest.TestCase):
                                     auth_token="s3cret")
             expected = take_steps(local, 2)
             local.close()
-            # UCX over TCP, as from another node.
-            remote = packfeed.Client("job", rank=1, address=f"127.0.0.1:{port}",
-                                     auth_token="s3cret", ucx_transports="tcp")
+            # UCX over TCP, as from another node. The same steps again are a
+            # rewind, which over TCP a new process may ask with the admin
+            # token only.
+            with self.assertRaises(packfeed.PermissionDeniedError) as raised:
+                packfeed.Client("job", rank=1, address=f"127.0.0.1:{port}", auth_token="s3cret",
+                                ucx_transports="tcp")
+            self.assertIn("would serve again what it consumed", str(raised.exception))
+            os.environ["PACKFEED_ADMIN_TOKEN"] = "adm"
+            try:
+                remote = packfeed.Client("job", rank=1, address=f"127.0.0.1:{port}",
+                                         auth_token="s3cret", ucx_transports="tcp")
+            finally:
+                del os.environ["PACKFEED_ADMIN_TOKEN"]
             self.assertEqual(take_steps(remote, 2), expected)
             remote.close()
             with self.assertRaises(packfeed.PermissionDeniedError) as raised:

@@ -3,8 +3,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "packfeed/common/status_macros.h"
 #include "payload_pattern.h"
@@ -106,17 +108,37 @@ std::string StatusLine(const absl::Status& status) {
 
 constexpr absl::string_view kConnectionPrefix = "connection ";
 
-std::string ConnectionReply(uint64_t connection_id) {
-  return absl::StrCat(kConnectionPrefix, connection_id);
+std::string FormatConnection(uint64_t id, const transport::ConnectionKey& key) {
+  return absl::StrCat(id, " ", absl::BytesToHexString(transport::KeyBytes(key)));
 }
 
-absl::StatusOr<uint64_t> ConnectionIdOf(absl::string_view reply) {
-  absl::string_view id = reply;
-  uint64_t connection_id = 0;
-  if (!absl::ConsumePrefix(&id, kConnectionPrefix) || !absl::SimpleAtoi(id, &connection_id)) {
+absl::StatusOr<PeerConnection> ParseConnection(absl::string_view text) {
+  const std::vector<absl::string_view> words = absl::StrSplit(text, ' ');
+  PeerConnection connection;
+  absl::StatusOr<transport::ConnectionKey> key =
+      words.size() == 2 ? transport::KeyFromBytes(absl::HexStringToBytes(words[1]))
+                        : absl::InvalidArgumentError("not two words");
+  if (!key.ok() || !absl::SimpleAtoi(words[0], &connection.id)) {
+    return absl::InvalidArgumentError(absl::StrCat("not \"ID KEY\": ", text));
+  }
+  connection.key = *key;
+  return connection;
+}
+
+std::string ConnectionReply(uint64_t id, const transport::ConnectionKey& key) {
+  return absl::StrCat(kConnectionPrefix, FormatConnection(id, key));
+}
+
+absl::StatusOr<PeerConnection> ConnectionOf(absl::string_view reply) {
+  absl::string_view text = reply;
+  absl::StatusOr<PeerConnection> connection =
+      absl::ConsumePrefix(&text, kConnectionPrefix)
+          ? ParseConnection(text)
+          : absl::InvalidArgumentError("no connection prefix");
+  if (!connection.ok()) {
     return absl::InternalError(absl::StrCat("peer's reply to connect: ", reply));
   }
-  return connection_id;
+  return connection;
 }
 
 }  // namespace packfeed::testing

@@ -46,10 +46,20 @@ absl::Status ReceiveTestMessages(transport::Receiver& receiver, uint64_t first_s
 // "<CODE>: <message>", the way peers report a status over the control channel.
 std::string StatusLine(const absl::Status& status);
 
-// A peer's reply to "connect": "connection <id>", or a status line.
-std::string ConnectionReply(uint64_t connection_id);
-// The id in a ConnectionReply; Internal, quoting the reply, for anything else.
-absl::StatusOr<uint64_t> ConnectionIdOf(absl::string_view reply);
+// A connection as one test process tells another: "ID KEY" (the id in
+// decimal, its key in hex).
+struct PeerConnection {
+  uint64_t id = 0;
+  transport::ConnectionKey key{};
+};
+std::string FormatConnection(uint64_t id, const transport::ConnectionKey& key);
+// InvalidArgument, quoting it, for anything else.
+absl::StatusOr<PeerConnection> ParseConnection(absl::string_view text);
+// A sender peer's reply to "connect": "connection ID KEY".
+std::string ConnectionReply(uint64_t id, const transport::ConnectionKey& key);
+// The connection in a ConnectionReply; Internal, quoting the reply, for
+// anything else.
+absl::StatusOr<PeerConnection> ConnectionOf(absl::string_view reply);
 
 }  // namespace packfeed::testing
 

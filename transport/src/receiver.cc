@@ -171,7 +171,8 @@ RingOffer Receiver::ring_offer() const {
   return {ring_bytes(), ""};
 }
 
-absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t connection_id) {
+absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t connection_id,
+                               const ConnectionKey& key) {
   absl::StatusOr<std::string> decoded = DecodeWorkerAddress(sender_address);
   if (!decoded.ok()) {
     return absl::InvalidArgumentError(
@@ -179,7 +180,7 @@ absl::Status Receiver::Connect(absl::string_view sender_address, uint64_t connec
   }
   std::string address = *std::move(decoded);
   return RunOnProgressThread(
-      [this, &address, connection_id] { return Reconnect(address, connection_id); });
+      [this, &address, connection_id, &key] { return Reconnect(address, connection_id, key); });
 }
 
 absl::Status Receiver::RunOnProgressThread(std::function<absl::Status()> task) {
@@ -232,12 +233,14 @@ void Receiver::ProgressLoop() {
   CloseEndpoint();  // force-closes on the worker's own thread
 }
 
-absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t connection_id) {
+absl::Status Receiver::Reconnect(const std::string& sender_address, uint64_t connection_id,
+                                 const ConnectionKey& key) {
   CloseEndpoint();
   {
     absl::MutexLock lock(&mutex_);
     connected_ = false;
     connection_id_ = connection_id;
+    key_ = key;
     failure_ = absl::OkStatus();
     // What the old sender announced and the trainer never took is dropped;
     // what the trainer holds stays occupied until released.
@@ -302,7 +305,7 @@ bool Receiver::SendCredit() {
 }
 
 Credit Receiver::CreditNow() const {
-  Credit credit{connection_id_, received_, handed_out_, released_, {}};
+  Credit credit{connection_id_, received_, handed_out_, released_, {}, key_};
   credit.free_slots.assign((options_.slots + 63) / 64, 0);
   for (uint32_t slot = 0; slot < options_.slots; ++slot) {
     if (!occupied_[slot]) credit.set_free(slot);

@@ -24,6 +24,8 @@ struct Sender::Connection {
   }
 
   uint64_t connection_id = 0;
+  ConnectionKey key{};  // what every credit of its receiver carries
+  bool stray_credit_logged = false;
   RingDescriptor ring;
   std::optional<UcpEndpoint> endpoint;
   RemoteKey remote_key;                // destroyed before the endpoint closes
@@ -100,10 +102,7 @@ absl::StatusOr<std::unique_ptr<Sender>> Sender::Create(const SenderOptions& opti
 }
 
 Sender::Sender(SenderOptions options, UcpContext context, UcpWorker worker)
-    : options_(std::move(options)),
-      context_(std::move(context)),
-      worker_(std::move(worker)),
-      next_connection_id_(static_cast<uint64_t>(std::random_device{}()) << 32 | 1) {}
+    : options_(std::move(options)), context_(std::move(context)), worker_(std::move(worker)) {}
 
 Sender::~Sender() {
   // Every goodbye at once, under one deadline: a drain with several stopped
@@ -159,7 +158,12 @@ absl::StatusOr<uint64_t> Sender::Open(absl::string_view receiver_address,
         absl::StrCat("receiver worker address: ", address.status().message()));
   }
   auto connection = std::make_unique<Connection>();
-  connection->connection_id = next_connection_id_++;
+  // Random, not counted: no id tells another's (the key is what proves one).
+  std::random_device random;
+  do {
+    connection->connection_id = static_cast<uint64_t>(random()) << 32 | random();
+  } while (connection->connection_id == 0 || connections_.count(connection->connection_id) > 0);
+  connection->key = NewConnectionKey();
   connection->ring = std::move(ring);
   connection->filled.assign(connection->ring.slots, 0);
   PF_ASSIGN_OR_RETURN(
@@ -286,6 +290,14 @@ absl::StatusOr<Sender::Connection*> Sender::Usable(uint64_t connection_id) const
   }
   if (!it->second->failure.ok()) return it->second->failure;
   return it->second.get();
+}
+
+absl::StatusOr<ConnectionKey> Sender::Key(uint64_t connection_id) const {
+  auto it = connections_.find(connection_id);
+  if (it == connections_.end()) {
+    return absl::NotFoundError(absl::StrCat("no connection with id ", connection_id));
+  }
+  return it->second->key;
 }
 
 absl::StatusOr<uint32_t> Sender::Credits(uint64_t connection_id) const {
@@ -535,6 +547,14 @@ void Sender::OnMessage(absl::string_view bytes) {
     return;
   }
   Connection& connection = *it->second;
+  if (!SameKey(credit->key, connection.key)) {
+    // Not its receiver's: dropped, and the connection goes on.
+    if (!std::exchange(connection.stray_credit_logged, true)) {
+      Logger().warn("connection {}: dropped a credit without its key (a stray or forged one)",
+                    connection.connection_id);
+    }
+    return;
+  }
   if (absl::Status valid = CheckCredit(connection, *credit); !valid.ok()) {
     connection.failure = absl::UnavailableError(absl::StrCat(
         "connection ", connection.connection_id, ": a malformed credit: ", valid.message()));

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <cstring>
+#include <random>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -234,6 +236,8 @@ absl::StatusOr<Credit> DecodeCredit(uint64_t connection_id, Reader& reader) {
     PF_ASSIGN_OR_RETURN(uint64_t word, reader.Get<uint64_t>("credit free slots"));
     credit.free_slots.push_back(word);
   }
+  PF_ASSIGN_OR_RETURN(absl::string_view key, reader.GetBytes(credit.key.size(), "credit key"));
+  std::memcpy(credit.key.data(), key.data(), key.size());
   PF_RETURN_IF_ERROR(ExpectEmpty(reader, "credit"));
   if (credit.released > credit.taken || credit.taken > credit.seen) {
     return absl::InvalidArgumentError(absl::StrCat("credit of ", credit.released, " released, ",
@@ -244,6 +248,38 @@ absl::StatusOr<Credit> DecodeCredit(uint64_t connection_id, Reader& reader) {
 }
 
 }  // namespace
+
+ConnectionKey NewConnectionKey() {
+  // libstdc++'s random_device reads the kernel's CSPRNG (getrandom, or
+  // rdrand/rdseed where the CPU has them).
+  std::random_device random;
+  ConnectionKey key;
+  for (size_t i = 0; i < key.size(); i += 4) {
+    const uint32_t word = random();
+    std::memcpy(key.data() + i, &word, 4);
+  }
+  return key;
+}
+
+bool SameKey(const ConnectionKey& a, const ConnectionKey& b) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+std::string KeyBytes(const ConnectionKey& key) {
+  return std::string(reinterpret_cast<const char*>(key.data()), key.size());
+}
+
+absl::StatusOr<ConnectionKey> KeyFromBytes(absl::string_view bytes) {
+  ConnectionKey key;
+  if (bytes.size() != key.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a connection key of ", bytes.size(), " bytes, not ", key.size()));
+  }
+  std::memcpy(key.data(), bytes.data(), key.size());
+  return key;
+}
 
 std::string EncodeMessage(const Message& message) {
   Writer writer;
@@ -258,6 +294,8 @@ std::string EncodeMessage(const Message& message) {
     writer.Put(credit->released);
     writer.Put(static_cast<uint32_t>(credit->free_slots.size()));
     for (uint64_t word : credit->free_slots) writer.Put(word);
+    writer.PutBytes(
+        absl::string_view(reinterpret_cast<const char*>(credit->key.data()), credit->key.size()));
     return std::move(writer).Finish(static_cast<uint16_t>(MessageKind::kCredit),
                                     credit->connection_id);
   }

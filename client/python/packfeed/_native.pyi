@@ -39,7 +39,8 @@ def attach(socket_path: str, job: str, global_rank: int, fingerprint: str, auth_
            start_step: int, start_microbatch: int, start_sample: Optional[int], elastic: bool,
            slots: int, slot_bytes: int, placement: str, cuda_device: int, ucx_transports: str,
            attach_timeout: float, reconnect_timeout: float, daemon_address: str = "",
-           tls_ca: str = "", tls_cert: str = "", tls_key: str = "") -> Client: ...
+           tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
+           admin_token: str = "") -> Client: ...
 
 class Producer:
     def put(self, step: int, fields: List[str],

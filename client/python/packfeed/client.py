@@ -57,6 +57,8 @@ class Client:
                    admin_tcp_address under ranks_over_tcp) instead of the socket
       job          PACKFEED_JOB
       auth_token   PACKFEED_TOKEN
+      (and PACKFEED_ADMIN_TOKEN: over `address`, what a new process needs to
+      start before where the rank stands, a restart from an older checkpoint)
       device       "cuda" means cuda:LOCAL_RANK (else SLURM_LOCALID, else 0)
     and WORLD_SIZE (else SLURM_NTASKS), when set, must exceed the rank.
 
@@ -277,7 +279,8 @@ class Client:
             cuda_device=cuda_device or 0, slots=self._slots, slot_bytes=self._slot_bytes,
             ucx_transports=self._ucx_transports, attach_timeout=self._attach_timeout,
             reconnect_timeout=self._reconnect_timeout, daemon_address=self.address,
-            tls_ca=self._tls[0], tls_cert=self._tls[1], tls_key=self._tls[2])
+            tls_ca=self._tls[0], tls_cert=self._tls[1], tls_key=self._tls[2],
+            admin_token=os.environ.get("PACKFEED_ADMIN_TOKEN", ""))
 
     def _live(self) -> _native.Client:
         if self._native is None:

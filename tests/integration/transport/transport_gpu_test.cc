@@ -59,8 +59,9 @@ absl::StatusOr<ChildProcess> StartSender(
   PF_RETURN_IF_ERROR(child.Send(receiver.worker_address()));
   PF_RETURN_IF_ERROR(child.Send(receiver.ring_descriptor()));
   PF_ASSIGN_OR_RETURN(const std::string reply, child.Receive());
-  PF_ASSIGN_OR_RETURN(const uint64_t connection_id, ConnectionIdOf(reply));
-  PF_RETURN_IF_ERROR(receiver.Connect(address, connection_id));
+  PF_ASSIGN_OR_RETURN(const PeerConnection connection, ConnectionOf(reply));
+  const uint64_t connection_id = connection.id;
+  PF_RETURN_IF_ERROR(receiver.Connect(address, connection_id, connection.key));
   start_pushing();
   PF_RETURN_IF_ERROR(child.Send(absl::StrCat("push ", connection_id, " 0 ", count)));
   return child;
@@ -249,7 +250,10 @@ TEST(DaemonDeviceRingTest, DeliversIntoDeviceMemoryAndReusesSlotsOnlyAfterTheirR
       (*sender)->ConnectShared((*receiver)->worker_address(), (*receiver)->ring_descriptor(),
                                std::make_shared<transport::SharedRing>(*std::move(imported)));
   ASSERT_TRUE(connection_id.ok()) << connection_id.status();
-  ASSERT_TRUE((*receiver)->Connect((*sender)->worker_address(), *connection_id).ok());
+  ASSERT_TRUE(
+      (*receiver)
+          ->Connect((*sender)->worker_address(), *connection_id, *(*sender)->Key(*connection_id))
+          .ok());
   EXPECT_TRUE((*sender)->Stats(*connection_id)->device);
   absl::Status pushed;
   std::thread pushing([&] {

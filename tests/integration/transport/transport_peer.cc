@@ -101,10 +101,14 @@ void RunReceiver(const PeerFlags& flags) {
     if (!sent.ok()) Die(sent);
   }
   while (true) {
-    const std::vector<std::string> command = absl::StrSplit(Next(), ' ');
+    const std::string line = Next();
+    const std::vector<std::string> command = absl::StrSplit(line, ' ');
     if (command[0] == "connect") {
       const std::string address = Next();
-      Reply(OkOr((*receiver)->Connect(address, Number(command.at(1))), "ok"));
+      absl::StatusOr<PeerConnection> connection =
+          ParseConnection(absl::string_view(line).substr(command[0].size() + 1));
+      if (!connection.ok()) Die(connection.status());
+      Reply(OkOr((*receiver)->Connect(address, connection->id, connection->key), "ok"));
     } else if (command[0] == "receive") {
       uint64_t bytes = 0;
       absl::Status status =
@@ -129,7 +133,7 @@ void RunSender(const PeerFlags& flags) {
       const std::string address = Next();
       const std::string ring = Next();
       absl::StatusOr<uint64_t> connection_id = (*sender)->Connect(address, ring);
-      Reply(connection_id.ok() ? ConnectionReply(*connection_id)
+      Reply(connection_id.ok() ? ConnectionReply(*connection_id, *(*sender)->Key(*connection_id))
                                : StatusLine(connection_id.status()));
     } else if (command[0] == "push") {
       PushReport report;

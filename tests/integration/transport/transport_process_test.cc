@@ -43,10 +43,10 @@ constexpr uint64_t kSmall = 1ull << 20;
 // Room for the largest test payload plus the small fields that ride with it.
 constexpr uint64_t SlotBytesFor(uint64_t max_payload) { return max_payload + (64 << 10); }
 
-uint64_t ConnectionIdFrom(const std::string& reply) {
-  absl::StatusOr<uint64_t> connection_id = ConnectionIdOf(reply);
-  EXPECT_TRUE(connection_id.ok()) << connection_id.status();
-  return connection_id.value_or(0);
+PeerConnection ConnectionFrom(const std::string& reply) {
+  absl::StatusOr<PeerConnection> connection = ConnectionOf(reply);
+  EXPECT_TRUE(connection.ok()) << connection.status();
+  return connection.value_or(PeerConnection{});
 }
 
 class TransportTest : public ::testing::TestWithParam<std::string> {
@@ -106,7 +106,10 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     const std::string ring = Receive(receiver);
     auto connection_id = sender.Connect(address, ring);
     EXPECT_TRUE(connection_id.ok()) << connection_id.status();
-    EXPECT_TRUE(receiver.Send(absl::StrCat("connect ", *connection_id)).ok());
+    EXPECT_TRUE(receiver
+                    .Send(absl::StrCat(
+                        "connect ", FormatConnection(*connection_id, *sender.Key(*connection_id))))
+                    .ok());
     EXPECT_TRUE(receiver.Send(sender.worker_address()).ok());
     EXPECT_EQ(Receive(receiver), "ok");
     return *connection_id;
@@ -118,9 +121,9 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(sender.Send("connect").ok());
     EXPECT_TRUE(sender.Send(receiver.worker_address()).ok());
     EXPECT_TRUE(sender.Send(receiver.ring_descriptor()).ok());
-    const uint64_t connection_id = ConnectionIdFrom(Receive(sender));
-    EXPECT_TRUE(receiver.Connect(address, connection_id).ok());
-    return connection_id;
+    const PeerConnection connection = ConnectionFrom(Receive(sender));
+    EXPECT_TRUE(receiver.Connect(address, connection.id, connection.key).ok());
+    return connection.id;
   }
 };
 
@@ -354,7 +357,10 @@ TEST_P(TransportTest, ARingSharedByFileDescriptorServesAReceiverOfAnotherUid) {
   auto connection_id = sender->ConnectShared(
       receiver_address, ring, std::make_shared<transport::SharedRing>(*std::move(shared)));
   ASSERT_TRUE(connection_id.ok()) << connection_id.status();
-  ASSERT_TRUE(child.Send(absl::StrCat("connect ", *connection_id)).ok());
+  ASSERT_TRUE(child
+                  .Send(absl::StrCat(
+                      "connect ", FormatConnection(*connection_id, *sender->Key(*connection_id))))
+                  .ok());
   ASSERT_TRUE(child.Send(sender->worker_address()).ok());
   ASSERT_EQ(Receive(child), "ok");
 
@@ -496,7 +502,8 @@ class RogueSenderTest : public TransportTest {
     ASSERT_EQ(Receive(*rogue_), "ok");
   }
   void Accept(uint64_t connection_id) {
-    ASSERT_TRUE(receiver_->Connect(rogue_address_, connection_id).ok());
+    // The rogue ignores credits: any key does.
+    ASSERT_TRUE(receiver_->Connect(rogue_address_, connection_id, {}).ok());
   }
   void Send(const std::string& bytes) {
     ASSERT_TRUE(rogue_->Send("send").ok());

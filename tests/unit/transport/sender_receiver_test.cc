@@ -47,7 +47,7 @@ class SenderReceiverTest : public ::testing::Test {
         sender_->Connect(receiver_->worker_address(), receiver_->ring_descriptor());
     ASSERT_TRUE(id.ok()) << id.status();
     id_ = *id;
-    ASSERT_TRUE(receiver_->Connect(sender_->worker_address(), id_).ok());
+    ASSERT_TRUE(receiver_->Connect(sender_->worker_address(), id_, *sender_->Key(id_)).ok());
     ASSERT_EQ(WaitForCredits(kSlots), kSlots);
   }
 
@@ -108,6 +108,45 @@ TEST_F(SenderReceiverTest, ASlotArrivesWithItsFieldsBytesAndMetadata) {
   EXPECT_EQ(slot->fields[1].descriptor.type, ElementType::kBool);
   EXPECT_EQ(std::memcmp(slot->fields[1].data, message->mask.data(), 100), 0);
   EXPECT_TRUE(receiver_->Release(slot->lease).ok());
+}
+
+// Someone who knows a connection's id but not its key (another rank, which
+// read its own AttachReply) can neither free its slots nor break it: its
+// credits, naming every slot free, are dropped (accepted, this one was
+// "older than the credit before it" and failed the connection), and the
+// trainer's held slots stay held.
+TEST_F(SenderReceiverTest, ACreditWithoutItsConnectionsKeyIsDropped) {
+  std::vector<std::unique_ptr<Message>> messages;
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    messages.push_back(MakeMessage(i, 10));
+    ASSERT_TRUE(sender_->Push(id_, messages.back()->content).ok());
+  }
+  std::vector<ReceivedSlot> held;
+  for (uint32_t i = 0; i < kSlots; ++i) {
+    absl::StatusOr<ReceivedSlot> slot = receiver_->Next(absl::Seconds(10));
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  ReceiverOptions options;
+  options.ucx.transports = "sm,self";
+  options.slots = kSlots;
+  options.slot_bytes = kSlotBytes;
+  options.placement = RingPlacement::kHost;
+  absl::StatusOr<std::unique_ptr<Receiver>> rogue = Receiver::Create(options);
+  ASSERT_TRUE(rogue.ok()) << rogue.status();
+  ConnectionKey guess = *sender_->Key(id_);
+  guess[15] ^= 0x80;
+  ASSERT_TRUE((*rogue)->Connect(sender_->worker_address(), id_, guess).ok());
+  // The rogue's first credit names its whole (empty) ring free.
+  for (int i = 0; i < 50; ++i) sender_->ProgressOrWait(absl::Milliseconds(10));
+  absl::StatusOr<uint32_t> credits = sender_->Credits(id_);
+  ASSERT_TRUE(credits.ok()) << credits.status();
+  EXPECT_EQ(*credits, 0u);
+  const std::unique_ptr<Message> more = MakeMessage(9, 10);
+  EXPECT_TRUE(absl::IsResourceExhausted(sender_->Push(id_, more->content)));
+  // The trainer's own release still frees a slot.
+  ASSERT_TRUE(receiver_->Release(held[0].lease).ok());
+  EXPECT_EQ(WaitForCredits(1), 1u);
 }
 
 TEST_F(SenderReceiverTest, NextWithNothingAnnouncedIsDeadlineExceeded) {

@@ -32,7 +32,22 @@ Credit SampleCredit() {
   Credit credit{7, 12, 10, 9, {}};
   credit.set_free(0);
   credit.set_free(65);
+  credit.key = NewConnectionKey();  // travels with every credit
   return credit;
+}
+
+// Keys come from a CSPRNG (two draws differ), compare in constant time, and
+// cross a proto's bytes field only at their size.
+TEST(WireTest, ConnectionKeysAreRandomAndRoundTripAsBytes) {
+  const ConnectionKey a = NewConnectionKey();
+  const ConnectionKey b = NewConnectionKey();
+  EXPECT_FALSE(SameKey(a, b));
+  EXPECT_TRUE(SameKey(a, a));
+  absl::StatusOr<ConnectionKey> back = KeyFromBytes(KeyBytes(a));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameKey(*back, a));
+  EXPECT_EQ(KeyFromBytes("short").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeyFromBytes("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(WireTest, RoundTripsEveryMessage) {

@@ -70,6 +70,11 @@ struct ClientOptions {
   // (State() records it, so a resume checks it).
   std::string fingerprint;
   std::string auth_token;
+  // Over daemon_address, a start before where the rank's ledger stands (a
+  // restart from an earlier checkpoint by a new process) is refused unless
+  // this is the daemon's admin_tcp_token (docs/RELIABILITY.md, Who can do
+  // what). Not needed on the socket, nor when this client re-attaches.
+  std::string admin_token;
   int64_t start_step = 0;  // first step to receive
   // Microbatches of start_step already consumed (a resume inside a step:
   // ClientState::next_microbatch); NextStep then begins the step there.

@@ -289,7 +289,13 @@ TEST(DaemonConfigTest, RanksOverTcpNeedTheAddressAndEveryJobsToken) {
               HasSubstr("ranks_over_tcp: job 'pretrain' has no auth_token"));
   std::string with_token(kJob);
   with_token.replace(with_token.find("eod_id"), 0, "auth_token: \"t\"\n  ");
-  auto config = ParseDaemonConfig(absl::StrCat(kTcp, with_token), "c.textproto");
+  // Without TLS, only with the opt-in that names the risk.
+  EXPECT_THAT(Message(absl::StrCat(kTcp, with_token)),
+              HasSubstr("ranks_over_tcp without admin_tls: every job token and rank connection "
+                        "key would cross the network in cleartext; set admin_tls, or "
+                        "ranks_over_tcp_without_tls: true"));
+  auto config = ParseDaemonConfig(
+      absl::StrCat(kTcp, "ranks_over_tcp_without_tls: true\n", with_token), "c.textproto");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->ranks_over_tcp());
 }

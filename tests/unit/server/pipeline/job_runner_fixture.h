@@ -62,6 +62,14 @@ class FakeSlotSender : public transport::SlotSender {
                                          std::shared_ptr<transport::SharedRing>) override {
     return Connect(address, ring);
   }
+  // A key of the id's bytes: distinct per connection, as the runner needs.
+  absl::StatusOr<transport::ConnectionKey> Key(uint64_t id) const override {
+    absl::MutexLock lock(&mutex_);
+    if (rings_.count(id) == 0) return absl::NotFoundError("no such connection");
+    transport::ConnectionKey key{};
+    std::memcpy(key.data(), &id, sizeof(id));
+    return key;
+  }
   absl::Status Disconnect(uint64_t id, absl::string_view reason) override {
     absl::MutexLock lock(&mutex_);
     if (rings_.count(id) == 0) return absl::NotFoundError("no such connection");
@@ -331,6 +339,7 @@ class JobRunnerTest : public ::testing::Test {
     args.start_step = start_step;
     args.start_microbatch = start_microbatch;
     args.ring_slots = slots;
+    args.may_rewind = true;  // as a caller on the Unix socket
     if (shared_) {
       absl::StatusOr<transport::SharedRing> ring = transport::SharedRing::Create(4096);
       EXPECT_TRUE(ring.ok()) << ring.status();

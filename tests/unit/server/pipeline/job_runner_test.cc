@@ -172,6 +172,65 @@ TEST_F(JobRunnerTest, AReattachedRankGetsTheSameBytesFromWhereItStopped) {
   }
 }
 
+// Over TCP (no uid), a rewind serves again what a rank consumed: only the
+// rank's own process, by its connection's key, or the admin token may ask
+// for one. Resuming where the rank stands needs neither. Every later call
+// proves itself by the connection's id and key.
+TEST_F(JobRunnerTest, OverTcpOnlyTheRanksOwnKeyOrTheAdminTokenRewindsIt) {
+  StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/2);
+  const uint64_t first = Attach(0, /*slots=*/2);
+  const absl::StatusOr<transport::ConnectionKey> key = runner_->KeyOf(0);
+  ASSERT_TRUE(key.ok()) << key.status();
+  sender_->ReleaseEverything(first);
+  const size_t through_step_1 = static_cast<size_t>(MicrobatchesOf(0) + MicrobatchesOf(1));
+  ASSERT_GE(sender_->WaitForPushes(first, through_step_1).size(), through_step_1);
+  ASSERT_TRUE(Detach(0, first, 2, 0, 2).ok());
+
+  auto attach = [&](int64_t step, std::optional<transport::ConnectionKey> previous,
+                    bool may_rewind) {
+    AttachArgs args;
+    args.global_rank = 0;
+    args.worker_address = "rank";
+    args.ring_descriptor = "2";
+    args.ring_slots = 2;
+    args.start_step = step;
+    args.previous_key = previous;
+    args.may_rewind = may_rewind;
+    absl::Notification attached;
+    absl::StatusOr<uint64_t> id;
+    runner_->Attach(args, [&](absl::StatusOr<uint64_t> result) {
+      id = std::move(result);
+      attached.Notify();
+    });
+    attached.WaitForNotification();
+    return id;
+  };
+  transport::ConnectionKey other = *key;
+  other[0] ^= 1;
+  const absl::StatusOr<uint64_t> stranger = attach(0, other, /*may_rewind=*/false);
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kPermissionDenied) << stranger.status();
+  EXPECT_THAT(stranger.status().message(),
+              ::testing::HasSubstr("would serve again what it consumed"));
+  EXPECT_EQ(attach(0, std::nullopt, false).status().code(), absl::StatusCode::kPermissionDenied);
+  // Its own process, by the key of its connection: a rewind.
+  const absl::StatusOr<uint64_t> own = attach(0, *key, false);
+  ASSERT_TRUE(own.ok()) << own.status();
+  // A later call with the new connection's id proves itself by its key only.
+  const absl::StatusOr<transport::ConnectionKey> now = runner_->KeyOf(0);
+  ASSERT_TRUE(now.ok());
+  EXPECT_TRUE(runner_->CheckConnection(0, *own, transport::KeyBytes(*now)).ok());
+  EXPECT_EQ(runner_->CheckConnection(0, *own, transport::KeyBytes(*key)).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(runner_->CheckConnection(0, first, transport::KeyBytes(*key)).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(runner_->CheckConnection(0, *own, "short").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(runner_->CheckConnection(1, *own, transport::KeyBytes(*now)).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Detach(0, *own, 0, 0, 2).ok());
+  // The admin token (may_rewind), and no rewind at all, need no key.
+  EXPECT_TRUE(attach(0, std::nullopt, /*may_rewind=*/true).ok());
+}
+
 // Clients report each connection's own figures; the runner adds the
 // connections of a rank once each, and a late report of an ended
 // connection adds nothing.

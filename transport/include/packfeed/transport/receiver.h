@@ -133,9 +133,11 @@ class Receiver {
   bool host_ring_registered_with_cuda() const { return host_registration_.has_value(); }
 
   // Accepts connection `connection_id` (from Sender::Connect) of the sender at
-  // `sender_address`. Drops any earlier connection and the slots it announced
-  // that Next had not handed out; slots handed out stay held until released.
-  absl::Status Connect(absl::string_view sender_address, uint64_t connection_id);
+  // `sender_address`, whose key (Sender::Key) every credit then carries.
+  // Drops any earlier connection and the slots it announced that Next had
+  // not handed out; slots handed out stay held until released.
+  absl::Status Connect(absl::string_view sender_address, uint64_t connection_id,
+                       const ConnectionKey& key);
 
   // Replaces the UCX worker, and so worker_address(); call it before
   // re-attaching to a sender that failed. A sender killed inside a write
@@ -172,7 +174,8 @@ class Receiver {
   void ProgressLoop();
   // Runs `task` on the progress thread and returns its status.
   absl::Status RunOnProgressThread(std::function<absl::Status()> task);
-  absl::Status Reconnect(const std::string& sender_address, uint64_t connection_id);
+  absl::Status Reconnect(const std::string& sender_address, uint64_t connection_id,
+                         const ConnectionKey& key);
   absl::Status RouteMessages(UcpWorker& worker);  // to this receiver's handlers
   // Wakes the progress thread from any thread (the worker may be renewed).
   void Wake() ABSL_LOCKS_EXCLUDED(worker_mutex_);
@@ -229,6 +232,7 @@ class Receiver {
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);
   bool connected_ ABSL_GUARDED_BY(mutex_) = false;
   uint64_t connection_id_ ABSL_GUARDED_BY(mutex_) = 0;
+  ConnectionKey key_ ABSL_GUARDED_BY(mutex_){};
   absl::Status failure_ ABSL_GUARDED_BY(mutex_);
   std::deque<ReceivedSlot> ready_ ABSL_GUARDED_BY(mutex_);
   uint64_t received_ ABSL_GUARDED_BY(mutex_) = 0;    // notifications accepted

@@ -80,6 +80,7 @@ class Sender : public SlotSender {
   // Free slots of the connection now: 0 until the receiver has accepted the
   // connection (Receiver::Connect sends its first credit). Unavailable once
   // the connection has failed.
+  absl::StatusOr<ConnectionKey> Key(uint64_t connection_id) const override;
   absl::StatusOr<uint32_t> Credits(uint64_t connection_id) const override;
 
   // Puts the fields into the connection's next slot (laid out by
@@ -159,7 +160,6 @@ class Sender : public SlotSender {
   SenderOptions options_;
   UcpContext context_;
   UcpWorker worker_;
-  uint64_t next_connection_id_;
   // Ordered by connection_id; holds failed connections until Disconnect so that calls
   // naming them keep returning their failure.
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;

@@ -71,6 +71,9 @@ class SlotSender {
                                                  std::shared_ptr<SharedRing> ring) {
     return absl::UnimplementedError("this sender does not take shared rings");
   }
+  // The connection's key (wire.h), which its receiver and its rank prove
+  // themselves with; NotFound for an id it never gave or has closed.
+  virtual absl::StatusOr<ConnectionKey> Key(uint64_t connection_id) const = 0;
   // No slot follows those pushed; `reason`, when not empty, tells why.
   virtual absl::Status Disconnect(uint64_t connection_id, absl::string_view reason = "") = 0;
   // The receiver is gone or does not answer: the connection is closed at

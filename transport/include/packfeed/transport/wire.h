@@ -11,6 +11,7 @@
 // little-endian; decoding checks every length before reading it and never
 // trusts a count or an offset from the peer.
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -24,7 +25,7 @@ namespace packfeed::transport {
 
 inline constexpr uint32_t kWireMagic = 0x00574650;  // "PFW\0"
 // 2: slots are reused in any order (a credit names the free ones).
-inline constexpr uint16_t kWireVersion = 2;
+inline constexpr uint16_t kWireVersion = 3;
 // The UCP active-message id of every packfeed message.
 inline constexpr unsigned kActiveMessageId = 0x7066;
 // A slot-ready notification that carries the slot's bytes with it: the
@@ -80,6 +81,21 @@ struct SlotReady {
   bool operator==(const SlotReady&) const = default;
 };
 
+// The secret of one connection: 16 bytes from the system's CSPRNG, drawn
+// by the sender at Connect and handed to the rank in its attach reply
+// alone. Every credit carries it, so only the receiver the connection was
+// made for can free its slots (a credit naming another connection's id is
+// dropped), and the rank's later control calls prove themselves with it.
+using ConnectionKey = std::array<uint8_t, 16>;
+ConnectionKey NewConnectionKey();
+// Whether two keys are equal, in time that does not depend on where they
+// differ.
+bool SameKey(const ConnectionKey& a, const ConnectionKey& b);
+// The key as bytes (a proto's bytes field) and back; InvalidArgument unless
+// `bytes` is 16 long.
+std::string KeyBytes(const ConnectionKey& key);
+absl::StatusOr<ConnectionKey> KeyFromBytes(absl::string_view bytes);
+
 // Receiver → sender: a snapshot of the ring, taken after the receiver had
 // accepted `seen` notifications. A trainer may hold a microbatch for as long
 // as a tensor of it lives, so slots come free in any order: `free_slots` has
@@ -95,6 +111,7 @@ struct Credit {
   uint64_t taken = 0;
   uint64_t released = 0;
   std::vector<uint64_t> free_slots;
+  ConnectionKey key{};  // the connection's (Receiver::Connect)
 
   bool operator==(const Credit&) const = default;
   bool is_free(uint32_t slot) const {
