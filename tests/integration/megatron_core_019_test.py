@@ -117,13 +117,13 @@ def megatron_train(blend):
     return Builder(GPTDataset, [GBS * 20, GBS, GBS], lambda: True, config).build()[0]
 
 
-def job_text(blend, cp, consumed, split_name):
+def job_text(blend, cp, consumed, split_name, name="gpt"):
     prefixes, weights = blend
     datasets = "\n".join(
         f'  datasets {{ prefix: "{p}" weight: {w} kind: DATASET_KIND_PRETRAINING }}'
         for p, w in zip(prefixes, weights or [0] * len(prefixes)))
     return f"""jobs {{
-  name: "gpt"
+  name: "{name}"
 {datasets}
   topology {{ tp: {TP} pp: {PP} cp: {cp} dp: {DP} }}
   global_batch: {GBS}
@@ -160,8 +160,33 @@ def serve_and_compare(name, blend, cp_size, per_sequence, consumed=0, python_ran
                 workdir=WORK / name) as daemon:
         dumps = daemon.dump_ranks("gpt", ranks, STEPS)
         python_batches = {rank: python_step(daemon.socket, rank) for rank in python_ranks}
+    documents = compare_dumps(name, train, dumps, cp_size, per_sequence, consumed)
+    # The test means something only if samples hold several documents.
+    check(f"{name}: microbatches hold several documents each",
+          documents > 2 * microbatches * len(ranks) * STEPS, documents)
+    for rank, batches in python_batches.items():
+        _, cp, dp, pp = coords(rank, cp_size)
+        same = 0
+        for m, batch in enumerate(batches):
+            want = megatron_get_batch([train[consumed + (m * DP + dp) * MBS + b]
+                                       for b in range(MBS)], pp, cp_size, cp, per_sequence)
+            keys = ("tokens", "position_ids") if pp == 0 else ("labels", "loss_mask")
+            same += all(batch[k].dtype == want[k].dtype and torch.equal(batch[k], want[k])
+                        for k in keys) and \
+                torch.equal(batch["cu_seqlens"], want["cu_seqlens"][0]) and \
+                int(batch["max_seqlen"]) == int(want["max_seqlen"][0]) and \
+                batch["packed_seq_params"]["max_seqlen_q"] == int(want["max_seqlen"][0])
+        check(f"{name} python client rank {rank}: {microbatches} microbatches of "
+              f"[1, {MBS * SEQ // cp_size}] equal Megatron's", same == len(batches) == microbatches,
+              f"{same} of {len(batches)}")
+
+
+def compare_dumps(name, train, dumps, cp_size, per_sequence, consumed=0):
+    """Each rank's dump of STEPS steps ({rank: dump}) against Megatron
+    0.19.2's get_batch of the same samples; the documents seen."""
+    microbatches = GBS // (MBS * DP)
     documents = 0
-    for rank in ranks:
+    for rank in sorted(dumps):
         _, cp, dp, pp = coords(rank, cp_size)
         steps = dumps[rank]["steps"]
         check(f"{name} rank {rank}: steps 0..{STEPS - 1} of {microbatches} microbatches",
@@ -181,24 +206,7 @@ def serve_and_compare(name, blend, cp_size, per_sequence, consumed=0, python_ran
                         wrong.append(f"step {st['step']} mb {m} {key}")
         check(f"{name} rank {rank} (cp {cp} dp {dp} pp {pp}) equals Megatron 0.19.2's get_batch",
               not wrong, wrong[:5])
-    # The test means something only if samples hold several documents.
-    check(f"{name}: microbatches hold several documents each",
-          documents > 2 * microbatches * len(ranks) * STEPS, documents)
-    for rank, batches in python_batches.items():
-        _, cp, dp, pp = coords(rank, cp_size)
-        same = 0
-        for m, batch in enumerate(batches):
-            want = megatron_get_batch([train[consumed + (m * DP + dp) * MBS + b]
-                                       for b in range(MBS)], pp, cp_size, cp, per_sequence)
-            keys = ("tokens", "position_ids") if pp == 0 else ("labels", "loss_mask")
-            same += all(batch[k].dtype == want[k].dtype and torch.equal(batch[k], want[k])
-                        for k in keys) and \
-                torch.equal(batch["cu_seqlens"], want["cu_seqlens"][0]) and \
-                int(batch["max_seqlen"]) == int(want["max_seqlen"][0]) and \
-                batch["packed_seq_params"]["max_seqlen_q"] == int(want["max_seqlen"][0])
-        check(f"{name} python client rank {rank}: {microbatches} microbatches of "
-              f"[1, {MBS * SEQ // cp_size}] equal Megatron's", same == len(batches) == microbatches,
-              f"{same} of {len(batches)}")
+    return documents
 
 
 def python_step(socket, rank):
@@ -221,19 +229,41 @@ def test_served_fields_equal_megatrons_get_batch():
 
 def test_per_document_split_refused_where_documents_do_not_divide():
     """Documents that do not divide by 2 x CP under a per-document split:
-    Transformer Engine would hand out overlapping positions; the daemon ends
-    the ranks of such a microbatch with the reason and serves the others."""
+    Transformer Engine would hand out overlapping positions. A blend of
+    DIVISIBLE's documents and a few of another dataset's: exactly the ranks
+    of the DP groups that get such a microbatch (found from Megatron's own
+    samples) end with the reason; every other rank, and another job of the
+    same daemon, get Megatron's batches."""
+    cp_size = 2
+    mixed = ([DIVISIBLE[0][0], BLEND[0][0]], [40.0, 1.0])
+    train = megatron_train(mixed)
+    ranks = range(TP * PP * cp_size * DP)
+    bad_dps = set()
+    for first in range(0, STEPS * GBS, MBS):
+        batch = megatron_get_batch([train[first + b] for b in range(MBS)], 0, 1, 0, True)
+        if (numpy.diff(batch["cu_seqlens"][0].numpy()) % (2 * cp_size)).any():
+            bad_dps.add((first % GBS) // MBS % DP)
+    check("the blend gives some DP groups such a microbatch and not others",
+          0 < len(bad_dps) < DP, bad_dps)
     (WORK / "refused").mkdir()
-    text = job_text(BLEND, 2, 0, "CP_SPLIT_PER_DOCUMENT")
+    text = (job_text(mixed, cp_size, 0, "CP_SPLIT_PER_DOCUMENT")
+            + job_text(DIVISIBLE, cp_size, 0, "CP_SPLIT_PER_DOCUMENT", name="even"))
     with Daemon(os.path.dirname(CTL), text, workdir=WORK / "refused") as daemon:
-        processes = {r: daemon.start_dump("gpt", r, STEPS) for r in range(TP * PP * 2 * DP)}
+        processes = {r: daemon.start_dump("gpt", r, STEPS) for r in ranks}
+        beside = daemon.dump_ranks("even", ranks, STEPS)
         results = {r: p.communicate(timeout=120) + (p.returncode,) for r, p in processes.items()}
         alive = daemon.ctl_run("health").returncode == 0
-    refused = [r for r, (_, err, code) in results.items()
+    expected = {r for r in ranks if coords(r, cp_size)[2] in bad_dps}
+    refused = {r for r, (_, err, code) in results.items()
                if code != 0 and "FAILED_PRECONDITION" in err and "divide by 2 x cp = 4" in err
-               and "CP_SPLIT_PER_SEQUENCE" in err]
-    check("per-document split of documents that do not divide: ranks ended with the reason",
-          refused, {r: err[-300:] for r, (_, err, _) in results.items()})
+               and "CP_SPLIT_PER_SEQUENCE" in err}
+    check("exactly the ranks of the DP groups with such a microbatch end, with the reason",
+          refused == expected, {"expected": sorted(expected), "refused": sorted(refused),
+                                "stderr": {r: err[-200:] for r, (_, err, _) in results.items()}})
+    served = {r: json.loads(out) for r, (out, _, code) in results.items() if code == 0}
+    check("every other rank is served", set(served) == set(ranks) - expected, sorted(served))
+    compare_dumps("refused job, the other ranks", train, served, cp_size, False)
+    compare_dumps("the job beside it", megatron_train(DIVISIBLE), beside, cp_size, False)
     check("the daemon serves on after refusing them", alive)
 
 
