@@ -6,13 +6,22 @@ then caches them as .npy files. This writes a blend of --prefixes datasets
 (default 3, weighted 0.5/0.3/0.2; with more, equal shares of the documents
 weighted by their tokens, as data-path weights usually are) holding
 --documents documents in all (their .bin files sparse: only the index is
-read to build), then times, alternating --rounds times:
+read to build), then times, alternating --rounds times, like with like:
   * Megatron: BlendedMegatronDatasetBuilder.build() for train, valid and
-    test (what pretrain_gpt builds) into an empty cache, and the first
-    sample; and again from its cache;
+    test (what pretrain_gpt builds) into an empty cache directory with its
+    array writes (numpy.save) left out, as packfeedd writes none (Megatron
+    has no build without a cache: given none it writes beside the
+    dataset), and the first sample; and again from a cache written by an
+    untimed build;
   * packfeed: packfeedd from launch until a rank's packfeed.Client holds
     its first microbatch (the client attaches once the daemon listens),
-    and the daemon's peak RSS; and again reading Megatron's cache.
+    serving every split as `megatron-config` emits them
+    (serve_every_split: the valid and test jobs are built too), and the
+    daemon's peak RSS; and again reading Megatron's cache.
+Each side's peak RSS is what its build holds, without an interpreter: the
+daemon's process has none, and Megatron's figure is its build process's
+peak less that process's resident size before the build (the
+interpreter, numpy and torch).
 
 usage: pretraining_startup_bench.py BIN_DIR VENV_DIR PYTHON_PACKAGE_DIR
        [--documents 10000000] [--prefixes 3] [--train-samples 1000000]
@@ -94,19 +103,35 @@ def peak_rss_mib(pid="self"):
                     if line.startswith("VmHWM"))) / 1024
 
 
-def megatron_build(cache):
-    """(seconds, this process's peak RSS in MiB over the build: the peak is
-    reset first, so it counts what the build holds beside the interpreter
-    and torch, as a rank's process would)."""
+def resident_mib():
+    status = pathlib.Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("VmRSS"))) / 1024
+
+
+def megatron_build(cache, write=True):
+    """(seconds, the peak RSS in MiB the build added to this process: the
+    peak is reset first and the resident size before the build, the
+    interpreter with numpy and torch, taken off). `cache`: the directory
+    read, or built into; `write`: False leaves its arrays unwritten (only
+    the descriptions, a few hundred bytes each, still are)."""
     pathlib.Path("/proc/self/clear_refs").write_text("5")
+    before = resident_mib()
     config = GPTDatasetConfig(
         random_seed=SEED, sequence_length=SEQ, blend=(PREFIXES, WEIGHTS), split=SPLIT,
-        path_to_cache=str(cache), tokenizer=Tokenizer(0), reset_position_ids=False,
-        reset_attention_mask=False, eod_mask_loss=False)
-    start = time.monotonic()
-    train = Builder(GPTDataset, SAMPLES, lambda: True, config).build()[0]
-    train[0]
-    return time.monotonic() - start, peak_rss_mib()
+        path_to_cache=str(cache), tokenizer=Tokenizer(0),
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+    save = numpy.save
+    if not write:
+        numpy.save = lambda *args, **kwargs: None
+    try:
+        start = time.monotonic()
+        train = Builder(GPTDataset, SAMPLES, lambda: True, config).build()[0]
+        train[0]
+        elapsed = time.monotonic() - start
+    finally:
+        numpy.save = save
+    return elapsed, peak_rss_mib() - before
 
 
 def packfeed_first_microbatch(cache=None):
@@ -119,7 +144,8 @@ def packfeed_first_microbatch(cache=None):
   seq_length: {SEQ}
   seed: {SEED}
   pretraining {{ split: "{SPLIT}" train_samples: {SAMPLES[0]} valid_samples: {SAMPLES[1]}
-                 test_samples: {SAMPLES[2]} {f'cache_dir: "{cache}"' if cache else ""} }}
+                 test_samples: {SAMPLES[2]} serve_every_split: true
+                 {f'cache_dir: "{cache}"' if cache else ""} }}
 }}
 """
     workdir = pathlib.Path(tempfile.mkdtemp(dir=WORK))
@@ -145,7 +171,8 @@ def packfeed_first_microbatch(cache=None):
 rows = []
 for r in range(args.rounds):
     cache = WORK / f"cache{r}"
-    cold, megatron_rss = megatron_build(cache)
+    cold, megatron_rss = megatron_build(WORK / f"empty{r}", write=False)
+    megatron_build(cache)  # writes the cache, untimed
     warm, _ = megatron_build(cache)
     ours, rss = packfeed_first_microbatch()
     from_cache, _ = packfeed_first_microbatch(cache)

@@ -126,9 +126,8 @@ namespace {
 //    every step, as helpers.cpp scans every pair.
 //
 // Ties between classes go to the lower dataset index of their next
-// members, which is how helpers.cpp breaks them. For 1 000 datasets and
-// 24 M samples (a 2-core VM) see the unit test's and the bench's figures
-// in docs/PRETRAINING.md.
+// members, which is how helpers.cpp breaks them. Timings: docs/PRETRAINING.md,
+// "Start-up".
 
 // Datasets of one weight (and size), drawn in turn.
 struct WeightClass {
