@@ -122,7 +122,7 @@ namespace {
 //    not, and the first index wins a tie. So a class is ruled out for good
 //    only where rounding cannot help it, and otherwise only while its exact
 //    error stays below the leader's by more than both errors' rounding can
-//    close (Overtaking); a pair that stays within that margin is scanned
+//    close (SafeUntil); a pair that stays within that margin is scanned
 //    every step, as helpers.cpp scans every pair.
 //
 // Ties between classes go to the lower dataset index of their next
@@ -269,12 +269,7 @@ class BlocksOfClasses {
     lead_weight_[b] = leader.weight;
     lead_rounds_[b] = leader.rounds;
     lead_index_[b] = leader.index;
-    int64_t until = kLatest;
-    for (size_t c = first; c < end && until > i + 1; ++c) {
-      if (c == lead || rounds_[c] == kClosed) continue;
-      until = std::min(until, Overtaking(weight_[c], rounds_[c], index_[c], leader, i));
-    }
-    until_[b] = until;
+    until_[b] = SafeUntil(first, end, lead, leader, i);
   }
 
   // The block whose leader is furthest behind, from contiguous copies of
@@ -323,8 +318,8 @@ class BlocksOfClasses {
     uint32_t index;
   };
 
-  // The step from which a class (its weight, rounds and next member) may
-  // take the lead, or a step before it.
+  // The step at which another class of [first, end) may take the lead from
+  // `lead` (or a step before it); kLatest when none can.
   //
   // Never, where rounding cannot help it: fl(w · x) is monotone in w, and
   // fl(p − n) in p and n, so a class no heavier and drawn no less trails
@@ -335,20 +330,31 @@ class BlocksOfClasses {
   // (w_L − w_c)·x − (n_L − n_c) exceeds kRoundingSlope·(x + 2). Each error
   // rounds twice, by at most 2^-53 of |w·x| ≤ x and of max(w·x, n) ≤ x
   // (n ≤ i, w ≤ 1), so both together move by less than 2^-51·x: the margin
-  // is 8 times that, and covers the rounding of this computation too.
-  static int64_t Overtaking(double weight, double rounds, uint32_t index, const Lead& lead,
-                            int64_t i) {
-    const double lighter = lead.weight - weight;
-    const double behind = lead.rounds - rounds;  // exact: both < 2^53
-    if (lighter >= 0 && (behind < 0 || (behind == 0 && index > lead.index))) return kLatest;
-    const double slope = lighter - kRoundingSlope;
-    const double offset = behind + 2 * kRoundingSlope;
-    if (!(slope * static_cast<double>(i + 1) > offset))
-      return i + 1;                  // too close already: scan each step
-    if (slope >= 0) return kLatest;  // the lead only grows
-    // Safe while x < offset / slope; shrunk so that this division's own
-    // rounding cannot carry it past the crossing.
-    const double crossing = offset / slope * (1 - 0x1p-40);
+  // is 8 times that, and covers the rounding of this computation too. A
+  // heavier class crosses at offset / slope; the least crossing is found
+  // by comparing products, and divided out once.
+  int64_t SafeUntil(size_t first, size_t end, size_t lead, const Lead& leader, int64_t i) const {
+    const auto next = static_cast<double>(i + 1);
+    double num = static_cast<double>(kLatest);  // the least crossing: num / den
+    double den = 1;
+    for (size_t c = first; c < end; ++c) {
+      if (c == lead || rounds_[c] == kClosed) continue;
+      const double lighter = leader.weight - weight_[c];
+      const double behind = leader.rounds - rounds_[c];  // exact: both < 2^53
+      if (lighter >= 0 && (behind < 0 || (behind == 0 && index_[c] > leader.index))) continue;
+      const double slope = lighter - kRoundingSlope;
+      const double offset = behind + 2 * kRoundingSlope;
+      if (!(slope * next > offset)) return i + 1;  // too close already: scan each step
+      if (slope >= 0) continue;                    // the lead only grows
+      // Safe while x < offset / slope (both negative here).
+      if (-offset * den < num * -slope) {
+        num = -offset;
+        den = -slope;
+      }
+    }
+    // Shrunk so that the rounding of the division, and of the products
+    // that chose it, cannot carry it past the crossing.
+    const double crossing = num / den * (1 - 0x1p-40);
     if (crossing >= static_cast<double>(kLatest)) return kLatest;
     return std::max(i + 1, static_cast<int64_t>(std::floor(crossing)) - 1);
   }
