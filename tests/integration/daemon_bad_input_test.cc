@@ -220,6 +220,35 @@ TEST(ProducerThatExits, DISABLED_ReservesAndExits) {
   std::_Exit(0);  // no Commit, no ReleaseArena
 }
 
+// A host ring shared by descriptor for rank 2, and its Attach naming the
+// ring token `token` (what the client sends).
+struct SharedRingAttach {
+  std::unique_ptr<transport::Receiver> ring;
+  v1::AttachRequest request;
+};
+SharedRingAttach SharedRingAttachOf(const std::string& token, const std::string& ucx_transports) {
+  transport::ReceiverOptions options;
+  options.placement = transport::RingPlacement::kHost;
+  options.shared_by_fd = true;
+  options.ucx.transports = ucx_transports;
+  options.slots = 2;
+  options.slot_bytes = 4 << 20;
+  absl::StatusOr<std::unique_ptr<transport::Receiver>> ring = transport::Receiver::Create(options);
+  EXPECT_TRUE(ring.ok()) << ring.status();
+  SharedRingAttach out;
+  if (!ring.ok()) return out;
+  out.ring = *std::move(ring);
+  out.request.set_job("job");
+  out.request.set_global_rank(2);
+  out.request.set_auth_token(kToken);
+  out.request.set_worker_address(out.ring->worker_address());
+  out.request.mutable_ring()->set_slots(options.slots);
+  out.request.mutable_ring()->set_slot_bytes(options.slot_bytes);
+  out.request.mutable_ring()->set_ring_descriptor(out.ring->ring_descriptor());
+  out.request.mutable_ring()->set_shared_ring_token(token);
+  return out;
+}
+
 // A process that got hold of another's ring token (PF_THIEF_TOKEN) and
 // presents it in its Attach, as rank 2, with a ring and worker of its own;
 // as uid PF_THIEF_UID when set. Run by the tests below.
@@ -233,28 +262,14 @@ TEST(RingTokenThief, DISABLED_PresentsACapturedToken) {
     ASSERT_EQ(setgid(id), 0);
     ASSERT_EQ(setuid(id), 0);
   }
-  transport::ReceiverOptions options;
-  options.placement = transport::RingPlacement::kHost;
-  options.shared_by_fd = true;
-  options.ucx.transports = "tcp";
-  options.slots = 2;
-  options.slot_bytes = 4 << 20;
-  auto ring = transport::Receiver::Create(options);
-  ASSERT_TRUE(ring.ok()) << ring.status();
-  v1::AttachRequest request;
-  request.set_job("job");
-  request.set_global_rank(2);
-  request.set_auth_token(kToken);
-  request.set_worker_address((*ring)->worker_address());
-  request.mutable_ring()->set_slots(2);
-  request.mutable_ring()->set_slot_bytes(4 << 20);
-  request.mutable_ring()->set_ring_descriptor((*ring)->ring_descriptor());
-  request.mutable_ring()->set_shared_ring_token(token);
+  // A ring and worker of its own (TCP: shared memory does not cross uids).
+  const SharedRingAttach thief = SharedRingAttachOf(token, "tcp");
+  ASSERT_NE(thief.ring, nullptr);
   auto control = v1::Control::NewStub(
       grpc::CreateChannel(absl::StrCat("unix:", socket), grpc::InsecureChannelCredentials()));
   v1::AttachReply reply;
   grpc::ClientContext context;
-  const grpc::Status attached = control->Attach(&context, request, &reply);
+  const grpc::Status attached = control->Attach(&context, thief.request, &reply);
   EXPECT_EQ(attached.error_code(), grpc::StatusCode::PERMISSION_DENIED) << attached.error_message();
   EXPECT_THAT(attached.error_message(),
               HasSubstr("a token is good only for the process that shared the ring"));
@@ -266,16 +281,12 @@ class RingTokenTest : public DaemonBadInputTest {
   // nullopt) present its token from another process, then attaches with it:
   // the thief is refused and the owner keeps its ring.
   void ThiefIsRefusedAndTheOwnerKeepsItsRing(std::optional<uid_t> thief_uid) {
-    transport::ReceiverOptions options;
-    options.placement = transport::RingPlacement::kHost;
-    options.shared_by_fd = true;
-    options.slots = 2;
-    options.slot_bytes = 4 << 20;
-    auto ring = transport::Receiver::Create(options);
-    ASSERT_TRUE(ring.ok()) << ring.status();
-    auto token = client::ShareRing(*socket_ + ".rings", (*ring)->ring_fd(), (*ring)->ring_offer(),
-                                   absl::Seconds(10));
+    SharedRingAttach owner = SharedRingAttachOf("", "");
+    ASSERT_NE(owner.ring, nullptr);
+    auto token = client::ShareRing(*socket_ + ".rings", owner.ring->ring_fd(),
+                                   owner.ring->ring_offer(), absl::Seconds(10));
     ASSERT_TRUE(token.ok()) << token.status();
+    owner.request.mutable_ring()->set_shared_ring_token(*token);
 
     ASSERT_EQ(setenv("PF_THIEF_SOCKET", socket_->c_str(), 1), 0);
     ASSERT_EQ(setenv("PF_THIEF_TOKEN", token->c_str(), 1), 0);
@@ -289,18 +300,9 @@ class RingTokenTest : public DaemonBadInputTest {
     ASSERT_TRUE(thief.ok()) << thief.status();
     EXPECT_EQ(*thief->Wait(absl::Seconds(60)), 0) << "the thief was not refused as it should be";
 
-    v1::AttachRequest request;
-    request.set_job("job");
-    request.set_global_rank(2);
-    request.set_auth_token(kToken);
-    request.set_worker_address((*ring)->worker_address());
-    request.mutable_ring()->set_slots(2);
-    request.mutable_ring()->set_slot_bytes(4 << 20);
-    request.mutable_ring()->set_ring_descriptor((*ring)->ring_descriptor());
-    request.mutable_ring()->set_shared_ring_token(*token);
     v1::AttachReply reply;
     grpc::ClientContext context;
-    const grpc::Status attached = control_->Attach(&context, request, &reply);
+    const grpc::Status attached = control_->Attach(&context, owner.request, &reply);
     ASSERT_TRUE(attached.ok()) << "the owner lost its ring: " << attached.error_message();
     v1::DetachRequest detach;
     detach.set_job("job");

@@ -25,6 +25,16 @@ using ::testing::HasSubstr;
 constexpr uint32_t kSlots = 2;
 constexpr uint64_t kSlotBytes = 64 << 10;
 
+// A host ring of kSlots slots of kSlotBytes over UCX's shared memory.
+ReceiverOptions HostRing() {
+  ReceiverOptions options;
+  options.ucx.transports = "sm,self";
+  options.slots = kSlots;
+  options.slot_bytes = kSlotBytes;
+  options.placement = RingPlacement::kHost;
+  return options;
+}
+
 class SenderReceiverTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,12 +44,7 @@ class SenderReceiverTest : public ::testing::Test {
     ASSERT_TRUE(sender.ok()) << sender.status();
     sender_ = *std::move(sender);
 
-    ReceiverOptions receiver_options;
-    receiver_options.ucx.transports = "sm,self";
-    receiver_options.slots = kSlots;
-    receiver_options.slot_bytes = kSlotBytes;
-    receiver_options.placement = RingPlacement::kHost;
-    absl::StatusOr<std::unique_ptr<Receiver>> receiver = Receiver::Create(receiver_options);
+    absl::StatusOr<std::unique_ptr<Receiver>> receiver = Receiver::Create(HostRing());
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     receiver_ = *std::move(receiver);
 
@@ -127,12 +132,7 @@ TEST_F(SenderReceiverTest, ACreditWithoutItsConnectionsKeyIsDropped) {
     ASSERT_TRUE(slot.ok()) << slot.status();
     held.push_back(*std::move(slot));
   }
-  ReceiverOptions options;
-  options.ucx.transports = "sm,self";
-  options.slots = kSlots;
-  options.slot_bytes = kSlotBytes;
-  options.placement = RingPlacement::kHost;
-  absl::StatusOr<std::unique_ptr<Receiver>> rogue = Receiver::Create(options);
+  absl::StatusOr<std::unique_ptr<Receiver>> rogue = Receiver::Create(HostRing());
   ASSERT_TRUE(rogue.ok()) << rogue.status();
   ConnectionKey guess = *sender_->Key(id_);
   guess[15] ^= 0x80;

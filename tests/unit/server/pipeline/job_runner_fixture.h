@@ -345,15 +345,21 @@ class JobRunnerTest : public ::testing::Test {
       EXPECT_TRUE(ring.ok()) << ring.status();
       if (ring.ok()) args.shared_ring = std::make_shared<transport::SharedRing>(*std::move(ring));
     }
+    absl::StatusOr<uint64_t> id = AttachWith(std::move(args));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
+  }
+
+  // The runner's answer to an attach of `args`.
+  absl::StatusOr<uint64_t> AttachWith(AttachArgs args) {
     absl::Notification attached;
     absl::StatusOr<uint64_t> id;
-    runner_->Attach(args, [&](absl::StatusOr<uint64_t> result) {
+    runner_->Attach(std::move(args), [&](absl::StatusOr<uint64_t> result) {
       id = std::move(result);
       attached.Notify();
     });
     attached.WaitForNotification();
-    EXPECT_TRUE(id.ok()) << id.status();
-    return id.value_or(0);
+    return id;
   }
 
   // The runner's stats, as the admin service asks for them.

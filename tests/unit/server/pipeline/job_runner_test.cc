@@ -196,14 +196,7 @@ TEST_F(JobRunnerTest, OverTcpOnlyTheRanksOwnKeyOrTheAdminTokenRewindsIt) {
     args.start_step = step;
     args.previous_key = previous;
     args.may_rewind = may_rewind;
-    absl::Notification attached;
-    absl::StatusOr<uint64_t> id;
-    runner_->Attach(args, [&](absl::StatusOr<uint64_t> result) {
-      id = std::move(result);
-      attached.Notify();
-    });
-    attached.WaitForNotification();
-    return id;
+    return AttachWith(std::move(args));
   };
   transport::ConnectionKey other = *key;
   other[0] ^= 1;
