@@ -9,25 +9,24 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/transport/wire.h"
 #include "server/control/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
 namespace {
 
+// 128 bits from the CSPRNG, in hex: the same draw as a connection's key.
 std::string NewToken() {
-  std::random_device random;
-  std::string token;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(random(), absl::kZeroPad8));
-  return token;
+  return absl::BytesToHexString(transport::KeyBytes(transport::NewConnectionKey()));
 }
 
 void Reply(int connection, const absl::StatusOr<std::string>& token) {
