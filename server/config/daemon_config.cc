@@ -51,6 +51,32 @@ absl::Status FieldError(absl::string_view where, absl::string_view field,
 
 bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
+// Megatron's --hybrid-context-parallel: what its argument checks require
+// (pp 1; its sub-samples come from cu_seqlens), and a plan by sub-sample.
+absl::Status ValidateHybridCp(const v1::JobConfig& job, absl::string_view where) {
+  const v1::Pretraining& p = job.pretraining();
+  if (!p.inter_document_masking()) {
+    return FieldError(where, "pretraining.hybrid_context_parallel",
+                      "needs inter_document_masking (Megatron's sub-samples are the documents "
+                      "its cu_seqlens cut)");
+  }
+  if (job.topology().pp() > 1 || job.topology().vpp() > 1) {
+    return FieldError(where, "pretraining.hybrid_context_parallel",
+                      "is not supported with pipeline parallelism (Megatron refuses it too)");
+  }
+  if (job.scheduler().kind() != "dynamic_cp") {
+    return FieldError(where, "scheduler.kind",
+                      "must be dynamic_cp with pretraining.hybrid_context_parallel (each "
+                      "sub-sample at its own CP size)");
+  }
+  if (p.balance_document_attention() || p.cp_split() != v1::Pretraining::CP_SPLIT_PER_SEQUENCE) {
+    return FieldError(where, "pretraining.hybrid_context_parallel",
+                      "places and splits every sub-sample itself: balance_document_attention "
+                      "and cp_split do not apply");
+  }
+  return absl::OkStatus();
+}
+
 // Megatron pretraining options: what Megatron itself would refuse, refused
 // here with the field named.
 absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view where) {
@@ -126,6 +152,9 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
     return FieldError(where, "pretraining.cp_split", "applies to inter_document_masking only");
   }
 
+  if (p.hybrid_context_parallel()) {
+    if (absl::Status hybrid = ValidateHybridCp(job, where); !hybrid.ok()) return hybrid;
+  }
   if (job.seed() > UINT32_MAX) {
     return FieldError(where, "seed", "Megatron's random_seed is below 2^32");
   }
@@ -261,7 +290,11 @@ void FillDefaults(v1::JobConfig& job) {
     job.set_long_documents(sft ? v1::JobConfig::LONG_DOCUMENTS_TRUNCATE
                                : v1::JobConfig::LONG_DOCUMENTS_SPLIT);
   }
-  if (job.scheduler().kind().empty()) job.mutable_scheduler()->set_kind("balanced");
+  if (job.scheduler().kind().empty()) {
+    // Hybrid CP is planned by sub-sample, at each one's own CP size.
+    job.mutable_scheduler()->set_kind(job.pretraining().hybrid_context_parallel() ? "dynamic_cp"
+                                                                                  : "balanced");
+  }
   if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
   if (!job.scheduler().has_cp_upgrade_budget()) {
     job.mutable_scheduler()->set_cp_upgrade_budget(0.05);

@@ -37,9 +37,6 @@ constexpr std::pair<const char*, const char*> kRefused[] = {
     {"--step-batch-size-schedule", "a global batch that changes during the run is not served"},
     {"--eval-global-batch-size", "an evaluation batch other than the global batch is not served"},
     {"--skip-train", "a run without training is not served"},
-    {"--hybrid-context-parallel",
-     "Megatron's hybrid CP is packfeed's dynamic_cp scheduler, "
-     "not the pretraining kind"},
     {"--num-layers-per-virtual-pipeline-stage",
      "give --virtual-pipeline-model-parallel-size instead"},
 };
@@ -256,6 +253,20 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
     p.set_mid_level_dataset_surplus(value);
   }
   if (context.pad_id) p.set_tokenizer_pad_id(*context.pad_id);
+  p.set_cp_split(context.cp_split);
+  if (args.Has("--hybrid-context-parallel")) {
+    // Megatron plans each global batch's sub-samples; the daemon does it
+    // with dynamic_cp, each rank holding at most Megatron's cap.
+    PF_ASSIGN_OR_RETURN(const std::optional<int64_t> cap, args.Int("--max-seqlen-per-dp-cp-rank"));
+    if (!cap || *cap < 1) {
+      return absl::InvalidArgumentError(
+          "--hybrid-context-parallel: needs --max-seqlen-per-dp-cp-rank (Megatron's cap on a "
+          "rank's tokens, packfeed's scheduler.max_tokens_per_rank)");
+    }
+    p.set_hybrid_context_parallel(true);
+    job.mutable_scheduler()->set_kind("dynamic_cp");
+    job.mutable_scheduler()->set_max_tokens_per_rank(*cap);
+  }
   return job;
 }
 
@@ -264,6 +275,7 @@ void AddMegatronConfigCommand(CLI::App& app, int* exit_code) {
     MegatronContext context;
     int64_t pad_id = -1;
     bool json = false;
+    std::string cp_split = "per-sequence";
     std::vector<std::string> argv;
   };
   auto options = std::make_shared<Options>();
@@ -280,10 +292,17 @@ void AddMegatronConfigCommand(CLI::App& app, int* exit_code) {
                   "consumed_train_samples of the checkpoint the run resumes");
   sub->add_option("--consumed-valid-samples", options->context.consumed_valid_samples,
                   "consumed_valid_samples of the checkpoint the run resumes");
+  sub->add_option("--cp-split", options->cp_split,
+                  "per-sequence (pretrain_gpt's, the default) or per-document: how a "
+                  "document-masked row splits over CP ranks")
+      ->check(CLI::IsMember({"per-sequence", "per-document"}));
   sub->add_flag("--json", options->json, "print the job as JSON instead");
   sub->add_option("args", options->argv, "pretrain_gpt.py's arguments, after --")->required();
   sub->callback([options, exit_code] {
     if (options->pad_id >= 0) options->context.pad_id = options->pad_id;
+    options->context.cp_split = options->cp_split == "per-document"
+                                    ? v1::Pretraining::CP_SPLIT_PER_DOCUMENT
+                                    : v1::Pretraining::CP_SPLIT_PER_SEQUENCE;
     *exit_code = ExitCode([&]() -> absl::Status {
       PF_ASSIGN_OR_RETURN(const v1::JobConfig job,
                           JobFromMegatronArgs(options->argv, options->context));

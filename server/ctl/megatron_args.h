@@ -26,6 +26,10 @@ struct MegatronContext {
   // From the checkpoint the run resumes (Megatron's consumed_*_samples).
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
+  // How a document-masked row splits over CP ranks (Pretraining.cp_split);
+  // Megatron's command line does not say (pretrain_gpt's choice is per
+  // sequence).
+  v1::Pretraining::CpSplit cp_split = v1::Pretraining::CP_SPLIT_PER_SEQUENCE;
 };
 
 // The job for `argv` (pretrain_gpt.py's arguments, no program name).

@@ -180,6 +180,16 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
 
   // (An ingest job checks each sample as it is put.)
   if (ingest == nullptr && !job->pretraining_) PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
+  if (job->pretraining_ && config.pretraining().hybrid_context_parallel()) {
+    // A sub-sample is at most a whole sample.
+    if (absl::Status fits = scheduler::CheckSequenceFits(config.seq_length(), job->planner_);
+        !fits.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", config.name(), ": a sub-sample of seq_length ", config.seq_length(),
+                       " tokens cannot be served: ", fits.message(),
+                       "; raise scheduler.max_tokens_per_rank or max_cp"));
+    }
+  }
   PF_ASSIGN_OR_RETURN(job->required_slot_bytes_, MaxSlotBytes(*job));
   return job;
 }

@@ -71,6 +71,7 @@ enum class Role {
   kMaxSeqlen,
   kLocalCpSize,
   kCpGroupRanks,
+  kSampleIds,
   kSide,
 };
 struct SlotField {
@@ -80,12 +81,12 @@ struct SlotField {
 };
 
 // The slot fields of a microbatch of `tokens` local tokens and `sequences`
-// sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields.
-// `slices`: the side fields the rank's stage receives (a loss-mask field
-// is applied, not served).
+// sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields,
+// `sample_ids` the sequences' ids (hybrid CP). `slices`: the side fields
+// the rank's stage receives (a loss-mask field is applied, not served).
 std::vector<SlotField> FieldsFor(int64_t tokens, int64_t sequences, int64_t group_ranks,
-                                 StageFields stage, absl::Span<const SideSlice* const> slices,
-                                 int64_t bshd_rows) {
+                                 bool sample_ids, StageFields stage,
+                                 absl::Span<const SideSlice* const> slices, int64_t bshd_rows) {
   const std::vector<int64_t> per_token = bshd_rows > 0
                                              ? std::vector<int64_t>{bshd_rows, tokens / bshd_rows}
                                              : std::vector<int64_t>{1, tokens};
@@ -116,6 +117,7 @@ std::vector<SlotField> FieldsFor(int64_t tokens, int64_t sequences, int64_t grou
     add("local_cp_size", ElementType::kInt32, {}, Role::kLocalCpSize);
     add("cp_group_ranks", ElementType::kInt32, {group_ranks}, Role::kCpGroupRanks);
   }
+  if (sample_ids) add("sample_ids", ElementType::kInt64, {sequences}, Role::kSampleIds);
   for (size_t f = 0; f < slices.size(); ++f) {
     if (slices[f]->field->loss_mask) continue;
     std::vector<int64_t> shape = {1, tokens};
@@ -130,7 +132,7 @@ std::vector<SlotField> FieldsOf(const MicrobatchSource& source) {
   for (const SideRun& side : source.sides) slices.push_back(&side.slice);
   return FieldsFor(source.tokens, static_cast<int64_t>(source.cu_seqlens.size()) - 1,
                    source.local_cp_size ? static_cast<int64_t>(source.cp_group_ranks.size()) : 0,
-                   source.stage, slices, source.bshd_rows);
+                   source.sample_ids.has_value(), source.stage, slices, source.bshd_rows);
 }
 
 }  // namespace
@@ -264,7 +266,20 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
                                               ": sample ", sequence.sample, " was not read"));
     }
-    runs.push_back(run->second.tokens());
+    absl::Span<const int64_t> tokens = run->second.tokens();
+    if (!data.plan.pieces.empty()) {
+      // The piece's inputs and the label of its last: the next token.
+      const scheduler::TokenRange piece = data.plan.pieces[static_cast<size_t>(sequence.sample)];
+      const auto available = static_cast<int64_t>(tokens.size());
+      if (piece.begin >= available) {
+        return absl::InternalError(absl::StrCat("sample ", sequence.sample, "'s piece starts at ",
+                                                piece.begin, " of a run of ", available));
+      }
+      tokens =
+          tokens.subspan(static_cast<size_t>(piece.begin),
+                         static_cast<size_t>(std::min(piece.end + 1, available) - piece.begin));
+    }
+    runs.push_back(tokens);
     if (sides.empty()) continue;
     if (side_rows == nullptr) {
       const std::vector<SampleNeed> stored = SideNeedsOf(job, data.plan, {sequence.sample});
@@ -297,7 +312,13 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
                                     std::move(sides)));
   source.stage =
       FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
-  if (job.pretraining() != nullptr) {
+  if (!data.plan.pieces.empty()) {
+    // Hybrid CP: each sequence is one sub-sample, split on its own.
+    source.sample_ids.emplace();
+    for (const scheduler::PlannedSequence& sequence : group.sequences) {
+      source.sample_ids->push_back(sequence.sample);
+    }
+  } else if (job.pretraining() != nullptr) {
     const v1::Pretraining& pretraining = job.config().pretraining();
     if (pretraining.reset_attention_mask() || pretraining.inter_document_masking()) {
       PF_RETURN_IF_ERROR(ServeDocumentRow(job, data, source));
@@ -362,6 +383,9 @@ void WriteMicrobatch(const MicrobatchSource& source,
         break;
       case Role::kCpGroupRanks:
         copy(at, source.cp_group_ranks.data(), bytes);
+        break;
+      case Role::kSampleIds:
+        copy(at, source.sample_ids->data(), bytes);
         break;
       case Role::kSide:
         side_out[fields[i].side] = at;
@@ -448,6 +472,8 @@ absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
   const int64_t group_ranks = job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp
                                   ? job.layout().dp_cp_size()
                                   : 0;
+  const bool hybrid =
+      job.pretraining() != nullptr && job.config().pretraining().hybrid_context_parallel();
   const int64_t max_tokens = job.config().scheduler().max_tokens_per_rank();
   // Split at every document, a microbatch has up to one sequence per token.
   const bool documents =
@@ -463,7 +489,7 @@ absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
     for (const SideSlice& slice : slices) served.push_back(&slice);
     std::vector<transport::FieldSpec> specs;
     for (SlotField& field :
-         FieldsFor(max_tokens, sequences, group_ranks, {true, true}, served, 0)) {
+         FieldsFor(max_tokens, sequences, group_ranks, hybrid, {true, true}, served, 0)) {
       specs.push_back(std::move(field.spec));
     }
     PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,

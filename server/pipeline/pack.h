@@ -81,6 +81,9 @@ struct MicrobatchSource {
   // Dynamic CP only (as Megatron hands them).
   std::optional<int32_t> local_cp_size;
   std::vector<int32_t> cp_group_ranks;
+  // Hybrid CP only: the group's sequences' planned indices (Megatron's
+  // gids of its sub-samples), served as sample_ids.
+  std::optional<std::vector<int64_t>> sample_ids;
   StageFields stage;  // which THD fields the rank's stage receives
   // Per sequence, where its documents start when positions restart in each
   // (inter_document_masking); empty otherwise.

@@ -4,6 +4,7 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/slot_balance.h"
 #include "server/config/job_config.h"
+#include "server/pipeline/document_mask.h"
 
 namespace packfeed::server {
 
@@ -50,6 +51,77 @@ absl::Status StoredBatch(const Job& job, StepPlan& out, std::vector<int64_t>& le
   return absl::OkStatus();
 }
 
+// A Megatron sample's runs (its document pieces, as the sample index cuts
+// them), each document's index entries checked before its bytes are read.
+absl::StatusOr<std::vector<int64_t>> CheckedRuns(
+    const Job& job, const dataset::PretrainingIndices::Sample& sample) {
+  const dataset::IndexedDataset& data = job.dataset(sample.dataset);
+  const dataset::IndexView& index = data.index();
+  std::vector<int64_t> runs;
+  for (const dataset::SampleRun& run : sample.runs) {
+    const int64_t document = dataset::DocumentOfSequence(index, run.sequence);
+    PF_RETURN_IF_ERROR(data.CheckDocument(static_cast<uint64_t>(document)));
+    if (run.sequence < index.document_index(static_cast<uint64_t>(document)) ||
+        run.sequence >= index.document_index(static_cast<uint64_t>(document) + 1)) {
+      return absl::DataLossError(absl::StrCat(data.prefix(), ".idx: sequence ", run.sequence,
+                                              " lies in no document (the document index is "
+                                              "not ascending)"));
+    }
+    runs.push_back(run.length);
+  }
+  return runs;
+}
+
+// The first sample of `step` and a check that the split holds the step.
+absl::StatusOr<int64_t> FirstSampleOfStep(const Job& job, int64_t step) {
+  const v1::JobConfig& config = job.config();
+  const int64_t global_batch = config.global_batch();
+  const int64_t first = config.pretraining().consumed_samples() + step * global_batch;
+  const int64_t available = job.pretraining()->num_samples();
+  if (first + global_batch > available) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the ", dataset::MegatronSplitName(ServedSplitOf(config)), " split holds ", available,
+        " samples; this step needs [", first, ", ", first + global_batch, ")"));
+  }
+  return first;
+}
+
+// Megatron's hybrid-CP batch: HybridCPMegatronPretrainingSampler hands DP
+// rank d its samples of the whole global batch (microbatch i's are
+// i·mbs·DP + d·mbs on), and HybridCPDataLoaderWrapper numbers their
+// non-empty cu_seqlens spans DP rank by DP rank, sample by sample: gid i
+// is planned sequence i here. The dynamic-CP planner places them.
+absl::Status HybridCpBatch(const Job& job, StepPlan& out, std::vector<int64_t>& lengths) {
+  const v1::JobConfig& config = job.config();
+  const v1::Pretraining& pretraining = config.pretraining();
+  const int64_t mbs = pretraining.micro_batch_size();
+  const int64_t seq = config.seq_length();
+  const int dp = job.layout().dp;
+  PF_ASSIGN_OR_RETURN(const int64_t first, FirstSampleOfStep(job, out.step));
+  const int64_t microbatches = config.global_batch() / (mbs * dp);
+  for (int d = 0; d < dp; ++d) {
+    for (int64_t i = 0; i < microbatches; ++i) {
+      for (int64_t b = 0; b < mbs; ++b) {
+        const int64_t k = first + (i * dp + d) * mbs + b;
+        const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(k);
+        PF_ASSIGN_OR_RETURN(const std::vector<int64_t> runs, CheckedRuns(job, sample));
+        const SampleBounds bounds = PieceBounds(runs, seq, !pretraining.no_extra_token());
+        if (bounds.back() != seq) {
+          return absl::InternalError(absl::StrCat("sample ", k, "'s document pieces end at ",
+                                                  bounds.back(), ", not at seq_length ", seq));
+        }
+        for (size_t p = 1; p < bounds.size(); ++p) {
+          if (bounds[p] == bounds[p - 1]) continue;  // Megatron drops empty spans too
+          out.samples.push_back({sample.dataset, k, 0});
+          out.pieces.push_back({bounds[p - 1], bounds[p]});
+          lengths.push_back(bounds[p] - bounds[p - 1]);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Megatron's pretraining batch (MegatronPretrainingSampler, dataloader
 // type "single"): step s takes the split's samples from consumed_samples +
 // s·global_batch on; microbatch m of DP rank d holds the micro_batch_size
@@ -60,32 +132,12 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
   const int64_t mbs = config.pretraining().micro_batch_size();
   const int64_t seq = config.seq_length();
   const JobLayout& layout = job.layout();
-  const int64_t first = config.pretraining().consumed_samples() + out.step * global_batch;
-  const int64_t available = job.pretraining()->num_samples();
-  if (first + global_batch > available) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "the ", dataset::MegatronSplitName(ServedSplitOf(config)), " split holds ", available,
-        " samples; this step needs [", first, ", ", first + global_batch, ")"));
-  }
+  PF_ASSIGN_OR_RETURN(const int64_t first, FirstSampleOfStep(job, out.step));
   const bool balance = config.pretraining().balance_document_attention();
   std::vector<double> costs;  // with balance: each sample's document-masked cost
   for (int64_t k = 0; k < global_batch; ++k) {
     const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(first + k);
-    // Each document's index entries checked before its bytes are read.
-    const dataset::IndexedDataset& data = job.dataset(sample.dataset);
-    std::vector<int64_t> pieces;
-    for (const dataset::SampleRun& run : sample.runs) {
-      const dataset::IndexView& index = data.index();
-      const int64_t document = dataset::DocumentOfSequence(index, run.sequence);
-      PF_RETURN_IF_ERROR(data.CheckDocument(static_cast<uint64_t>(document)));
-      if (run.sequence < index.document_index(static_cast<uint64_t>(document)) ||
-          run.sequence >= index.document_index(static_cast<uint64_t>(document) + 1)) {
-        return absl::DataLossError(absl::StrCat(data.prefix(), ".idx: sequence ", run.sequence,
-                                                " lies in no document (the document index is "
-                                                "not ascending)"));
-      }
-      pieces.push_back(run.length);
-    }
+    PF_ASSIGN_OR_RETURN(const std::vector<int64_t> pieces, CheckedRuns(job, sample));
     out.samples.push_back({sample.dataset, first + k, 0});
     if (balance) {
       costs.push_back(scheduler::DocumentMaskedCost(pieces, job.planner_options().cost_model));
@@ -135,13 +187,20 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
   }
   StepPlan out;
   out.step = step;
+  std::vector<int64_t> lengths;
+  if (job.pretraining() != nullptr && job.config().pretraining().hybrid_context_parallel()) {
+    if (absl::Status batch = HybridCpBatch(job, out, lengths); !batch.ok()) {
+      return InStep(job, step, batch);
+    }
+    PF_RETURN_IF_ERROR(Schedule(job, lengths, out));
+    return out;
+  }
   if (job.pretraining() != nullptr) {
     if (absl::Status batch = PretrainingBatch(job, out); !batch.ok()) {
       return InStep(job, step, batch);
     }
     return out;
   }
-  std::vector<int64_t> lengths;
   if (absl::Status stored = StoredBatch(job, out, lengths); !stored.ok()) {
     return InStep(job, step, stored);
   }

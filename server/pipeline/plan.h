@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "packfeed/scheduler/plan.h"
 #include "packfeed/scheduler/sampler.h"
+#include "packfeed/scheduler/thd_partition.h"
 #include "server/pipeline/job.h"
 
 namespace packfeed::server {
@@ -21,6 +22,11 @@ struct StepPlan {
   int64_t step = 0;
   scheduler::GlobalPlan plan;
   std::vector<scheduler::SampleRef> samples;  // by PlannedSequence::sample
+  // Hybrid CP (Pretraining.hybrid_context_parallel): planned sequence i is
+  // the input positions [begin, end) of the Megatron sample samples[i], one
+  // of its document pieces (Megatron's sub-sample with gid i); a sample's
+  // pieces are neighbours. Empty for every other job.
+  std::vector<scheduler::TokenRange> pieces;
   // An ingest job's sealed step, whose samples `samples` index.
   std::shared_ptr<const SealedStep> ingested;
   // Samples cut to seq_length (LONG_DOCUMENTS_TRUNCATE), and their tokens

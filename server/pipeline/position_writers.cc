@@ -111,9 +111,20 @@ void WritePretrainingPositions(absl::Span<const int64_t> run, int64_t begin, int
 void WritePositions(absl::Span<const int64_t> run, int64_t real, int64_t begin, int64_t end,
                     const dataset::SampleRules& rules, int64_t at, const TokenFields& out) {
   switch (rules.kind) {
-    case SampleKind::kPretraining:
-      WritePretrainingPositions(run, begin, end, rules, at, out);
+    case SampleKind::kPretraining: {
+      // Past `real` (a hybrid-CP sub-sample padded for its CP split):
+      // padding, as varlen pads are, though the run holds the next label.
+      const int64_t kept = std::clamp(real, begin, end);
+      WritePretrainingPositions(run, begin, kept, rules, at, out);
+      const int64_t pads = end - kept;
+      const int64_t pad_at = at + kept - begin;
+      Fill<int64_t>(out.tokens, pad_at, pads, 0);
+      Fill<int64_t>(out.labels, pad_at, pads, 0);
+      Fill(out.loss_mask, pad_at, pads, 0.0f);
+      Fill<int64_t>(out.position_ids, pad_at, pads, 0);
+      Fill<uint8_t>(out.padding_mask, pad_at, pads, 1);
       break;
+    }
     case SampleKind::kVarlen:
       WriteVarlenPositions(run, real, begin, end, at, out);
       break;

@@ -51,9 +51,13 @@ void PretrainingNeeds(const Job& job, const scheduler::SampleRef& ref, StepNeeds
 
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks) {
   StepNeeds out;
+  int64_t last_read = -1;  // hybrid CP: the Megatron sample read last
   for (int64_t sample : SamplesOfRanks(job, plan, global_ranks)) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(sample)];
     if (job.pretraining() != nullptr) {
+      // A sample's pieces are neighbours and share one read of it.
+      if (!plan.pieces.empty() && ref.index == last_read) continue;
+      last_read = ref.index;
       out.samples.push_back(sample);
       PretrainingNeeds(job, ref, out);
       continue;
@@ -130,17 +134,29 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
       status = dataset::WidenToInt64(stored.dtype(), run.bytes().data(), count,
                                      tokens.data() + tokens.size() - count);
     }
+    // Under hybrid CP every piece of the sample gets the whole sample's
+    // run (one copy; SourceForRank cuts the piece).
+    int64_t last_piece = samples[i];
+    while (!plan.pieces.empty() && last_piece + 1 < static_cast<int64_t>(plan.samples.size()) &&
+           plan.samples[static_cast<size_t>(last_piece + 1)].index == ref.index) {
+      ++last_piece;
+    }
     if (!status.ok()) {
-      data.failed.emplace(
-          samples[i],
-          absl::Status(
-              status.code(),
-              absl::StrCat(stored.prefix(), " ", job.pretraining() ? "sample " : "document ",
-                           job.PieceOf(ref).document, ": ", status.message())));
+      const absl::Status failed(
+          status.code(),
+          absl::StrCat(stored.prefix(), " ", job.pretraining() ? "sample " : "document ",
+                       job.PieceOf(ref).document, ": ", status.message()));
+      for (int64_t piece = samples[i]; piece <= last_piece; ++piece) {
+        data.failed.emplace(piece, failed);
+      }
       continue;
     }
     if (job.pretraining() != nullptr) {
-      data.runs.emplace(samples[i], TokenRun(std::move(tokens)));
+      const TokenRun& whole =
+          data.runs.emplace(samples[i], TokenRun(std::move(tokens))).first->second;
+      for (int64_t piece = samples[i] + 1; piece <= last_piece; ++piece) {
+        data.runs.emplace(piece, TokenRun(whole.tokens()));
+      }
       continue;
     }
     data.runs.emplace(samples[i],

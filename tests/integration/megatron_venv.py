@@ -204,11 +204,69 @@ def write_megatron_dataset(prefix, documents, mean, vocab, dtype, seed, eod):
     builder.finalize(f"{prefix}.idx")
 
 
+# What a venv made by ensure_full_venv holds besides packfeed.
+FULL_PACKAGES = ["torch", f"megatron-core=={MEGATRON_CORE_019_VERSION}", "numpy", "pytest",
+                 "scikit-build-core>=0.8", "pybind11>=2.10", "cmake>=3.25", "ninja"]
+# The folders the Python package is built from (pyproject.toml, PF_PYTHON_ONLY).
+PACKAGE_SOURCES = ("CMakeLists.txt", "pyproject.toml", "cmake", "common", "proto", "transport",
+                   "client")
+
+
+def python_312():
+    """A CPython 3.12 or later to make a full venv with (Megatron-Core 0.19
+    needs it; Debian 12 has 3.11): python3.12 or python3.13 on PATH, else
+    pyenv's. Skips when there is none."""
+    candidates = [shutil.which(f"python3.{minor}") for minor in (12, 13)]
+    pyenv = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"))
+    candidates += sorted(str(p) for p in pyenv.glob("versions/3.1[23]*/bin/python3"))
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "-c", "import venv, ensurepip"],
+                                        capture_output=True).returncode == 0:
+            return candidate
+    _skip("no CPython 3.12 or later to run Megatron-Core 0.19's training loop with")
+
+
+def _package_stamp(source_root):
+    """The newest modification time under the package's sources."""
+    newest = 0.0
+    for name in PACKAGE_SOURCES:
+        path = pathlib.Path(source_root, name)
+        for f in [path] if path.is_file() else path.rglob("*"):
+            newest = max(newest, f.stat().st_mtime)
+    return str(newest)
+
+
+def ensure_full_venv(venv, source_root):
+    """A Python 3.12 venv with PyPI's torch, megatron-core 0.19.2 whole (its
+    training loop, not only its datasets) and packfeed built from
+    `source_root` (rebuilt when its sources changed). Skips only when PyPI
+    cannot be reached or there is no Python 3.12."""
+    venv = pathlib.Path(venv)
+    python = venv / "bin" / "python"
+    ready = venv / "packages-ready"
+    if not ready.exists():
+        subprocess.run([python_312(), "-m", "venv", "--clear", str(venv)], check=True)
+        _pip(python, ["install", "-q", *FULL_PACKAGES], "torch and megatron-core")
+        ready.write_text("\n".join(FULL_PACKAGES))
+    stamp = venv / "packfeed-stamp"
+    wanted = _package_stamp(source_root)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        _pip(python, ["install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall",
+                      str(source_root)], "nothing (packfeed is built from source)")
+        stamp.write_text(wanted)
+    return python
+
+
 def main():
     """megatron_venv.py VENV_DIR ARGS...: makes the venv (installing
     megatron-core MEGATRON_CORE_VERSION; exit 77 when PyPI cannot be
     reached) and runs its python with ARGS, as ctest runs the Megatron tests:
-    `megatron_venv.py VENV -m pytest megatron_pretraining_test.py ...`."""
+    `megatron_venv.py VENV -m pytest megatron_pretraining_test.py ...`.
+    megatron_venv.py --full SOURCE_ROOT VENV_DIR ARGS...: the same with
+    ensure_full_venv (Python 3.12, torch, Megatron-Core 0.19.2, packfeed)."""
+    if len(sys.argv) >= 5 and sys.argv[1] == "--full":
+        python = str(ensure_full_venv(sys.argv[3], sys.argv[2]))
+        os.execv(python, [python, *sys.argv[4:]])
     if len(sys.argv) < 3:
         sys.exit(main.__doc__)
     python = str(ensure_venv(sys.argv[1]))

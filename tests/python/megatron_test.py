@@ -131,5 +131,48 @@ class SettingsTest(unittest.TestCase):
         self.assertIsNone(batch["max_seqlen"], "a BSHD batch has no max_seqlen")
 
 
+class HybridStepsTest(unittest.TestCase):
+    """The daemon's hybrid-CP microbatches as Megatron's wrapper output."""
+
+    class Client:
+        """One step of two groups on dp-cp ranks 0-3, seen by rank 2: group
+        0 a CP-2 group (ranks 2, 3) of gids 4 and 1, padded to 8 and 4;
+        group 1 alone (CP 1) with gid 0 of 3 tokens padded to 4."""
+
+        def next_step(self):
+            def microbatch(c, gids, real, padded):
+                tokens = torch.arange(padded[-1] // c).view(1, -1) + 100 * gids[0]
+                return {"tokens": tokens, "labels": tokens + 1, "loss_mask": torch.ones_like(
+                    tokens, dtype=torch.float32), "position_ids": tokens, "padding_mask": None,
+                        "local_cp_size": c, "sample_ids": torch.tensor(gids),
+                        "cu_seqlens": torch.tensor(real, dtype=torch.int32),
+                        "cu_seqlens_padded": torch.tensor(padded, dtype=torch.int32)}
+            batches = [microbatch(2, [4, 1], [0, 7, 10], [0, 8, 12]),
+                       microbatch(1, [0], [0, 3], [0, 4])]
+            return iter(batches), 2, 0, 0
+
+    def test_each_group_lists_the_rank_and_its_partners_and_cuts_each_sub_sample(self):
+        steps = packfeed_megatron.HybridSteps(self.Client(), dp_cp_rank=2, dp_cp_size=4)
+        samples, groups = next(steps)
+        self.assertEqual(groups, [[[], [], [4, 1], [4, 1]], [[], [], [0], []]])
+        self.assertEqual(sorted(samples), [0, 1, 4])
+        # gid 4: this rank's half of 8 padded tokens, the row's first 4.
+        self.assertEqual(samples[4]["tokens"].tolist(), [[400, 401, 402, 403]])
+        self.assertEqual(samples[1]["tokens"].tolist(), [[404, 405]])
+        self.assertEqual(samples[4]["cu_seqlens"].tolist(), [[0, 7]])
+        self.assertEqual(samples[4]["cu_seqlens_padded"].tolist(), [[0, 8]])
+        self.assertEqual(samples[1]["max_seqlen"].tolist(), [4])
+        self.assertEqual(int(samples[0]["local_cp_size"]), 1)
+        values = dict(zip(packfeed_megatron.BATCH_KEYS, packfeed_megatron.get_batch(
+            iter([samples[0]]))))
+        self.assertIsNone(values["hybrid_cp_group"])
+        self.assertEqual(values["tokens"].tolist(), [[0, 1, 2, 3]])
+
+    def test_a_tp_peer_takes_the_sub_samples_in_the_schedules_order(self):
+        steps = packfeed_megatron.HybridSteps(self.Client(), dp_cp_rank=2, dp_cp_size=4)
+        order = [int(steps.next_sub_sample()["tokens"][0, 0]) for _ in range(3)]
+        self.assertEqual(order, [400, 404, 0])
+
+
 if __name__ == "__main__":
     main()

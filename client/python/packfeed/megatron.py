@@ -52,6 +52,11 @@ class Settings:
     reset_attention_mask: bool = False
     cp_size: int = 1
     cp_rank: int = 0
+    # --hybrid-context-parallel: each split's steps come as
+    # HybridCPDataLoaderWrapper's (samples_this_rank_with_id,
+    # sample_id_groups) (HybridSteps), and get_batch returns a sub-sample's
+    # CP part with its hybrid CP group.
+    hybrid_cp: bool = False
 
 
 def settings_from_args(args: Any) -> Settings:
@@ -68,7 +73,8 @@ def settings_from_args(args: Any) -> Settings:
         create_attention_mask=bool(args.create_attention_mask_in_dataloader)
         and not inter_document,
         reset_attention_mask=bool(args.reset_attention_mask) and not inter_document,
-        cp_size=cp_size, cp_rank=cp_rank)
+        cp_size=cp_size, cp_rank=cp_rank,
+        hybrid_cp=bool(getattr(args, "hybrid_context_parallel", False)))
 
 
 def megatron_batch(batch: Batch, settings: Settings) -> Batch:
@@ -105,13 +111,26 @@ def megatron_batch(batch: Batch, settings: Settings) -> Batch:
     return out
 
 
-def get_batch(data_iterator: Iterator[Batch], vp_stage: Optional[int] = None) -> List[Any]:
+def get_batch(data_iterator: Optional[Iterator[Batch]], vp_stage: Optional[int] = None
+              ) -> List[Any]:
     """pretrain_gpt's get_batch of Megatron-Core 0.19: the values of
     BATCH_KEYS for this rank's next microbatch. A middle pipeline stage
     gets None for each, but cu_seqlens, cu_seqlens_padded and max_seqlen
     with inter-document masking. vp_stage is accepted for Megatron's call;
-    the iterator is already the model chunk's."""
-    batch = next(data_iterator)
+    the iterator is already the model chunk's.
+
+    Under --hybrid-context-parallel Megatron's schedule hands TP rank 0 an
+    iterator over one sub-sample and the other TP ranks None: each of those
+    takes the same sub-sample from its own daemon stream (HybridSteps), so
+    nothing is broadcast. The batch is the sub-sample's CP part, as
+    get_batch_on_this_cp_rank(..., is_hybrid_cp=True) leaves it, with
+    hybrid_cp_group the group of local_cp_size ranks (None at 1)."""
+    if data_iterator is None:
+        batch = _tp_peer_sub_sample()
+    else:
+        batch = next(data_iterator)
+    if HYBRID_SUB_SAMPLE in batch:
+        return _hybrid_batch(batch)
     return [batch[key] for key in BATCH_KEYS]
 
 
@@ -170,6 +189,151 @@ class _Steps:
             self._first += 1
 
 
+# Marks a hybrid-CP sub-sample (HybridSteps), already cut to this rank's CP part.
+HYBRID_SUB_SAMPLE = "packfeed_hybrid_sub_sample"
+# The per-token fields of a sub-sample.
+_SUB_SAMPLE_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "padding_mask")
+
+
+class HybridSteps:
+    """One split's steps under Megatron-Core's --hybrid-context-parallel.
+    next() gives what Megatron's HybridCPDataLoaderWrapper gives this rank
+    for a global batch, (samples_this_rank_with_id, sample_id_groups), from
+    the daemon's plan instead of its all-gather, scheduler and all-to-all:
+
+    - the daemon's microbatch m is Megatron's group m; every rank of a CP
+      group of size c holds the group's sub-samples in the same order;
+    - sample_id_groups[m][r] lists the gids dp-cp rank r runs in group m,
+      for this rank and its CP partners (all Megatron's schedule reads: its
+      own list and how many ranks hold each gid); other ranks' lists are
+      left empty, since no rank learns the others' part of the plan;
+    - samples_this_rank_with_id[gid] is the sub-sample's CP part on this
+      rank (tokens, labels, loss_mask, position_ids, padding_mask as
+      [1, padded / c]) with cu_seqlens [[0, length]], cu_seqlens_padded
+      [[0, padded]] and max_seqlen [padded] of the whole sub-sample. A
+      sub-sample is padded to a multiple of its split (2c); pads carry
+      loss_mask 0.
+
+    On TP ranks > 0, which Megatron's schedule hands no data, get_batch
+    takes the sub-samples in the order the schedule runs them."""
+
+    def __init__(self, client: Any, dp_cp_rank: int, dp_cp_size: int) -> None:
+        self.client = client
+        self._rank, self._ranks = dp_cp_rank, dp_cp_size
+        self._queue: List[Batch] = []  # TP ranks > 0: the sub-samples to run
+
+    def __iter__(self) -> "HybridSteps":
+        return self
+
+    def __next__(self) -> Tuple[Dict[int, Batch], List[List[List[int]]]]:
+        samples: Dict[int, Batch] = {}
+        groups: List[List[List[int]]] = []
+        for microbatch in self.client.next_step()[0]:
+            c = int(microbatch["local_cp_size"])
+            gids = [int(g) for g in microbatch["sample_ids"].tolist()]
+            group: List[List[int]] = [[] for _ in range(self._ranks)]
+            first = self._rank - self._rank % c
+            for partner in range(first, first + c):
+                group[partner] = list(gids)
+            groups.append(group)
+            real = microbatch["cu_seqlens"].tolist()
+            padded = microbatch["cu_seqlens_padded"].tolist()
+            for k, gid in enumerate(gids):
+                samples[gid] = _sub_sample(microbatch, c, real[k + 1] - real[k], padded[k] // c,
+                                           padded[k + 1] // c)
+        return samples, groups
+
+    def next_sub_sample(self) -> Batch:
+        """The next sub-sample in the order Megatron's schedule runs this
+        rank's (group by group, each group's list in order)."""
+        while not self._queue:
+            samples, groups = next(self)
+            for group in groups:
+                self._queue.extend(samples[gid] for gid in group[self._rank])
+        return self._queue.pop(0)
+
+
+def _sub_sample(microbatch: Batch, c: int, length: int, begin: int, end: int) -> Batch:
+    import torch
+    out: Batch = {key: microbatch[key][:, begin:end] for key in _SUB_SAMPLE_KEYS
+                  if microbatch.get(key) is not None}
+    padded = (end - begin) * c
+    device = microbatch["cu_seqlens"].device
+    out["cu_seqlens"] = torch.tensor([[0, length]], dtype=torch.int32, device=device)
+    out["cu_seqlens_padded"] = torch.tensor([[0, padded]], dtype=torch.int32, device=device)
+    out["max_seqlen"] = torch.tensor([padded], dtype=torch.int32, device=device)
+    out["local_cp_size"] = torch.tensor(c, dtype=torch.int32)
+    out[HYBRID_SUB_SAMPLE] = True
+    return out
+
+
+def _hybrid_batch(batch: Batch) -> List[Any]:
+    out: Batch = dict.fromkeys(BATCH_KEYS)
+    for key in BATCH_KEYS:
+        if key in batch:
+            out[key] = batch[key]
+    c = int(out["local_cp_size"])
+    if c > 1:
+        from megatron.core import parallel_state
+        out["hybrid_cp_group"] = parallel_state.get_hybrid_data_context_parallel_groups(
+            group_size=c)
+    return [out[key] for key in BATCH_KEYS]
+
+
+# This process's hybrid-CP splits (train, valid, test), for TP ranks > 0.
+_HYBRID: List[Optional[HybridSteps]] = []
+
+
+def _tp_peer_sub_sample() -> Batch:
+    """A TP rank > 0 under hybrid CP: training (autograd on) runs the train
+    split, evaluation the valid split."""
+    import torch
+    if not _HYBRID:
+        raise ValueError("packfeed: get_batch got no data iterator, and no hybrid-CP split is "
+                         "served in this process")
+    split = _HYBRID[0] if torch.is_grad_enabled() else _HYBRID[1]
+    if split is None:
+        raise ValueError("packfeed: a TP rank > 0 evaluates under hybrid CP, and the job serves "
+                         "no valid split")
+    return split.next_sub_sample()
+
+
+class HybridCPDataLoaderWrapper:
+    """Takes the place of Megatron-Core's HybridCPDataLoaderWrapper
+    (megatron.training.training uses it under --hybrid-context-parallel).
+    Over a packfeed split it passes the daemon's steps on as they are (the
+    daemon planned them); over anything else it is Megatron's own."""
+
+    def __new__(cls, data_iterator: Any, config: Any = None, pg_collection: Any = None) -> Any:
+        if isinstance(getattr(data_iterator, "iterable", data_iterator), HybridSteps):
+            return data_iterator
+        return _MEGATRON_HOOKS["wrapper"](data_iterator, config, pg_collection)
+
+
+# Megatron's own hooks, kept when packfeed takes their place.
+_MEGATRON_HOOKS: Dict[str, Any] = {}
+
+
+def _build_pretraining_data_loader(dataset: Any, consumed_samples: int) -> Any:
+    """Megatron's build_pretraining_data_loader, but a packfeed split is its
+    own loader: the daemon is the sampler (--dataloader-type single)."""
+    if isinstance(dataset, HybridSteps):
+        return dataset
+    return _MEGATRON_HOOKS["loader"](dataset, consumed_samples)
+
+
+def _serve_hybrid_context_parallel() -> None:
+    """Routes megatron.training.training's two hybrid-CP hooks to packfeed
+    (no file of Megatron's changes): its data loader builder passes packfeed
+    splits through, and its HybridCPDataLoaderWrapper passes their steps on."""
+    from megatron.training import training  # type: ignore[import-not-found]
+    if not _MEGATRON_HOOKS:
+        _MEGATRON_HOOKS["wrapper"] = training.HybridCPDataLoaderWrapper
+        _MEGATRON_HOOKS["loader"] = training.build_pretraining_data_loader
+    training.HybridCPDataLoaderWrapper = HybridCPDataLoaderWrapper
+    training.build_pretraining_data_loader = _build_pretraining_data_loader
+
+
 # The clients of this process by (socket, job, rank): the provider is called
 # once per model chunk, and every chunk reads the same rank's steps.
 _SPLITS: Dict[Tuple[str, str, int], _Steps] = {}
@@ -208,6 +372,8 @@ def datasets_provider(job: Optional[str] = None, *, socket_path: Optional[str] =
         splits = ((name, megatron_args.consumed_train_samples, True),
                   (f"{name}.valid", megatron_args.consumed_valid_samples, False),
                   (f"{name}.test", 0, False))
+        if batch_settings.hybrid_cp:
+            return _hybrid_splits(Client, splits, socket_path, client_kwargs)
         out: List[Optional[MegatronIterator]] = []
         for split, consumed, required in splits:
             steps = _split_steps(Client, split, consumed, socket_path, required, client_kwargs)
@@ -225,6 +391,23 @@ def datasets_provider(job: Optional[str] = None, *, socket_path: Optional[str] =
     # rank 0 only and broadcasts).
     provider.is_distributed = True  # type: ignore[attr-defined]
     return provider
+
+
+def _hybrid_splits(client_type: Any, splits: Any, socket_path: Optional[str],
+                   client_kwargs: Dict[str, Any]) -> Tuple[Any, Any, Any]:
+    """The provider under --hybrid-context-parallel: each split's HybridSteps
+    (the daemon's jobs are hybrid_context_parallel), Megatron's hooks routed
+    to them."""
+    from megatron.core import parallel_state
+    rank = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    ranks = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+    _serve_hybrid_context_parallel()
+    out: List[Optional[HybridSteps]] = []
+    for split, consumed, required in splits:
+        steps = _split_steps(client_type, split, consumed, socket_path, required, client_kwargs)
+        out.append(None if steps is None else HybridSteps(steps.client, rank, ranks))
+    _HYBRID[:] = out
+    return out[0], out[1], out[2]
 
 
 def _split_steps(client_type: Any, job: str, consumed: int, socket_path: Optional[str],
@@ -248,10 +431,11 @@ def close() -> None:
     the end of training; a provider called again attaches anew)."""
     while _SPLITS:
         _SPLITS.popitem()[1].client.close()
+    _HYBRID.clear()
 
 
 def _megatron_args() -> Any:
-    from megatron.training import get_args  # type: ignore[import-not-found]
+    from megatron.training import get_args
     return get_args()
 
 

@@ -98,6 +98,29 @@ TEST(DaemonConfigTest, PretrainingKeepsNoWeightsAndChecksMegatronsOptions) {
   EXPECT_THAT(Message(PretrainingJob("", "micro_batch_size: 3")), HasSubstr("global_batch"));
 }
 
+TEST(DaemonConfigTest, HybridCpIsPlannedBySubSampleAndRefusesWhatMegatronRefuses) {
+  absl::StatusOr<v1::DaemonConfig> hybrid = ParseDaemonConfig(
+      PretrainingJob("", "inter_document_masking: true hybrid_context_parallel: true"),
+      "c.textproto");
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status();
+  EXPECT_EQ(hybrid->jobs(0).scheduler().kind(), "dynamic_cp");
+  EXPECT_THAT(Message(PretrainingJob("", "hybrid_context_parallel: true")),
+              HasSubstr("pretraining.hybrid_context_parallel: needs inter_document_masking"));
+  std::string pipelined =
+      PretrainingJob("", "inter_document_masking: true hybrid_context_parallel: true");
+  pipelined.replace(pipelined.find("global_batch"), 0, "topology { pp: 2 } ");
+  EXPECT_THAT(Message(pipelined), HasSubstr("pipeline parallelism"));
+  std::string balanced =
+      PretrainingJob("", "inter_document_masking: true hybrid_context_parallel: true");
+  balanced.replace(balanced.find("global_batch"), 0, R"(scheduler { kind: "balanced" } )");
+  EXPECT_THAT(Message(balanced), HasSubstr("scheduler.kind: must be dynamic_cp"));
+  EXPECT_THAT(Message(PretrainingJob("",
+                                     "inter_document_masking: true "
+                                     "hybrid_context_parallel: true "
+                                     "cp_split: CP_SPLIT_PER_DOCUMENT")),
+              HasSubstr("cp_split do not apply"));
+}
+
 TEST(DaemonConfigTest, ServeEverySplitMakesAJobPerSplit) {
   absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig(
       PretrainingJob("",

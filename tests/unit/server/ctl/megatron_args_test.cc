@@ -98,6 +98,31 @@ TEST(MegatronArgsTest, TheDropInsExternalLoaderServesSinglesOrder) {
   EXPECT_EQ(external->DebugString(), single->DebugString());
 }
 
+// --hybrid-context-parallel: the daemon plans the sub-samples with
+// dynamic_cp under Megatron's per-rank cap; the CP split is an option.
+TEST(MegatronArgsTest, HybridCpBecomesADynamicCpPlanUnderMegatronsCap) {
+  std::vector<std::string> argv = Base();
+  argv.insert(argv.end(), {"--data-path", "/d", "--dataloader-inter-document-masking",
+                           "--hybrid-context-parallel", "--max-seqlen-per-dp-cp-rank", "1024",
+                           "--calculate-per-token-loss"});
+  absl::StatusOr<v1::JobConfig> job = JobFromMegatronArgs(argv, World(8));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->pretraining().hybrid_context_parallel());
+  EXPECT_EQ(job->scheduler().kind(), "dynamic_cp");
+  EXPECT_EQ(job->scheduler().max_tokens_per_rank(), 1024);
+  argv.resize(argv.size() - 3);
+  EXPECT_THAT(std::string(JobFromMegatronArgs(argv, World(8)).status().message()),
+              HasSubstr("needs --max-seqlen-per-dp-cp-rank"));
+
+  MegatronContext per_document = World(8);
+  per_document.cp_split = v1::Pretraining::CP_SPLIT_PER_DOCUMENT;
+  argv = Base();
+  argv.insert(argv.end(), {"--data-path", "/d", "--dataloader-inter-document-masking"});
+  absl::StatusOr<v1::JobConfig> split = JobFromMegatronArgs(argv, per_document);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->pretraining().cp_split(), v1::Pretraining::CP_SPLIT_PER_DOCUMENT);
+}
+
 TEST(MegatronArgsTest, RefusesWhatItCannotServeNamingTheFlag) {
   auto refused = [](std::vector<std::string> extra, int64_t ranks = 8) {
     std::vector<std::string> argv = Base();

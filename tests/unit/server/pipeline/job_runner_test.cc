@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -96,6 +98,62 @@ TEST_F(JobRunnerTest, APretrainingSlotFitsOneSequencePerDocument) {
   ASSERT_GE(pushed.size(), 2u) << sender_->ClosedWith(id);
   const size_t boundaries = pushed[0].fields.at("cu_seqlens").size() / sizeof(int32_t);
   EXPECT_GT(boundaries, 64u);
+}
+
+// Megatron's hybrid CP: each step's sub-samples (the document pieces of
+// its samples) are planned at their own CP size. Both ranks of a group of 2
+// hold its sub-samples in the same order, each rank its zigzag part; over
+// the step every gid runs once, and the real tokens of all of them are
+// every token of the global batch.
+TEST_F(JobRunnerTest, AHybridCpStepServesEverySubSampleOnceAtItsCpSize) {
+  prefix_ = temp_.Prefix("gpt");
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 200; ++i) lengths.push_back(5 + (i * 53) % 97);
+  ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, lengths, {}).ok());
+  Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_,
+                              "\" kind: DATASET_KIND_PRETRAINING } topology { dp: 2 } "
+                              "global_batch: 4 seq_length: 128 eod_id: 0 "
+                              "scheduler { max_tokens_per_rank: 64 } "
+                              "pretraining { split: \"1,0,0\" train_samples: 8 "
+                              "inter_document_masking: true hybrid_context_parallel: true }")),
+        nullptr, /*prefetch_steps=*/1);
+  const int microbatches = MicrobatchesOf(0);
+  ASSERT_GT(microbatches, 0);
+  std::vector<PushedSlot> pushed[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    const uint64_t id = Attach(rank, /*slots=*/64);
+    pushed[rank] = sender_->WaitForPushes(id, static_cast<size_t>(microbatches));
+    ASSERT_GE(pushed[rank].size(), static_cast<size_t>(microbatches)) << sender_->ClosedWith(id);
+  }
+  auto ints = [](const std::string& bytes, auto type) {
+    std::vector<decltype(type)> out(bytes.size() / sizeof(type));
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  };
+  std::map<int64_t, int> runs;  // gid: the ranks it ran on
+  int64_t real_tokens = 0;
+  for (int m = 0; m < microbatches; ++m) {
+    const int32_t c = ints(pushed[0][m].fields.at("local_cp_size"), int32_t{})[0];
+    ASSERT_EQ(ints(pushed[1][m].fields.at("local_cp_size"), int32_t{})[0], c) << "group " << m;
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::vector<int64_t> gids = ints(pushed[rank][m].fields.at("sample_ids"), int64_t{});
+      ASSERT_EQ(gids.size() + 1, ints(pushed[rank][m].fields.at("cu_seqlens"), int32_t{}).size());
+      for (int64_t gid : gids) ++runs[gid];
+      // Loss is taken on every real token (no EOD mask): a rank's ones are
+      // its real positions.
+      const std::vector<float> mask = ints(pushed[rank][m].fields.at("loss_mask"), float{});
+      for (float one : mask) real_tokens += one == 1.0f ? 1 : 0;
+    }
+    if (c == 2) {
+      EXPECT_EQ(pushed[0][m].fields.at("sample_ids"), pushed[1][m].fields.at("sample_ids"));
+    }
+  }
+  ASSERT_FALSE(runs.empty());
+  EXPECT_EQ(runs.begin()->first, 0);
+  EXPECT_EQ(runs.rbegin()->first, static_cast<int64_t>(runs.size()) - 1);
+  // A gid on a group of 2 counts twice, each rank holding half of it.
+  EXPECT_EQ(real_tokens, 4 * 128);
+  for (const auto& [gid, ranks] : runs) EXPECT_LE(ranks, 2) << "gid " << gid;
 }
 
 TEST_F(JobRunnerTest, ARankBehindHoldsTheOthersWithinPrefetchSteps) {
