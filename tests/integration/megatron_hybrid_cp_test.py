@@ -59,6 +59,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -367,6 +368,7 @@ def run(mode, tp, work, blend, socket=None):
     """Runs WORLD ranks of `mode`; their per-step figures by rank."""
     dp = WORLD // tp
     procs, outs = [], []
+    started = time.monotonic()
     for rank in range(WORLD):
         out = work / f"{mode}-tp{tp}-{rank}.json"
         spec = {"mode": mode, "tp": tp, "dp": dp, "work": str(work), "blend": blend,
@@ -387,6 +389,7 @@ def run(mode, tp, work, blend, socket=None):
     # The rank that failed first (the others lost their peer).
     first = next((r for r in failed if "closed by peer" not in logs[r]), failed[0] if failed else 0)
     assert not failed, f"{mode} TP {tp}: ranks {failed} failed; rank {first}:\n{logs[first][-2500:]}"
+    print(f"{mode}, TP {tp}: {STEPS} global batches in {time.monotonic() - started:.0f} s")
     return [json.loads(out.read_text()) for out in outs]
 
 
