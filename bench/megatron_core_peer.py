@@ -233,14 +233,14 @@ def packfeed_graph_runs(microbatches, model, ranks):
     return runs
 
 
-def plan_packfeed(packfeedctl, trace, ranks, cap, gbs, steps, cost_model, objective):
+def plan_packfeed(packfeedctl, trace, ranks, cap, gbs, steps, cost_model, objective, budget):
     with tempfile.TemporaryDirectory() as scratch:
         dump = os.path.join(scratch, "plan.json")
         out = subprocess.run(
             [packfeedctl, "plan", "--lengths", trace, "--global-batch", str(gbs), "--dp",
              str(ranks), "--cp", "1", "--max-tokens-per-rank", str(cap), "--scheduler",
              "dynamic_cp", "--cost-model", cost_model, "--objective", objective, "--steps",
-             str(steps), "--json", "--cp-upgrade-budget", "0.05",
+             str(steps), "--json", "--cp-upgrade-budget", str(budget),
              "--dump-plan", dump], check=True, capture_output=True, text=True)
         with open(dump) as f:
             return json.loads(out.stdout), json.load(f)
@@ -254,6 +254,9 @@ def main():
                         default=[os.path.join(HERE, "traces"), LOGNORMAL_TRACES])
     parser.add_argument("--steps", type=int, default=4, help="global batches per configuration")
     parser.add_argument("--quick", action="store_true", help="one batch, small configurations")
+    parser.add_argument("--cp-upgrade-budget", type=float, default=0.05,
+                        help="packfeed's budget: 0.05 its jobs' default, 1.0 a hybrid-CP "
+                             "pretraining job's")
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(HERE, "traces"))
     import megatron_lognormal
@@ -287,7 +290,7 @@ def main():
         for objective in ("barrier", "graph"):
             for cost_model in ("megatron", "llama8b"):
                 summary, plans = plan_packfeed(args.packfeedctl, trace, ranks, cap, gbs, steps,
-                                               cost_model, objective)
+                                               cost_model, objective, args.cp_upgrade_budget)
                 calibrated = summary["calibrated_model_coefficients"]
                 label = f"packfeed dynamic_cp ({cost_model}{', graph' if objective == 'graph' else ''})"
                 rows[label] = (plans, summary["schedule_ms_median"])

@@ -90,6 +90,13 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
     return FieldError(where, "pretraining.serve_split",
                       absl::StrCat("split \"", p.split(), "\" gives it no share"));
   }
+  if (p.eval_global_batch() < 0) {
+    return FieldError(where, "pretraining.eval_global_batch", "is negative");
+  }
+  if ((p.eval_global_batch() > 0 || p.eval_micro_batch_size() > 0) && !p.serve_every_split()) {
+    return FieldError(where, "pretraining.eval_global_batch",
+                      "and eval_micro_batch_size apply to the splits serve_every_split serves");
+  }
   for (auto [field, value] : {std::pair{"train_samples", p.train_samples()},
                               {"valid_samples", p.valid_samples()},
                               {"test_samples", p.test_samples()},
@@ -261,6 +268,19 @@ std::vector<v1::JobConfig> SplitJobsOf(const v1::JobConfig& job) {
     q.set_serve_split(split.split);
     q.set_consumed_samples(split.consumed);
     q.set_consumed_valid_samples(0);
+    // Megatron evaluates with its evaluation batch.
+    if (p.eval_global_batch() > 0) derived.set_global_batch(p.eval_global_batch());
+    if (p.eval_micro_batch_size() > 0) {
+      q.set_micro_batch_size(p.eval_micro_batch_size());
+      if (!p.hybrid_context_parallel()) {
+        // The slot holds the evaluation microbatch.
+        derived.mutable_scheduler()->set_max_tokens_per_rank(
+            std::max<int64_t>(job.scheduler().max_tokens_per_rank(),
+                              int64_t{p.eval_micro_batch_size()} * job.seq_length()));
+      }
+    }
+    q.set_eval_global_batch(0);
+    q.set_eval_micro_batch_size(0);
     if (per_split) {
       *derived.mutable_datasets() = *split.datasets;
       for (v1::DatasetSpec& dataset : *derived.mutable_datasets()) {
@@ -297,7 +317,11 @@ void FillDefaults(v1::JobConfig& job) {
   }
   if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
   if (!job.scheduler().has_cp_upgrade_budget()) {
-    job.mutable_scheduler()->set_cp_upgrade_budget(0.05);
+    // Megatron's hybrid CP spends CP inflation as its sub-samples need; a
+    // plan for its loop may too (the planner still keeps the fastest of
+    // the whole budget, half and none under the job's cost model).
+    job.mutable_scheduler()->set_cp_upgrade_budget(
+        job.pretraining().hybrid_context_parallel() ? 1.0 : 0.05);
   }
   if (job.sampler() == v1::SAMPLER_MODE_UNSPECIFIED) job.set_sampler(v1::SAMPLER_MODE_SHUFFLE);
   if (job.pad_id() == 0) job.set_pad_id(job.eod_id());

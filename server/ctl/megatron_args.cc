@@ -30,12 +30,12 @@ constexpr std::pair<const char*, const char*> kRefused[] = {
     {"--sft", "SFT data is served by DATASET_KIND_SFT jobs, not this command"},
     {"--data-args-path", "give the blend as --data-path"},
     {"--per-split-data-args-path", "give the blends as --train/valid/test-data-path"},
-    {"--full-validation", "validation over the whole split is not served yet"},
+    {"--full-validation",
+     "validation over the whole split (MegatronFullValidationSampler) is not served yet"},
     {"--multiple-validation-sets", "several validation sets are not served yet"},
     {"--phase-transition-iterations", "phase transitions are not served yet"},
     {"--rampup-batch-size", "a global batch that changes during the run is not served"},
     {"--step-batch-size-schedule", "a global batch that changes during the run is not served"},
-    {"--eval-global-batch-size", "an evaluation batch other than the global batch is not served"},
     {"--skip-train", "a run without training is not served"},
     {"--num-layers-per-virtual-pipeline-stage",
      "give --virtual-pipeline-model-parallel-size instead"},
@@ -227,11 +227,22 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
   if (eval_interval < 1) return absl::InvalidArgumentError("--eval-interval must be positive");
   int64_t eval_points = *train_iters / eval_interval + 1;
   if (start_eval) eval_points = std::max<int64_t>(0, eval_points - *start_eval / eval_interval);
+  // Megatron evaluates with its evaluation batch (0.18's flags; unset =
+  // the training batch).
+  PF_ASSIGN_OR_RETURN(const int64_t eval_global_batch,
+                      args.Int("--eval-global-batch-size", global_batch));
+  PF_ASSIGN_OR_RETURN(const int64_t eval_mbs, args.Int("--eval-micro-batch-size", *mbs));
+  if (eval_global_batch != global_batch) p.set_eval_global_batch(eval_global_batch);
+  if (eval_mbs != *mbs) p.set_eval_micro_batch_size(static_cast<uint32_t>(eval_mbs));
   p.set_train_samples(train_samples.value_or(*train_iters * global_batch));
-  p.set_valid_samples(eval_points * eval_iters * global_batch);
-  p.set_test_samples(eval_iters * global_batch);
+  p.set_valid_samples(eval_points * eval_iters * eval_global_batch);
+  p.set_test_samples(eval_iters * eval_global_batch);
   // Megatron builds every split; with no evaluation there is none to serve.
   p.set_serve_every_split(p.valid_samples() > 0);
+  if (!p.serve_every_split()) {
+    p.clear_eval_global_batch();
+    p.clear_eval_micro_batch_size();
+  }
   p.set_consumed_samples(context.consumed_train_samples);
   p.set_consumed_valid_samples(context.consumed_valid_samples);
 

@@ -18,7 +18,9 @@ cu_seqlens and max_seqlen only), resumed from consumed_train_samples, over
 a step boundary; the same under PP2 x VPP2, each model chunk's iterator
 from its own provider call, chunk 0 a step ahead; a BSHD job with Megatron's default dense causal mask under
 PP2 x CP2 x DP2, with its valid and test splits from the same provider (the
-valid split resumed from consumed_valid_samples); reset_attention_mask,
+valid split resumed from consumed_valid_samples); evaluation in 0.18's
+evaluation batch (--eval-micro-batch-size, --eval-global-batch-size) under
+CP2 x DP2; reset_attention_mask,
 whose dense per-document mask is rebuilt from packfeed's THD row; and a
 consumed count between two steps, refused with the reason.
 
@@ -89,7 +91,8 @@ def megatron_get_batch(items, args, stage, cp_rank, vp_stage=None):
         batch, broadcast_src_rank=0, broadcast_group=None, has_cu_seqlens=has_cu_seqlens,
         is_hybrid_cp=False,
         create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
-        cp_size=args.context_parallel_size, tp_rank=0, micro_batch_size=MBS, seq_length=SEQ,
+        cp_size=args.context_parallel_size, tp_rank=0, micro_batch_size=len(items),
+        seq_length=SEQ,
         mtp_on_this_rank=False, pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         is_pipeline_first_stage=first, is_pipeline_last_stage=last)
     batch = MEGATRON["flatten_batch_for_packed_sequences"](batch)
@@ -126,13 +129,15 @@ BLEND = ([write_dataset(str(WORK / f"web{i}"), 400, 30 + 20 * i, 31 + i, EOD) fo
 
 
 def megatron_args(tp, pp, cp, dp, consumed_train=0, consumed_valid=0, inter_document=False,
-                  reset_attention_mask=False, create_attention_mask=True, vpp=None):
+                  reset_attention_mask=False, create_attention_mask=True, vpp=None,
+                  eval_micro=MBS, eval_global=GBS):
     """pretrain_gpt's arguments as far as the data path reads them (0.19's
     argument check turns the attention mask off with inter-document masking)."""
     return types.SimpleNamespace(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp,
         context_parallel_size=cp, data_parallel_size=dp, micro_batch_size=MBS,
+        eval_micro_batch_size=eval_micro, eval_global_batch_size=eval_global,
         global_batch_size=GBS, seq_length=SEQ, consumed_train_samples=consumed_train,
         consumed_valid_samples=consumed_valid, dataloader_inter_document_masking=inter_document,
         reset_attention_mask=reset_attention_mask, reset_position_ids=reset_attention_mask,
@@ -172,6 +177,8 @@ def job_text(args):
   eod_id: {EOD}
   pretraining {{ split: "{SPLIT}" train_samples: {GBS * 20} valid_samples: {GBS * 4}
                  test_samples: {GBS * 2} micro_batch_size: {MBS} serve_every_split: true
+                 eval_micro_batch_size: {args.eval_micro_batch_size}
+                 eval_global_batch: {args.eval_global_batch_size}
                  {" ".join(f"{k}: {str(v).lower()}" for k, v in flags.items())} }}
 }}
 """
@@ -248,16 +255,19 @@ def serve_and_compare(name, args, microbatches):
     world = (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
              * args.context_parallel_size * args.data_parallel_size)
     check(f"{name}: every rank's drop-in ran", sorted(served) == list(range(world)), failures)
-    per_step = GBS // (MBS * args.data_parallel_size)
     documents = 0
     for rank, splits in sorted(served.items()):
         cp, dp, pp = coords(rank, args)
         wrong = []
         for split, values in splits.items():
+            # Megatron evaluates in its evaluation batch.
+            mbs, gbs = ((MBS, GBS) if split == "train" else
+                        (args.eval_micro_batch_size, args.eval_global_batch_size))
+            per_step = gbs // (mbs * args.data_parallel_size)
             for index, got in enumerate(values):
                 step, m = divmod(index, per_step)
-                first = consumed[split] + step * GBS + (m * args.data_parallel_size + dp) * MBS
-                items = [datasets[split][first + b] for b in range(MBS)]
+                first = consumed[split] + step * gbs + (m * args.data_parallel_size + dp) * mbs
+                items = [datasets[split][first + b] for b in range(mbs)]
                 chunks = args.virtual_pipeline_model_parallel_size
                 for vp_stage, values in (enumerate(got) if chunks else [(None, got)]):
                     want = megatron_get_batch(items, args, pp, cp, vp_stage)
@@ -287,6 +297,15 @@ def test_dense_mask_and_every_split():
     # test split from 0, from the same provider.
     serve_and_compare("dense-mask", megatron_args(1, 2, 2, 2, consumed_valid=GBS),
                       {"train": 6, "valid": 4, "test": 4})
+
+
+def test_evaluation_in_the_evaluation_batch():
+    # 0.18's --eval-micro-batch-size 4 and --eval-global-batch-size 32 under
+    # CP2 x DP2 with the dense mask: valid (resumed after one evaluation
+    # iteration) and test come in Megatron's evaluation microbatches.
+    serve_and_compare("eval-batch", megatron_args(1, 1, 2, 2, consumed_valid=2 * GBS,
+                                                  eval_micro=2 * MBS, eval_global=2 * GBS),
+                      {"train": 4, "valid": 4, "test": 4})
 
 
 def test_vpp_chunks_each_from_its_provider():

@@ -380,11 +380,17 @@ def datasets_provider(job: Optional[str] = None, *, socket_path: Optional[str] =
             if steps is None:
                 out.append(None)
                 continue
+            split_settings = batch_settings
+            if split != name:  # evaluation, in --eval-micro-batch-size microbatches
+                split_settings = dataclasses.replace(
+                    batch_settings, micro_batch_size=getattr(
+                        megatron_args, "eval_micro_batch_size", None)
+                    or batch_settings.micro_batch_size)
             chunks = steps.client.num_chunks
             if (vp_stage is None) != (chunks == 1) or (vp_stage or 0) >= chunks:
                 raise ValueError(f"packfeed job {split} has {chunks} model chunks per stage; "
                                  f"Megatron asked for vp_stage {vp_stage}")
-            out.append(MegatronIterator(steps, vp_stage or 0, batch_settings))
+            out.append(MegatronIterator(steps, vp_stage or 0, split_settings))
         return out[0], out[1], out[2]
 
     # Every rank builds its own iterator (Megatron otherwise builds on TP

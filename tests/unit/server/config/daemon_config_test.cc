@@ -98,12 +98,36 @@ TEST(DaemonConfigTest, PretrainingKeepsNoWeightsAndChecksMegatronsOptions) {
   EXPECT_THAT(Message(PretrainingJob("", "micro_batch_size: 3")), HasSubstr("global_batch"));
 }
 
+// Megatron evaluates with --eval-micro-batch-size and --eval-global-batch-size.
+TEST(DaemonConfigTest, TheEvaluationSplitsTakeTheEvaluationBatch) {
+  absl::StatusOr<v1::DaemonConfig> config =
+      ParseDaemonConfig(PretrainingJob("",
+                                       "serve_every_split: true eval_micro_batch_size: 4 "
+                                       "eval_global_batch: 16"),
+                        "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->jobs_size(), 3);
+  EXPECT_EQ(config->jobs(0).global_batch(), 8);
+  EXPECT_EQ(config->jobs(0).pretraining().micro_batch_size(), 1u);
+  for (int split : {1, 2}) {
+    const v1::JobConfig& job = config->jobs(split);
+    EXPECT_EQ(job.global_batch(), 16) << job.name();
+    EXPECT_EQ(job.pretraining().micro_batch_size(), 4u) << job.name();
+    EXPECT_EQ(job.scheduler().max_tokens_per_rank(), 4 * 64) << job.name();
+  }
+  EXPECT_THAT(Message(PretrainingJob("", "serve_every_split: true eval_micro_batch_size: 3")),
+              HasSubstr("'gpt.valid'"));
+  EXPECT_THAT(Message(PretrainingJob("", "eval_global_batch: 16")),
+              HasSubstr("apply to the splits serve_every_split serves"));
+}
+
 TEST(DaemonConfigTest, HybridCpIsPlannedBySubSampleAndRefusesWhatMegatronRefuses) {
   absl::StatusOr<v1::DaemonConfig> hybrid = ParseDaemonConfig(
       PretrainingJob("", "inter_document_masking: true hybrid_context_parallel: true"),
       "c.textproto");
   ASSERT_TRUE(hybrid.ok()) << hybrid.status();
   EXPECT_EQ(hybrid->jobs(0).scheduler().kind(), "dynamic_cp");
+  EXPECT_DOUBLE_EQ(hybrid->jobs(0).scheduler().cp_upgrade_budget(), 1.0);
   EXPECT_THAT(Message(PretrainingJob("", "hybrid_context_parallel: true")),
               HasSubstr("pretraining.hybrid_context_parallel: needs inter_document_masking"));
   std::string pipelined =

@@ -123,6 +123,19 @@ TEST(MegatronArgsTest, HybridCpBecomesADynamicCpPlanUnderMegatronsCap) {
   EXPECT_EQ(split->pretraining().cp_split(), v1::Pretraining::CP_SPLIT_PER_DOCUMENT);
 }
 
+TEST(MegatronArgsTest, EvaluationCountsInTheEvaluationBatch) {
+  std::vector<std::string> argv = Base();
+  argv.insert(argv.end(), {"--data-path", "/d", "--eval-iters", "5", "--eval-interval", "500",
+                           "--eval-global-batch-size", "32", "--eval-micro-batch-size", "4"});
+  absl::StatusOr<v1::JobConfig> job = JobFromMegatronArgs(argv, World(8));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->pretraining().eval_global_batch(), 32);
+  EXPECT_EQ(job->pretraining().eval_micro_batch_size(), 4u);
+  // (1000 // 500 + 1) evaluations of 5 iterations of 32 samples.
+  EXPECT_EQ(job->pretraining().valid_samples(), 3 * 5 * 32);
+  EXPECT_EQ(job->pretraining().test_samples(), 5 * 32);
+}
+
 TEST(MegatronArgsTest, RefusesWhatItCannotServeNamingTheFlag) {
   auto refused = [](std::vector<std::string> extra, int64_t ranks = 8) {
     std::vector<std::string> argv = Base();
