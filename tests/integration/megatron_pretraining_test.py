@@ -481,6 +481,10 @@ def dropin_016_step(socket, train, consumed, cp_size, thd):
         wrong = [] if iterators[1:] == (None, None) else ["a valid or test split not served"]
         for m in range(GBS // (MBS * DP)):
             got = packfeed_megatron.get_batch_016(iterators[0])
+            # 0.16's forward_step unpacks six: packed_seq_params last, None
+            # for GPTDataset's batches (they carry no cu_seqlens).
+            if len(got) != 6 or got[5] is not None:
+                wrong.append(f"microbatch {m}: {len(got)} values, packed_seq_params {got[-1]}")
             first = consumed + (m * DP + dp) * MBS
             want = megatron_016_get_batch([train[first + b] for b in range(MBS)], pp, cp_size, cp)
             for key, a, b in zip(MEGATRON_016_KEYS, got, want):

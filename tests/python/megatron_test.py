@@ -130,6 +130,16 @@ class SettingsTest(unittest.TestCase):
         self.assertTrue(torch.equal(mask[0, 0], torch.ones(SEQ, SEQ).triu(1).bool()))
         self.assertIsNone(batch["max_seqlen"], "a BSHD batch has no max_seqlen")
 
+    def test_get_batch_016_returns_the_six_values_its_forward_step_unpacks(self):
+        # Megatron-LM 0.16's forward_step: tokens, labels, loss_mask,
+        # attention_mask, position_ids, packed_seq_params = get_batch(...).
+        settings = packfeed_megatron.settings_from_args(args())
+        batch = packfeed_megatron.megatron_batch(StandInClient._batch(0, 0, 0), settings)
+        values = packfeed_megatron.get_batch_016(iter([batch]))
+        self.assertEqual(len(values), 6)
+        self.assertIs(values[0], batch["tokens"])
+        self.assertIsNone(values[5])
+
 
 class HybridStepsTest(unittest.TestCase):
     """The daemon's hybrid-CP microbatches as Megatron's wrapper output."""

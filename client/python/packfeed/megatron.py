@@ -28,7 +28,8 @@ from . import errors
 # (alphabetical, as its BATCH_KEYS).
 BATCH_KEYS = ("attention_mask", "cu_seqlens", "cu_seqlens_padded", "hybrid_cp_group", "labels",
               "local_cp_size", "loss_mask", "max_seqlen", "position_ids", "tokens")
-# What Megatron-Core 0.16's returns (its batch dict's values, in this order).
+# What Megatron-Core 0.16's returns (its batch dict's values, in this order;
+# packed_seq_params follows them).
 BATCH_KEYS_016 = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
 # The fields laid out along the sequence.
 _SEQUENCE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -134,12 +135,29 @@ def get_batch(data_iterator: Optional[Iterator[Batch]], vp_stage: Optional[int] 
     return [batch[key] for key in BATCH_KEYS]
 
 
-def get_batch_016(data_iterator: Iterator[Batch], vp_stage: Optional[int] = None
+def get_batch_016(data_iterator: Optional[Iterator[Batch]], vp_stage: Optional[int] = None
                   ) -> Tuple[Any, ...]:
     """pretrain_gpt's get_batch of Megatron-Core 0.16: (tokens, labels,
-    loss_mask, attention_mask, position_ids), all None on a middle stage."""
-    batch = next(data_iterator)
-    return tuple(batch[key] for key in BATCH_KEYS_016)
+    loss_mask, attention_mask, position_ids, packed_seq_params), all None
+    on a middle stage; packed_seq_params is None but for a hybrid-CP
+    sub-sample, which gets the SBHD PackedSeqParams 0.16's
+    get_batch_on_this_hybrid_cp_rank makes (the whole sub-sample's length,
+    local_cp_size and its hybrid group). On TP ranks > 0 under hybrid CP,
+    as get_batch."""
+    batch = next(data_iterator) if data_iterator is not None else _tp_peer_sub_sample()
+    values = tuple(batch.get(key) for key in BATCH_KEYS_016)
+    if HYBRID_SUB_SAMPLE not in batch:
+        return (*values, None)
+    from megatron.core.packed_seq_params import PackedSeqParams  # type: ignore[import-not-found]
+    hybrid = dict(zip(BATCH_KEYS, _hybrid_batch(batch)))
+    padded = int(batch["cu_seqlens_padded"][0, -1])
+    bounds = batch["cu_seqlens_padded"].view(-1)
+    params = PackedSeqParams(qkv_format="sbhd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds,
+                             cu_seqlens_q_padded=bounds, cu_seqlens_kv_padded=bounds,
+                             max_seqlen_q=padded, max_seqlen_kv=padded,
+                             local_cp_size=int(hybrid["local_cp_size"]),
+                             cp_group=hybrid["hybrid_cp_group"])
+    return (*values, params)
 
 
 class MegatronIterator:
@@ -495,7 +513,7 @@ def packed_seq_params(batch: Dict[str, Any], cp_group: Any = None) -> Any:
     None for a BSHD batch (Megatron pretraining), as Megatron passes it."""
     if batch["packed_seq_params"] is None:
         return None
-    from megatron.core.packed_seq_params import (  # type: ignore[import-not-found]
+    from megatron.core.packed_seq_params import (
         PackedSeqParams,  # the trainer's Megatron
     )
 
