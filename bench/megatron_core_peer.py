@@ -233,7 +233,8 @@ def packfeed_graph_runs(microbatches, model, ranks):
     return runs
 
 
-def plan_packfeed(packfeedctl, trace, ranks, cap, gbs, steps, cost_model, objective, budget):
+def plan_packfeed(packfeedctl, trace, ranks, cap, gbs, steps, cost_model, objective,
+                  budget=0.05):
     with tempfile.TemporaryDirectory() as scratch:
         dump = os.path.join(scratch, "plan.json")
         out = subprocess.run(
