@@ -180,7 +180,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
 
   // (An ingest job checks each sample as it is put.)
   if (ingest == nullptr && !job->pretraining_) PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
-  if (job->pretraining_ && config.pretraining().hybrid_context_parallel()) {
+  if (job->hybrid_context_parallel()) {
     // A sub-sample is at most a whole sample.
     if (absl::Status fits = scheduler::CheckSequenceFits(config.seq_length(), job->planner_);
         !fits.ok()) {

@@ -107,6 +107,11 @@ class Job {
   const dataset::PretrainingIndices* pretraining() const {
     return pretraining_ ? &*pretraining_ : nullptr;
   }
+  // A pretraining job planned by sub-sample for Megatron's hybrid CP
+  // (Pretraining.hybrid_context_parallel): its steps' StepPlan::pieces.
+  bool hybrid_context_parallel() const {
+    return pretraining_ && config_.pretraining().hybrid_context_parallel();
+  }
   // The largest slot any rank of this job can need, in bytes.
   uint64_t required_slot_bytes() const { return required_slot_bytes_; }
 

@@ -267,7 +267,7 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
                                               ": sample ", sequence.sample, " was not read"));
     }
     absl::Span<const int64_t> tokens = run->second.tokens();
-    if (!data.plan.pieces.empty()) {
+    if (job.hybrid_context_parallel()) {
       // The piece's inputs and the label of its last: the next token.
       const scheduler::TokenRange piece = data.plan.pieces[static_cast<size_t>(sequence.sample)];
       const auto available = static_cast<int64_t>(tokens.size());
@@ -312,7 +312,7 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
                                     std::move(sides)));
   source.stage =
       FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
-  if (!data.plan.pieces.empty()) {
+  if (job.hybrid_context_parallel()) {
     // Hybrid CP: each sequence is one sub-sample, split on its own.
     source.sample_ids.emplace();
     for (const scheduler::PlannedSequence& sequence : group.sequences) {
@@ -472,8 +472,6 @@ absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
   const int64_t group_ranks = job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp
                                   ? job.layout().dp_cp_size()
                                   : 0;
-  const bool hybrid =
-      job.pretraining() != nullptr && job.config().pretraining().hybrid_context_parallel();
   const int64_t max_tokens = job.config().scheduler().max_tokens_per_rank();
   // Split at every document, a microbatch has up to one sequence per token.
   const bool documents =
@@ -488,8 +486,8 @@ absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
     std::vector<const SideSlice*> served;
     for (const SideSlice& slice : slices) served.push_back(&slice);
     std::vector<transport::FieldSpec> specs;
-    for (SlotField& field :
-         FieldsFor(max_tokens, sequences, group_ranks, hybrid, {true, true}, served, 0)) {
+    for (SlotField& field : FieldsFor(max_tokens, sequences, group_ranks,
+                                      job.hybrid_context_parallel(), {true, true}, served, 0)) {
       specs.push_back(std::move(field.spec));
     }
     PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,

@@ -188,7 +188,7 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
   StepPlan out;
   out.step = step;
   std::vector<int64_t> lengths;
-  if (job.pretraining() != nullptr && job.config().pretraining().hybrid_context_parallel()) {
+  if (job.hybrid_context_parallel()) {
     if (absl::Status batch = HybridCpBatch(job, out, lengths); !batch.ok()) {
       return InStep(job, step, batch);
     }

@@ -26,23 +26,28 @@ void Positions(int64_t* field, int64_t at, int64_t count, int64_t first) {
   if (field != nullptr && count > 0) std::iota(field + at, field + at + count, first);
 }
 
+// `count` pad positions at `at`: every field zero (Megatron zeroes a pad
+// slot), marked in padding_mask.
+void WritePads(int64_t at, int64_t count, const TokenFields& out) {
+  Fill<int64_t>(out.tokens, at, count, 0);
+  Fill<int64_t>(out.labels, at, count, 0);
+  Fill(out.loss_mask, at, count, 0.0f);
+  Fill<int64_t>(out.position_ids, at, count, 0);
+  Fill<uint8_t>(out.padding_mask, at, count, 1);
+}
+
 // Positions [begin, end) of a varlen sequence (real length `real`, the run
 // holding its label t[real] too) at position `at`: Megatron zeroes every
 // field of a pad slot.
 void WriteVarlenPositions(absl::Span<const int64_t> run, int64_t real, int64_t begin, int64_t end,
                           int64_t at, const TokenFields& out) {
   const int64_t kept = std::clamp(real, begin, end) - begin;
-  const int64_t pads = end - begin - kept;
   CopyRun(out.tokens, at, run, begin, kept);
-  Fill<int64_t>(out.tokens, at + kept, pads, 0);
   CopyRun(out.labels, at, run, begin + 1, kept);
-  Fill<int64_t>(out.labels, at + kept, pads, 0);
   Fill(out.loss_mask, at, kept, 1.0f);
-  Fill(out.loss_mask, at + kept, pads, 0.0f);
   Positions(out.position_ids, at, kept, begin);
-  Fill<int64_t>(out.position_ids, at + kept, pads, 0);
   Fill<uint8_t>(out.padding_mask, at, kept, 0);
-  Fill<uint8_t>(out.padding_mask, at + kept, pads, 1);
+  WritePads(at + kept, end - begin - kept, out);
 }
 
 // The same for SFT's b = t + pads: pad slots keep the pad id and running
@@ -116,13 +121,7 @@ void WritePositions(absl::Span<const int64_t> run, int64_t real, int64_t begin, 
       // padding, as varlen pads are, though the run holds the next label.
       const int64_t kept = std::clamp(real, begin, end);
       WritePretrainingPositions(run, begin, kept, rules, at, out);
-      const int64_t pads = end - kept;
-      const int64_t pad_at = at + kept - begin;
-      Fill<int64_t>(out.tokens, pad_at, pads, 0);
-      Fill<int64_t>(out.labels, pad_at, pads, 0);
-      Fill(out.loss_mask, pad_at, pads, 0.0f);
-      Fill<int64_t>(out.position_ids, pad_at, pads, 0);
-      Fill<uint8_t>(out.padding_mask, pad_at, pads, 1);
+      WritePads(at + kept - begin, end - kept, out);
       break;
     }
     case SampleKind::kVarlen:

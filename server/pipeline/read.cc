@@ -56,7 +56,7 @@ StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(sample)];
     if (job.pretraining() != nullptr) {
       // A sample's pieces are neighbours and share one read of it.
-      if (!plan.pieces.empty() && ref.index == last_read) continue;
+      if (job.hybrid_context_parallel() && ref.index == last_read) continue;
       last_read = ref.index;
       out.samples.push_back(sample);
       PretrainingNeeds(job, ref, out);
@@ -137,7 +137,8 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
     // Under hybrid CP every piece of the sample gets the whole sample's
     // run (one copy; SourceForRank cuts the piece).
     int64_t last_piece = samples[i];
-    while (!plan.pieces.empty() && last_piece + 1 < static_cast<int64_t>(plan.samples.size()) &&
+    while (job.hybrid_context_parallel() &&
+           last_piece + 1 < static_cast<int64_t>(plan.samples.size()) &&
            plan.samples[static_cast<size_t>(last_piece + 1)].index == ref.index) {
       ++last_piece;
     }

@@ -17,10 +17,11 @@ other kinds.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from . import errors
 
@@ -238,7 +239,7 @@ class HybridSteps:
     def __init__(self, client: Any, dp_cp_rank: int, dp_cp_size: int) -> None:
         self.client = client
         self._rank, self._ranks = dp_cp_rank, dp_cp_size
-        self._queue: List[Batch] = []  # TP ranks > 0: the sub-samples to run
+        self._queue: Deque[Batch] = collections.deque()  # TP ranks > 0: sub-samples to run
 
     def __iter__(self) -> "HybridSteps":
         return self
@@ -268,7 +269,7 @@ class HybridSteps:
             samples, groups = next(self)
             for group in groups:
                 self._queue.extend(samples[gid] for gid in group[self._rank])
-        return self._queue.pop(0)
+        return self._queue.popleft()
 
 
 def _sub_sample(microbatch: Batch, c: int, length: int, begin: int, end: int) -> Batch:
