@@ -1,6 +1,7 @@
 #include "server/control/attach_check.h"
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/constant_time.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/transport/wire.h"
 #include "server/config/fingerprint.h"
@@ -73,22 +74,6 @@ absl::StatusOr<int64_t> AttachStartStep(const Job& job, const v1::AttachRequest&
   }
   return (sample - first) / global_batch;
 }
-
-namespace {
-
-// The length may leak; the contents do not.
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const std::string& longer = a.size() >= b.size() ? a : b;
-  for (size_t i = 0; i < longer.size(); ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
-
-}  // namespace
 
 absl::Status CheckToken(const std::string& presented, const std::string& required,
                         absl::string_view what) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "packfeed/common/constant_time.h"
 #include "packfeed/common/status_macros.h"
 
 namespace packfeed::server {
@@ -34,7 +35,7 @@ void IngestStream::SetOnFree(std::function<void()> on_free) {
 }
 
 absl::Status IngestStream::CheckToken(const std::string& token) const {
-  if (auth_token_.empty() || token == auth_token_) return absl::OkStatus();
+  if (auth_token_.empty() || ConstantTimeEquals(token, auth_token_)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("ingest stream ", name_, ": ",
                                                   token.empty() ? "no" : "a wrong",
                                                   " auth token (IngestStream.auth_token)"));

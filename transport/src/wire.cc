@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/common/constant_time.h"
 #include "packfeed/common/status_macros.h"
 
 namespace packfeed::transport {
@@ -262,9 +263,11 @@ ConnectionKey NewConnectionKey() {
 }
 
 bool SameKey(const ConnectionKey& a, const ConnectionKey& b) {
-  uint8_t diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
+  // Views, not copies: a credit's key is checked on the progress thread.
+  auto bytes = [](const ConnectionKey& key) {
+    return absl::string_view(reinterpret_cast<const char*>(key.data()), key.size());
+  };
+  return ConstantTimeEquals(bytes(a), bytes(b));
 }
 
 std::string KeyBytes(const ConnectionKey& key) {
