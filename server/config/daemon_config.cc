@@ -17,6 +17,7 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/transport/wire.h"
+#include "server/config/batch_schedule.h"
 #include "server/config/job_config.h"
 #include "server/config/model_stages.h"
 #include "server/config/side_fields.h"
@@ -110,7 +111,11 @@ absl::Status ValidatePretraining(const v1::JobConfig& job, absl::string_view whe
   if (job.seq_length() < 2) return FieldError(where, "seq_length", "must be at least 2");
   const v1::Topology& t = job.topology();
   const int64_t per_microbatch = int64_t{p.micro_batch_size()} * t.dp();
-  if (job.global_batch() % per_microbatch != 0) {
+  // (Under a batch schedule, each batch a step takes is checked instead.)
+  if (absl::Status schedule = ValidateBatchSchedule(job); !schedule.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".", schedule.message()));
+  }
+  if (p.batch_schedule().empty() && job.global_batch() % per_microbatch != 0) {
     return FieldError(
         where, "global_batch",
         absl::StrCat(job.global_batch(),
@@ -281,6 +286,7 @@ std::vector<v1::JobConfig> SplitJobsOf(const v1::JobConfig& job) {
     }
     q.set_eval_global_batch(0);
     q.set_eval_micro_batch_size(0);
+    q.clear_batch_schedule();  // evaluation keeps its one batch
     if (per_split) {
       *derived.mutable_datasets() = *split.datasets;
       for (v1::DatasetSpec& dataset : *derived.mutable_datasets()) {

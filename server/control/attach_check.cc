@@ -1,5 +1,8 @@
 #include "server/control/attach_check.h"
 
+#include <optional>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/constant_time.h"
 #include "packfeed/common/status_macros.h"
@@ -62,17 +65,19 @@ absl::StatusOr<int64_t> AttachStartStep(const Job& job, const v1::AttachRequest&
                                                    job.name(),
                                                    " counts in steps: attach with start_step"));
   }
-  const int64_t first = job.config().pretraining().consumed_samples();
-  const int64_t global_batch = job.config().global_batch();
   const int64_t sample = request.start_sample();
-  if (sample < first || (sample - first) % global_batch != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job ", job.name(), " serves its steps from sample ", first,
-                     " (consumed_samples) in ", "global batches of ", global_batch, "; sample ",
-                     sample, sample < first ? " lies before its first step" : " lies inside a step",
-                     ": restart the daemon with consumed_samples set to the trainer's count"));
+  const std::optional<int64_t> step = job.batch_schedule().StepStartingAt(sample);
+  if (!step) {
+    const int64_t first = job.config().pretraining().consumed_samples();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job ", job.name(), " serves its steps from sample ", first, " (consumed_samples) in ",
+        job.batch_schedule().constant()
+            ? absl::StrCat("global batches of ", job.config().global_batch())
+            : std::string("the global batches of its batch_schedule"),
+        "; sample ", sample, sample < first ? " lies before its first step" : " lies inside a step",
+        ": restart the daemon with consumed_samples set to the trainer's count"));
   }
-  return (sample - first) / global_batch;
+  return *step;
 }
 
 absl::Status CheckToken(const std::string& presented, const std::string& required,

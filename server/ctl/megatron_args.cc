@@ -14,6 +14,7 @@
 #include "packfeed/common/status_macros.h"
 #include "server/config/daemon_config.h"
 #include "server/ctl/exit_code.h"
+#include "server/ctl/megatron_batches.h"
 
 namespace packfeed::server::ctl {
 namespace {
@@ -34,8 +35,6 @@ constexpr std::pair<const char*, const char*> kRefused[] = {
      "validation over the whole split (MegatronFullValidationSampler) is not served yet"},
     {"--multiple-validation-sets", "several validation sets are not served yet"},
     {"--phase-transition-iterations", "phase transitions are not served yet"},
-    {"--rampup-batch-size", "a global batch that changes during the run is not served"},
-    {"--step-batch-size-schedule", "a global batch that changes during the run is not served"},
     {"--skip-train", "a run without training is not served"},
     {"--num-layers-per-virtual-pipeline-stage",
      "give --virtual-pipeline-model-parallel-size instead"},
@@ -182,11 +181,22 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
   if (!seq_length || !mbs) {
     return absl::InvalidArgumentError("--seq-length and --micro-batch-size are required");
   }
-  PF_ASSIGN_OR_RETURN(const int64_t global_batch,
-                      args.Int("--global-batch-size", *mbs * topology.dp()));
+  MegatronBatchFlags batch_flags;
+  batch_flags.micro_batch_size = *mbs;
+  batch_flags.dp = topology.dp();
+  batch_flags.seq_length = *seq_length;
+  batch_flags.megatron_core = context.megatron_core;
+  PF_ASSIGN_OR_RETURN(batch_flags.global_batch_size, args.Int("--global-batch-size"));
+  PF_ASSIGN_OR_RETURN(batch_flags.step_batch_size_schedule, args.One("--step-batch-size-schedule"));
+  if (const std::vector<std::string>* rampup = args.List("--rampup-batch-size")) {
+    batch_flags.rampup_batch_size = *rampup;
+  }
+  PF_ASSIGN_OR_RETURN(batch_flags.train_samples, args.Int("--train-samples"));
+  PF_ASSIGN_OR_RETURN(batch_flags.train_iters, args.Int("--train-iters"));
+  PF_ASSIGN_OR_RETURN(const MegatronBatches batches, MegatronBatchesOf(batch_flags));
   PF_ASSIGN_OR_RETURN(const int64_t seed, args.Int("--seed", 1234));
   job.set_seq_length(*seq_length);
-  job.set_global_batch(static_cast<uint32_t>(global_batch));
+  job.set_global_batch(batches.global_batch);
   job.set_seed(static_cast<uint64_t>(seed));
   job.set_eod_id(context.eod_id);
 
@@ -215,26 +225,25 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
 
   // Megatron's get_train_valid_test_num_samples (update_train_iters first
   // turns --train-samples into iterations).
-  PF_ASSIGN_OR_RETURN(const std::optional<int64_t> train_samples, args.Int("--train-samples"));
-  PF_ASSIGN_OR_RETURN(std::optional<int64_t> train_iters, args.Int("--train-iters"));
-  if (!train_samples && !train_iters) {
-    return absl::InvalidArgumentError("--train-iters or --train-samples is required");
+  for (const BatchSchedule::Entry& entry : batches.schedule) {
+    v1::BatchSizeStep& step = *p.add_batch_schedule();
+    step.set_from_sample(entry.from_sample);
+    step.set_global_batch(entry.global_batch);
   }
-  if (!train_iters) train_iters = *train_samples / global_batch;
   PF_ASSIGN_OR_RETURN(const int64_t eval_iters, args.Int("--eval-iters", 100));
   PF_ASSIGN_OR_RETURN(const int64_t eval_interval, args.Int("--eval-interval", 1000));
   PF_ASSIGN_OR_RETURN(const std::optional<int64_t> start_eval, args.Int("--start-eval-at-iter"));
   if (eval_interval < 1) return absl::InvalidArgumentError("--eval-interval must be positive");
-  int64_t eval_points = *train_iters / eval_interval + 1;
+  int64_t eval_points = batches.train_iters / eval_interval + 1;
   if (start_eval) eval_points = std::max<int64_t>(0, eval_points - *start_eval / eval_interval);
   // Megatron evaluates with its evaluation batch (0.18's flags; unset =
-  // the training batch).
+  // its args.global_batch_size).
   PF_ASSIGN_OR_RETURN(const int64_t eval_global_batch,
-                      args.Int("--eval-global-batch-size", global_batch));
+                      args.Int("--eval-global-batch-size", batches.args_global_batch));
   PF_ASSIGN_OR_RETURN(const int64_t eval_mbs, args.Int("--eval-micro-batch-size", *mbs));
-  if (eval_global_batch != global_batch) p.set_eval_global_batch(eval_global_batch);
+  if (eval_global_batch != batches.global_batch) p.set_eval_global_batch(eval_global_batch);
   if (eval_mbs != *mbs) p.set_eval_micro_batch_size(static_cast<uint32_t>(eval_mbs));
-  p.set_train_samples(train_samples.value_or(*train_iters * global_batch));
+  p.set_train_samples(batches.train_samples);
   p.set_valid_samples(eval_points * eval_iters * eval_global_batch);
   p.set_test_samples(eval_iters * eval_global_batch);
   // Megatron builds every split; with no evaluation there is none to serve.
@@ -303,6 +312,9 @@ void AddMegatronConfigCommand(CLI::App& app, int* exit_code) {
                   "consumed_train_samples of the checkpoint the run resumes");
   sub->add_option("--consumed-valid-samples", options->context.consumed_valid_samples,
                   "consumed_valid_samples of the checkpoint the run resumes");
+  sub->add_option("--megatron-core", options->context.megatron_core,
+                  "the Megatron-Core release of the run (e.g. 0.16.1); needed with "
+                  "--rampup-batch-size, which 0.18 and later ignore");
   sub->add_option("--cp-split", options->cp_split,
                   "per-sequence (pretrain_gpt's, the default) or per-document: how a "
                   "document-masked row splits over CP ranks")

@@ -30,6 +30,9 @@ struct MegatronContext {
   // Megatron's command line does not say (pretrain_gpt's choice is per
   // sequence).
   v1::Pretraining::CpSplit cp_split = v1::Pretraining::CP_SPLIT_PER_SEQUENCE;
+  // The Megatron-Core release the run uses ("0.16.1"; empty = not said):
+  // --rampup-batch-size needs it (0.18 on ignores the flag).
+  std::string megatron_core;
 };
 
 // The job for `argv` (pretrain_gpt.py's arguments, no program name).

@@ -13,6 +13,7 @@
 #include "packfeed/dataset/npy_file.h"
 #include "packfeed/dataset/pretraining_indices.h"
 #include "packfeed/scheduler/slot_balance.h"
+#include "server/config/batch_schedule.h"
 #include "server/config/daemon_config.h"
 #include "server/config/job_config.h"
 #include "server/ctl/exit_code.h"
@@ -107,20 +108,20 @@ absl::Status ModelSteps(const v1::JobConfig& job, const dataset::PretrainingIndi
                         int64_t steps) {
   PF_ASSIGN_OR_RETURN(const scheduler::CostModel model,
                       CostModelOf(job.scheduler(), job.topology()));
-  const int64_t global_batch = job.global_batch();
+  const BatchSchedule schedule = BatchSchedule::Of(job);
   const int per_slot = static_cast<int>(job.pretraining().micro_batch_size());
   const int dp = static_cast<int>(job.topology().dp());
-  const int64_t first = job.pretraining().consumed_samples();
-  if (first + steps * global_batch > built.num_samples()) {
+  if (schedule.At(steps).first_sample > built.num_samples()) {
     return absl::InvalidArgumentError(
         absl::StrCat(steps, " steps need more than the split's ", built.num_samples(), " samples"));
   }
   double megatron = 0, balanced = 0, ideal = 0;
   for (int64_t step = 0; step < steps; ++step) {
+    const auto [first, global_batch] = schedule.At(step);
     std::vector<double> costs;
     for (int64_t k = 0; k < global_batch; ++k) {
       std::vector<int64_t> pieces;
-      for (const dataset::SampleRun& run : built.Locate(first + step * global_batch + k).runs) {
+      for (const dataset::SampleRun& run : built.Locate(first + k).runs) {
         pieces.push_back(run.length);
       }
       costs.push_back(scheduler::DocumentMaskedCost(pieces, model));

@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
                           absl::StrCat("job ", config.name(), ": ", indices.status().message()));
     }
     job->pretraining_ = *std::move(indices);
+    job->batch_schedule_.emplace(BatchSchedule::Of(config));
     for (int d = 0; d < job->pretraining_->num_datasets(); ++d) {
       if (job->pretraining_->from_cache(d)) {
         spdlog::info("job {}: dataset {} ({}): Megatron's cached indices read from {}",

@@ -20,6 +20,7 @@
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
 #include "packfeed/v1/config.pb.h"
+#include "server/config/batch_schedule.h"
 #include "server/config/model_stages.h"
 #include "server/config/side_fields.h"
 #include "server/ingest/ingest_stream.h"
@@ -107,6 +108,9 @@ class Job {
   const dataset::PretrainingIndices* pretraining() const {
     return pretraining_ ? &*pretraining_ : nullptr;
   }
+  // Which samples each step of a pretraining job holds (its global batch
+  // may change with the samples consumed). REQUIRES: pretraining().
+  const BatchSchedule& batch_schedule() const { return *batch_schedule_; }
   // A pretraining job planned by sub-sample for Megatron's hybrid CP
   // (Pretraining.hybrid_context_parallel): its steps' StepPlan::pieces.
   bool hybrid_context_parallel() const {
@@ -130,6 +134,7 @@ class Job {
   // A pretraining job's indices; they view the sequence lengths of
   // datasets_, which outlive them.
   std::optional<dataset::PretrainingIndices> pretraining_;
+  std::optional<BatchSchedule> batch_schedule_;
   std::optional<ModelStages> stages_;
   std::vector<SideFieldInfo> side_fields_;
   std::vector<std::vector<std::shared_ptr<const dataset::IndexedDataset>>> side_datasets_;

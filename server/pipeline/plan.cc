@@ -72,18 +72,18 @@ absl::StatusOr<std::vector<int64_t>> CheckedRuns(
   return runs;
 }
 
-// The first sample of `step` and a check that the split holds the step.
-absl::StatusOr<int64_t> FirstSampleOfStep(const Job& job, int64_t step) {
-  const v1::JobConfig& config = job.config();
-  const int64_t global_batch = config.global_batch();
-  const int64_t first = config.pretraining().consumed_samples() + step * global_batch;
+// The samples of `step` (Megatron's sampler order, the batch in force when
+// the step starts) and a check that the split holds them.
+absl::StatusOr<BatchSchedule::Step> SamplesOfStep(const Job& job, int64_t step) {
+  const BatchSchedule::Step out = job.batch_schedule().At(step);
   const int64_t available = job.pretraining()->num_samples();
-  if (first + global_batch > available) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "the ", dataset::MegatronSplitName(ServedSplitOf(config)), " split holds ", available,
-        " samples; this step needs [", first, ", ", first + global_batch, ")"));
+  if (out.first_sample + out.global_batch > available) {
+    return absl::OutOfRangeError(
+        absl::StrCat("the ", dataset::MegatronSplitName(ServedSplitOf(job.config())),
+                     " split holds ", available, " samples; this step needs [", out.first_sample,
+                     ", ", out.first_sample + out.global_batch, ")"));
   }
-  return first;
+  return out;
 }
 
 // Megatron's hybrid-CP batch: HybridCPMegatronPretrainingSampler hands DP
@@ -97,8 +97,9 @@ absl::Status HybridCpBatch(const Job& job, StepPlan& out, std::vector<int64_t>& 
   const int64_t mbs = pretraining.micro_batch_size();
   const int64_t seq = config.seq_length();
   const int dp = job.layout().dp;
-  PF_ASSIGN_OR_RETURN(const int64_t first, FirstSampleOfStep(job, out.step));
-  const int64_t microbatches = config.global_batch() / (mbs * dp);
+  PF_ASSIGN_OR_RETURN(const BatchSchedule::Step batch, SamplesOfStep(job, out.step));
+  const int64_t first = batch.first_sample;
+  const int64_t microbatches = batch.global_batch / (mbs * dp);
   for (int d = 0; d < dp; ++d) {
     for (int64_t i = 0; i < microbatches; ++i) {
       for (int64_t b = 0; b < mbs; ++b) {
@@ -123,16 +124,18 @@ absl::Status HybridCpBatch(const Job& job, StepPlan& out, std::vector<int64_t>& 
 }
 
 // Megatron's pretraining batch (MegatronPretrainingSampler, dataloader
-// type "single"): step s takes the split's samples from consumed_samples +
-// s·global_batch on; microbatch m of DP rank d holds the micro_batch_size
-// samples from m·mbs·DP + d·mbs, and its CP group slices each of them.
+// type "single"): step s takes a global batch of the split's samples from
+// where the batch schedule puts it; microbatch m of DP rank d holds the
+// micro_batch_size samples from m·mbs·DP + d·mbs, and its CP group slices
+// each of them.
 absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
   const v1::JobConfig& config = job.config();
-  const int64_t global_batch = config.global_batch();
   const int64_t mbs = config.pretraining().micro_batch_size();
   const int64_t seq = config.seq_length();
   const JobLayout& layout = job.layout();
-  PF_ASSIGN_OR_RETURN(const int64_t first, FirstSampleOfStep(job, out.step));
+  PF_ASSIGN_OR_RETURN(const BatchSchedule::Step batch, SamplesOfStep(job, out.step));
+  const int64_t first = batch.first_sample;
+  const int64_t global_batch = batch.global_batch;
   const bool balance = config.pretraining().balance_document_attention();
   std::vector<double> costs;  // with balance: each sample's document-masked cost
   for (int64_t k = 0; k < global_batch; ++k) {

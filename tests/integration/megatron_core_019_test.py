@@ -338,3 +338,58 @@ def test_megatron_config_reads_the_command_line():
               (ours["split"], split))
         check(f"megatron-config {argv[:2]}: DP and the world",
               job["topology"]["dp"] * job["topology"].get("tp", 1) == world)
+
+
+def test_megatron_config_reads_a_step_batch_schedule():
+    """0.18's --step-batch-size-schedule: megatron-config's batch_schedule
+    gives the batch 0.19.2's StepBatchsizeNumMicroBatchesCalculator gives
+    after every consumed count, and the sample counts are those its
+    update_train_iters and get_train_valid_test_num_samples compute (the
+    evaluation batch defaulting to micro_batch_size x DP, as Megatron sets
+    --global-batch-size under a schedule)."""
+    from types import SimpleNamespace
+
+    from megatron.core import num_microbatches_calculator as calculators
+    training = megatron_training_functions(["update_train_iters",
+                                            "get_train_valid_test_num_samples"])
+    training["update_num_microbatches"] = calculators.update_num_microbatches
+    training["get_current_global_batch_size"] = calculators.get_current_global_batch_size
+    world, seq, mbs = 4, 100, 2
+    for schedule in ("0:8 2K:16 5.5K:24", "0:16,1k:8 0.0021M:40"):
+        argv = ["--data-path", "/d/a", "--seq-length", str(seq), "--micro-batch-size", str(mbs),
+                "--step-batch-size-schedule", schedule, "--train-samples", "203",
+                "--eval-interval", "4", "--eval-iters", "3"]
+        printed = subprocess.run([CTL, "megatron-config", "--world-size", str(world), "--eod-id",
+                                  "0", "--json", "--", *argv], capture_output=True, text=True)
+        if printed.returncode != 0:
+            check(f"megatron-config --step-batch-size-schedule '{schedule}'", False,
+                  printed.stderr)
+            continue
+        ours = json.loads(printed.stdout)["pretraining"]
+        entries = [(int(e.get("fromSample", 0)), int(e["globalBatch"]))
+                   for e in ours["batchSchedule"]]
+        calculators.init_num_microbatches_calculator(
+            rank=0, global_batch_size=None, micro_batch_size=mbs, data_parallel_size=world,
+            step_batch_size_schedule=schedule, seq_length=seq)
+        try:
+            differ = []
+            for consumed in range(300):
+                calculators.update_num_microbatches(consumed, consistency_check=False)
+                if max(e for e in entries if e[0] <= consumed)[1] != \
+                        calculators.get_current_global_batch_size():
+                    differ.append(consumed)
+            check(f"'{schedule}': the batch after every consumed count is Megatron's "
+                  f"({entries})", not differ, differ[:5])
+            args = SimpleNamespace(
+                train_iters=None, train_samples=203, global_batch_size=mbs * world,
+                eval_global_batch_size=mbs * world, step_batch_size_schedule=schedule,
+                full_validation=False, skip_train=False, eval_interval=4, eval_iters=3,
+                start_eval_at_iter=None, phase_transition_iterations=None, iteration=0)
+            training["get_args"] = lambda: args
+            training["update_train_iters"](args)
+            counts = training["get_train_valid_test_num_samples"]()
+        finally:
+            calculators.destroy_num_microbatches_calculator()
+        check(f"'{schedule}': train, valid, test samples as Megatron counts them",
+              (int(ours["trainSamples"]), int(ours.get("validSamples", 0)),
+               int(ours.get("testSamples", 0))) == tuple(counts), (ours, counts))

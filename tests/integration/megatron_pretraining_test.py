@@ -25,6 +25,7 @@ import os
 import pathlib
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import types
@@ -550,6 +551,99 @@ def test_every_split_served():
                         wrong.append(f"step {index} mb {m} {key}")
         check(f"splits: {job} rank {rank} equals Megatron's {job.partition('.')[2] or 'train'} "
               "split", not wrong, wrong[:5])
+
+
+
+def test_a_ramping_batch_is_megatrons():
+    """--rampup-batch-size, which 0.16.1 ramps: megatron-config's
+    batch_schedule gives the batch Megatron-Core's own ramp-up calculator
+    gives after every consumed count, and a daemon serves each step the
+    microbatches Megatron's calculator and sampler make of it, from step 0,
+    from a daemon resumed mid-ramp, and through the Python client attached
+    at a later step's first sample."""
+    from megatron.core.num_microbatches_calculator import \
+        RampupBatchsizeNumMicroBatchesCalculator
+    start, increment, ramp = 4, 4, 40
+    printed = subprocess.run(
+        [CTL, "megatron-config", "--world-size", str(DP), "--eod-id", str(EOD), "--json",
+         "--megatron-core", "0.16.1", "--", "--data-path", *DATASETS, "--seq-length", str(SEQ),
+         "--micro-batch-size", str(MBS), "--global-batch-size", str(GBS), "--train-samples",
+         str(GBS * 20), "--rampup-batch-size", str(start), str(increment), str(ramp)],
+        capture_output=True, text=True)
+    check("ramp-up: megatron-config reads --rampup-batch-size", printed.returncode == 0,
+          printed.stderr)
+    schedule = [(int(e.get("fromSample", 0)), int(e["globalBatch"]))
+                for e in json.loads(printed.stdout or "{}").get("pretraining", {})
+                .get("batchSchedule", [])]
+
+    def calculator():
+        return RampupBatchsizeNumMicroBatchesCalculator(GBS, MBS, DP, False, 0, start, increment,
+                                                        ramp)
+    theirs = calculator()
+
+    def batch_after(consumed):
+        return max((e for e in schedule if e[0] <= consumed), default=(0, 0))[1]
+    differ = []
+    for consumed in range(ramp + 10):
+        theirs.update(consumed, False)
+        if batch_after(consumed) != theirs.get_current_global_batch_size():
+            differ.append(consumed)
+    check(f"ramp-up: the batch after every consumed count is Megatron's ({schedule})",
+          schedule and not differ, differ[:5])
+
+    train = megatron_train(False, False)
+    entries = " ".join(f"batch_schedule {{ from_sample: {a} global_batch: {b} }}"
+                       for a, b in schedule)
+    steps = 8
+
+    def megatron_steps(consumed):
+        """(first sample, microbatches) of each step, as training_log's
+        loop takes them: update_num_microbatches, then the sampler's next
+        num_microbatches x micro_batch_size x DP samples."""
+        ramping, out = calculator(), []
+        for _ in range(steps):
+            ramping.update(consumed, True)
+            out.append((consumed, ramping.get()))
+            consumed += ramping.get() * MBS * DP
+        return out
+    for name, consumed in (("ramp", 0), ("ramp-resumed", 12)):
+        (WORK / name).mkdir()
+        text = served_job(f"dp: {DP}", f"consumed_samples: {consumed} {entries}")
+        want_steps = megatron_steps(consumed)
+        with Daemon(os.path.dirname(CTL), text, workdir=WORK / name) as daemon:
+            dumps = daemon.dump_ranks("gpt", range(DP), steps)
+            if PYTHON_DIR and consumed == 0:
+                sys.path.insert(0, PYTHON_DIR)
+                import packfeed
+                first, count = want_steps[5]
+                client = packfeed.Client("gpt", socket_path=daemon.socket, rank=1,
+                                         start_sample=first)
+                iterator, served_count, _, _ = client.next_step()
+                same = sum(numpy.array_equal(
+                    batch["tokens"].numpy(),
+                    numpy.stack([train[first + (m * DP + 1) * MBS + b]["tokens"].numpy()
+                                 for b in range(MBS)])) for m, batch in enumerate(iterator))
+                client.close()
+                check(f"ramp-up: the Python client attached at sample {first} gets that step's "
+                      f"{count} microbatches", same == served_count == count,
+                      (same, served_count, count))
+        for rank, dump in dumps.items():
+            wrong = []
+            for (first, count), st in zip(want_steps, dump["steps"]):
+                if len(st["microbatches"]) != count:
+                    wrong.append(f"step {st['step']}: {len(st['microbatches'])} microbatches, "
+                                 f"Megatron takes {count}")
+                for m, got in enumerate(st["microbatches"]):
+                    items = [train[first + (m * DP + rank) * MBS + b] for b in range(MBS)]
+                    for key in ("tokens", "labels", "loss_mask", "position_ids"):
+                        want = numpy.stack([item[key].numpy() for item in items])
+                        served = numpy.asarray(got[key], dtype=want.dtype)
+                        if served.size != want.size or \
+                                not numpy.array_equal(served.reshape(want.shape), want):
+                            wrong.append(f"step {st['step']} mb {m} {key}")
+            check(f"{name} from sample {consumed}: rank {rank}'s {steps} steps of "
+                  f"{[c for _, c in want_steps]} microbatches are Megatron's",
+                  len(dump["steps"]) == steps and not wrong, wrong[:5])
 
 
 
