@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -93,10 +94,16 @@ class Client::Impl {
   RingUse Ring() const {
     return {options_.slots, receiver_->stats().held, handed_out_, copied_out_};
   }
+  struct Position {
+    int64_t step = 0;
+    int microbatch = 0;
+  };
   // Counts a NextStep or Next call that began at `entered` as waiting, the
-  // time since the previous one returned as busy, and reports them to the
-  // daemon when a report is due.
-  void Measured(absl::Time entered);
+  // time since the previous one returned as busy (and, when the daemon
+  // asks, as the compute of the microbatch that call handed out), and
+  // reports them to the daemon when a report is due. `handed` is the
+  // microbatch this call handed out, if any.
+  void Measured(absl::Time entered, std::optional<Position> handed);
   const std::string& fingerprint() const { return fingerprint_; }
   const std::string& device_ring_fallback() const { return device_ring_fallback_; }
   const ClientOptions& options() const { return options_; }
@@ -111,7 +118,9 @@ class Client::Impl {
   };
   v1::RankTimes RankTimesNow() const;  // the current connection's figures
   void ReportTimes();                  // without waiting for the daemon's answer
-  void EndReport();                    // cancels a report in flight and waits for it
+  // Moves the microbatches measured since the last report into `out`.
+  void TakeComputed(google::protobuf::RepeatedPtrField<v1::MicrobatchCompute>& out);
+  void EndReport();  // cancels a report in flight and waits for it
   // The next slot, re-attaching once when the daemon went away.
   absl::StatusOr<transport::ReceivedSlot> Receive(absl::Duration timeout);
   // Attaches from start_step (or, on the first attach, the step beginning
@@ -167,6 +176,15 @@ class Client::Impl {
   uint64_t copied_out_at_attach_ = 0;
   std::optional<absl::Time> returned_;  // when the last NextStep/Next returned
   absl::Time reported_ = absl::InfinitePast();
+  // AttachReply.report_compute: the microbatch the trainer is computing
+  // (handed out by the last call) and those measured since the last report.
+  bool report_compute_ = false;
+  std::optional<Position> computing_;
+  struct Computed {
+    Position position;
+    double seconds;
+  };
+  std::deque<Computed> computed_;
 };
 
 // How often the trainer's times are reported while it takes microbatches.
@@ -241,13 +259,15 @@ absl::Status Client::Detach() { return impl_->Detach(); }
 absl::StatusOr<StepInfo> Client::NextStep(absl::Duration timeout) {
   const absl::Time entered = absl::Now();
   absl::StatusOr<StepInfo> step = impl_->NextStep(timeout);
-  impl_->Measured(entered);
+  impl_->Measured(entered, std::nullopt);
   return step;
 }
 absl::StatusOr<Microbatch> Client::Next(absl::Duration timeout, void* cuda_stream) {
   const absl::Time entered = absl::Now();
   absl::StatusOr<Microbatch> microbatch = impl_->Next(timeout, cuda_stream);
-  impl_->Measured(entered);
+  impl_->Measured(entered, microbatch.ok() ? std::optional<Impl::Position>(Impl::Position{
+                                                 microbatch->step, microbatch->microbatch})
+                                           : std::nullopt);
   return microbatch;
 }
 ClientState Client::State() const { return impl_->State(); }
@@ -414,6 +434,9 @@ absl::Status Client::Impl::AttachAt(int64_t start_step, int start_microbatch,
   fingerprint_ = reply.fingerprint();
   times_at_attach_ = times_;
   copied_out_at_attach_ = copied_out_;
+  report_compute_ = reply.report_compute();
+  computing_.reset();
+  computed_.clear();
   num_chunks_ = std::max<int>(1, static_cast<int>(reply.vpp()));
   resume_step_ = reply.start_step();
   resume_microbatch_ = start_microbatch;
@@ -459,6 +482,7 @@ absl::Status Client::Impl::Detach() {
   request.mutable_consumed_to()->set_microbatch(static_cast<uint32_t>(state.next_microbatch));
   request.set_ring_slots(options_.slots);
   *request.mutable_times() = RankTimesNow();
+  TakeComputed(*request.mutable_computed());
   // A daemon that is away (restarting) is waited for a while: what this rank
   // took from its ring after the daemon died reaches the ledger only this way.
   absl::Status detached = RetryWithBackoff(
@@ -486,9 +510,15 @@ absl::Status Client::Impl::Detach() {
   return detached;
 }
 
-void Client::Impl::Measured(absl::Time entered) {
+void Client::Impl::Measured(absl::Time entered, std::optional<Position> handed) {
   const absl::Time now = absl::Now();
   if (returned_.has_value()) times_.busy += entered - *returned_;
+  if (report_compute_ && computing_.has_value() && returned_.has_value()) {
+    constexpr size_t kMostComputed = 1024;  // ReportRequest.computed's bound
+    if (computed_.size() == kMostComputed) computed_.pop_front();
+    computed_.push_back({*computing_, absl::ToDoubleSeconds(entered - *returned_)});
+  }
+  computing_ = handed;
   times_.waited += now - entered;
   ++times_.calls;
   returned_ = now;
@@ -505,6 +535,16 @@ v1::RankTimes Client::Impl::RankTimesNow() const {
   times.set_calls(times_.calls - times_at_attach_.calls);
   times.set_copied_out(copied_out_ - copied_out_at_attach_);
   return times;
+}
+
+void Client::Impl::TakeComputed(google::protobuf::RepeatedPtrField<v1::MicrobatchCompute>& out) {
+  for (const Computed& computed : computed_) {
+    v1::MicrobatchCompute& row = *out.Add();
+    row.set_step(computed.position.step);
+    row.set_microbatch(static_cast<uint32_t>(computed.position.microbatch));
+    row.set_seconds(static_cast<float>(computed.seconds));
+  }
+  computed_.clear();
 }
 
 void Client::Impl::ReportTimes() {
@@ -525,6 +565,7 @@ void Client::Impl::ReportTimes() {
   report_->request.set_connection_id(connection_id_);
   report_->request.set_connection_key(connection_key_);
   *report_->request.mutable_times() = RankTimesNow();
+  TakeComputed(*report_->request.mutable_computed());
   ReportCall* call = report_.get();
   control_->control->async()->Report(&call->context, &call->request, &call->reply,
                                      [call](grpc::Status) { call->done.Notify(); });

@@ -171,6 +171,8 @@ class ControlService final : public v1::Control::CallbackService {
       reply->set_required_slot_bytes(job.required_slot_bytes());
       reply->set_vpp(static_cast<uint32_t>(job.stages().vpp()));
       reply->set_start_step(start_step);
+      // TP ranks > 0 repeat their TP rank 0's time.
+      reply->set_report_compute(runner->measures_compute() && coords.tp == 0);
       reactor->Finish(grpc::Status::OK);
     });
     return reactor;
@@ -201,6 +203,13 @@ class ControlService final : public v1::Control::CallbackService {
     }
     std::optional<TrainerTimes> times;
     if (request->has_times()) times = TrainerTimesOf(request->times());
+    if (times.has_value() && !request->computed().empty()) {
+      // The run's last measured microbatches, taken in before the detach
+      // (the runner's tasks keep their order; an unknown connection's are
+      // refused there and dropped).
+      (*runner)->Report(static_cast<int>(request->global_rank()), request->connection_id(), *times,
+                        MeasuredOf(request->computed()), [](absl::Status) {});
+    }
     (*runner)->Detach(static_cast<int>(request->global_rank()), request->connection_id(),
                       consumed_to, std::move(times),
                       [reactor](absl::Status status) { reactor->Finish(proto::ToGrpc(status)); });
@@ -219,7 +228,7 @@ class ControlService final : public v1::Control::CallbackService {
       return reactor;
     }
     (*runner)->Report(static_cast<int>(request->global_rank()), request->connection_id(),
-                      TrainerTimesOf(request->times()),
+                      TrainerTimesOf(request->times()), MeasuredOf(request->computed()),
                       [reactor](absl::Status status) { reactor->Finish(proto::ToGrpc(status)); });
     return reactor;
   }

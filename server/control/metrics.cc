@@ -203,6 +203,33 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
       }
     }
   }
+  // The cost model fitted from measured compute, rate by rate.
+  struct RateFigure {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::CostRate&);
+  };
+  const RateFigure rate_figures[] = {
+      {"packfeed_cost_fit_rate", "A rate of the cost model fitted from measured compute.",
+       [](const v1::CostRate& r) { return r.fitted(); }},
+      {"packfeed_cost_fit_stddev", "The fitted rate's posterior standard deviation.",
+       [](const v1::CostRate& r) { return r.stddev(); }},
+      {"packfeed_cost_fit_determined",
+       "The share of the prior's variance the measurements removed (1 = data alone).",
+       [](const v1::CostRate& r) { return r.determined(); }},
+  };
+  for (const RateFigure& figure : rate_figures) {
+    Family family(&out, figure.name, "gauge", figure.help);
+    for (const v1::JobStats& job : jobs) {
+      for (const v1::CostRate& rate : job.cost_fit().rates()) {
+        family.Sample(JobLabel(job) + ",rate=" + Quoted(rate.name()), figure.value(rate));
+      }
+    }
+  }
+  Family rows(&out, "packfeed_cost_fit_rows", "gauge", "Measured microbatches in the cost fit.");
+  for (const v1::JobStats& job : jobs) {
+    rows.Sample(JobLabel(job), static_cast<double>(job.cost_fit().rows()));
+  }
   RenderStorage(stats.storage(), &out);
   return out;
 }

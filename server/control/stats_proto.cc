@@ -107,6 +107,40 @@ v1::JobStats JobStatsProto(const JobFigures& figures) {
   out.set_most_waiting_rank(static_cast<uint32_t>(figures.most_waiting_rank));
   out.set_input_bound(figures.input_bound);
   out.set_wait_seconds(figures.wait_seconds);
+  const CostFitFigures& fit = figures.cost_fit;
+  v1::CostFitStats& cost = *out.mutable_cost_fit();
+  cost.set_rows(fit.fit.rows);
+  cost.set_prior_name(fit.prior_name);
+  cost.set_residual_rms_seconds(fit.fit.residual_rms);
+  const double fitted[] = {fit.fit.model.alpha, fit.fit.model.beta, fit.fit.model.kappa,
+                           fit.fit.model.lambda, fit.fit.model.microbatch};
+  const double prior[] = {fit.prior.alpha, fit.prior.beta, fit.prior.kappa, fit.prior.lambda,
+                          fit.prior.microbatch};
+  for (int term = 0; term < scheduler::kCostTerms; ++term) {
+    v1::CostRate& rate = *cost.add_rates();
+    rate.set_name(scheduler::CostTermName(term));
+    rate.set_fitted(fitted[term]);
+    rate.set_prior(prior[term]);
+    rate.set_stddev(fit.fit.stddev[static_cast<size_t>(term)]);
+    rate.set_determined(fit.fit.determined[static_cast<size_t>(term)]);
+  }
+  for (const CostFitFigures::Step& step : fit.recent_steps) {
+    v1::StepTimes& times = *cost.add_recent_steps();
+    times.set_step(step.step);
+    times.set_measured_seconds(step.measured);
+    times.set_prior_seconds(step.prior);
+    times.set_fitted_seconds(step.fitted);
+  }
+  return out;
+}
+
+std::vector<MeasuredMicrobatch> MeasuredOf(
+    const google::protobuf::RepeatedPtrField<v1::MicrobatchCompute>& computed) {
+  std::vector<MeasuredMicrobatch> out;
+  out.reserve(static_cast<size_t>(computed.size()));
+  for (const v1::MicrobatchCompute& row : computed) {
+    out.push_back({row.step(), static_cast<int>(row.microbatch()), row.seconds()});
+  }
   return out;
 }
 

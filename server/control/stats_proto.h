@@ -18,6 +18,8 @@ v1::JobStats JobStatsProto(const JobFigures& figures);
 v1::IngestStreamStats IngestStreamStatsProto(const IngestStreamFigures& figures);
 // A client's report, the other way.
 TrainerTimes TrainerTimesOf(const v1::RankTimes& times);
+std::vector<MeasuredMicrobatch> MeasuredOf(
+    const google::protobuf::RepeatedPtrField<v1::MicrobatchCompute>& computed);
 
 }  // namespace packfeed::server
 

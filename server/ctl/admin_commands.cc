@@ -114,6 +114,43 @@ void PrintIngest(const v1::IngestStreamStats& stream) {
   }
 }
 
+// The job's cost model fitted from its ranks' measured compute: each rate
+// beside the prior's, how sure the fit is, and recent steps as measured and
+// as each model has them.
+absl::Status CostModel(const AdminArgs& args) {
+  v1::GetStatsRequest request;
+  request.set_job(args.job);
+  v1::GetStatsReply reply;
+  PF_RETURN_IF_ERROR(Call(args, "cost-model", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.GetStats(&c, request, &reply);
+  }));
+  if (reply.jobs().empty()) return absl::NotFoundError(absl::StrCat("no job ", args.job));
+  const v1::CostFitStats& fit = reply.jobs(0).cost_fit();
+  if (args.json) {
+    Print(fit, true);
+    return absl::OkStatus();
+  }
+  std::printf(
+      "job %s: cost model fitted from %lld measured microbatches (residual %.3g s); "
+      "prior: %s\n",
+      args.job.c_str(), static_cast<long long>(fit.rows()), fit.residual_rms_seconds(),
+      fit.prior_name().c_str());
+  std::printf("  %-7s %12s %12s %12s %9s\n", "rate", "fitted", "prior", "stddev", "data %");
+  for (const v1::CostRate& rate : fit.rates()) {
+    std::printf("  %-7s %12.4g %12.4g %12.3g %9.1f\n", rate.name().c_str(), rate.fitted(),
+                rate.prior(), rate.stddev(), 100 * rate.determined());
+  }
+  std::printf(
+      "  %8s %12s %12s %12s   (the slowest local rank, a step's last microbatch left "
+      "out)\n",
+      "step", "measured_s", "prior_s", "fitted_s");
+  for (const v1::StepTimes& step : fit.recent_steps()) {
+    std::printf("  %8lld %12.4f %12.4f %12.4f\n", static_cast<long long>(step.step()),
+                step.measured_seconds(), step.prior_seconds(), step.fitted_seconds());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Stats(const AdminArgs& args) {
   v1::GetStatsRequest request;
   request.set_job(args.job);
@@ -453,6 +490,10 @@ void AddAdminCommands(CLI::App& app, int* exit_code) {
   AddCommand(app, "stats", "Per-job and per-rank serving figures", args)
       ->callback([args, exit_code] { *exit_code = ExitCode(Stats(*args)); })
       ->add_option("--job", args->job, "Only this job");
+  CLI::App* cost =
+      AddCommand(app, "cost-model", "The cost model fitted from the job's measured compute", args);
+  cost->add_option("--job", args->job, "Job")->required();
+  cost->callback([args, exit_code] { *exit_code = ExitCode(CostModel(*args)); });
   CLI::App* ledger = AddCommand(app, "ledger", "What each rank consumed, per dataset epoch", args);
   ledger->add_option("--job", args->job, "Only this job");
   ledger->add_flag("--check", args->check,

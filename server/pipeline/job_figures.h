@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "packfeed/scheduler/cost_fit.h"
+
 namespace packfeed::server {
 
 // Where a rank's trainer spends its time, as its client reports it.
@@ -38,6 +40,29 @@ struct RankFigures {
   std::string device_ring_fallback;
 };
 
+// One microbatch's compute as a rank's client measured it
+// (ReportRequest.computed).
+struct MeasuredMicrobatch {
+  int64_t step = 0;
+  int microbatch = 0;
+  double seconds = 0;
+};
+
+// The job's cost model fitted from its ranks' measured compute
+// (cost_learner.h), beside its prior.
+struct CostFitFigures {
+  std::string prior_name;
+  scheduler::CostModel prior;
+  scheduler::FittedCost fit;
+  struct Step {
+    int64_t step = 0;
+    double measured = 0;  // the slowest local rank's summed microbatch times
+    double prior = 0;     // the same ranks and microbatches, modelled
+    double fitted = 0;
+  };
+  std::vector<Step> recent_steps;  // ascending
+};
+
 struct JobFigures {
   std::string name;
   int64_t steps_planned = 0;
@@ -60,6 +85,7 @@ struct JobFigures {
   int most_waiting_rank = 0;
   double input_bound = 0;
   double wait_seconds = 0;  // summed over the local ranks
+  CostFitFigures cost_fit;
 };
 
 }  // namespace packfeed::server

@@ -63,7 +63,9 @@ JobRunner::JobRunner(const Job& job, Storage& storage, JobRunnerOptions options)
     : job_(job),
       storage_(storage),
       options_(std::move(options)),
-      packers_(std::max(1, options_.packing_threads)) {}
+      packers_(std::max(1, options_.packing_threads)),
+      cost_learner_(job),
+      measures_compute_(cost_learner_.measures()) {}
 
 JobRunner::~JobRunner() {
   {
@@ -277,8 +279,10 @@ void JobRunner::Detach(int global_rank, uint64_t connection_id,
 }
 
 void JobRunner::Report(int global_rank, uint64_t connection_id, TrainerTimes times,
+                       std::vector<MeasuredMicrobatch> computed,
                        std::function<void(absl::Status)> done) {
-  Post([this, global_rank, connection_id, times = std::move(times), done = std::move(done)] {
+  Post([this, global_rank, connection_id, times = std::move(times), computed = std::move(computed),
+        done = std::move(done)] {
     auto rank = ranks_.find(global_rank);
     if (rank == ranks_.end() || rank->second.connection_id != connection_id) {
       done(absl::NotFoundError(absl::StrCat("job ", job_.name(), " rank ", global_rank,
@@ -286,6 +290,7 @@ void JobRunner::Report(int global_rank, uint64_t connection_id, TrainerTimes tim
       return;
     }
     TakeTimes(rank->second, times);
+    cost_learner_.Measured(global_rank, computed);
     done(absl::OkStatus());
   });
 }

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "packfeed/transport/sender.h"
+#include "server/pipeline/cost_learner.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/job_figures.h"
 #include "server/pipeline/pack_workers.h"
@@ -120,10 +121,14 @@ class JobRunner {
   // `times`: the rank's final figures, when its client sent them.
   void Detach(int global_rank, uint64_t connection_id, std::optional<DetachPosition> consumed_to,
               std::optional<TrainerTimes> times, std::function<void(absl::Status)> done);
-  // A rank's client reports where its trainer spends its time.
+  // A rank's client reports where its trainer spends its time, and with
+  // measures_compute() its microbatches' compute (the cost fit's rows).
   // NotFound when `connection_id` is not the rank's connection.
   void Report(int global_rank, uint64_t connection_id, TrainerTimes times,
-              std::function<void(absl::Status)> done);
+              std::vector<MeasuredMicrobatch> computed, std::function<void(absl::Status)> done);
+  // Whether ranks are asked for their microbatches' compute
+  // (AttachReply.report_compute). Safe from any thread.
+  bool measures_compute() const { return measures_compute_; }
   void Stats(std::function<void(JobFigures)> done);
   // The rank's process is gone (its Watch stream broke): ends connection
   // `connection_id` of the rank, when that is still the rank's live one.
@@ -268,6 +273,8 @@ class JobRunner {
   double plan_seconds_ = 0;
   double read_seconds_ = 0;
   double step_over_ideal_sum_ = 0;  // over the steps planned
+  CostLearner cost_learner_;
+  const bool measures_compute_;
   int64_t reported_consumed_ = -1;  // ReportConsumed's last
   int64_t failed_step_ = -1;        // the step whose plan or read failed last, logged once
   absl::Status failure_;            // and why

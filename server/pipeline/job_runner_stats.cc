@@ -26,6 +26,7 @@ void JobRunner::Stats(std::function<void(JobFigures)> done) {
     stats.tokens_truncated = tokens_truncated_;
     stats.plan_seconds = plan_seconds_;
     stats.read_seconds = read_seconds_;
+    stats.cost_fit = cost_learner_.Figures();
     if (steps_planned_ > 0) {
       stats.mean_step_over_ideal = step_over_ideal_sum_ / static_cast<double>(steps_planned_);
     }

@@ -121,6 +121,7 @@ void JobRunner::OnStepRead(int64_t step, uint64_t generation,
   const StepData& ready = *held->second.data;
   read_seconds_ += absl::ToDoubleSeconds(absl::Now() - held->second.fetched);
   ++steps_planned_;
+  cost_learner_.Planned(step, ready.plan.plan);
   samples_truncated_ += ready.plan.samples_truncated;
   tokens_truncated_ += ready.plan.tokens_truncated;
   step_over_ideal_sum_ +=

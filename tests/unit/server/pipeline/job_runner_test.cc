@@ -291,7 +291,7 @@ TEST_F(JobRunnerTest, ARanksTimesAddUpOverItsConnectionsOnceEach) {
     const TrainerTimes times{wait, 2 * wait, calls, copied};
     absl::Notification done;
     absl::Status status;
-    runner_->Report(0, id, times, [&](absl::Status result) {
+    runner_->Report(0, id, times, {}, [&](absl::Status result) {
       status = std::move(result);
       done.Notify();
     });

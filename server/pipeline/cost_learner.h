@@ -1,0 +1,64 @@
+#ifndef PACKFEED_SERVER_PIPELINE_COST_LEARNER_H_
+#define PACKFEED_SERVER_PIPELINE_COST_LEARNER_H_
+
+// What a job's local ranks measure of their compute, fitted to the cost
+// model (docs/SCHEDULER.md, "A cost model learned from the cluster"). The
+// runner tells it each step's plan and hands it the microbatch times the
+// ranks' clients report; it pairs each time with the work the plan gave
+// that rank's CP group and keeps the fit (scheduler::CostFit). Not yet
+// used to plan: its figures are exported for operators to compare.
+//
+// Which measurements count: pipeline parallelism interleaves stages'
+// microbatches, so jobs with PP > 1 are not measured (report_compute is
+// off for them); TP ranks > 0 repeat their TP rank 0's time and are
+// skipped; each step's last microbatch also holds the optimizer step and
+// the gradient reduction, and each rank's first two steps warm up, so
+// neither is fitted. Runner thread only.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "packfeed/scheduler/cost_fit.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/job_figures.h"
+
+namespace packfeed::server {
+
+class CostLearner {
+ public:
+  explicit CostLearner(const Job& job);
+
+  // Whether this job's clients are asked for their microbatch times.
+  bool measures() const { return measures_; }
+  // Each planned step's local groups' work, kept for the reports to come.
+  void Planned(int64_t step, const scheduler::GlobalPlan& plan);
+  void Measured(int global_rank, absl::Span<const MeasuredMicrobatch> computed);
+  CostFitFigures Figures() const;
+
+ private:
+  struct StepWork {
+    // [microbatch][i]: local dp-cp rank i's group's work.
+    std::vector<std::vector<scheduler::CostTerms>> terms;
+    // [i]: measured seconds and microbatches of local dp-cp rank i.
+    std::vector<double> measured;
+    std::vector<int> measured_count;
+  };
+  static constexpr int kStepsKept = 64;
+  static constexpr int kWarmUpSteps = 2;
+
+  const Job& job_;
+  bool measures_ = false;
+  std::string prior_name_;
+  scheduler::CostModel prior_;
+  scheduler::CostFit fit_;
+  std::vector<int> local_dp_cp_;  // the local dp-cp ranks, ascending
+  std::map<int64_t, StepWork> steps_;
+  std::map<int, int64_t> first_step_;  // per local dp-cp rank index
+};
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_PIPELINE_COST_LEARNER_H_
