@@ -13,6 +13,9 @@
 namespace packfeed::server {
 namespace {
 
+// ReportRequest.computed's bound, as the client keeps it.
+constexpr int kMostComputedPerReport = 1024;
+
 absl::Status UnknownJob(const Daemon& daemon, const std::string& job) {
   std::vector<std::string> names;
   for (const auto& runner : daemon.runners()) names.push_back(runner->job().name());
@@ -203,7 +206,8 @@ class ControlService final : public v1::Control::CallbackService {
     }
     std::optional<TrainerTimes> times;
     if (request->has_times()) times = TrainerTimesOf(request->times());
-    if (times.has_value() && !request->computed().empty()) {
+    if (times.has_value() && !request->computed().empty() &&
+        request->computed_size() <= kMostComputedPerReport) {
       // The run's last measured microbatches, taken in before the detach
       // (the runner's tasks keep their order; an unknown connection's are
       // refused there and dropped).
@@ -220,6 +224,13 @@ class ControlService final : public v1::Control::CallbackService {
                                    const v1::ReportRequest* request,
                                    v1::ReportReply* /*reply*/) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (request->computed_size() > kMostComputedPerReport) {
+      reactor->Finish(proto::ToGrpc(absl::InvalidArgumentError(
+          absl::StrCat("report to job ", request->job(), " rank ", request->global_rank(), ": ",
+                       request->computed_size(), " measured microbatches, at most ",
+                       kMostComputedPerReport, " per report"))));
+      return reactor;
+    }
     absl::StatusOr<JobRunner*> runner =
         ConnectionCallRunner(daemon_, *context, request->job(), request->global_rank(),
                              request->connection_id(), request->connection_key(), "report to");

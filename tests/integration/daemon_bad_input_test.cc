@@ -388,6 +388,18 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
       return control_->Detach(&context, request, &reply);
     };
   };
+  auto report = [&](std::function<void(v1::ReportRequest&)> spoil) {
+    return [&, spoil] {
+      v1::ReportRequest request;
+      request.set_job("job");
+      request.set_global_rank(0);
+      request.set_connection_id(12345);
+      spoil(request);
+      v1::ReportReply reply;
+      grpc::ClientContext context;
+      return control_->Report(&context, request, &reply);
+    };
+  };
   // A step forwarded as a peer daemon would, spoiled.
   auto forward = [&](std::function<void(v1::ForwardStepRequest&)> spoil) {
     return [&, spoil] {
@@ -465,6 +477,10 @@ TEST_F(DaemonBadInputTest, EveryBadRequestIsRefusedByNameAndAGoodRankIsServedExa
        StatusCode::PERMISSION_DENIED, "wrong auth token"},
       {"detach: unknown job", detach([](auto& r) { r.set_job("nope"); }), StatusCode::NOT_FOUND,
        "no job 'nope'"},
+      {"report: more measured microbatches than a report holds", report([](auto& r) {
+         for (int i = 0; i < 1025; ++i) r.add_computed()->set_seconds(0.01f);
+       }),
+       StatusCode::INVALID_ARGUMENT, "1025 measured microbatches, at most 1024 per report"},
       // A detach proves itself by the connection's key, never the job's
       // token alone: another rank's connection cannot be ended with it.
       {"detach: the job's token, no key", detach([](auto& r) { r.set_auth_token(kToken); }),
