@@ -114,16 +114,22 @@ void PrintIngest(const v1::IngestStreamStats& stream) {
   }
 }
 
+// The daemon's stats, of args.job only when it names one.
+absl::StatusOr<v1::GetStatsReply> GetStats(const AdminArgs& args, const char* what) {
+  v1::GetStatsRequest request;
+  request.set_job(args.job);
+  v1::GetStatsReply reply;
+  PF_RETURN_IF_ERROR(Call(args, what, [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
+    return stub.GetStats(&c, request, &reply);
+  }));
+  return reply;
+}
+
 // The job's cost model fitted from its ranks' measured compute: each rate
 // beside the prior's, how sure the fit is, and recent steps as measured and
 // as each model has them.
 absl::Status CostModel(const AdminArgs& args) {
-  v1::GetStatsRequest request;
-  request.set_job(args.job);
-  v1::GetStatsReply reply;
-  PF_RETURN_IF_ERROR(Call(args, "cost-model", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
-    return stub.GetStats(&c, request, &reply);
-  }));
+  PF_ASSIGN_OR_RETURN(const v1::GetStatsReply reply, GetStats(args, "cost-model"));
   if (reply.jobs().empty()) return absl::NotFoundError(absl::StrCat("no job ", args.job));
   const v1::CostFitStats& fit = reply.jobs(0).cost_fit();
   if (args.json) {
@@ -152,12 +158,7 @@ absl::Status CostModel(const AdminArgs& args) {
 }
 
 absl::Status Stats(const AdminArgs& args) {
-  v1::GetStatsRequest request;
-  request.set_job(args.job);
-  v1::GetStatsReply reply;
-  PF_RETURN_IF_ERROR(Call(args, "stats", [&](v1::Admin::Stub& stub, grpc::ClientContext& c) {
-    return stub.GetStats(&c, request, &reply);
-  }));
+  PF_ASSIGN_OR_RETURN(const v1::GetStatsReply reply, GetStats(args, "stats"));
   if (args.json) {
     Print(reply, true);
     return absl::OkStatus();

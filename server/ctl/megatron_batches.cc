@@ -86,21 +86,32 @@ absl::StatusOr<std::vector<BatchSchedule::Entry>> StepSchedule(const std::string
   return out;
 }
 
+struct RampUpFlags {
+  int64_t start = 0, increment = 0, samples = 0;
+};
+
+// --rampup-batch-size's three values.
+absl::StatusOr<RampUpFlags> ParseRampUp(const std::vector<std::string>& values) {
+  constexpr char kFlag[] = "--rampup-batch-size";
+  RampUpFlags out;
+  if (values.size() != 3 || !absl::SimpleAtoi(values[0], &out.start) ||
+      !absl::SimpleAtoi(values[1], &out.increment) || !absl::SimpleAtoi(values[2], &out.samples)) {
+    return FlagError(kFlag, "takes three integers: start batch, increment, ramp-up samples");
+  }
+  if (out.start < 1 || out.increment < 1 || out.samples < 1) {
+    return FlagError(kFlag, "start batch, increment and ramp-up samples must be positive");
+  }
+  return out;
+}
+
 // Megatron-Core 0.17's RampupBatchsizeNumMicroBatchesCalculator as a step
 // schedule: after c consumed samples the batch is start + k·increment with
 // k = int(c / (samples / increments)) while c <= samples, then the full
 // batch. k's thresholds are found with the same double arithmetic.
-absl::StatusOr<std::vector<BatchSchedule::Entry>> RampUp(const std::vector<std::string>& values,
+absl::StatusOr<std::vector<BatchSchedule::Entry>> RampUp(const RampUpFlags& ramp,
                                                          int64_t global_batch) {
   constexpr char kFlag[] = "--rampup-batch-size";
-  int64_t start = 0, increment = 0, samples = 0;
-  if (values.size() != 3 || !absl::SimpleAtoi(values[0], &start) ||
-      !absl::SimpleAtoi(values[1], &increment) || !absl::SimpleAtoi(values[2], &samples)) {
-    return FlagError(kFlag, "takes three integers: start batch, increment, ramp-up samples");
-  }
-  if (start < 1 || increment < 1 || samples < 1) {
-    return FlagError(kFlag, "start batch, increment and ramp-up samples must be positive");
-  }
+  const auto [start, increment, samples] = ramp;
   const int64_t span = global_batch - start;
   if (span < 1 || span % increment != 0) {
     return FlagError(kFlag, absl::StrCat("the batch must grow from ", start, " to ", global_batch,
@@ -152,6 +163,7 @@ absl::StatusOr<MegatronBatches> MegatronBatchesOf(const MegatronBatchFlags& flag
   out.args_global_batch = flags.global_batch_size.value_or(per_step_minimum);
   out.global_batch = out.args_global_batch;
   std::optional<bool> ramps_up;
+  std::optional<RampUpFlags> ramp;  // a live --rampup-batch-size
   if (!flags.megatron_core.empty()) {
     PF_ASSIGN_OR_RETURN(ramps_up, RampsUp(flags.megatron_core));
   }
@@ -183,7 +195,8 @@ absl::StatusOr<MegatronBatches> MegatronBatchesOf(const MegatronBatchFlags& flag
         return FlagError("--rampup-batch-size",
                          "needs --train-samples (Megatron ramps up sample-based training only)");
       }
-      PF_ASSIGN_OR_RETURN(out.schedule, RampUp(*flags.rampup_batch_size, out.global_batch));
+      PF_ASSIGN_OR_RETURN(ramp, ParseRampUp(*flags.rampup_batch_size));
+      PF_ASSIGN_OR_RETURN(out.schedule, RampUp(*ramp, out.global_batch));
     }
   }
   if (!flags.train_samples && !flags.train_iters) {
@@ -206,9 +219,7 @@ absl::StatusOr<MegatronBatches> MegatronBatchesOf(const MegatronBatchFlags& flag
   } else {
     // 0.17's update_train_iters: the ramp-up's steps (those starting by
     // its end, or by train_samples), then whole batches of the full size.
-    int64_t ramp_samples = 0;  // (RampUp read it)
-    (void)absl::SimpleAtoi((*flags.rampup_batch_size)[2], &ramp_samples);
-    const int64_t ramp_end = std::min(ramp_samples, out.train_samples);
+    const int64_t ramp_end = std::min(ramp->samples, out.train_samples);
     out.train_iters = steps.StepsStartingBefore(ramp_end + 1);
     const int64_t consumed = steps.At(out.train_iters).first_sample;
     if (out.train_samples > consumed) {

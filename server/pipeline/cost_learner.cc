@@ -21,8 +21,7 @@ scheduler::CostModel PriorOf(const Job& job, std::string& name) {
 }  // namespace
 
 CostLearner::CostLearner(const Job& job)
-    : job_(job), prior_(PriorOf(job, prior_name_)), fit_(prior_) {
-  measures_ = job.layout().pp == 1;
+    : job_(job), measures_(job.layout().pp == 1), prior_(PriorOf(job, prior_name_)), fit_(prior_) {
   for (int rank : job.local_ranks()) {
     const RankCoords coords = job.layout().Coords(rank);
     if (coords.tp == 0) local_dp_cp_.push_back(coords.dp_cp_rank);

@@ -31,7 +31,8 @@ class CostLearner {
  public:
   explicit CostLearner(const Job& job);
 
-  // Whether this job's clients are asked for their microbatch times.
+  // Whether this job's clients are asked for their microbatch times; fixed
+  // at construction (read from any thread).
   bool measures() const { return measures_; }
   // Each planned step's local groups' work, kept for the reports to come.
   void Planned(int64_t step, const scheduler::GlobalPlan& plan);
@@ -50,7 +51,7 @@ class CostLearner {
   static constexpr int kWarmUpSteps = 2;
 
   const Job& job_;
-  bool measures_ = false;
+  const bool measures_;
   std::string prior_name_;
   scheduler::CostModel prior_;
   scheduler::CostFit fit_;

@@ -64,8 +64,7 @@ JobRunner::JobRunner(const Job& job, Storage& storage, JobRunnerOptions options)
       storage_(storage),
       options_(std::move(options)),
       packers_(std::max(1, options_.packing_threads)),
-      cost_learner_(job),
-      measures_compute_(cost_learner_.measures()) {}
+      cost_learner_(job) {}
 
 JobRunner::~JobRunner() {
   {

@@ -127,8 +127,9 @@ class JobRunner {
   void Report(int global_rank, uint64_t connection_id, TrainerTimes times,
               std::vector<MeasuredMicrobatch> computed, std::function<void(absl::Status)> done);
   // Whether ranks are asked for their microbatches' compute
-  // (AttachReply.report_compute). Safe from any thread.
-  bool measures_compute() const { return measures_compute_; }
+  // (AttachReply.report_compute). Safe from any thread: fixed at
+  // construction.
+  bool measures_compute() const { return cost_learner_.measures(); }
   void Stats(std::function<void(JobFigures)> done);
   // The rank's process is gone (its Watch stream broke): ends connection
   // `connection_id` of the rank, when that is still the rank's live one.
@@ -274,7 +275,6 @@ class JobRunner {
   double read_seconds_ = 0;
   double step_over_ideal_sum_ = 0;  // over the steps planned
   CostLearner cost_learner_;
-  const bool measures_compute_;
   int64_t reported_consumed_ = -1;  // ReportConsumed's last
   int64_t failed_step_ = -1;        // the step whose plan or read failed last, logged once
   absl::Status failure_;            // and why
