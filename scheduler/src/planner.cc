@@ -28,6 +28,16 @@ constexpr int64_t kExploreWork = int64_t{1} << 22;
 // The graph objective refines this many of its best candidates.
 constexpr size_t kGraphRefined = 3;
 
+// The budgets dynamic_cp tries, up to the cap (ClimbTheBudgets).
+// Fixed for a batch's size, so that a larger cap tries every rung a smaller
+// one does; kNoInflationCap is the fewest microbatches whatever the
+// inflation. Each rung costs a few packs, so batches past kFineRungsWork
+// sequences × ranks climb fewer of them, without the lifted candidates (a
+// 512-rank batch of 8 192 sequences then plans in about 0.1 s).
+constexpr double kFineRungs[] = {0.0, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, kNoInflationCap};
+constexpr double kCoarseRungs[] = {0.0, 0.05, 0.2, 1.0, kNoInflationCap};
+constexpr int64_t kFineRungsWork = int64_t{1} << 18;
+
 bool IsPowerOfTwo(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 int LargestPowerOfTwoAtMost(int x) {
@@ -218,44 +228,34 @@ absl::StatusOr<PackerConfig> PackerConfigOf(const PlannerOptions& options) {
   return config;
 }
 
-// What one budget gives: the plan at the fewest microbatches from `*rows`
-// on (a multiple of `step`) that fit within it and, with `one_more`, at
-// `step` more, polished (each also polished again with `full_budget`, if
-// any, as another candidate). `*rows` becomes the count that fitted. If the
-// budget pushes the count past what the batch can fill, giving every rank
-// work matters more: plan without it.
-absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const PackerBatch& batch,
-                                                       PackerConfig config, SchedulerKind kind,
-                                                       double budget, int64_t* rows, int step,
-                                                       bool one_more, double full_budget) {
+// What one budget packs, before polishing: the plan at the fewest
+// microbatches from `rows` on (a multiple of `step`) that fit within it
+// and, with `one_more`, at `step` more. If the budget pushes the count past
+// what the batch can fill, giving every rank work matters more: packed
+// without it (`budget` is then kUnlimited).
+struct Packed {
+  std::vector<GlobalPlan> plans;
+  double budget = 0;
+};
+absl::StatusOr<Packed> PackWithBudget(const PackerBatch& batch, PackerConfig config, double budget,
+                                      int64_t rows, int step, bool one_more) {
   const int64_t most = static_cast<int64_t>(batch.items.size());
   absl::Status last = absl::InvalidArgumentError(absl::StrCat(
-      "cannot give every one of the ", config.num_ranks, " ranks a sequence in each of ", *rows,
+      "cannot give every one of the ", config.num_ranks, " ranks a sequence in each of ", rows,
       " microbatches (a multiple of ", step, "): the batch holds ", most, " sequences"));
   for (const double tried : {budget, kUnlimited}) {
     config.cp_upgrade_budget = tried;
-    for (int64_t count = *rows; count <= most; count += step) {
+    for (int64_t count = rows; count <= most; count += step) {
       absl::StatusOr<GlobalPlan> plan = PackRows(batch, static_cast<int>(count), config);
       if (plan.ok()) {
-        std::vector<GlobalPlan> plans;
-        plans.push_back(*std::move(plan));
+        Packed packed;
+        packed.budget = tried;
+        packed.plans.push_back(*std::move(plan));
         if (one_more && count + step <= most) {
           plan = PackRows(batch, static_cast<int>(count + step), config);
-          if (plan.ok()) plans.push_back(*std::move(plan));
+          if (plan.ok()) packed.plans.push_back(*std::move(plan));
         }
-        // Each polished within what it was packed with and, as another
-        // candidate, with merges that may spend the whole budget and take
-        // groups already above their own size.
-        const size_t packed = plans.size();
-        if (kind == SchedulerKind::kDynamicCp && full_budget > 0 && tried <= full_budget) {
-          for (size_t i = 0; i < packed; ++i) plans.push_back(plans[i]);
-        }
-        for (size_t i = 0; i < plans.size(); ++i) {
-          const bool again = i >= packed;
-          Polish(plans[i], batch.items, config, kind, again ? full_budget : tried, again);
-        }
-        if (tried < kUnlimited) *rows = count;
-        return plans;
+        return packed;
       }
       last = plan.status();
       if (!absl::IsResourceExhausted(last)) break;  // more cannot help
@@ -263,6 +263,178 @@ absl::StatusOr<std::vector<GlobalPlan>> PlanWithBudget(const PackerBatch& batch,
     if (tried >= kUnlimited) break;
   }
   return absl::InvalidArgumentError(last.message());
+}
+
+// `packed`'s plans, each polished with `budget` (merges taking groups
+// already above their own size with `merge_upgraded`).
+std::vector<GlobalPlan> Polished(const Packed& packed, const PackerBatch& batch,
+                                 const PackerConfig& config, SchedulerKind kind, double budget,
+                                 bool merge_upgraded) {
+  std::vector<GlobalPlan> plans = packed.plans;
+  for (GlobalPlan& plan : plans) Polish(plan, batch.items, config, kind, budget, merge_upgraded);
+  return plans;
+}
+
+// The plans a batch's candidates gave, judged by the objective: the
+// fastest by StepTime (ties: the first planned) or, for the graph
+// objective, by GraphStepTime after the local search. How much that search
+// gains depends on the plan it starts from, so it refines a few of each
+// round's fastest candidates (EndRound) and keeps the fastest result: a
+// candidate's refinement depends on its round alone, which keeps the
+// planner's step time monotone in its cap for this objective too.
+class Candidates {
+ public:
+  Candidates(const CostModel& model, bool graph, const ExecutionGraph& execution,
+             int64_t max_tokens_per_rank)
+      : model_(model),
+        graph_(graph),
+        execution_(execution),
+        max_tokens_per_rank_(max_tokens_per_rank) {}
+
+  void Consider(std::vector<GlobalPlan>& plans) {
+    for (GlobalPlan& plan : plans) {
+      if (graph_) {
+        const double time = GraphStepTime(plan, model_, execution_);
+        const auto at = std::upper_bound(
+            round_.begin(), round_.end(), time,
+            [](double t, const std::pair<double, GlobalPlan>& entry) { return t < entry.first; });
+        if (static_cast<size_t>(at - round_.begin()) < kGraphRefined) {
+          round_.insert(at, {time, plan});
+          if (round_.size() > kGraphRefined) round_.pop_back();
+        }
+      }
+      const double time = StepTime(plan, model_);
+      if (!best_ || time < best_time_) {
+        best_ = std::move(plan);
+        best_time_ = time;
+      }
+    }
+  }
+
+  // Graph objective: refines this round's few fastest and keeps the
+  // fastest refined plan so far.
+  void EndRound() {
+    for (auto& [unused, plan] : round_) {
+      RefineForGraph(plan, model_, max_tokens_per_rank_, execution_);
+      const double time = GraphStepTime(plan, model_, execution_);
+      if (!refined_ || time < refined_time_) {
+        refined_ = std::move(plan);
+        refined_time_ = time;
+      }
+    }
+    round_.clear();
+  }
+
+  // The plan kept (at least one plan was considered).
+  GlobalPlan Take() {
+    if (!graph_) return *std::move(best_);
+    EndRound();
+    return *std::move(refined_);
+  }
+
+ private:
+  const CostModel& model_;
+  const bool graph_;
+  const ExecutionGraph& execution_;
+  const int64_t max_tokens_per_rank_;
+  std::optional<GlobalPlan> best_;
+  double best_time_ = 0;
+  std::vector<std::pair<double, GlobalPlan>> round_;
+  std::optional<GlobalPlan> refined_;
+  double refined_time_ = 0;
+};
+
+double InflationOf(const GlobalPlan& plan, const PackerConfig& config) {
+  return ComputePlanStats(plan, config.cost_model, config.max_tokens_per_rank, config.min_cp)
+             .cp_inflation -
+         1;
+}
+
+// The candidates whose heavy anchors are lifted as the rows are laid out
+// (row_packer.h), packed within `rung`, polished within what they spent
+// and again with merges that may spend the rung.
+void ConsiderLifted(const PackerBatch& batch, PackerConfig config, SchedulerKind kind, double rung,
+                    int64_t lower_bound, int step, bool one_more, Candidates& candidates) {
+  config.lift_heavy_anchors = true;
+  absl::StatusOr<Packed> packed = PackWithBudget(batch, config, rung, lower_bound, step, one_more);
+  if (!packed.ok()) return;
+  std::vector<GlobalPlan> plans = Polished(*packed, batch, config, kind, packed->budget, false);
+  candidates.Consider(plans);
+  if (packed->budget <= rung) {
+    plans = Polished(*packed, batch, config, kind, rung, true);
+    candidates.Consider(plans);
+  }
+}
+
+// dynamic_cp's search (docs/SCHEDULER.md, "Plans chosen by cost"). More CP
+// or one more microbatch is not always faster (packing differs; a model in
+// seconds prices the ring and each microbatch), so the budget caps the
+// inflation and the model chooses within it. Each rung of a fixed ladder
+// of budgets up to the cap gives candidates that depend on the rung alone,
+// so a larger cap considers every plan a smaller one does and the modelled
+// step time never rises with the cap. A batch too large to explore is
+// packed once: under s²/c at the cap (CP looks free, so the budget stands in
+// for its cost), under a model that prices CP without inflation, the same
+// plan under every cap.
+absl::Status ClimbTheBudgets(const PackerBatch& batch, const PackerConfig& config,
+                             const PlannerOptions& options, int64_t lower_bound, int step,
+                             bool explore, bool one_more, Candidates& candidates) {
+  if (!explore) {
+    const double budget = config.cost_model.ModelsOverheads() ? 0.0 : options.cp_upgrade_budget;
+    absl::StatusOr<Packed> packed = PackWithBudget(batch, config, budget, lower_bound, step, false);
+    if (!packed.ok()) return packed.status();
+    std::vector<GlobalPlan> plans =
+        Polished(*packed, batch, config, options.kind, packed->budget, false);
+    candidates.Consider(plans);
+    return absl::OkStatus();
+  }
+  const bool fine = static_cast<int64_t>(batch.items.size()) * config.num_ranks <= kFineRungsWork;
+  const absl::Span<const double> rungs =
+      fine ? absl::Span<const double>(kFineRungs) : absl::Span<const double>(kCoarseRungs);
+  std::vector<Packed> climbed;  // the rungs' packs so far, within their rung
+  bool fewest_planned = false;
+  for (const double rung : rungs) {
+    if (rung > options.cp_upgrade_budget) break;
+    absl::StatusOr<Packed> packed =
+        PackWithBudget(batch, config, rung, lower_bound, step, one_more);
+    if (!packed.ok()) return packed.status();
+    std::vector<GlobalPlan> plans =
+        Polished(*packed, batch, config, options.kind, packed->budget, false);
+    // A plan forced past its rung (a group doubles rather than leave ranks
+    // idle) may do better at the fewest microbatches.
+    bool exceeded = false;
+    for (const GlobalPlan& plan : plans) exceeded |= InflationOf(plan, config) > rung;
+    candidates.Consider(plans);
+    if (exceeded && !fewest_planned) {
+      fewest_planned = true;
+      absl::StatusOr<Packed> fewest =
+          PackWithBudget(batch, config, kUnlimited, lower_bound, step, one_more);
+      if (fewest.ok()) {
+        plans = Polished(*fewest, batch, config, options.kind, kUnlimited, false);
+        candidates.Consider(plans);
+      }
+    }
+    // Above 100 % a budget asks for the fewest microbatches whatever the
+    // inflation; merges spending it on plans packed at more microbatches
+    // would run sequences at many times their CP size. Up to it, every pack
+    // so far is polished again with merges that may spend this rung and
+    // take groups already above their own size, and (fine rungs) heavy
+    // anchors are lifted as the rows are laid out (row_packer.h).
+    if (rung <= 1.0) {
+      if (packed->budget <= rung) climbed.push_back(*std::move(packed));
+      if (rung > 0) {
+        for (const Packed& below : climbed) {
+          plans = Polished(below, batch, config, options.kind, rung, true);
+          candidates.Consider(plans);
+        }
+        if (fine)
+          ConsiderLifted(batch, config, options.kind, rung, lower_bound, step, one_more,
+                         candidates);
+      }
+    }
+    candidates.EndRound();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -295,106 +467,27 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const int64_t tokens = batch.own_padded;
   const int64_t capacity = int64_t{config.num_ranks} * config.max_tokens_per_rank;
   const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
-  int64_t rows = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
+  const int64_t lower_bound = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
 
-  // The budget caps CP inflation; within it the cost model judges. More CP
-  // or one more microbatch is not always faster (packing differs, and a
-  // calibrated model prices the ring and each microbatch), so a batch small
-  // enough plans with all, half and none of the budget, at the fewest
-  // microbatches that fit and, where the model prices microbatches, at one
-  // more (under s²/c one more always looks free); it keeps the plan with the
-  // lowest modelled step time (the first on a tie). A smaller budget never
-  // fits in fewer microbatches, so each search starts where the last
-  // stopped.
   const bool explore = static_cast<int64_t>(batch.items.size()) * config.num_ranks <= kExploreWork;
   const bool one_more =
       explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0);
-  std::vector<double> budgets = {options.cp_upgrade_budget};
-  // The extra candidates (polished again, lifted anchors) only where
-  // candidates are explored and the budget is at most 100 %: above that it
-  // asks for the fewest microbatches whatever the inflation, and merges
-  // spending it on a plan packed without it, at more microbatches, would
-  // run sequences at many times their CP size.
-  const bool bounded = explore && options.cp_upgrade_budget <= 1.0;
-  const double polish_budget = bounded ? options.cp_upgrade_budget : 0.0;
-  if (explore && options.kind == SchedulerKind::kDynamicCp && options.cp_upgrade_budget > 0) {
-    budgets = {options.cp_upgrade_budget, options.cp_upgrade_budget / 2, 0.0};
-  }
-  // The candidates are the same whatever the objective (the last one below
-  // depends on the barrier's choice); the objective picks among them.
   const bool graph = options.objective == Objective::kGraph;
-  std::optional<GlobalPlan> best;  // by StepTime
-  double best_time = 0;
-  // The graph objective: the candidates with the lowest graph times, best
-  // first, ties in the order planned.
-  std::vector<std::pair<double, GlobalPlan>> best_graph;
-  const auto consider = [&](std::vector<GlobalPlan>& plans) {
-    for (GlobalPlan& plan : plans) {
-      if (graph) {
-        const double time = GraphStepTime(plan, config.cost_model, options.execution);
-        const auto at = std::upper_bound(
-            best_graph.begin(), best_graph.end(), time,
-            [](double t, const std::pair<double, GlobalPlan>& entry) { return t < entry.first; });
-        if (static_cast<size_t>(at - best_graph.begin()) < kGraphRefined) {
-          best_graph.insert(at, {time, plan});
-          if (best_graph.size() > kGraphRefined) best_graph.pop_back();
-        }
-      }
-      const double time = StepTime(plan, config.cost_model);
-      if (!best || time < best_time) {
-        best = std::move(plan);
-        best_time = time;
-      }
-    }
-  };
-  const int64_t lower_bound = rows;
-  for (const double budget : budgets) {
-    absl::StatusOr<std::vector<GlobalPlan>> plans =
-        PlanWithBudget(batch, config, options.kind, budget, &rows, step, one_more, polish_budget);
-    if (!plans.ok()) return plans.status();
-    consider(*plans);
+  Candidates candidates(config.cost_model, graph, options.execution, config.max_tokens_per_rank);
+  if (options.kind == SchedulerKind::kDynamicCp) {
+    absl::Status status =
+        ClimbTheBudgets(batch, config, options, lower_bound, step, explore, one_more, candidates);
+    if (!status.ok()) return status;
+  } else {
+    // Static CP has no inflation to spend: one search.
+    absl::StatusOr<Packed> packed =
+        PackWithBudget(batch, config, options.cp_upgrade_budget, lower_bound, step, one_more);
+    if (!packed.ok()) return packed.status();
+    std::vector<GlobalPlan> plans =
+        Polished(*packed, batch, config, options.kind, packed->budget, false);
+    candidates.Consider(plans);
   }
-  // Giving every rank work can force a plan past the budget (a group
-  // doubles rather than leave ranks idle), at many microbatches. Once the
-  // budget is spent anyway, the fewest microbatches without it may be
-  // faster: one more candidate.
-  if (budgets.size() > 1 &&
-      ComputePlanStats(*best, config.cost_model, config.max_tokens_per_rank, config.min_cp)
-                  .cp_inflation -
-              1 >
-          options.cp_upgrade_budget) {
-    int64_t from = lower_bound;
-    absl::StatusOr<std::vector<GlobalPlan>> plans = PlanWithBudget(
-        batch, config, options.kind, kUnlimited, &from, step, one_more, polish_budget);
-    if (plans.ok()) consider(*plans);
-  }
-  // Heavy anchors lifted as the rows are laid out (row_packer.h).
-  if (budgets.size() > 1 && bounded) {
-    PackerConfig lifting = config;
-    lifting.lift_heavy_anchors = true;
-    int64_t from = lower_bound;
-    absl::StatusOr<std::vector<GlobalPlan>> plans =
-        PlanWithBudget(batch, lifting, options.kind, options.cp_upgrade_budget, &from, step,
-                       one_more, polish_budget);
-    if (plans.ok()) consider(*plans);
-  }
-  if (graph) {
-    // How much the local search gains depends on the plan it starts from,
-    // so the best few are refined and the fastest after it kept.
-    size_t kept = 0;
-    double kept_time = 0;
-    for (size_t i = 0; i < best_graph.size(); ++i) {
-      GlobalPlan& plan = best_graph[i].second;
-      RefineForGraph(plan, config.cost_model, config.max_tokens_per_rank, options.execution);
-      const double time = GraphStepTime(plan, config.cost_model, options.execution);
-      if (i == 0 || time < kept_time) {
-        kept = i;
-        kept_time = time;
-      }
-    }
-    return std::move(best_graph[kept].second);
-  }
-  return *std::move(best);
+  return candidates.Take();
 }
 
 }  // namespace packfeed::scheduler

@@ -45,7 +45,7 @@ struct PlanArgs {
   std::string scheduler = "balanced";
   int min_cp = 0;
   int max_cp = 0;
-  double cp_upgrade_budget = 0.05;
+  double cp_upgrade_budget = -1;  // the job's default for the cost model
   std::string objective = "barrier";
   int ep = 1;
   std::string cost_model = "megatron";
@@ -236,7 +236,10 @@ absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
   options.planner.max_tokens_per_rank = args.max_tokens_per_rank;
   options.planner.min_cp = args.min_cp;
   options.planner.max_cp = args.max_cp;
-  options.planner.cp_upgrade_budget = args.cp_upgrade_budget;
+  options.planner.cp_upgrade_budget = args.cp_upgrade_budget >= 0 ? args.cp_upgrade_budget
+                                      : args.cost_model == "megatron"
+                                          ? scheduler::kDefaultCpUpgradeBudget
+                                          : scheduler::kNoInflationCap;
   PF_ASSIGN_OR_RETURN(options.planner.objective, scheduler::ObjectiveFromName(args.objective));
   options.planner.execution.expert_parallel = args.ep;
   // A trace or a dataset replayed in stored order is Megatron's global
@@ -458,10 +461,10 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                    "<= DP×CP)")
       ->capture_default_str();
   plan->add_option("--cp-upgrade-budget", args->cp_upgrade_budget,
-                   "dynamic_cp: CP inflation (c / c_needed − 1, token-"
-                   "weighted) the plan may spend to save microbatches and "
-                   "balance (1e9 = fewest microbatches)")
-      ->capture_default_str();
+                   "dynamic_cp: CP inflation (c / c_needed − 1, token-weighted) the plan may "
+                   "spend to save microbatches and balance. Under megatron (s²/c) the plan "
+                   "spends it (default 0.05; 1e9 = fewest microbatches); under a model in "
+                   "seconds it chooses the inflation by cost and this caps it (default: no cap)");
   plan->add_option("--objective", args->objective,
                    "What the planner minimises: barrier (ranks meet after every microbatch) | "
                    "graph (only in CP groups, EP blocks and the gradient reduction)")

@@ -90,13 +90,17 @@ def optimum(job):
     batch, model, step, inflation, microbatches = job
     # A little slack: at exactly the planner's inflation or step time, HiGHS's
     # tolerances may rule the planner's own plan out. Bounded by the planner's
-    # step time, the search takes about half as long; no plan within it means
+    # step time, the search takes about half as long. No plan at all means
     # the planner's plan breaks a rule the MILP keeps (an infinite optimum
     # fails the first check below).
-    solved = plan_optimum.solve(batch, RANKS, CAP, model,
-                                budget=max(BUDGET, inflation * (1 + 1e-6) + 1e-6),
-                                max_rows=microbatches, at_least_default_rows=True,
-                                at_most=step * (1 + 1e-6))
+    rules = dict(budget=max(BUDGET, inflation * (1 + 1e-6) + 1e-6), max_rows=microbatches,
+                 at_least_default_rows=True)
+    solved = plan_optimum.solve(batch, RANKS, CAP, model, at_most=step * (1 + 1e-6), **rules)
+    if not solved:
+        # The bound is only a pruning aid: HiGHS has been seen to find nothing
+        # under it when the optimum is the planner's own plan, at its exact
+        # time. Unbounded, the search is slower but decides.
+        solved = plan_optimum.solve(batch, RANKS, CAP, model, **rules)
     return solved[0] if solved else math.inf
 
 

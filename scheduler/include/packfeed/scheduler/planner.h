@@ -35,6 +35,11 @@ absl::StatusOr<Objective> ObjectiveFromName(absl::string_view name);
 absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name);
 absl::string_view SchedulerKindName(SchedulerKind kind);
 
+// cp_upgrade_budget when a job names none: 0.05 under s²/c, no cap under a
+// model that prices CP (CostModel::ModelsOverheads).
+inline constexpr double kDefaultCpUpgradeBudget = 0.05;
+inline constexpr double kNoInflationCap = 1e9;
+
 struct PlannerOptions {
   SchedulerKind kind = SchedulerKind::kBalanced;
   int dp = 1;  // data-parallel size
@@ -56,14 +61,21 @@ struct PlannerOptions {
   // evening out a microbatch by merging groups, runs sequences at a larger
   // CP size than they need. This is the CP inflation (token-weighted
   // c / c_needed, minus 1) the plan may spend to save microbatches and to
-  // balance; past it the plan uses more microbatches. 1e9 = the fewest
-  // microbatches whatever the inflation. A batch that cannot otherwise give
-  // every rank work may exceed it.
-  double cp_upgrade_budget = 0.05;
+  // balance. A batch that cannot otherwise give every rank work may exceed
+  // it.
+  //   Under s²/c (a model that does not ModelsOverheads) CP looks free, so
+  //   the budget stands in for its cost: the plan spends up to it and past
+  //   it uses more microbatches; kNoInflationCap = the fewest microbatches
+  //   whatever the inflation.
+  //   Under a model that prices CP and microbatches the plan chooses the
+  //   inflation by modelled time, and the budget only caps it: the step
+  //   time never rises with the cap (docs/SCHEDULER.md, "Plans chosen by
+  //   cost").
+  double cp_upgrade_budget = kDefaultCpUpgradeBudget;
   // What the planner minimises: StepTime (plan_stats.h) under this model.
-  // dynamic_cp plans candidates (the whole budget, half and none; one more
-  // microbatch where the model prices microbatches) for batches up to 2²²
-  // sequences × ranks and keeps the fastest (docs/SCHEDULER.md).
+  // dynamic_cp plans candidates for batches up to 2²² sequences × ranks
+  // (budgets, one more microbatch where the model prices microbatches) and
+  // keeps the fastest (docs/SCHEDULER.md).
   CostModel cost_model = CostModel::Megatron();
   // kGraph: candidates are judged by GraphStepTime over `execution`, and
   // the one kept is refined for it (scheduler/src/graph_refiner.h).

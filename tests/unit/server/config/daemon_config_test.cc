@@ -4,6 +4,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/cost_model.h"
+#include "packfeed/scheduler/planner.h"
 #include "server/config/job_config.h"
 
 namespace packfeed::server {
@@ -293,6 +294,12 @@ TEST(DaemonConfigTest, CostModelsAreCalibratedForTheTopology) {
   ASSERT_TRUE(llama.ok());
   EXPECT_EQ(llama->Cost(4096, 2),
             scheduler::Calibrate(*scheduler::ModelPreset("llama8b"), {}, {2, 1, 1}).Cost(4096, 2));
+  // A model in seconds chooses the inflation by cost: no cap unless given.
+  EXPECT_DOUBLE_EQ(preset->jobs(0).scheduler().cp_upgrade_budget(), scheduler::kNoInflationCap);
+  absl::StatusOr<v1::DaemonConfig> capped =
+      ParseDaemonConfig(with("cost_model: \"llama8b\" cp_upgrade_budget: 0.2"), "c.textproto");
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_DOUBLE_EQ(capped->jobs(0).scheduler().cp_upgrade_budget(), 0.2);
   absl::StatusOr<v1::DaemonConfig> custom = ParseDaemonConfig(
       with("cost_model: \"custom\" model_shape { layers: 2 hidden: 8 heads: 2 ffn_hidden: 16 "
            "vocab: 10 } hardware { tflops: 1 microbatch_overhead_ms: 0 }"),
