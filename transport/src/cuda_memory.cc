@@ -1,5 +1,6 @@
 #include "packfeed/transport/cuda_memory.h"
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -9,19 +10,21 @@
 
 #if PF_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "transport/src/cuda_status.h"
 #endif
 
 namespace packfeed::transport {
 
 #if PF_HAVE_CUDA
-namespace {
 
 absl::Status CudaStatus(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
+  cudaGetLastError();
+  const std::string message = absl::StrCat(call, ": ", cudaGetErrorString(error));
+  return error == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
+                                            : absl::FailedPreconditionError(message);
 }
-
-}  // namespace
 
 int CudaDeviceCount() {
   int count = 0;

@@ -11,18 +11,14 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+
+#include "transport/src/cuda_status.h"
 #endif
 
 namespace packfeed::transport {
 
 #if PF_HAVE_CUDA
 namespace {
-
-absl::Status CudaStatus(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();  // not sticky: later calls start clean
-  return absl::FailedPreconditionError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
-}
 
 // The driver calls this file makes, found through the runtime so that
 // nothing links libcuda (a machine without a driver must still load us).
