@@ -427,9 +427,10 @@ absl::Status ClimbTheBudgets(const PackerBatch& batch, const PackerConfig& confi
           plans = Polished(below, batch, config, options.kind, rung, true);
           candidates.Consider(plans);
         }
-        if (fine)
+        if (fine) {
           ConsiderLifted(batch, config, options.kind, rung, lower_bound, step, one_more,
                          candidates);
+        }
       }
     }
     candidates.EndRound();
