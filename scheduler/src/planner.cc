@@ -378,7 +378,8 @@ void ConsiderLifted(const PackerBatch& batch, PackerConfig config, SchedulerKind
 // plan under every cap.
 absl::Status ClimbTheBudgets(const PackerBatch& batch, const PackerConfig& config,
                              const PlannerOptions& options, int64_t lower_bound, int step,
-                             bool explore, bool one_more, Candidates& candidates) {
+                             int64_t work, bool one_more, Candidates& candidates) {
+  const bool explore = work <= kExploreWork;
   if (!explore) {
     const double budget = config.cost_model.ModelsOverheads() ? 0.0 : options.cp_upgrade_budget;
     absl::StatusOr<Packed> packed = PackWithBudget(batch, config, budget, lower_bound, step, false);
@@ -388,7 +389,7 @@ absl::Status ClimbTheBudgets(const PackerBatch& batch, const PackerConfig& confi
     candidates.Consider(plans);
     return absl::OkStatus();
   }
-  const bool fine = static_cast<int64_t>(batch.items.size()) * config.num_ranks <= kFineRungsWork;
+  const bool fine = work <= kFineRungsWork;
   const absl::Span<const double> rungs =
       fine ? absl::Span<const double>(kFineRungs) : absl::Span<const double>(kCoarseRungs);
   std::vector<Packed> climbed;  // the rungs' packs so far, within their rung
@@ -470,14 +471,16 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const int step = options.vpp_group_size > 0 ? options.vpp_group_size : 1;
   const int64_t lower_bound = ((tokens + capacity - 1) / capacity + step - 1) / step * step;
 
-  const bool explore = static_cast<int64_t>(batch.items.size()) * config.num_ranks <= kExploreWork;
+  // Sequences × ranks: what each candidate's pack costs (kExploreWork).
+  const int64_t work = static_cast<int64_t>(batch.items.size()) * config.num_ranks;
+  const bool explore = work <= kExploreWork;
   const bool one_more =
       explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0);
   const bool graph = options.objective == Objective::kGraph;
   Candidates candidates(config.cost_model, graph, options.execution, config.max_tokens_per_rank);
   if (options.kind == SchedulerKind::kDynamicCp) {
     absl::Status status =
-        ClimbTheBudgets(batch, config, options, lower_bound, step, explore, one_more, candidates);
+        ClimbTheBudgets(batch, config, options, lower_bound, step, work, one_more, candidates);
     if (!status.ok()) return status;
   } else {
     // Static CP has no inflation to spend: one search.

@@ -323,14 +323,8 @@ void FillDefaults(v1::JobConfig& job) {
   }
   if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
   if (!job.scheduler().has_cp_upgrade_budget()) {
-    // Under s²/c the budget stands in for CP's cost; a model in seconds
-    // prices it, and the plan then chooses its inflation by cost, uncapped
-    // (planner.h). Megatron's hybrid CP spends inflation as its sub-samples
-    // need; a plan for its loop may spend up to 100 %.
-    const bool priced = job.scheduler().cost_model() != "megatron";
-    double budget = priced ? scheduler::kNoInflationCap : scheduler::kDefaultCpUpgradeBudget;
-    if (job.pretraining().hybrid_context_parallel()) budget = 1.0;
-    job.mutable_scheduler()->set_cp_upgrade_budget(budget);
+    job.mutable_scheduler()->set_cp_upgrade_budget(DefaultCpUpgradeBudget(
+        job.scheduler().cost_model(), job.pretraining().hybrid_context_parallel()));
   }
   if (job.sampler() == v1::SAMPLER_MODE_UNSPECIFIED) job.set_sampler(v1::SAMPLER_MODE_SHUFFLE);
   if (job.pad_id() == 0) job.set_pad_id(job.eod_id());

@@ -72,6 +72,11 @@ absl::StatusOr<scheduler::CostModel> CostModelOf(const v1::SchedulerConfig& s,
                               {at_least_one(t.tp()), at_least_one(t.pp()), at_least_one(t.vpp())});
 }
 
+double DefaultCpUpgradeBudget(absl::string_view cost_model, bool hybrid_context_parallel) {
+  if (hybrid_context_parallel) return 1.0;
+  return cost_model == "megatron" ? scheduler::kDefaultCpUpgradeBudget : scheduler::kNoInflationCap;
+}
+
 absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& job) {
   const v1::Topology& t = job.topology();
   const v1::SchedulerConfig& s = job.scheduler();

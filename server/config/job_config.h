@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "packfeed/dataset/pretraining_indices.h"
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/planner.h"
@@ -21,6 +22,13 @@ namespace packfeed::server {
 // InvalidArgument for an unknown scheduler kind or cost model.
 // REQUIRES: `job` passed ValidateJobConfig (defaults filled).
 absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& job);
+
+// scheduler.cp_upgrade_budget when a job names none. Under megatron's s²/c
+// the budget stands in for CP's cost: 0.05. A model in seconds prices it,
+// and the plan then chooses its inflation by cost, uncapped (planner.h).
+// Megatron's hybrid CP spends inflation as its sub-samples need; a plan for
+// its loop may spend up to 100 %.
+double DefaultCpUpgradeBudget(absl::string_view cost_model, bool hybrid_context_parallel);
 
 // The cost model `scheduler` names, calibrated for `topology`'s TP, PP and
 // VPP: "megatron", a preset, or "custom" from model_shape; hardware

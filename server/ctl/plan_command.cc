@@ -236,10 +236,9 @@ absl::StatusOr<ReplayOptions> OptionsFromFlags(const PlanArgs& args) {
   options.planner.max_tokens_per_rank = args.max_tokens_per_rank;
   options.planner.min_cp = args.min_cp;
   options.planner.max_cp = args.max_cp;
-  options.planner.cp_upgrade_budget = args.cp_upgrade_budget >= 0 ? args.cp_upgrade_budget
-                                      : args.cost_model == "megatron"
-                                          ? scheduler::kDefaultCpUpgradeBudget
-                                          : scheduler::kNoInflationCap;
+  options.planner.cp_upgrade_budget = args.cp_upgrade_budget >= 0
+                                          ? args.cp_upgrade_budget
+                                          : DefaultCpUpgradeBudget(args.cost_model, false);
   PF_ASSIGN_OR_RETURN(options.planner.objective, scheduler::ObjectiveFromName(args.objective));
   options.planner.execution.expert_parallel = args.ep;
   // A trace or a dataset replayed in stored order is Megatron's global

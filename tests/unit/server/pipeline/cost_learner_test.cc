@@ -52,22 +52,25 @@ class CostLearnerTest : public ::testing::Test {
     return *std::move(job);
   }
 
-  // What every TP rank 0 of `job` would report for `step`: each microbatch's
-  // time under Truth(), its group's work.
-  static std::vector<std::vector<MeasuredMicrobatch>> Measure(const Job& job, int64_t step,
-                                                              const scheduler::GlobalPlan& plan) {
-    std::vector<std::vector<MeasuredMicrobatch>> by_rank(
-        static_cast<size_t>(job.layout().world_size()));
+  // Plans `step`, tells `learner`, and reports every rank's microbatch
+  // times under Truth() (its group's work), as the clients would. The
+  // step's microbatch count.
+  static absl::StatusOr<int> PlanAndReport(const Job& job, CostLearner& learner, int64_t step) {
+    absl::StatusOr<StepPlan> planned = PlanStep(job, step);
+    if (!planned.ok()) return planned.status();
+    const scheduler::GlobalPlan& plan = planned->plan;
+    learner.Planned(step, plan);
     for (int rank = 0; rank < job.layout().world_size(); ++rank) {
       const RankCoords coords = job.layout().Coords(rank);
+      std::vector<MeasuredMicrobatch> rows;
       for (int m = 0; m < plan.num_microbatches(); ++m) {
         const scheduler::CostTerms terms = scheduler::TermsOfGroup(
             scheduler::GroupOfRank(plan.microbatches[static_cast<size_t>(m)], coords.dp_cp_rank));
-        by_rank[static_cast<size_t>(rank)].push_back(
-            {step, m, scheduler::ModelledWork(Truth(), terms)});
+        rows.push_back({step, m, scheduler::ModelledWork(Truth(), terms)});
       }
+      learner.Measured(rank, rows);
     }
-    return by_rank;
+    return plan.num_microbatches();
   }
 
   packfeed::testing::ScopedTempDir temp_;
@@ -79,13 +82,8 @@ TEST_F(CostLearnerTest, FitsTheClustersRatesFromWhatTheRanksMeasure) {
   CostLearner learner(*job);
   ASSERT_TRUE(learner.measures());
   for (int64_t step = 0; step < 40; ++step) {
-    absl::StatusOr<StepPlan> plan = PlanStep(*job, step);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    learner.Planned(step, plan->plan);
-    const auto by_rank = Measure(*job, step, plan->plan);
-    for (int rank = 0; rank < job->layout().world_size(); ++rank) {
-      learner.Measured(rank, by_rank[static_cast<size_t>(rank)]);
-    }
+    const absl::StatusOr<int> microbatches = PlanAndReport(*job, learner, step);
+    ASSERT_TRUE(microbatches.ok()) << microbatches.status();
   }
   const CostFitFigures figures = learner.Figures();
   EXPECT_EQ(figures.prior_name, "llama1b");
@@ -109,18 +107,11 @@ TEST_F(CostLearnerTest, CountsOnlyTpRankZeroAfterWarmUpAndNotTheLastMicrobatch) 
   CostLearner learner(*job);
   int64_t expected_rows = 0;
   for (int64_t step = 0; step < 5; ++step) {
-    absl::StatusOr<StepPlan> plan = PlanStep(*job, step);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    learner.Planned(step, plan->plan);
-    const auto by_rank = Measure(*job, step, plan->plan);
-    for (int rank = 0; rank < job->layout().world_size(); ++rank) {
-      learner.Measured(rank, by_rank[static_cast<size_t>(rank)]);
-      // Each dp-cp rank's TP rank 0, from its third step on, every
-      // microbatch but the step's last.
-      if (job->layout().Coords(rank).tp == 0 && step >= 2) {
-        expected_rows += plan->plan.num_microbatches() - 1;
-      }
-    }
+    const absl::StatusOr<int> microbatches = PlanAndReport(*job, learner, step);
+    ASSERT_TRUE(microbatches.ok()) << microbatches.status();
+    // Each dp-cp rank's TP rank 0 (one of its TP pair), from its third step
+    // on, every microbatch but the step's last.
+    if (step >= 2) expected_rows += int64_t{job->layout().dp_cp_size()} * (*microbatches - 1);
     // A step never planned, a microbatch out of range: ignored.
     learner.Measured(0, std::vector<MeasuredMicrobatch>{{step + 100, 0, 1.0}, {step, -1, 1.0}});
   }
