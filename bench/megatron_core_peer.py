@@ -17,6 +17,10 @@ calibrated model packfeedctl reports (its coefficients come from
     rank runs its sub-samples one by one, each its own microbatch (μ each),
     at the CP size = the ranks that hold it in that group.
   - packfeed: ranks meet at the end of each microbatch (one pack, one μ).
+The loop columns judge packfeed's plans as Megatron-Core's hybrid-CP loop
+runs them under --hybrid-context-parallel, by Megatron-Core's evaluator:
+the microbatches with the same CP groups one group (hybrid_groups of
+`packfeedctl plan --dump-plan`), μ per sub-sample.
 step/ideal = modelled step time / the ideal of plan_stats.h (every sequence
 at its needed CP, perfect balance, the token lower bound of microbatches).
 
@@ -153,25 +157,35 @@ def judge_megatron_per_microbatch(sample_groups, lengths, model):
 
 # Both schedules are charged for the sequences' own lengths, not for the
 # padding either adds: one evaluator, the same lengths.
-# in_megatron_loop: as Megatron-Core's hybrid_context_parallel_forward_backward
-# runs a packfeed plan under --hybrid-context-parallel (packfeed.megatron):
-# each microbatch a group, each sub-sample its own forward (μ each).
-def judge_packfeed(microbatches, model, cap, in_megatron_loop=False):
+def judge_packfeed(microbatches, model, cap):
     times, weighted, real = [], 0.0, 0
     seen = set()
-    launch = model["microbatch"] if in_megatron_loop else 0.0
     for ranks in microbatches:
         worst = 0.0
         for sequences in ranks:
-            worst = max(worst, sum(cost(model, q["length"], q["cp_size"]) + launch
-                                   for q in sequences))
+            worst = max(worst, sum(cost(model, q["length"], q["cp_size"]) for q in sequences))
             for q in sequences:
                 if q["sample"] not in seen:
                     seen.add(q["sample"])
                     weighted += q["length"] * q["cp_size"] / needed_cp(q["length"], cap)
                     real += q["length"]
-        times.append(worst + (0.0 if in_megatron_loop else model["microbatch"]))
+        times.append(worst + model["microbatch"])
     return with_pipeline(times, model), weighted / real, len(microbatches)
+
+
+def as_megatron_groups(entry):
+    """A packfeed plan as Megatron-Core's hybrid_context_parallel_forward_backward
+    runs it under --hybrid-context-parallel (packfeed.megatron): the
+    microbatches of one hybrid_group (the same CP groups) one group, each
+    rank's sub-samples back to back in microbatch order; judge_megatron
+    then charges it as it charges Megatron-Core's own (μ per sub-sample)."""
+    groups = []
+    for microbatch, g in zip(entry["microbatches"], entry["hybrid_groups"]):
+        if g == len(groups):
+            groups.append([[] for _ in microbatch])
+        for rank, sequences in enumerate(microbatch):
+            groups[g][rank].extend(q["sample"] for q in sequences)
+    return groups
 
 
 def graph_time(runs, ranks, model):
@@ -267,12 +281,13 @@ def main():
     print("step/ideal (lower is better) under s²/c and under the calibrated llama8b model, "
           "barrier by barrier and as it runs (g);\ns2/c mb: under s²/c with a barrier at "
           "every microbatch, Megatron-Core's sub-samples included (plan --json's step/ideal);\n"
-          "calib loop: under the calibrated model as Megatron-Core's hybrid-CP loop runs the "
-          "plan (packfeed's\nunder --hybrid-context-parallel: a group per microbatch, μ per "
+          "loop: as Megatron-Core's hybrid-CP loop runs the plan (packfeed's under\n"
+          "--hybrid-context-parallel: a group per partition into CP groups, μ per "
           "sub-sample);\n"
           "CP inflation; microbatches (Megatron-Core: groups); scheduling ms per batch (median)")
     header = (f"{'configuration':40} {'scheduler':34} {'s2/c':>6} {'calib':>6} {'s2/c g':>6} "
-              f"{'calib g':>7} {'s2/c mb':>7} {'calib loop':>10} {'infl':>5} {'M':>6} "
+              f"{'calib g':>7} {'s2/c mb':>7} {'s2/c loop':>9} {'calib loop':>10} {'infl':>5} "
+              f"{'M':>6} "
               f"{'ms':>8}")
     print(header)
     for name, trace_name, ranks, cap, gbs in CONFIGS:
@@ -288,12 +303,13 @@ def main():
         steps = max(1, min(1 if args.quick else args.steps, len(lengths) // gbs))
         rows = {}
         # packfeed, planning under s²/c and under the calibrated model.
-        for objective in ("barrier", "graph"):
+        for objective in ("barrier", "graph", "hybrid"):
             for cost_model in ("megatron", "llama8b"):
                 summary, plans = plan_packfeed(args.packfeedctl, trace, ranks, cap, gbs, steps,
                                                cost_model, objective, args.cp_upgrade_budget)
                 calibrated = summary["calibrated_model_coefficients"]
-                label = f"packfeed dynamic_cp ({cost_model}{', graph' if objective == 'graph' else ''})"
+                label = ("packfeed dynamic_cp "
+                         f"({cost_model}{'' if objective == 'barrier' else ', ' + objective})")
                 rows[label] = (plans, summary["schedule_ms_median"])
         megatron_runs, megatron_ms = [], []
         for step in range(steps):
@@ -314,14 +330,16 @@ def main():
                 ga = graph_time(packfeed_graph_runs(entry["microbatches"], S2, ranks), ranks, S2)
                 gb = graph_time(packfeed_graph_runs(entry["microbatches"], calibrated, ranks),
                                 ranks, calibrated)
-                loop, _, _ = judge_packfeed(entry["microbatches"], calibrated, cap,
-                                            in_megatron_loop=True)
+                groups = as_megatron_groups(entry)
+                loop_a, _, _ = judge_megatron(None, groups, batch, S2, cap)
+                loop_b, _, _ = judge_megatron(None, groups, batch, calibrated, cap)
                 acc.append((a / ideal(batch, ranks, cap, S2),
                             b / ideal(batch, ranks, cap, calibrated),
                             ga / ideal(batch, ranks, cap, S2),
                             gb / ideal(batch, ranks, cap, calibrated),
                             a / ideal(batch, ranks, cap, S2),
-                            loop / ideal(batch, ranks, cap, calibrated), inflation, m))
+                            loop_a / ideal(batch, ranks, cap, S2),
+                            loop_b / ideal(batch, ranks, cap, calibrated), inflation, m))
             figures[label] = (acc, ms)
         acc = []
         for step, (groups, sample_groups) in enumerate(megatron_runs):
@@ -337,12 +355,14 @@ def main():
                         ga / ideal(batch, ranks, cap, S2),
                         gb / ideal(batch, ranks, cap, calibrated),
                         mb / ideal(batch, ranks, cap, S2),
+                        a / ideal(batch, ranks, cap, S2),
                         b / ideal(batch, ranks, cap, calibrated), inflation, m))
         figures["Megatron-Core hybrid CP"] = (acc, statistics.median(megatron_ms))
         for label, (acc, ms) in figures.items():
             mean = [statistics.fmean(column) for column in zip(*acc)]
             print(f"{name:40} {label:34} {mean[0]:6.3f} {mean[1]:6.3f} {mean[2]:6.3f} "
-                  f"{mean[3]:7.3f} {mean[4]:7.3f} {mean[5]:10.3f} {mean[6]:5.2f} {mean[7]:6.2f} "
+                  f"{mean[3]:7.3f} {mean[4]:7.3f} {mean[5]:9.3f} {mean[6]:10.3f} {mean[7]:5.2f} "
+                  f"{mean[8]:6.2f} "
                   f"{ms:8.2f}", flush=True)
             name = ""
 

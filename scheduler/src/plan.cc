@@ -1,6 +1,7 @@
 #include "packfeed/scheduler/plan.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,6 +28,21 @@ const CpGroup& GroupOfRank(const PlannedMicrobatch& microbatch, int rank) {
   auto it = std::upper_bound(microbatch.groups.begin(), microbatch.groups.end(), rank,
                              [](int r, const CpGroup& group) { return r < group.first_rank; });
   return *(it - 1);
+}
+
+std::vector<int> HybridGroupsOf(const GlobalPlan& plan) {
+  // Small: a plan has a handful of distinct partitions of its ranks.
+  std::vector<std::vector<std::pair<int, int>>> partitions;
+  std::vector<int> out;
+  for (const PlannedMicrobatch& microbatch : plan.microbatches) {
+    std::vector<std::pair<int, int>> partition;
+    for (const CpGroup& group : microbatch.groups)
+      partition.emplace_back(group.first_rank, group.size);
+    auto it = std::find(partitions.begin(), partitions.end(), partition);
+    if (it == partitions.end()) it = partitions.insert(partitions.end(), std::move(partition));
+    out.push_back(static_cast<int>(it - partitions.begin()));
+  }
+  return out;
 }
 
 absl::Status ValidatePlan(const GlobalPlan& plan, int64_t num_samples) {

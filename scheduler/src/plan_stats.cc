@@ -68,6 +68,31 @@ double StepTime(const GlobalPlan& plan, const CostModel& model) {
   return WithPipeline(sum_of_max, plan.num_microbatches(), model);
 }
 
+double HybridStepTime(const GlobalPlan& plan, const CostModel& model) {
+  const std::vector<int> groups = HybridGroupsOf(plan);
+  const size_t ranks = static_cast<size_t>(plan.dp_cp_size);
+  std::vector<std::vector<double>> rank_time;  // [group][rank]
+  for (size_t m = 0; m < groups.size(); ++m) {
+    const auto g = static_cast<size_t>(groups[m]);
+    if (g == rank_time.size()) rank_time.emplace_back(ranks, 0.0);
+    for (const CpGroup& group : plan.microbatches[m].groups) {
+      double work = 0.0;
+      for (const PlannedSequence& s : group.sequences) {
+        work += model.Cost(s.padded_length, group.size) + model.microbatch;
+      }
+      for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {
+        rank_time[g][static_cast<size_t>(r)] += work;
+      }
+    }
+  }
+  if (rank_time.empty()) return 0.0;
+  double total = 0.0;
+  for (const std::vector<double>& times : rank_time) {
+    total += *std::max_element(times.begin(), times.end());
+  }
+  return total + model.bubble * total / static_cast<double>(rank_time.size());
+}
+
 PlanStats ComputePlanStats(const GlobalPlan& plan, const CostModel& model,
                            int64_t max_tokens_per_rank, int min_cp, ExecutionGraph graph) {
   PlanStats stats;

@@ -163,8 +163,9 @@ void Polish(GlobalPlan& plan, const std::vector<PackerItem>& items, const Packer
 absl::StatusOr<Objective> ObjectiveFromName(absl::string_view name) {
   if (name.empty() || name == "barrier") return Objective::kBarrier;
   if (name == "graph") return Objective::kGraph;
+  if (name == "hybrid") return Objective::kHybrid;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown objective '", name, "'; expected barrier or graph"));
+      absl::StrCat("unknown objective '", name, "'; expected barrier, graph or hybrid"));
 }
 
 absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name) {
@@ -276,18 +277,19 @@ std::vector<GlobalPlan> Polished(const Packed& packed, const PackerBatch& batch,
 }
 
 // The plans a batch's candidates gave, judged by the objective: the
-// fastest by StepTime (ties: the first planned) or, for the graph
-// objective, by GraphStepTime after the local search. How much that search
+// fastest by StepTime or HybridStepTime (ties: the first planned) or, for
+// the graph objective, by GraphStepTime after the local search. How much that search
 // gains depends on the plan it starts from, so it refines a few of each
 // round's fastest candidates (EndRound) and keeps the fastest result: a
 // candidate's refinement depends on its round alone, which keeps the
 // planner's step time monotone in its cap for this objective too.
 class Candidates {
  public:
-  Candidates(const CostModel& model, bool graph, const ExecutionGraph& execution,
+  Candidates(const CostModel& model, Objective objective, const ExecutionGraph& execution,
              int64_t max_tokens_per_rank)
       : model_(model),
-        graph_(graph),
+        objective_(objective),
+        graph_(objective == Objective::kGraph),
         execution_(execution),
         max_tokens_per_rank_(max_tokens_per_rank) {}
 
@@ -303,7 +305,8 @@ class Candidates {
           if (round_.size() > kGraphRefined) round_.pop_back();
         }
       }
-      const double time = StepTime(plan, model_);
+      const double time =
+          objective_ == Objective::kHybrid ? HybridStepTime(plan, model_) : StepTime(plan, model_);
       if (!best_ || time < best_time_) {
         best_ = std::move(plan);
         best_time_ = time;
@@ -334,6 +337,7 @@ class Candidates {
 
  private:
   const CostModel& model_;
+  const Objective objective_;
   const bool graph_;
   const ExecutionGraph& execution_;
   const int64_t max_tokens_per_rank_;
@@ -476,8 +480,8 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const bool explore = work <= kExploreWork;
   const bool one_more =
       explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0);
-  const bool graph = options.objective == Objective::kGraph;
-  Candidates candidates(config.cost_model, graph, options.execution, config.max_tokens_per_rank);
+  Candidates candidates(config.cost_model, options.objective, options.execution,
+                        config.max_tokens_per_rank);
   if (options.kind == SchedulerKind::kDynamicCp) {
     absl::Status status =
         ClimbTheBudgets(batch, config, options, lower_bound, step, work, one_more, candidates);

@@ -75,6 +75,11 @@ absl::Status ValidateHybridCp(const v1::JobConfig& job, absl::string_view where)
                       "places and splits every sub-sample itself: balance_document_attention "
                       "and cp_split do not apply");
   }
+  if (job.scheduler().objective() != "hybrid") {
+    return FieldError(where, "scheduler.objective",
+                      "must be hybrid with pretraining.hybrid_context_parallel (Megatron's loop "
+                      "runs the plan group by group, each sub-sample its own forward)");
+  }
   return absl::OkStatus();
 }
 
@@ -322,6 +327,9 @@ void FillDefaults(v1::JobConfig& job) {
                                                                                   : "balanced");
   }
   if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
+  if (job.scheduler().objective().empty() && job.pretraining().hybrid_context_parallel()) {
+    job.mutable_scheduler()->set_objective("hybrid");
+  }
   if (!job.scheduler().has_cp_upgrade_budget()) {
     job.mutable_scheduler()->set_cp_upgrade_budget(DefaultCpUpgradeBudget(
         job.scheduler().cost_model(), job.pretraining().hybrid_context_parallel()));
@@ -471,13 +479,16 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
     }
     wire_fields += field->layer_axis ? t.vpp() : 1;
   }
-  // The THD fields take at most 10 of the wire's slots.
-  if (wire_fields + 10 > transport::kMaxFields) {
+  // The THD fields take at most 10 of the wire's slots, hybrid CP's
+  // sample_ids and hybrid_group 2 more.
+  const size_t thd_fields =
+      IsPretrainingJob(job) && job.pretraining().hybrid_context_parallel() ? 12 : 10;
+  if (wire_fields + thd_fields > transport::kMaxFields) {
     return FieldError(where, "side_fields",
                       absl::StrCat(wire_fields,
                                    " fields to serve (a layer-axis field once per "
                                    "model chunk); at most ",
-                                   transport::kMaxFields - 10));
+                                   transport::kMaxFields - thd_fields));
   }
   for (int i = 0; i < job.datasets_size(); ++i) {
     for (const auto& [name, prefix] : job.datasets(i).side_field_prefixes()) {
@@ -511,9 +522,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   if (!(s.cp_upgrade_budget() >= 0)) {
     return FieldError(where, "scheduler.cp_upgrade_budget", "must be >= 0");
   }
-  if (absl::Status objective = scheduler::ObjectiveFromName(s.objective()).status();
-      !objective.ok()) {
-    return FieldError(where, "scheduler.objective", objective.message());
+  absl::StatusOr<scheduler::Objective> objective = scheduler::ObjectiveFromName(s.objective());
+  if (!objective.ok())
+    return FieldError(where, "scheduler.objective", objective.status().message());
+  if (*objective == scheduler::Objective::kHybrid &&
+      !(IsPretrainingJob(job) && job.pretraining().hybrid_context_parallel())) {
+    return FieldError(where, "scheduler.objective",
+                      "hybrid judges a plan as Megatron's hybrid-CP loop runs it; it needs "
+                      "pretraining.hybrid_context_parallel");
   }
   if (t.ep() > 1 && (t.dp() * t.cp()) % t.ep() != 0) {
     return FieldError(where, "topology.ep",

@@ -44,7 +44,8 @@ const SideType* FindSideType(ElementType type) {
 constexpr const char* kReservedNames[] = {
     "tokens",        "labels",         "loss_mask",         "position_ids",
     "padding_mask",  "cu_seqlens",     "cu_seqlens_padded", "max_seqlen",
-    "local_cp_size", "cp_group_ranks", "attention_mask",    "packed_seq_params"};
+    "local_cp_size", "cp_group_ranks", "attention_mask",    "packed_seq_params",
+    "sample_ids",    "hybrid_group"};
 
 // IEEE binary16, rounded to nearest even (overflow to infinity).
 uint16_t FloatToHalf(float value) {

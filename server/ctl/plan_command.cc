@@ -395,6 +395,7 @@ absl::Status Plan(const PlanArgs& args) {
     for (size_t step = 0; step < summary->plans.size(); ++step) {
       dump.push_back({{"step", step},
                       {"lower_bound", summary->lower_bounds[step]},
+                      {"hybrid_groups", scheduler::HybridGroupsOf(summary->plans[step])},
                       {"microbatches", PlanToJson(summary->plans[step],
                                                   samples.empty() ? nullptr : &samples[step])}});
     }
@@ -466,7 +467,9 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                    "seconds it chooses the inflation by cost and this caps it (default: no cap)");
   plan->add_option("--objective", args->objective,
                    "What the planner minimises: barrier (ranks meet after every microbatch) | "
-                   "graph (only in CP groups, EP blocks and the gradient reduction)")
+                   "graph (only in CP groups, EP blocks and the gradient reduction) | hybrid "
+                   "(as Megatron's hybrid-CP loop runs it: a barrier per group of microbatches "
+                   "with the same CP groups, each sequence its own forward)")
       ->capture_default_str();
   plan->add_option("--ep", args->ep,
                    "Expert-parallel size over the DP×CP ranks (the graph evaluator's EP blocks)")

@@ -72,6 +72,7 @@ enum class Role {
   kLocalCpSize,
   kCpGroupRanks,
   kSampleIds,
+  kHybridGroup,
   kSide,
 };
 struct SlotField {
@@ -117,7 +118,10 @@ std::vector<SlotField> FieldsFor(int64_t tokens, int64_t sequences, int64_t grou
     add("local_cp_size", ElementType::kInt32, {}, Role::kLocalCpSize);
     add("cp_group_ranks", ElementType::kInt32, {group_ranks}, Role::kCpGroupRanks);
   }
-  if (sample_ids) add("sample_ids", ElementType::kInt64, {sequences}, Role::kSampleIds);
+  if (sample_ids) {
+    add("sample_ids", ElementType::kInt64, {sequences}, Role::kSampleIds);
+    add("hybrid_group", ElementType::kInt32, {}, Role::kHybridGroup);
+  }
   for (size_t f = 0; f < slices.size(); ++f) {
     if (slices[f]->field->loss_mask) continue;
     std::vector<int64_t> shape = {1, tokens};
@@ -318,6 +322,7 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
     for (const scheduler::PlannedSequence& sequence : group.sequences) {
       source.sample_ids->push_back(sequence.sample);
     }
+    source.hybrid_group = data.plan.hybrid_groups[static_cast<size_t>(microbatch)];
   } else if (job.pretraining() != nullptr) {
     const v1::Pretraining& pretraining = job.config().pretraining();
     if (pretraining.reset_attention_mask() || pretraining.inter_document_masking()) {
@@ -386,6 +391,9 @@ void WriteMicrobatch(const MicrobatchSource& source,
         break;
       case Role::kSampleIds:
         copy(at, source.sample_ids->data(), bytes);
+        break;
+      case Role::kHybridGroup:
+        copy(at, &source.hybrid_group, bytes);
         break;
       case Role::kSide:
         side_out[fields[i].side] = at;

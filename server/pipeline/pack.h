@@ -82,8 +82,10 @@ struct MicrobatchSource {
   std::optional<int32_t> local_cp_size;
   std::vector<int32_t> cp_group_ranks;
   // Hybrid CP only: the group's sequences' planned indices (Megatron's
-  // gids of its sub-samples), served as sample_ids.
+  // gids of its sub-samples), served as sample_ids, and the Megatron group
+  // the microbatch runs in (StepPlan::hybrid_groups), as hybrid_group.
   std::optional<std::vector<int64_t>> sample_ids;
+  int32_t hybrid_group = 0;
   StageFields stage;  // which THD fields the rank's stage receives
   // Per sequence, where its documents start when positions restart in each
   // (inter_document_masking); empty otherwise.

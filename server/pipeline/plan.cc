@@ -196,6 +196,7 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
       return InStep(job, step, batch);
     }
     PF_RETURN_IF_ERROR(Schedule(job, lengths, out));
+    out.hybrid_groups = scheduler::HybridGroupsOf(out.plan);
     return out;
   }
   if (job.pretraining() != nullptr) {

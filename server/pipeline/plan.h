@@ -27,6 +27,9 @@ struct StepPlan {
   // of its document pieces (Megatron's sub-sample with gid i); a sample's
   // pieces are neighbours. Empty for every other job.
   std::vector<scheduler::TokenRange> pieces;
+  // Hybrid CP: per microbatch, the group Megatron's loop runs it in
+  // (scheduler::HybridGroupsOf). Empty for every other job.
+  std::vector<int> hybrid_groups;
   // An ingest job's sealed step, whose samples `samples` index.
   std::shared_ptr<const SealedStep> ingested;
   // Samples cut to seq_length (LONG_DOCUMENTS_TRUNCATE), and their tokens

@@ -147,19 +147,27 @@ class HybridStepsTest(unittest.TestCase):
     class Client:
         """One step of two groups on dp-cp ranks 0-3, seen by rank 2: group
         0 a CP-2 group (ranks 2, 3) of gids 4 and 1, padded to 8 and 4;
-        group 1 alone (CP 1) with gid 0 of 3 tokens padded to 4."""
+        group 1 alone (CP 1) with gid 0 of 3 tokens padded to 4. With
+        `again`, a third microbatch with microbatch 0's CP groups, gid 5 of
+        2 tokens padded to 4, runs in group 0 after it."""
+
+        def __init__(self, again=False):
+            self.again = again
 
         def next_step(self):
-            def microbatch(c, gids, real, padded):
+            def microbatch(c, gids, real, padded, group):
                 tokens = torch.arange(padded[-1] // c).view(1, -1) + 100 * gids[0]
                 return {"tokens": tokens, "labels": tokens + 1, "loss_mask": torch.ones_like(
                     tokens, dtype=torch.float32), "position_ids": tokens, "padding_mask": None,
                         "local_cp_size": c, "sample_ids": torch.tensor(gids),
+                        "hybrid_group": torch.tensor(group, dtype=torch.int32),
                         "cu_seqlens": torch.tensor(real, dtype=torch.int32),
                         "cu_seqlens_padded": torch.tensor(padded, dtype=torch.int32)}
-            batches = [microbatch(2, [4, 1], [0, 7, 10], [0, 8, 12]),
-                       microbatch(1, [0], [0, 3], [0, 4])]
-            return iter(batches), 2, 0, 0
+            batches = [microbatch(2, [4, 1], [0, 7, 10], [0, 8, 12], 0),
+                       microbatch(1, [0], [0, 3], [0, 4], 1)]
+            if self.again:
+                batches.append(microbatch(2, [5], [0, 2], [0, 4], 0))
+            return iter(batches), len(batches), 0, 0
 
     def test_each_group_lists_the_rank_and_its_partners_and_cuts_each_sub_sample(self):
         steps = packfeed_megatron.HybridSteps(self.Client(), dp_cp_rank=2, dp_cp_size=4)
@@ -182,6 +190,17 @@ class HybridStepsTest(unittest.TestCase):
         steps = packfeed_megatron.HybridSteps(self.Client(), dp_cp_rank=2, dp_cp_size=4)
         order = [int(steps.next_sub_sample()["tokens"][0, 0]) for _ in range(3)]
         self.assertEqual(order, [400, 404, 0])
+
+    def test_microbatches_with_the_same_cp_groups_run_as_one_group(self):
+        steps = packfeed_megatron.HybridSteps(self.Client(again=True), dp_cp_rank=2,
+                                              dp_cp_size=4)
+        samples, groups = next(steps)
+        self.assertEqual(groups, [[[], [], [4, 1, 5], [4, 1, 5]], [[], [], [0], []]])
+        self.assertEqual(samples[5]["tokens"].tolist(), [[500, 501]])
+        steps = packfeed_megatron.HybridSteps(self.Client(again=True), dp_cp_rank=2,
+                                              dp_cp_size=4)
+        order = [int(steps.next_sub_sample()["tokens"][0, 0]) for _ in range(4)]
+        self.assertEqual(order, [400, 404, 500, 0])
 
 
 if __name__ == "__main__":

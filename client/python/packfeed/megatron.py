@@ -220,9 +220,12 @@ class HybridSteps:
     for a global batch, (samples_this_rank_with_id, sample_id_groups), from
     the daemon's plan instead of its all-gather, scheduler and all-to-all:
 
-    - the daemon's microbatch m is Megatron's group m; every rank of a CP
-      group of size c holds the group's sub-samples in the same order;
-    - sample_id_groups[m][r] lists the gids dp-cp rank r runs in group m,
+    - Megatron's groups are the daemon's hybrid_group of each microbatch:
+      the microbatches with the same CP groups on every rank run as one
+      group, their sub-samples back to back in microbatch order, so every
+      rank of a CP group of size c holds the group's sub-samples in the
+      same order and changes partners only at a barrier;
+    - sample_id_groups[g][r] lists the gids dp-cp rank r runs in group g,
       for this rank and its CP partners (all Megatron's schedule reads: its
       own list and how many ranks hold each gid); other ranks' lists are
       left empty, since no rank learns the others' part of the plan;
@@ -250,11 +253,14 @@ class HybridSteps:
         for microbatch in self.client.next_step()[0]:
             c = int(microbatch["local_cp_size"])
             gids = [int(g) for g in microbatch["sample_ids"].tolist()]
-            group: List[List[int]] = [[] for _ in range(self._ranks)]
+            g = int(microbatch["hybrid_group"])
+            if g == len(groups):
+                groups.append([[] for _ in range(self._ranks)])
+            elif g > len(groups):
+                raise ValueError(f"hybrid_group {g} before group {len(groups)}")
             first = self._rank - self._rank % c
             for partner in range(first, first + c):
-                group[partner] = list(gids)
-            groups.append(group)
+                groups[g][partner].extend(gids)
             real = microbatch["cu_seqlens"].tolist()
             padded = microbatch["cu_seqlens_padded"].tolist()
             for k, gid in enumerate(gids):

@@ -122,5 +122,27 @@ TEST(PlanStatsTest, ValidatePlanCatchesMissingAndDuplicateSamples) {
   EXPECT_FALSE(ValidatePlan(plan, 3).ok());
 }
 
+// Microbatches with the same CP groups share a Megatron group, numbered in
+// order of first appearance, adjacent or not; a different size or a
+// different first rank is another partition.
+TEST(PlanStatsTest, HybridGroupsJoinMicrobatchesWithTheSameCpGroups) {
+  GlobalPlan plan = SmallPlan();
+  EXPECT_THAT(HybridGroupsOf(plan), ::testing::ElementsAre(0, 1));
+  plan.microbatches.push_back(plan.microbatches[0]);
+  plan.microbatches.push_back(plan.microbatches[1]);
+  plan.microbatches.push_back(plan.microbatches[0]);
+  EXPECT_THAT(HybridGroupsOf(plan), ::testing::ElementsAre(0, 1, 0, 1, 0));
+  plan = GlobalPlan{};
+  plan.dp_cp_size = 4;
+  plan.microbatches = {
+      {{{0, 2, {}}, {2, 1, {}}, {3, 1, {}}}},
+      {{{0, 1, {}}, {1, 1, {}}, {2, 2, {}}}},
+      {{{0, 2, {}}, {2, 2, {}}}},
+      {{{0, 2, {}}, {2, 1, {}}, {3, 1, {}}}},
+  };
+  EXPECT_THAT(HybridGroupsOf(plan), ::testing::ElementsAre(0, 1, 2, 0));
+  EXPECT_THAT(HybridGroupsOf(GlobalPlan{}), ::testing::IsEmpty());
+}
+
 }  // namespace
 }  // namespace packfeed::scheduler

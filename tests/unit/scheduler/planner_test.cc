@@ -101,6 +101,31 @@ struct RandomCase {
   std::string description;
 };
 
+const char* ObjectiveName(Objective objective) {
+  switch (objective) {
+    case Objective::kBarrier:
+      return "barrier";
+    case Objective::kGraph:
+      return "graph";
+    case Objective::kHybrid:
+      return "hybrid";
+  }
+  return "?";
+}
+
+// What the planner minimised for `options.objective`.
+double ObjectiveTime(const GlobalPlan& plan, const PlannerOptions& options) {
+  switch (options.objective) {
+    case Objective::kGraph:
+      return GraphStepTime(plan, options.cost_model, options.execution);
+    case Objective::kHybrid:
+      return HybridStepTime(plan, options.cost_model);
+    case Objective::kBarrier:
+      break;
+  }
+  return StepTime(plan, options.cost_model);
+}
+
 // `index` picks the objective and EP size, leaving the random stream (and
 // so the cases) as they were before those options existed.
 RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind, int index) {
@@ -129,6 +154,7 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind, int index) {
                                          : Calibrate({8, 1024, 8, 2, 4096, 32000, true}, {}, {});
   o.cp_upgrade_budget = Uniform(rng, 0, 1) == 0 ? 0.05 : 1.0;
   if (index % 3 == 0) o.objective = Objective::kGraph;
+  if (index % 6 == 1 && kind == SchedulerKind::kDynamicCp) o.objective = Objective::kHybrid;
   if (n % 2 == 0 && index % 5 == 0) o.execution.expert_parallel = 2;
   // Enough sequences to give every rank of several microbatches one; a mix
   // of tiny ones, typical ones and ones that need the largest group.
@@ -147,13 +173,13 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind, int index) {
     }
     c.lengths.push_back(length);
   }
-  c.description =
-      std::string(SchedulerKindName(kind)) + " DP" + std::to_string(o.dp) + " CP" +
-      std::to_string(o.cp) + " TP" + std::to_string(o.tp) + (o.sequence_parallel ? " SP" : "") +
-      " VPP" + std::to_string(o.vpp_group_size) + " cap " + std::to_string(o.max_tokens_per_rank) +
-      " cp [" + std::to_string(o.min_cp) + "," + std::to_string(o.max_cp) + "] n " +
-      std::to_string(count) + (o.objective == Objective::kGraph ? " graph" : " barrier") + " EP" +
-      std::to_string(o.execution.expert_parallel);
+  c.description = std::string(SchedulerKindName(kind)) + " DP" + std::to_string(o.dp) + " CP" +
+                  std::to_string(o.cp) + " TP" + std::to_string(o.tp) +
+                  (o.sequence_parallel ? " SP" : "") + " VPP" + std::to_string(o.vpp_group_size) +
+                  " cap " + std::to_string(o.max_tokens_per_rank) + " cp [" +
+                  std::to_string(o.min_cp) + "," + std::to_string(o.max_cp) + "] n " +
+                  std::to_string(count) + " " + ObjectiveName(o.objective) + " EP" +
+                  std::to_string(o.execution.expert_parallel);
   return c;
 }
 
@@ -192,6 +218,17 @@ void RunRandomCases(SchedulerKind kind, int first, int cases) {
         // rank work.
         EXPECT_LE(spent, c.options.cp_upgrade_budget + 1e-9) << c.description;
       }
+    }
+    if (c.options.objective == Objective::kHybrid) {
+      // Among the same candidates: never slower in Megatron's hybrid loop
+      // than the plan the barrier objective keeps.
+      PlannerOptions barrier = c.options;
+      barrier.objective = Objective::kBarrier;
+      absl::StatusOr<GlobalPlan> other = PlanGlobalBatch(c.lengths, barrier);
+      ASSERT_TRUE(other.ok()) << c.description;
+      EXPECT_LE(HybridStepTime(*plan, c.options.cost_model),
+                HybridStepTime(*other, c.options.cost_model))
+          << c.description;
     }
     if (c.options.objective == Objective::kGraph) {
       // Among the same candidates, then refined: never slower as it runs
@@ -461,15 +498,14 @@ TEST(PlannerTest, StepTimeNeverRisesWithTheCap) {
   for (int i = 0; i < 48; ++i) {
     RandomCase c = MakeCase(rng, SchedulerKind::kDynamicCp, i);
     c.options.cost_model = models[static_cast<size_t>(i) % models.size()];
-    const bool graph = c.options.objective == Objective::kGraph;
+    if (i % 6 == 4) c.options.objective = Objective::kHybrid;  // and MakeCase's i % 6 == 1
     double last = 0;
     double last_cap = -1;
     for (const double cap : caps) {
       c.options.cp_upgrade_budget = cap;
       const absl::StatusOr<GlobalPlan> plan = PlanGlobalBatch(c.lengths, c.options);
       if (!plan.ok()) break;  // too few sequences for the ranks: as under every cap
-      const double time = graph ? GraphStepTime(*plan, c.options.cost_model, c.options.execution)
-                                : StepTime(*plan, c.options.cost_model);
+      const double time = ObjectiveTime(*plan, c.options);
       if (last_cap >= 0) {
         EXPECT_LE(time, last * (1 + 1e-12))
             << c.description << " model " << i % models.size() << ": cap " << cap

@@ -67,6 +67,17 @@ FlopsInputs ComputeFlopsInputs(const GlobalPlan& plan);
 // REQUIRES: the plan is well formed (see ValidatePlan).
 const CpGroup& GroupOfRank(const PlannedMicrobatch& microbatch, int rank);
 
+// Megatron's hybrid-CP loop runs a global batch as groups, with a barrier
+// over every dp-cp rank after each, and a rank changes CP partners only at
+// a barrier. Microbatches whose CP groups are the same (each group's
+// first_rank and size) run as one such group: each rank runs their
+// sequences back to back with the same partners, so no rank waits on a
+// partner inside it, and the step loses a barrier per merged microbatch
+// (the slowest rank's sum never exceeds the sum of each microbatch's
+// slowest). Returns each microbatch's group, numbered in order of first
+// appearance.
+std::vector<int> HybridGroupsOf(const GlobalPlan& plan);
+
 // Checks the structural invariants every planner promises: groups disjoint,
 // ordered and covering [0, N); aligned (first_rank % size == 0; static CP
 // may use any size, dynamic CP's are powers of two); every sample in [0,

@@ -69,6 +69,13 @@ double StepTime(const GlobalPlan& plan, const CostModel& model);
 // fixed CP groups and no EP it is the heaviest group's total.
 double GraphStepTime(const GlobalPlan& plan, const CostModel& model, ExecutionGraph graph = {});
 
+// The step as Megatron's hybrid-CP loop runs the plan: the microbatches of
+// one HybridGroupsOf group run as one group, a barrier over every rank
+// after it, and each sequence is its own forward (μ each). Σ over groups of
+// the slowest rank's Σ (W + μ), plus the bubble's share per group. Never
+// more than StepTime with μ per sequence instead of per microbatch.
+double HybridStepTime(const GlobalPlan& plan, const CostModel& model);
+
 // The smallest power of two c ≥ min_cp with ⌈padded/c⌉ ≤ max_tokens_per_rank.
 int NeededCpSize(int64_t padded_length, int64_t max_tokens_per_rank, int min_cp);
 

@@ -25,10 +25,12 @@ enum class SchedulerKind {
 };
 
 // What balanced and dynamic_cp minimise (plan_stats.h): StepTime, ranks
-// meeting at the end of every microbatch, or GraphStepTime, ranks meeting
-// only where the model makes them.
-enum class Objective { kBarrier, kGraph };
-// "barrier" (also ""), "graph".
+// meeting at the end of every microbatch; GraphStepTime, ranks meeting
+// only where the model makes them; or HybridStepTime, as Megatron's
+// hybrid-CP loop runs the plan (a barrier per group of microbatches with
+// the same CP groups, each sequence its own forward).
+enum class Objective { kBarrier, kGraph, kHybrid };
+// "barrier" (also ""), "graph", "hybrid".
 absl::StatusOr<Objective> ObjectiveFromName(absl::string_view name);
 
 // "balanced", "dynamic_cp", "megatron_dp_balanced".
@@ -79,6 +81,7 @@ struct PlannerOptions {
   CostModel cost_model = CostModel::Megatron();
   // kGraph: candidates are judged by GraphStepTime over `execution`, and
   // the one kept is refined for it (scheduler/src/graph_refiner.h).
+  // kHybrid: candidates are judged by HybridStepTime.
   Objective objective = Objective::kBarrier;
   ExecutionGraph execution;
   // megatron_dp_balanced only: Megatron's thd_max_packed_sequences (0 = no

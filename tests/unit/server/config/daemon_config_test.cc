@@ -129,6 +129,14 @@ TEST(DaemonConfigTest, HybridCpIsPlannedBySubSampleAndRefusesWhatMegatronRefuses
   ASSERT_TRUE(hybrid.ok()) << hybrid.status();
   EXPECT_EQ(hybrid->jobs(0).scheduler().kind(), "dynamic_cp");
   EXPECT_DOUBLE_EQ(hybrid->jobs(0).scheduler().cp_upgrade_budget(), 1.0);
+  EXPECT_EQ(hybrid->jobs(0).scheduler().objective(), "hybrid");
+  std::string barrier =
+      PretrainingJob("", "inter_document_masking: true hybrid_context_parallel: true");
+  barrier.replace(barrier.find("global_batch"), 0, R"(scheduler { objective: "barrier" } )");
+  EXPECT_THAT(Message(barrier), HasSubstr("scheduler.objective: must be hybrid"));
+  std::string without = PretrainingJob("", "inter_document_masking: true");
+  without.replace(without.find("global_batch"), 0, R"(scheduler { objective: "hybrid" } )");
+  EXPECT_THAT(Message(without), HasSubstr("it needs pretraining.hybrid_context_parallel"));
   EXPECT_THAT(Message(PretrainingJob("", "hybrid_context_parallel: true")),
               HasSubstr("pretraining.hybrid_context_parallel: needs inter_document_masking"));
   std::string pipelined =

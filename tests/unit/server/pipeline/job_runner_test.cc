@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -104,7 +105,8 @@ TEST_F(JobRunnerTest, APretrainingSlotFitsOneSequencePerDocument) {
 // its samples) are planned at their own CP size. Both ranks of a group of 2
 // hold its sub-samples in the same order, each rank its zigzag part; over
 // the step every gid runs once, and the real tokens of all of them are
-// every token of the global batch.
+// every token of the global batch. Over 2 ranks a microbatch's CP groups
+// are one of 2 and two of 1, so its hybrid_group is one per CP size.
 TEST_F(JobRunnerTest, AHybridCpStepServesEverySubSampleOnceAtItsCpSize) {
   prefix_ = temp_.Prefix("gpt");
   std::vector<int64_t> lengths;
@@ -130,11 +132,15 @@ TEST_F(JobRunnerTest, AHybridCpStepServesEverySubSampleOnceAtItsCpSize) {
     std::memcpy(out.data(), bytes.data(), bytes.size());
     return out;
   };
-  std::map<int64_t, int> runs;  // gid: the ranks it ran on
+  std::map<int64_t, int> runs;             // gid: the ranks it ran on
+  std::map<int32_t, int32_t> group_of_cp;  // local_cp_size: hybrid_group
   int64_t real_tokens = 0;
   for (int m = 0; m < microbatches; ++m) {
     const int32_t c = ints(pushed[0][m].fields.at("local_cp_size"), int32_t{})[0];
     ASSERT_EQ(ints(pushed[1][m].fields.at("local_cp_size"), int32_t{})[0], c) << "group " << m;
+    const int32_t group = ints(pushed[0][m].fields.at("hybrid_group"), int32_t{})[0];
+    EXPECT_EQ(ints(pushed[1][m].fields.at("hybrid_group"), int32_t{})[0], group);
+    EXPECT_EQ(group_of_cp.emplace(c, group).first->second, group) << "microbatch " << m;
     for (int rank = 0; rank < 2; ++rank) {
       const std::vector<int64_t> gids = ints(pushed[rank][m].fields.at("sample_ids"), int64_t{});
       ASSERT_EQ(gids.size() + 1, ints(pushed[rank][m].fields.at("cu_seqlens"), int32_t{}).size());
@@ -154,6 +160,11 @@ TEST_F(JobRunnerTest, AHybridCpStepServesEverySubSampleOnceAtItsCpSize) {
   // A gid on a group of 2 counts twice, each rank holding half of it.
   EXPECT_EQ(real_tokens, 4 * 128);
   for (const auto& [gid, ranks] : runs) EXPECT_LE(ranks, 2) << "gid " << gid;
+  // Numbered from 0 in order of first appearance, one per partition.
+  std::set<int32_t> groups;
+  for (const auto& [c, group] : group_of_cp) groups.insert(group);
+  EXPECT_EQ(groups.size(), group_of_cp.size());
+  EXPECT_EQ(*groups.rbegin(), static_cast<int32_t>(groups.size()) - 1);
 }
 
 TEST_F(JobRunnerTest, ARankBehindHoldsTheOthersWithinPrefetchSteps) {
