@@ -12,6 +12,7 @@
 #include "packfeed/scheduler/plan_stats.h"
 #include "scheduler/src/graph_refiner.h"
 #include "scheduler/src/group_merger.h"
+#include "scheduler/src/hybrid_refiner.h"
 #include "scheduler/src/plan_refiner.h"
 #include "scheduler/src/row_packer.h"
 
@@ -25,8 +26,9 @@ constexpr double kUnlimited = 1e300;
 // over 1 024 ranks plan within 20 ms (docs/SCHEDULER.md, "Scale").
 constexpr int64_t kExploreWork = int64_t{1} << 22;
 
-// The graph objective refines this many of its best candidates.
-constexpr size_t kGraphRefined = 3;
+// The graph and hybrid objectives refine this many of each round's best
+// candidates.
+constexpr size_t kRefined = 3;
 
 // The budgets dynamic_cp tries, up to the cap (ClimbTheBudgets).
 // Fixed for a batch's size, so that a larger cap tries every rung a smaller
@@ -277,52 +279,55 @@ std::vector<GlobalPlan> Polished(const Packed& packed, const PackerBatch& batch,
 }
 
 // The plans a batch's candidates gave, judged by the objective: the
-// fastest by StepTime or HybridStepTime (ties: the first planned) or, for
-// the graph objective, by GraphStepTime after the local search. How much that search
-// gains depends on the plan it starts from, so it refines a few of each
-// round's fastest candidates (EndRound) and keeps the fastest result: a
-// candidate's refinement depends on its round alone, which keeps the
-// planner's step time monotone in its cap for this objective too.
+// fastest by StepTime (ties: the first planned) or, for the graph and
+// hybrid objectives, by GraphStepTime or HybridStepTime after their local
+// search. How much a search gains depends on the plan it starts from, so it
+// refines a few of each round's fastest candidates (EndRound) and keeps
+// the fastest result: a candidate's refinement depends on its round alone,
+// which keeps the planner's step time monotone in its cap for these
+// objectives too.
 class Candidates {
  public:
   Candidates(const CostModel& model, Objective objective, const ExecutionGraph& execution,
              int64_t max_tokens_per_rank)
       : model_(model),
         objective_(objective),
-        graph_(objective == Objective::kGraph),
         execution_(execution),
         max_tokens_per_rank_(max_tokens_per_rank) {}
 
   void Consider(std::vector<GlobalPlan>& plans) {
     for (GlobalPlan& plan : plans) {
-      if (graph_) {
-        const double time = GraphStepTime(plan, model_, execution_);
-        const auto at = std::upper_bound(
-            round_.begin(), round_.end(), time,
-            [](double t, const std::pair<double, GlobalPlan>& entry) { return t < entry.first; });
-        if (static_cast<size_t>(at - round_.begin()) < kGraphRefined) {
-          round_.insert(at, {time, plan});
-          if (round_.size() > kGraphRefined) round_.pop_back();
+      const double time = Time(plan);
+      if (objective_ == Objective::kBarrier) {
+        if (!best_ || time < best_time_) {
+          best_ = std::move(plan);
+          best_time_ = time;
         }
+        continue;
       }
-      const double time =
-          objective_ == Objective::kHybrid ? HybridStepTime(plan, model_) : StepTime(plan, model_);
-      if (!best_ || time < best_time_) {
-        best_ = std::move(plan);
-        best_time_ = time;
+      const auto at = std::upper_bound(
+          round_.begin(), round_.end(), time,
+          [](double t, const std::pair<double, GlobalPlan>& entry) { return t < entry.first; });
+      if (static_cast<size_t>(at - round_.begin()) < kRefined) {
+        round_.insert(at, {time, std::move(plan)});
+        if (round_.size() > kRefined) round_.pop_back();
       }
     }
   }
 
-  // Graph objective: refines this round's few fastest and keeps the
-  // fastest refined plan so far.
+  // Graph and hybrid objectives: refines this round's few fastest and
+  // keeps the fastest refined plan so far.
   void EndRound() {
     for (auto& [unused, plan] : round_) {
-      RefineForGraph(plan, model_, max_tokens_per_rank_, execution_);
-      const double time = GraphStepTime(plan, model_, execution_);
-      if (!refined_ || time < refined_time_) {
-        refined_ = std::move(plan);
-        refined_time_ = time;
+      if (objective_ == Objective::kGraph) {
+        RefineForGraph(plan, model_, max_tokens_per_rank_, execution_);
+      } else {
+        RefineForHybrid(plan, model_, max_tokens_per_rank_);
+      }
+      const double time = Time(plan);
+      if (!best_ || time < best_time_) {
+        best_ = std::move(plan);
+        best_time_ = time;
       }
     }
     round_.clear();
@@ -330,22 +335,30 @@ class Candidates {
 
   // The plan kept (at least one plan was considered).
   GlobalPlan Take() {
-    if (!graph_) return *std::move(best_);
     EndRound();
-    return *std::move(refined_);
+    return *std::move(best_);
   }
 
  private:
+  double Time(const GlobalPlan& plan) const {
+    switch (objective_) {
+      case Objective::kGraph:
+        return GraphStepTime(plan, model_, execution_);
+      case Objective::kHybrid:
+        return HybridStepTime(plan, model_);
+      case Objective::kBarrier:
+        break;
+    }
+    return StepTime(plan, model_);
+  }
+
   const CostModel& model_;
   const Objective objective_;
-  const bool graph_;
   const ExecutionGraph& execution_;
   const int64_t max_tokens_per_rank_;
-  std::optional<GlobalPlan> best_;
+  std::optional<GlobalPlan> best_;  // barrier: the fastest; else the fastest refined
   double best_time_ = 0;
   std::vector<std::pair<double, GlobalPlan>> round_;
-  std::optional<GlobalPlan> refined_;
-  double refined_time_ = 0;
 };
 
 double InflationOf(const GlobalPlan& plan, const PackerConfig& config) {
@@ -478,8 +491,12 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   // Sequences × ranks: what each candidate's pack costs (kExploreWork).
   const int64_t work = static_cast<int64_t>(batch.items.size()) * config.num_ranks;
   const bool explore = work <= kExploreWork;
+  // One more microbatch: where the model prices microbatches, a trade of
+  // μ for balance; under the hybrid objective, which prices sub-samples
+  // instead, free room in which the refiner evens the ranks' totals.
   const bool one_more =
-      explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0);
+      explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0 ||
+                  options.objective == Objective::kHybrid);
   Candidates candidates(config.cost_model, options.objective, options.execution,
                         config.max_tokens_per_rank);
   if (options.kind == SchedulerKind::kDynamicCp) {

@@ -519,6 +519,39 @@ TEST(PlannerTest, StepTimeNeverRisesWithTheCap) {
   EXPECT_GE(compared, 48 * 12 * 85 / 100);
 }
 
+// Megatron's hybrid-CP loop runs microbatches with the same CP groups as
+// one group, so a batch whose sequences all fit one rank can run as one
+// group, each rank's total evened out across its microbatches (as
+// Megatron's own scheduler does): within 0.2 % of Σ W / N, below the
+// barrier objective's plan in that loop, and one group. Under both
+// budgets, 0.05 and a hybrid job's 1.0.
+TEST(PlannerTest, TheHybridObjectiveRunsShortSequencesAsOneEvenGroup) {
+  std::mt19937_64 rng(20261129);
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 256; ++i) {
+    const int64_t kind_of_length = Uniform(rng, 0, 9);
+    lengths.push_back(kind_of_length < 7 ? Uniform(rng, 100, 1500) : Uniform(rng, 1500, 8000));
+  }
+  PlannerOptions options = Options(SchedulerKind::kDynamicCp, 8, 1, 8192);
+  for (const double budget : {0.05, 1.0}) {
+    SCOPED_TRACE(budget);
+    options.cp_upgrade_budget = budget;
+    options.objective = Objective::kHybrid;
+    const absl::StatusOr<GlobalPlan> hybrid = PlanGlobalBatch(lengths, options);
+    ASSERT_TRUE(hybrid.ok()) << hybrid.status();
+    ExpectPlanKeepsItsPromises(*hybrid, lengths, options, "hybrid");
+    options.objective = Objective::kBarrier;
+    const absl::StatusOr<GlobalPlan> barrier = PlanGlobalBatch(lengths, options);
+    ASSERT_TRUE(barrier.ok()) << barrier.status();
+    double work = 0;
+    for (const int64_t length : lengths) work += options.cost_model.Cost(length, 1);
+    const double time = HybridStepTime(*hybrid, options.cost_model);
+    EXPECT_LE(time, 1.002 * work / 8);
+    EXPECT_LT(time, HybridStepTime(*barrier, options.cost_model));
+    EXPECT_THAT(HybridGroupsOf(*hybrid), ::testing::Each(0));
+  }
+}
+
 // The seventh global batch of 128 of the heavy-tailed family (bench/
 // traces) over 8 ranks of 16 384 tokens: three sequences need 2-8 ranks,
 // most hold a tenth of one, so how much CP inflation pays depends on what
