@@ -178,6 +178,30 @@ absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name) {
       "unknown scheduler '", name, "'; expected balanced, dynamic_cp or megatron_dp_balanced"));
 }
 
+absl::string_view ObjectiveName(Objective objective) {
+  switch (objective) {
+    case Objective::kBarrier:
+      return "barrier";
+    case Objective::kGraph:
+      return "graph";
+    case Objective::kHybrid:
+      return "hybrid";
+  }
+  return "unknown";
+}
+
+double ObjectiveTime(const GlobalPlan& plan, const PlannerOptions& options) {
+  switch (options.objective) {
+    case Objective::kGraph:
+      return GraphStepTime(plan, options.cost_model, options.execution);
+    case Objective::kHybrid:
+      return HybridStepTime(plan, options.cost_model);
+    case Objective::kBarrier:
+      break;
+  }
+  return StepTime(plan, options.cost_model);
+}
+
 absl::string_view SchedulerKindName(SchedulerKind kind) {
   switch (kind) {
     case SchedulerKind::kBalanced:
@@ -288,17 +312,12 @@ std::vector<GlobalPlan> Polished(const Packed& packed, const PackerBatch& batch,
 // objectives too.
 class Candidates {
  public:
-  Candidates(const CostModel& model, Objective objective, const ExecutionGraph& execution,
-             int64_t max_tokens_per_rank)
-      : model_(model),
-        objective_(objective),
-        execution_(execution),
-        max_tokens_per_rank_(max_tokens_per_rank) {}
+  explicit Candidates(const PlannerOptions& options) : options_(options) {}
 
   void Consider(std::vector<GlobalPlan>& plans) {
     for (GlobalPlan& plan : plans) {
-      const double time = Time(plan);
-      if (objective_ == Objective::kBarrier) {
+      const double time = ObjectiveTime(plan, options_);
+      if (options_.objective == Objective::kBarrier) {
         if (!best_ || time < best_time_) {
           best_ = std::move(plan);
           best_time_ = time;
@@ -319,12 +338,12 @@ class Candidates {
   // keeps the fastest refined plan so far.
   void EndRound() {
     for (auto& [unused, plan] : round_) {
-      if (objective_ == Objective::kGraph) {
-        RefineForGraph(plan, model_, max_tokens_per_rank_, execution_);
+      if (options_.objective == Objective::kGraph) {
+        RefineForGraph(plan, options_.cost_model, options_.max_tokens_per_rank, options_.execution);
       } else {
-        RefineForHybrid(plan, model_, max_tokens_per_rank_);
+        RefineForHybrid(plan, options_.cost_model, options_.max_tokens_per_rank);
       }
-      const double time = Time(plan);
+      const double time = ObjectiveTime(plan, options_);
       if (!best_ || time < best_time_) {
         best_ = std::move(plan);
         best_time_ = time;
@@ -340,22 +359,7 @@ class Candidates {
   }
 
  private:
-  double Time(const GlobalPlan& plan) const {
-    switch (objective_) {
-      case Objective::kGraph:
-        return GraphStepTime(plan, model_, execution_);
-      case Objective::kHybrid:
-        return HybridStepTime(plan, model_);
-      case Objective::kBarrier:
-        break;
-    }
-    return StepTime(plan, model_);
-  }
-
-  const CostModel& model_;
-  const Objective objective_;
-  const ExecutionGraph& execution_;
-  const int64_t max_tokens_per_rank_;
+  const PlannerOptions& options_;
   std::optional<GlobalPlan> best_;  // barrier: the fastest; else the fastest refined
   double best_time_ = 0;
   std::vector<std::pair<double, GlobalPlan>> round_;
@@ -497,8 +501,7 @@ absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
   const bool one_more =
       explore && (config.cost_model.microbatch > 0 || config.cost_model.bubble > 0 ||
                   options.objective == Objective::kHybrid);
-  Candidates candidates(config.cost_model, options.objective, options.execution,
-                        config.max_tokens_per_rank);
+  Candidates candidates(options);
   if (options.kind == SchedulerKind::kDynamicCp) {
     absl::Status status =
         ClimbTheBudgets(batch, config, options, lower_bound, step, work, one_more, candidates);

@@ -101,31 +101,6 @@ struct RandomCase {
   std::string description;
 };
 
-const char* ObjectiveName(Objective objective) {
-  switch (objective) {
-    case Objective::kBarrier:
-      return "barrier";
-    case Objective::kGraph:
-      return "graph";
-    case Objective::kHybrid:
-      return "hybrid";
-  }
-  return "?";
-}
-
-// What the planner minimised for `options.objective`.
-double ObjectiveTime(const GlobalPlan& plan, const PlannerOptions& options) {
-  switch (options.objective) {
-    case Objective::kGraph:
-      return GraphStepTime(plan, options.cost_model, options.execution);
-    case Objective::kHybrid:
-      return HybridStepTime(plan, options.cost_model);
-    case Objective::kBarrier:
-      break;
-  }
-  return StepTime(plan, options.cost_model);
-}
-
 // `index` picks the objective and EP size, leaving the random stream (and
 // so the cases) as they were before those options existed.
 RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind, int index) {
@@ -178,7 +153,7 @@ RandomCase MakeCase(std::mt19937_64& rng, SchedulerKind kind, int index) {
                   (o.sequence_parallel ? " SP" : "") + " VPP" + std::to_string(o.vpp_group_size) +
                   " cap " + std::to_string(o.max_tokens_per_rank) + " cp [" +
                   std::to_string(o.min_cp) + "," + std::to_string(o.max_cp) + "] n " +
-                  std::to_string(count) + " " + ObjectiveName(o.objective) + " EP" +
+                  std::to_string(count) + " " + std::string(ObjectiveName(o.objective)) + " EP" +
                   std::to_string(o.execution.expert_parallel);
   return c;
 }

@@ -32,6 +32,7 @@ enum class SchedulerKind {
 enum class Objective { kBarrier, kGraph, kHybrid };
 // "barrier" (also ""), "graph", "hybrid".
 absl::StatusOr<Objective> ObjectiveFromName(absl::string_view name);
+absl::string_view ObjectiveName(Objective objective);
 
 // "balanced", "dynamic_cp", "megatron_dp_balanced".
 absl::StatusOr<SchedulerKind> SchedulerKindFromName(absl::string_view name);
@@ -110,6 +111,11 @@ struct PlannerOptions {
 // own dp_balanced failures.
 absl::StatusOr<GlobalPlan> PlanGlobalBatch(absl::Span<const int64_t> lengths,
                                            const PlannerOptions& options);
+
+// What PlanGlobalBatch minimises: the plan's StepTime, GraphStepTime over
+// options.execution or HybridStepTime, as options.objective says, under
+// options.cost_model.
+double ObjectiveTime(const GlobalPlan& plan, const PlannerOptions& options);
 
 // InvalidArgument (as PlanGlobalBatch's, for "sample 0") when a sequence of
 // real length `length` does not fit max_tokens_per_rank even at the largest
