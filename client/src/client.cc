@@ -355,15 +355,25 @@ absl::Status Client::Impl::Open() {
 
 absl::StatusOr<uint64_t> Client::Impl::SlotBytes() const {
   if (options_.slot_bytes != 0) return options_.slot_bytes;
-  grpc::ClientContext context;
-  SetDeadline(context, options_.attach_timeout);
   v1::DescribeRequest request;
   request.set_job(options_.job);
   request.set_auth_token(options_.auth_token);
   v1::DescribeReply reply;
-  PF_RETURN_IF_ERROR(DaemonCallStatus(control_->control->Describe(&context, request, &reply),
-                                      absl::StrCat("describe job ", options_.job),
-                                      DaemonName(options_)));
+  // The rank's first call. A daemon that is up may still drop a connection
+  // while it is being set up (seen with 16 ranks attaching at once to a
+  // daemon under ASan: gRPC's "handshaker shutdown"), so an unanswered
+  // call is tried twice more, 0.2 s and 0.4 s later, before the rank gives
+  // up; where no daemon listens that costs 0.6 s.
+  grpc::Status status;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (attempt > 0) absl::SleepFor(absl::Milliseconds(100 << attempt));
+    grpc::ClientContext context;
+    SetDeadline(context, options_.attach_timeout);
+    status = control_->control->Describe(&context, request, &reply);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  }
+  PF_RETURN_IF_ERROR(
+      DaemonCallStatus(status, absl::StrCat("describe job ", options_.job), DaemonName(options_)));
   return reply.required_slot_bytes();
 }
 
