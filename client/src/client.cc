@@ -359,18 +359,21 @@ absl::StatusOr<uint64_t> Client::Impl::SlotBytes() const {
   request.set_job(options_.job);
   request.set_auth_token(options_.auth_token);
   v1::DescribeReply reply;
-  // The rank's first call. A daemon that is up may still drop a connection
-  // while it is being set up (seen with 16 ranks attaching at once to a
-  // daemon under ASan: gRPC's "handshaker shutdown"), so an unanswered
-  // call is tried twice more, 0.2 s and 0.4 s later, before the rank gives
-  // up; where no daemon listens that costs 0.6 s.
-  grpc::Status status;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    if (attempt > 0) absl::SleepFor(absl::Milliseconds(100 << attempt));
-    grpc::ClientContext context;
-    SetDeadline(context, options_.attach_timeout);
-    status = control_->control->Describe(&context, request, &reply);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+  // The rank's first call. Once this node's socket exists it waits for the
+  // daemon up to attach_timeout: a daemon still starting, or one on a
+  // loaded node, answers late rather than never (16 ranks attaching at once
+  // to a daemon under ASan on 2 cores met gRPC's 20 s connect timeout).
+  // With no socket, or a daemon over TCP (whose refusals, a TLS handshake
+  // among them, are final), it fails at once.
+  grpc::ClientContext context;
+  SetDeadline(context, options_.attach_timeout);
+  context.set_wait_for_ready(options_.daemon_address.empty() &&
+                             access(options_.socket_path.c_str(), F_OK) == 0);
+  grpc::Status status = control_->control->Describe(&context, request, &reply);
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    status = grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("nothing answered within ", absl::FormatDuration(options_.attach_timeout)));
   }
   PF_RETURN_IF_ERROR(
       DaemonCallStatus(status, absl::StrCat("describe job ", options_.job), DaemonName(options_)));

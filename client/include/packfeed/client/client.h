@@ -98,6 +98,10 @@ struct ClientOptions {
   RingSharing sharing = RingSharing::kAuto;
   int cuda_device = 0;         // for a device ring
   std::string ucx_transports;  // "" = UCX's choice
+  // How long each call of Attach may take. The first waits that long for a
+  // daemon on this node's socket once the socket exists (a daemon starting
+  // or loaded answers late); with no socket, or over TCP, an unanswered
+  // call fails at once.
   absl::Duration attach_timeout = absl::Seconds(30);
   // When the daemon goes away (killed, restarted by systemd, drained),
   // NextStep/Next attach again for up to this long (backoff 0.1 s doubling
