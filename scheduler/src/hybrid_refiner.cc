@@ -18,10 +18,12 @@ struct Place {
 };
 
 // An aligned block of ranks of one hybrid group: its CP group in each of
-// the group's microbatches, and the work each of its ranks runs in all.
+// the group's microbatches, the tokens each of its ranks holds in each
+// (kept as sequences move, for the cap), and the work each rank runs in all.
 struct Block {
   int size = 1;
   std::vector<Place> places;
+  std::vector<int64_t> tokens;  // by place
   double total = 0;
 };
 
@@ -60,11 +62,6 @@ class HybridRefiner {
   double Work(const PlannedSequence& s, int size) const {
     return model_.Cost(s.padded_length, size) + model_.microbatch;
   }
-  int64_t Tokens(const CpGroup& group) const {
-    int64_t tokens = 0;
-    for (const PlannedSequence& s : group.sequences) tokens += s.padded_length / group.size;
-    return tokens;
-  }
 
   void Even(const std::vector<size_t>& microbatches) {
     std::vector<Block> blocks;
@@ -74,9 +71,12 @@ class HybridRefiner {
       block.size = partition[g].size;
       for (size_t m : microbatches) {
         block.places.push_back({m, g});
+        int64_t tokens = 0;
         for (const PlannedSequence& s : At(block.places.back()).sequences) {
           block.total += Work(s, block.size);
+          tokens += s.padded_length / block.size;
         }
+        block.tokens.push_back(tokens);
       }
     }
     while (budget_ > 0) {
@@ -101,14 +101,14 @@ class HybridRefiner {
       if (dst == src || to.size != from.size || gap <= 0) continue;
       for (size_t fp = 0; fp < from.places.size(); ++fp) {
         const CpGroup& source = At(from.places[fp]);
-        const int64_t source_tokens = Tokens(source);
+        const int64_t source_tokens = from.tokens[fp];
         for (size_t fs = 0; fs < source.sequences.size(); ++fs) {
           const PlannedSequence& moved = source.sequences[fs];
           const int64_t moved_tokens = moved.padded_length / from.size;
           const double work = Work(moved, from.size);
           for (size_t tp = 0; tp < to.places.size(); ++tp) {
             const CpGroup& target = At(to.places[tp]);
-            const int64_t target_tokens = Tokens(target);
+            const int64_t target_tokens = to.tokens[tp];
             budget_ -= 1 + static_cast<int64_t>(target.sequences.size());
             auto consider = [&](double delta, std::optional<size_t> back) {
               const double gain = delta * (gap - delta);
@@ -141,6 +141,11 @@ class HybridRefiner {
     Block& to = blocks[change.dst];
     std::vector<PlannedSequence>& source = At(from.places[change.from_place]).sequences;
     std::vector<PlannedSequence>& target = At(to.places[change.to_place]).sequences;
+    // Same-size blocks: a sequence holds as many tokens per rank in either.
+    const int64_t moved = source[change.from_sequence].padded_length / from.size;
+    const int64_t returned = change.back ? target[*change.back].padded_length / to.size : 0;
+    from.tokens[change.from_place] += returned - moved;
+    to.tokens[change.to_place] += moved - returned;
     if (change.back) {
       std::swap(source[change.from_sequence], target[*change.back]);
     } else {

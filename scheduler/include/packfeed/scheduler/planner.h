@@ -75,10 +75,10 @@ struct PlannerOptions {
   //   time never rises with the cap (docs/SCHEDULER.md, "Plans chosen by
   //   cost").
   double cp_upgrade_budget = kDefaultCpUpgradeBudget;
-  // What the planner minimises: StepTime (plan_stats.h) under this model.
-  // dynamic_cp plans candidates for batches up to 2²² sequences × ranks
-  // (budgets, one more microbatch where the model prices microbatches) and
-  // keeps the fastest (docs/SCHEDULER.md).
+  // The model the objective's step time is taken under. dynamic_cp plans
+  // candidates for batches up to 2²² sequences × ranks (budgets, one more
+  // microbatch where the model prices microbatches or the objective is
+  // kHybrid) and keeps the fastest (docs/SCHEDULER.md).
   CostModel cost_model = CostModel::Megatron();
   // kGraph: candidates are judged by GraphStepTime over `execution`, and
   // the one kept is refined for it (scheduler/src/graph_refiner.h).
