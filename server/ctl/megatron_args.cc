@@ -28,12 +28,21 @@ constexpr std::pair<const char*, const char*> kRefused[] = {
      "every sample that process read before, so a sample's tokens depend on the data loader's "
      "history (DP rank, workers, restarts), not on the seed and its index; packfeed serves "
      "samples that depend on those alone (docs/PRETRAINING.md)"},
-    {"--sft", "SFT data is served by DATASET_KIND_SFT jobs, not this command"},
+    {"--sft",
+     "0.19.2's SFTDataset reads JSON-lines conversations and tokenizes them at load time with "
+     "the trainer's tokenizer (tokenize_conversation); packfeedd runs no tokenizer, so it cannot "
+     "serve SFTDataset's samples (a DATASET_KIND_SFT job serves pre-tokenized conversations in "
+     "packfeed's own layout, docs/PRETRAINING.md)"},
     {"--data-args-path", "give the blend as --data-path"},
     {"--per-split-data-args-path", "give the blends as --train/valid/test-data-path"},
     {"--full-validation",
-     "validation over the whole split (MegatronFullValidationSampler) is not served yet"},
-    {"--multiple-validation-sets", "several validation sets are not served yet"},
+     "not served yet: MegatronFullValidationSampler walks one epoch of the validation split, one "
+     "sample per DP rank and microbatch, and a rank whose share runs out starts it again "
+     "(cyclic), so DP ranks read different counts; packfeed serves each split as whole global "
+     "batches"},
+    {"--multiple-validation-sets",
+     "not served yet: Megatron runs it only with --full-validation (NotImplementedError "
+     "otherwise), which is not served"},
     {"--phase-transition-iterations", "phase transitions are not served yet"},
     {"--skip-train", "a run without training is not served"},
     {"--num-layers-per-virtual-pipeline-stage",

@@ -150,6 +150,9 @@ TEST(MegatronArgsTest, RefusesWhatItCannotServeNamingTheFlag) {
   };
   EXPECT_THAT(refused({"--mock-data"}), HasSubstr("--mock-data"));
   EXPECT_THAT(refused({"--fim-data"}), HasSubstr("not on the seed and its index"));
+  EXPECT_THAT(refused({"--sft"}), HasSubstr("packfeedd runs no tokenizer"));
+  EXPECT_THAT(refused({"--full-validation"}), HasSubstr("DP ranks read different counts"));
+  EXPECT_THAT(refused({"--multiple-validation-sets"}), HasSubstr("only with --full-validation"));
   EXPECT_THAT(refused({"--dataloader-type", "cyclic"}), HasSubstr("--dataloader-type cyclic"));
   EXPECT_THAT(refused({"--rampup-batch-size", "16", "16", "1000"}),
               HasSubstr("--rampup-batch-size"));
