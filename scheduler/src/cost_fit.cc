@@ -223,6 +223,25 @@ FittedCost CostFit::Fit() const {
   return out;
 }
 
+bool WorthAdopting(const FittedCost& fit, const CostModel& current, bool current_in_seconds,
+                   const std::vector<CostTerms>& recent, const AdoptionRule& rule) {
+  if (fit.rows < rule.min_rows || recent.empty()) return false;
+  const std::array<double, kN> theta = Coefficients(fit.model);
+  std::array<double, kN> work{};
+  double total = 0, change = 0;
+  for (const CostTerms& terms : recent) {
+    for (int t = 0; t < kN; ++t) work[t] += theta[t] * terms[t];
+    const double fitted = ModelledWork(fit.model, terms);
+    total += fitted;
+    change += std::abs(fitted - ModelledWork(current, terms));
+  }
+  if (!(total > 0)) return false;
+  double determined = 0;
+  for (int t = 0; t < kN; ++t) determined += fit.determined[t] * work[t] / total;
+  if (determined < rule.min_determined) return false;
+  return !current_in_seconds || change / total >= rule.min_change;
+}
+
 std::string DescribeFit(const FittedCost& fit) {
   const std::array<double, kN> theta = Coefficients(fit.model);
   static constexpr const char* kSymbols[kN] = {"α", "β", "κ", "λ", "μ"};

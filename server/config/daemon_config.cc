@@ -327,6 +327,9 @@ void FillDefaults(v1::JobConfig& job) {
                                                                                   : "balanced");
   }
   if (job.scheduler().cost_model().empty()) job.mutable_scheduler()->set_cost_model("megatron");
+  if (job.scheduler().learned_model_lead_steps() == 0) {
+    job.mutable_scheduler()->set_learned_model_lead_steps(32);
+  }
   if (job.scheduler().objective().empty() && job.pretraining().hybrid_context_parallel()) {
     job.mutable_scheduler()->set_objective("hybrid");
   }
@@ -530,6 +533,25 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
     return FieldError(where, "scheduler.objective",
                       "hybrid judges a plan as Megatron's hybrid-CP loop runs it; it needs "
                       "pretraining.hybrid_context_parallel");
+  }
+  if (s.learn_cost_model()) {
+    // What the learner fits from: each rank's compute per microbatch of a
+    // plan the daemon made (cost_learner.h).
+    if (t.pp() > 1) {
+      return FieldError(where, "scheduler.learn_cost_model",
+                        "needs PP 1 (pipeline stages interleave microbatches, so a rank's "
+                        "compute per microbatch is not measured)");
+    }
+    if (*kind == scheduler::SchedulerKind::kMegatronDpBalanced ||
+        (IsPretrainingJob(job) && !job.pretraining().hybrid_context_parallel())) {
+      return FieldError(where, "scheduler.learn_cost_model",
+                        "needs a job the daemon plans by cost (balanced or dynamic_cp; a "
+                        "pretraining job only with hybrid_context_parallel)");
+    }
+  }
+  if (s.learned_model_lead_steps() > 100000) {
+    return FieldError(where, "scheduler.learned_model_lead_steps",
+                      absl::StrCat(s.learned_model_lead_steps(), " is above 100000"));
   }
   if (t.ep() > 1 && (t.dp() * t.cp()) % t.ep() != 0) {
     return FieldError(where, "topology.ep",

@@ -122,7 +122,7 @@ class AdminService final : public v1::Admin::CallbackService {
       status = absl::InvalidArgumentError(absl::StrCat("step ", request->step(), " < 0"));
     } else {
       const Job& job = runner->job();
-      absl::StatusOr<StepPlan> plan = PlanStep(job, request->step());
+      absl::StatusOr<StepPlan> plan = PlanStep(job, request->step(), /*serving=*/false);
       status = plan.status();
       if (plan.ok()) FillPlan(job, *plan, *reply);
     }
@@ -225,9 +225,10 @@ class AdminService final : public v1::Admin::CallbackService {
  private:
   static void FillPlan(const Job& job, const StepPlan& step, v1::GetPlanReply& reply) {
     const scheduler::GlobalPlan& plan = step.plan;
-    const scheduler::CostModel& model = job.planner_options().cost_model;
+    const scheduler::CostModel model = job.PlannerOptionsFor(step.step, false).cost_model;
     reply.set_job(job.name());
     reply.set_step(step.step);
+    reply.set_cost_model_version(step.cost_model_version);
     reply.set_num_microbatches(static_cast<uint32_t>(plan.num_microbatches()));
     reply.set_step_over_ideal(
         scheduler::ComputePlanStats(plan, model, job.planner_options().max_tokens_per_rank)

@@ -292,6 +292,9 @@ absl::Status PlanStep(const AdminArgs& args) {
       reply.job().c_str(), static_cast<long long>(reply.step()), reply.num_microbatches(),
       reply.step_over_ideal(), static_cast<long long>(reply.real_sum()),
       static_cast<long long>(reply.padded_sum()));
+  if (reply.cost_model_version() > 0) {
+    std::printf("  planned by learned cost model version %u\n", reply.cost_model_version());
+  }
   for (const v1::PlannedRank& rank : reply.ranks()) {
     std::printf("  dp-cp rank %u: tokens [%s] cp [%s]\n", rank.dp_cp_rank(),
                 absl::StrJoin(rank.tokens(), " ").c_str(),

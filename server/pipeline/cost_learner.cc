@@ -62,8 +62,27 @@ void CostLearner::Measured(int global_rank, absl::Span<const MeasuredMicrobatch>
         step->second.terms[static_cast<size_t>(row.microbatch)][static_cast<size_t>(index)];
     step->second.measured[static_cast<size_t>(index)] += row.seconds;
     ++step->second.measured_count[static_cast<size_t>(index)];
-    if (row.step >= first + kWarmUpSteps) fit_.Add(terms, row.seconds);
+    if (row.step < first + kWarmUpSteps) continue;
+    fit_.Add(terms, row.seconds);
+    absl::MutexLock lock(&rows_mutex_);
+    rows_.push_back({terms, row.seconds});
+    ++rows_added_;
+    if (rows_.size() > kRowsKept) rows_.pop_front();
   }
+}
+
+std::vector<CostLearner::Row> CostLearner::RowsAfter(int64_t after, size_t max_rows,
+                                                     int64_t& last) const {
+  absl::MutexLock lock(&rows_mutex_);
+  const int64_t oldest = rows_added_ - static_cast<int64_t>(rows_.size());
+  const int64_t first = std::max(after + 1, oldest);
+  last = std::max(after, first - 1);
+  std::vector<Row> out;
+  for (int64_t row = first; row < rows_added_ && out.size() < max_rows; ++row) {
+    out.push_back(rows_[static_cast<size_t>(row - oldest)]);
+    last = row;
+  }
+  return out;
 }
 
 CostFitFigures CostLearner::Figures() const {

@@ -5,21 +5,26 @@
 // model (docs/SCHEDULER.md, "A cost model learned from the cluster"). The
 // runner tells it each step's plan and hands it the microbatch times the
 // ranks' clients report; it pairs each time with the work the plan gave
-// that rank's CP group and keeps the fit (scheduler::CostFit). Not yet
-// used to plan: its figures are exported for operators to compare.
+// that rank's CP group and keeps the fit (scheduler::CostFit), whose
+// figures are exported for operators to compare. A job that learns its
+// model (scheduler.learn_cost_model) plans by the fit of its leader daemon,
+// which takes every node's rows (RowsAfter; cost_model_sync.h).
 //
 // Which measurements count: pipeline parallelism interleaves stages'
 // microbatches, so jobs with PP > 1 are not measured (report_compute is
 // off for them); TP ranks > 0 repeat their TP rank 0's time and are
 // skipped; each step's last microbatch also holds the optimizer step and
 // the gradient reduction, and each rank's first two steps warm up, so
-// neither is fitted. Runner thread only.
+// neither is fitted. Runner thread only, but for RowsAfter.
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "packfeed/scheduler/cost_fit.h"
 #include "server/pipeline/job.h"
@@ -39,6 +44,15 @@ class CostLearner {
   void Measured(int global_rank, absl::Span<const MeasuredMicrobatch> computed);
   CostFitFigures Figures() const;
 
+  // The rows fitted here, numbered from 0 in the order they came, after row
+  // `after` (-1: from the oldest kept), at most `max_rows`; and the number
+  // of the last row returned (`after` when none). Thread-safe.
+  struct Row {
+    scheduler::CostTerms terms;
+    double seconds = 0;
+  };
+  std::vector<Row> RowsAfter(int64_t after, size_t max_rows, int64_t& last) const;
+
  private:
   struct StepWork {
     // [microbatch][i]: local dp-cp rank i's group's work.
@@ -49,6 +63,7 @@ class CostLearner {
   };
   static constexpr int kStepsKept = 64;
   static constexpr int kWarmUpSteps = 2;
+  static constexpr size_t kRowsKept = 8192;
 
   const Job& job_;
   const bool measures_;
@@ -58,6 +73,9 @@ class CostLearner {
   std::vector<int> local_dp_cp_;  // the local dp-cp ranks, ascending
   std::map<int64_t, StepWork> steps_;
   std::map<int, int64_t> first_step_;  // per local dp-cp rank index
+  mutable absl::Mutex rows_mutex_;
+  std::deque<Row> rows_ ABSL_GUARDED_BY(rows_mutex_);  // the newest kRowsKept
+  int64_t rows_added_ ABSL_GUARDED_BY(rows_mutex_) = 0;
 };
 
 }  // namespace packfeed::server

@@ -60,6 +60,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   job->layout_ = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
                   static_cast<int>(t.dp()), t.sequence_parallel()};
   PF_ASSIGN_OR_RETURN(job->planner_, PlannerOptionsOf(config));
+  if (config.scheduler().learn_cost_model()) {
+    job->cost_models_ = std::make_unique<CostModelVersions>(job->planner_.cost_model);
+  }
   if (job->planner_.kind == scheduler::SchedulerKind::kDynamicCp) {
     PF_RETURN_IF_ERROR(scheduler::ResolveCpRange(job->planner_).status());
   }
@@ -231,6 +234,18 @@ int64_t Job::split_documents() const {
   int64_t out = 0;
   for (const dataset::SampleTable& table : sample_tables_) out += table.split_documents();
   return out;
+}
+
+scheduler::PlannerOptions Job::PlannerOptionsFor(int64_t step, bool planning,
+                                                 uint32_t* version) const {
+  scheduler::PlannerOptions options = planner_;
+  if (version != nullptr) *version = 0;
+  if (cost_models_ == nullptr) return options;
+  const CostModelVersion in_force =
+      planning ? cost_models_->ForPlanning(step) : cost_models_->ForStep(step);
+  options.cost_model = in_force.model;
+  if (version != nullptr) *version = in_force.version;
+  return options;
 }
 
 bool Job::IsLocal(int global_rank) const {

@@ -24,6 +24,7 @@
 #include "server/config/model_stages.h"
 #include "server/config/side_fields.h"
 #include "server/ingest/ingest_stream.h"
+#include "server/pipeline/cost_versions.h"
 
 namespace packfeed::server {
 
@@ -73,6 +74,15 @@ class Job {
   const JobLayout& layout() const { return layout_; }
   const std::string& fingerprint() const { return fingerprint_; }
   const scheduler::PlannerOptions& planner_options() const { return planner_; }
+  // The versions of a job's learned cost model; nullptr unless
+  // scheduler.learn_cost_model. Thread-safe (the one part of a job that
+  // changes after Create: the leader's versions are adopted into it).
+  CostModelVersions* cost_models() const { return cost_models_.get(); }
+  // The planner options of `step`: the configured ones, with the learned
+  // model version in force then; `version` is its number (0 = configured).
+  // `planning`: for the plan this node serves (CostModelVersions::ForPlanning).
+  scheduler::PlannerOptions PlannerOptionsFor(int64_t step, bool planning,
+                                              uint32_t* version = nullptr) const;
   const dataset::SampleRules& rules() const { return rules_; }
   // REQUIRES: not an ingest job.
   const scheduler::Sampler& sampler() const { return *sampler_; }
@@ -128,6 +138,7 @@ class Job {
   v1::JobConfig config_;
   JobLayout layout_;
   scheduler::PlannerOptions planner_;
+  std::unique_ptr<CostModelVersions> cost_models_;
   dataset::SampleRules rules_;
   std::vector<std::shared_ptr<const dataset::IndexedDataset>> datasets_;
   std::vector<dataset::SampleTable> sample_tables_;  // per dataset

@@ -172,9 +172,10 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
   return absl::OkStatus();
 }
 
-absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, StepPlan& out) {
-  absl::StatusOr<scheduler::GlobalPlan> plan =
-      scheduler::PlanGlobalBatch(lengths, job.planner_options());
+absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, bool serving,
+                      StepPlan& out) {
+  absl::StatusOr<scheduler::GlobalPlan> plan = scheduler::PlanGlobalBatch(
+      lengths, job.PlannerOptionsFor(out.step, serving, &out.cost_model_version));
   if (!plan.ok()) return InStep(job, out.step, plan.status());
   out.plan = *std::move(plan);
   return absl::OkStatus();
@@ -182,11 +183,11 @@ absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, StepP
 
 }  // namespace
 
-absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
+absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step, bool serving) {
   if (job.ingest() != nullptr) {
     absl::StatusOr<std::shared_ptr<const SealedStep>> sealed = job.ingest()->Sealed(step);
     if (!sealed.ok()) return InStep(job, step, sealed.status());
-    return PlanSealedStep(job, *std::move(sealed));
+    return PlanSealedStep(job, *std::move(sealed), serving);
   }
   StepPlan out;
   out.step = step;
@@ -195,7 +196,7 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
     if (absl::Status batch = HybridCpBatch(job, out, lengths); !batch.ok()) {
       return InStep(job, step, batch);
     }
-    PF_RETURN_IF_ERROR(Schedule(job, lengths, out));
+    PF_RETURN_IF_ERROR(Schedule(job, lengths, serving, out));
     out.hybrid_groups = scheduler::HybridGroupsOf(out.plan);
     return out;
   }
@@ -208,17 +209,18 @@ absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step) {
   if (absl::Status stored = StoredBatch(job, out, lengths); !stored.ok()) {
     return InStep(job, step, stored);
   }
-  PF_RETURN_IF_ERROR(Schedule(job, lengths, out));
+  PF_RETURN_IF_ERROR(Schedule(job, lengths, serving, out));
   return out;
 }
 
-absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed) {
+absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed,
+                                        bool serving) {
   StepPlan out;
   out.step = sealed->step;
   out.ingested = std::move(sealed);
   std::vector<int64_t> lengths;
   IngestBatch(job, *out.ingested, out, lengths);
-  PF_RETURN_IF_ERROR(Schedule(job, lengths, out));
+  PF_RETURN_IF_ERROR(Schedule(job, lengths, serving, out));
   return out;
 }
 

@@ -36,15 +36,23 @@ struct StepPlan {
   // not served.
   int64_t samples_truncated = 0;
   int64_t tokens_truncated = 0;
+  // The learned cost model's version the step was planned by (0: the
+  // configured model; scheduler.learn_cost_model).
+  uint32_t cost_model_version = 0;
 };
 
 // Samples and plan of `step` (>= 0). Errors are the planner's or a corrupt
 // index entry's (DataLoss naming the file), naming the job and step; for
 // an ingest job, Unavailable while the step is not sealed and NotFound once
 // it was freed.
-absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step);
+// `serving`: a plan this node serves, or decides what it serves by: a job
+// that learns its cost model then adopts no version that would have planned
+// `step` otherwise (Job::PlannerOptionsFor). False for a look at a plan
+// (the admin API's GetPlan).
+absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step, bool serving = true);
 // The plan of an ingest job's sealed step (held by the stream or not).
-absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed);
+absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed,
+                                        bool serving = true);
 
 // The samples dp-cp rank `dp_cp_rank` processes in `microbatch` of `plan`
 // (its CP group's sequences), in order.

@@ -9,7 +9,7 @@ namespace packfeed::server {
 StepPlanner::StepPlanner(const Job& job, OnPlanned on_planned, Plan plan)
     : job_(job),
       on_planned_(std::move(on_planned)),
-      plan_(plan ? std::move(plan) : Plan(PlanStep)),
+      plan_(plan ? std::move(plan) : Plan([](const Job& j, int64_t s) { return PlanStep(j, s); })),
       thread_(&StepPlanner::Loop, this) {}
 
 StepPlanner::~StepPlanner() {

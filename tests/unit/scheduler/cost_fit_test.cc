@@ -99,5 +99,39 @@ TEST(CostFitTest, NoRateComesOutNegativeAndBadRowsAreIgnored) {
   EXPECT_NEAR(fitted.model.alpha, truth.alpha, 0.1 * truth.alpha);
 }
 
+TEST(CostFitTest, AFitIsAdoptedOnceDeterminedWhereThePlansSpendTheirWork) {
+  const CostModel truth = Llama8b();
+  CostModel none;  // what the learner starts from under s²/c
+  none.alpha = 0;
+  CostFit fit(none);
+  std::mt19937_64 random(5);
+  std::vector<CostTerms> recent;
+  auto add = [&](int rows) {
+    for (int i = 0; i < rows; ++i) {
+      const CostTerms terms = TermsOfGroup(RandomGroup(random, 1 << (random() % 3)));
+      fit.Add(terms, ModelledWork(truth, terms));
+      recent.push_back(terms);
+    }
+  };
+  add(10);
+  EXPECT_FALSE(WorthAdopting(fit.Fit(), CostModel::Megatron(), false, recent));  // too few rows
+  add(400);
+  const FittedCost fitted = fit.Fit();
+  EXPECT_TRUE(WorthAdopting(fitted, CostModel::Megatron(), false, recent));
+  // In force already, or within 2 % of it: nothing new to announce.
+  EXPECT_FALSE(WorthAdopting(fitted, fitted.model, true, recent));
+  CostModel near = fitted.model;
+  near.alpha *= 1.01;
+  near.beta *= 1.01;
+  EXPECT_FALSE(WorthAdopting(fitted, near, true, recent));
+  CostModel far = fitted.model;
+  far.alpha *= 1.5;
+  EXPECT_TRUE(WorthAdopting(fitted, far, true, recent));
+  // A fit the data has not narrowed (a strong prior) is not adopted.
+  CostFit stubborn(truth, {.prior_spread = 1e-6});
+  for (const CostTerms& terms : recent) stubborn.Add(terms, 2 * ModelledWork(truth, terms));
+  EXPECT_FALSE(WorthAdopting(stubborn.Fit(), far, true, recent));
+}
+
 }  // namespace
 }  // namespace packfeed::scheduler

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/plan.h"
@@ -80,6 +81,24 @@ class CostFit {
   std::deque<Row> rows_;
   int64_t rows_seen_ = 0;
 };
+
+// When a fit is worth planning by in place of the model in force
+// (docs/SCHEDULER.md, "One learned model on every node").
+struct AdoptionRule {
+  int64_t min_rows = 64;
+  // The data's share of what is known of the terms, each weighted by its
+  // share of the fitted work of the recent rows: terms the plans never
+  // exercise do not hold a fit back, and keep their prior.
+  double min_determined = 0.9;
+  // The mean change of the recent rows' modelled work, relative to the
+  // fit's, below which a new version is not worth announcing.
+  double min_change = 0.02;
+};
+// `current` is the model in force; `current_in_seconds` false for
+// Megatron's unitless s²/c, which any adoptable fit replaces. `recent`:
+// the regressors of recent measured microbatches.
+bool WorthAdopting(const FittedCost& fit, const CostModel& current, bool current_in_seconds,
+                   const std::vector<CostTerms>& recent, const AdoptionRule& rule = {});
 
 // "α=… (±…, 97 % data) β=…", for logs and `packfeedctl cost-model`.
 std::string DescribeFit(const FittedCost& fit);
