@@ -7,6 +7,7 @@
 #include "packfeed/common/version.h"
 #include "packfeed/scheduler/plan_stats.h"
 #include "server/config/admin_tls.h"
+#include "server/control/cost_model_sync.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
 #include "server/pipeline/plan.h"
@@ -178,6 +179,76 @@ class AdminService final : public v1::Admin::CallbackService {
     return reactor;
   }
 
+  // From the job's leader daemon (or one starting): this node's measured
+  // cost rows, how far it planned, and its learned model versions.
+  grpc::ServerUnaryReactor* ShareCostRows(grpc::CallbackServerContext* context,
+                                          const v1::ShareCostRowsRequest* request,
+                                          v1::ShareCostRowsReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::StatusOr<JobRunner*> runner = LearningRunner(request->job());
+    if (!runner.ok()) {
+      reactor->Finish(proto::ToGrpc(runner.status()));
+      return reactor;
+    }
+    int64_t last = request->after_row();
+    const size_t max_rows = request->max_rows() == 0 ? 4096 : request->max_rows();
+    for (const CostLearner::Row& row :
+         (*runner)->cost_learner().RowsAfter(request->after_row(), max_rows, last)) {
+      v1::CostRow* out = reply->add_rows();
+      for (double term : row.terms) out->add_terms(term);
+      out->set_seconds(row.seconds);
+    }
+    reply->set_last_row(last);
+    const CostModelVersions& versions = *(*runner)->job().cost_models();
+    reply->set_planned_through(versions.planned_through());
+    for (const CostModelVersion& version : versions.All()) {
+      *reply->add_versions() = CostModelVersionProto(version);
+    }
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  // From the job's leader daemon: a new version of its learned cost model.
+  grpc::ServerUnaryReactor* AdoptCostModel(grpc::CallbackServerContext* context,
+                                           const v1::AdoptCostModelRequest* request,
+                                           v1::AdoptCostModelReply* reply) override {
+    if (grpc::ServerUnaryReactor* refused = RefuseWithoutToken(context)) return refused;
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::StatusOr<JobRunner*> runner = LearningRunner(request->job());
+    absl::Status status = runner.status();
+    if (status.ok()) status = daemon_.CheckCaller(*context, "adopt a cost model");
+    if (!status.ok()) {
+      reactor->Finish(proto::ToGrpc(status));
+      return reactor;
+    }
+    CostModelVersions& versions = *(*runner)->job().cost_models();
+    const CostModelVersion version = CostModelVersionOf(request->version());
+    absl::StatusOr<CostModelVersions::Offered> offered = versions.Offer(version);
+    if (!offered.ok()) {
+      spdlog::error("job {}: learned cost model version {} refused: {}", request->job(),
+                    version.version, offered.status().ToString());
+      reactor->Finish(proto::ToGrpc(offered.status()));
+      return reactor;
+    }
+    if (*offered == CostModelVersions::Offered::kAdopted) {
+      spdlog::info("job {}: learned cost model version {} plans every step from {}", request->job(),
+                   version.version, version.from_step);
+    } else if (*offered == CostModelVersions::Offered::kTooLate) {
+      spdlog::error(
+          "job {}: learned cost model version {} (from step {}) came after this node planned "
+          "step {}; it keeps planning by version {}, so its plans may differ from its peers' "
+          "until the next version",
+          request->job(), version.version, version.from_step, versions.planned_through(),
+          versions.Latest().version);
+    }
+    reply->set_adopted(*offered != CostModelVersions::Offered::kTooLate);
+    reply->set_planned_through(versions.planned_through());
+    reply->set_latest_version(versions.Latest().version);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
   // From the peer daemon that forwards this one steps: what the stream holds
   // here and how far its consumer jobs got.
   grpc::ServerUnaryReactor* IngestStatus(grpc::CallbackServerContext* context,
@@ -269,6 +340,18 @@ class AdminService final : public v1::Admin::CallbackService {
         rank->add_work(work);
       }
     }
+  }
+
+  // The runner of a job that learns its cost model; NotFound or
+  // FailedPrecondition naming why not.
+  absl::StatusOr<JobRunner*> LearningRunner(const std::string& job) const {
+    JobRunner* runner = daemon_.runner(job);
+    if (runner == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job, "'"));
+    if (runner->job().cost_models() == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job, "' does not learn its cost model (scheduler.learn_cost_model)"));
+    }
+    return runner;
   }
 
   // On the TCP listener every call carries the admin token (metadata

@@ -199,6 +199,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       runner_options.ledger_path = absl::StrCat(config.state_dir(), "/", job_config.name(), "-",
                                                 (*job)->fingerprint(), ".ledger");
     }
+    if ((*job)->cost_models() != nullptr && !config.state_dir().empty()) {
+      // The versions this node planned by: a restart plans by them again.
+      PF_RETURN_IF_ERROR((*job)->cost_models()->JournalTo(absl::StrCat(
+          config.state_dir(), "/", job_config.name(), "-", (*job)->fingerprint(), ".cost_models")));
+    }
     PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
                         JobRunner::Start(**job, storage, runner_options));
     if (stream != nullptr) {
@@ -289,6 +294,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
                         }));
   }
   PF_RETURN_IF_ERROR(CheckPeers(config, daemon->jobs_, options));
+  std::vector<JobRunner*> runners;
+  for (const auto& runner : daemon->runners_) runners.push_back(runner.get());
+  // Before any rank attaches, so that no step is planned by an older
+  // learned model than the peers plan it by.
+  CostModelSync::TakeUpPeerVersions(config, runners);
+  PF_ASSIGN_OR_RETURN(daemon->cost_sync_,
+                      CostModelSync::Start(config, runners, options.cost_sync_interval));
   daemon->started_ = true;
   spdlog::info(
       "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), socket,
@@ -363,7 +375,8 @@ absl::Status Daemon::StartIngest(const DaemonOptions& options) {
 }
 
 Daemon::~Daemon() {
-  metrics_.reset();  // no scrape asks the runners once they stop
+  metrics_.reset();    // no scrape asks the runners once they stop
+  cost_sync_.reset();  // nor the leader of learned cost models
   Shutdown();
   // Puts and seals still waiting are answered before the server stops.
   if (ingest_ != nullptr) ingest_->Stop();

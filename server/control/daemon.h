@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "packfeed/v1/config.pb.h"
+#include "server/control/cost_model_sync.h"
 #include "server/control/metrics.h"
 #include "server/control/rank_watches.h"
 #include "server/control/shared_ring_listener.h"
@@ -44,6 +45,9 @@ struct DaemonOptions {
   // node whose peer has gone must not wait out peer_timeout_seconds. Null:
   // start-up runs to its end.
   const absl::Notification* stop = nullptr;
+  // How often the leader of learned cost models gathers and announces
+  // (cost_model_sync.h).
+  absl::Duration cost_sync_interval = absl::Seconds(1);
 };
 
 class Daemon {
@@ -117,6 +121,7 @@ class Daemon {
   std::unique_ptr<SharedRingListener> shared_rings_;  // SOCKET.rings
   std::unique_ptr<grpc::Server> tcp_server_;          // admin_tcp_address: Admin (+ Control)
   std::unique_ptr<MetricsServer> metrics_;            // metrics_address
+  std::unique_ptr<CostModelSync> cost_sync_;          // this daemon leads learned models
   std::atomic<bool> started_{false};
 };
 

@@ -22,6 +22,8 @@ scheduler::CostModel PriorOf(const Job& job, std::string& name) {
 
 CostLearner::CostLearner(const Job& job)
     : job_(job), measures_(job.layout().pp == 1), prior_(PriorOf(job, prior_name_)), fit_(prior_) {
+  const std::string& configured = job.config().scheduler().cost_model();
+  prior_in_seconds_ = !configured.empty() && configured != "megatron";
   for (int rank : job.local_ranks()) {
     const RankCoords coords = job.layout().Coords(rank);
     if (coords.tp == 0) local_dp_cp_.push_back(coords.dp_cp_rank);

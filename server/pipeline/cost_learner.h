@@ -39,6 +39,11 @@ class CostLearner {
   // Whether this job's clients are asked for their microbatch times; fixed
   // at construction (read from any thread).
   bool measures() const { return measures_; }
+  // What the fit starts from, and whether it is in seconds (a calibrated
+  // model) rather than none (under Megatron's unitless s²/c). Fixed at
+  // construction (read from any thread).
+  const scheduler::CostModel& prior() const { return prior_; }
+  bool prior_in_seconds() const { return prior_in_seconds_; }
   // Each planned step's local groups' work, kept for the reports to come.
   void Planned(int64_t step, const scheduler::GlobalPlan& plan);
   void Measured(int global_rank, absl::Span<const MeasuredMicrobatch> computed);
@@ -69,6 +74,7 @@ class CostLearner {
   const bool measures_;
   std::string prior_name_;
   scheduler::CostModel prior_;
+  bool prior_in_seconds_ = false;
   scheduler::CostFit fit_;
   std::vector<int> local_dp_cp_;  // the local dp-cp ranks, ascending
   std::map<int64_t, StepWork> steps_;

@@ -130,6 +130,9 @@ class JobRunner {
   // (AttachReply.report_compute). Safe from any thread: fixed at
   // construction.
   bool measures_compute() const { return cost_learner_.measures(); }
+  // The job's measured rows (CostLearner::RowsAfter) and the prior; safe
+  // from any thread for those.
+  const CostLearner& cost_learner() const { return cost_learner_; }
   void Stats(std::function<void(JobFigures)> done);
   // The rank's process is gone (its Watch stream broke): ends connection
   // `connection_id` of the rank, when that is still the rank's live one.
