@@ -122,6 +122,24 @@ TEST(DaemonConfigTest, TheEvaluationSplitsTakeTheEvaluationBatch) {
               HasSubstr("apply to the splits serve_every_split serves"));
 }
 
+// Learning needs measured microbatches of plans the daemon made by cost.
+TEST(DaemonConfigTest, LearningTheCostModelNeedsMeasuredPlansByCost) {
+  std::string learned =
+      PretrainingJob("", "inter_document_masking: true hybrid_context_parallel: true");
+  learned.replace(learned.find("global_batch"), 0, "scheduler { learn_cost_model: true } ");
+  absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig(learned, "c.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->jobs(0).scheduler().learned_model_lead_steps(), 32u);
+  std::string megatron_order = PretrainingJob("", "inter_document_masking: true");
+  megatron_order.replace(megatron_order.find("global_batch"), 0,
+                         "scheduler { learn_cost_model: true } ");
+  EXPECT_THAT(Message(megatron_order),
+              HasSubstr("scheduler.learn_cost_model: needs a job the daemon plans by cost"));
+  std::string far = learned;
+  far.replace(far.find("learn_cost_model"), 0, "learned_model_lead_steps: 100001 ");
+  EXPECT_THAT(Message(far), HasSubstr("100001 is above 100000"));
+}
+
 TEST(DaemonConfigTest, HybridCpIsPlannedBySubSampleAndRefusesWhatMegatronRefuses) {
   absl::StatusOr<v1::DaemonConfig> hybrid = ParseDaemonConfig(
       PretrainingJob("", "inter_document_masking: true hybrid_context_parallel: true"),
