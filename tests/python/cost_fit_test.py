@@ -41,6 +41,19 @@ def true_seconds(batch):
     return work
 
 
+def sleeping_rank(job, rank, socket, steps, errors):
+    """One rank: takes `steps` steps of `job` and sleeps each microbatch's
+    true_seconds; an error goes to `errors`, naming the rank."""
+    try:
+        client = packfeed.Client(job, socket_path=socket, rank=rank)
+        for _ in range(steps):
+            for batch in client.next_step(timeout=60)[0]:
+                threading.Event().wait(true_seconds(batch))
+        client.close()
+    except Exception as error:  # reported by the test, with the rank
+        errors.append(f"rank {rank}: {error!r}")
+
+
 def job_text(prefix, metrics_port):
     return f"""
 metrics_address: "127.0.0.1:{metrics_port}"
@@ -66,18 +79,9 @@ class CostFitTest(unittest.TestCase):
         port = free_port()
         errors = []
 
-        def rank(r, socket):
-            try:
-                client = packfeed.Client("fit", socket_path=socket, rank=r)
-                for _ in range(STEPS):
-                    for batch in client.next_step(timeout=60)[0]:
-                        threading.Event().wait(true_seconds(batch))
-                client.close()
-            except Exception as error:  # reported below, with the rank
-                errors.append(f"rank {r}: {error!r}")
-
         with Daemon(BIN_DIR, job_text(prefix, port), workdir=workdir) as daemon:
-            threads = [threading.Thread(target=rank, args=(r, daemon.socket))
+            threads = [threading.Thread(target=sleeping_rank,
+                                        args=("fit", r, daemon.socket, STEPS, errors))
                        for r in range(RANKS)]
             for thread in threads:
                 thread.start()

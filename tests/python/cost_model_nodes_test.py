@@ -17,8 +17,7 @@ import tempfile
 import threading
 import unittest
 
-import packfeed
-from cost_fit_test import true_seconds
+from cost_fit_test import sleeping_rank
 from daemon_harness import free_port, make_dataset, wait_until
 from pf_test_support import BIN_DIR, Daemon, main
 
@@ -71,19 +70,10 @@ class NodesTest(unittest.TestCase):
                                         state_dir=f"{work}/b-state"), name="b", workdir=work)
         errors = []
 
-        def rank(r, socket):
-            try:
-                client = packfeed.Client("fit", socket_path=socket, rank=r)
-                for _ in range(STEPS):
-                    for batch in client.next_step(timeout=60)[0]:
-                        threading.Event().wait(true_seconds(batch))
-                client.close()
-            except Exception as error:  # reported below, with the rank
-                errors.append(f"rank {r}: {error!r}")
-
         start_pair(a, b)
         try:
-            threads = [threading.Thread(target=rank, args=(r, (a if r < 2 else b).socket))
+            threads = [threading.Thread(target=sleeping_rank,
+                                        args=("fit", r, (a if r < 2 else b).socket, STEPS, errors))
                        for r in range(RANKS)]
             for thread in threads:
                 thread.start()
