@@ -84,13 +84,23 @@ bool LeadsCostModels(const v1::DaemonConfig& config) {
 }
 
 struct CostModelSync::LearnedJob {
+  LearnedJob(JobRunner* r, size_t peers)
+      : runner(r),
+        lead_steps(r->job().config().scheduler().learned_model_lead_steps()),
+        fit(r->cost_learner().prior()),
+        peer_after(peers, -1),
+        peer_missed(peers, 0) {}
+
   JobRunner* runner;
   uint32_t lead_steps;
   scheduler::CostFit fit;
   std::deque<scheduler::CostTerms> recent;
   int64_t local_after = -1;
   std::vector<int64_t> peer_after;  // per peer
-  bool announced_waiting = false;   // "a peer did not answer" logged
+  // Per peer: the last version it could not adopt (it had planned that
+  // step); not sent again, so neither side logs it each second.
+  std::vector<uint32_t> peer_missed;
+  bool warned_unanswered = false;  // "a peer did not answer" logged
 
   void Add(const scheduler::CostTerms& terms, double seconds) {
     fit.Add(terms, seconds);
@@ -112,15 +122,7 @@ absl::StatusOr<std::unique_ptr<CostModelSync>> CostModelSync::Start(
     sync->peers_.push_back({config.peers(static_cast<int>(i)), std::move(stubs[i])});
   }
   for (JobRunner* runner : learning) {
-    const CostLearner& learner = runner->cost_learner();
-    sync->jobs_.push_back(std::make_unique<LearnedJob>(
-        LearnedJob{runner,
-                   runner->job().config().scheduler().learned_model_lead_steps(),
-                   scheduler::CostFit(learner.prior()),
-                   {},
-                   -1,
-                   std::vector<int64_t>(sync->peers_.size(), -1),
-                   false}));
+    sync->jobs_.push_back(std::make_unique<LearnedJob>(runner, sync->peers_.size()));
     spdlog::info("job {}: this daemon leads its learned cost model ({} peer(s))",
                  runner->job().name(), sync->peers_.size());
   }
@@ -159,7 +161,7 @@ void CostModelSync::Tick(LearnedJob& learned) {
     const grpc::Status status =
         peers_[p].stub->ShareCostRows(PeerContext(token_).get(), request, &reply);
     if (!status.ok()) {
-      if (!learned.announced_waiting) {
+      if (!learned.warned_unanswered) {
         spdlog::warn(
             "job {}: peer {} did not share its cost rows ({}); no new model version "
             "is announced until every peer answers",
@@ -178,7 +180,7 @@ void CostModelSync::Tick(LearnedJob& learned) {
     planned = std::max(planned, reply.planned_through());
     if (!reply.versions().empty()) peer_latest[p] = reply.versions().rbegin()->version();
   }
-  learned.announced_waiting = !all_answered;
+  learned.warned_unanswered = !all_answered;
 
   CostModelVersion latest = versions.Latest();
   const scheduler::FittedCost fit = learned.fit.Fit();
@@ -201,13 +203,17 @@ void CostModelSync::Tick(LearnedJob& learned) {
   // Every peer without the latest version gets it (again, when it did not
   // answer before).
   for (size_t p = 0; p < peers_.size(); ++p) {
-    if (latest.version == 0 || peer_latest[p] >= latest.version) continue;
+    if (latest.version == 0 || peer_latest[p] >= latest.version ||
+        learned.peer_missed[p] == latest.version) {
+      continue;
+    }
     v1::AdoptCostModelRequest request;
     request.set_job(job.name());
     *request.mutable_version() = CostModelVersionProto(latest);
     v1::AdoptCostModelReply reply;
     const grpc::Status status =
         peers_[p].stub->AdoptCostModel(PeerContext(token_).get(), request, &reply);
+    if (status.ok() && !reply.adopted()) learned.peer_missed[p] = latest.version;
     if (!status.ok() || !reply.adopted()) {
       spdlog::warn("job {}: peer {} did not adopt learned cost model version {} (from step {}): {}",
                    job.name(), peers_[p].address, latest.version, latest.from_step,
