@@ -333,7 +333,10 @@ void FillDefaults(v1::JobConfig& job) {
   if (job.scheduler().objective().empty() && job.pretraining().hybrid_context_parallel()) {
     job.mutable_scheduler()->set_objective("hybrid");
   }
-  if (!job.scheduler().has_cp_upgrade_budget()) {
+  // A job that learns its model keeps the budget unset, so that a learned
+  // version (in seconds) plans without the s²/c default's cap
+  // (Job::PlannerOptionsFor).
+  if (!job.scheduler().has_cp_upgrade_budget() && !job.scheduler().learn_cost_model()) {
     job.mutable_scheduler()->set_cp_upgrade_budget(DefaultCpUpgradeBudget(
         job.scheduler().cost_model(), job.pretraining().hybrid_context_parallel()));
   }

@@ -21,6 +21,36 @@ absl::StatusOr<scheduler::CostModel> CostModelOf(const v1::SchedulerConfig& s,
                : absl::StrCat("model_shape is only for cost_model \"custom\", not \"",
                               s.cost_model(), "\""));
   }
+  if ((s.cost_model() == "rates") != s.has_rates()) {
+    return absl::InvalidArgumentError(
+        s.has_rates()
+            ? absl::StrCat("rates are only for cost_model \"rates\", not \"", s.cost_model(), "\"")
+            : "cost_model \"rates\" needs rates");
+  }
+  if (s.has_rates()) {
+    if (s.has_hardware()) {
+      return absl::InvalidArgumentError("hardware has no meaning for cost_model \"rates\"");
+    }
+    const v1::CostRates& r = s.rates();
+    scheduler::CostModel model;
+    for (auto [name, value, target] : {std::tuple{"alpha", r.alpha(), &model.alpha},
+                                       {"beta", r.beta(), &model.beta},
+                                       {"kappa", r.kappa(), &model.kappa},
+                                       {"lambda", r.lambda(), &model.lambda},
+                                       {"mu", r.mu(), &model.microbatch}}) {
+      if (!(value >= 0) || std::isinf(value)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rates.", name, " = ", value, " must be a finite number >= 0"));
+      }
+      *target = value;
+    }
+    if (!(model.alpha > 0 || model.beta > 0)) {
+      return absl::InvalidArgumentError("rates: alpha or beta must be > 0");
+    }
+    model.bubble =
+        static_cast<double>(std::max<uint32_t>(t.pp(), 1) - 1) / std::max<uint32_t>(t.vpp(), 1);
+    return model;
+  }
   if (s.cost_model() == "megatron") {
     if (s.has_hardware()) {
       return absl::InvalidArgumentError("hardware has no meaning for cost_model \"megatron\"");
@@ -45,7 +75,7 @@ absl::StatusOr<scheduler::CostModel> CostModelOf(const v1::SchedulerConfig& s,
     if (!preset.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown cost model '", s.cost_model(),
                                                      "'; expected ", scheduler::kCostModelNames,
-                                                     " | custom"));
+                                                     " | custom | rates"));
     }
     shape = *preset;
   }
@@ -91,7 +121,11 @@ absl::StatusOr<scheduler::PlannerOptions> PlannerOptionsOf(const v1::JobConfig& 
   options.max_tokens_per_rank = s.max_tokens_per_rank();
   options.min_cp = static_cast<int>(s.min_cp());
   options.max_cp = static_cast<int>(s.max_cp());
-  options.cp_upgrade_budget = s.cp_upgrade_budget();
+  options.cp_upgrade_budget =
+      s.has_cp_upgrade_budget()
+          ? s.cp_upgrade_budget()
+          : DefaultCpUpgradeBudget(s.cost_model(), job.has_pretraining() &&
+                                                       job.pretraining().hybrid_context_parallel());
   options.max_sequences_per_pack = static_cast<int>(s.max_sequences_per_pack());
   PF_ASSIGN_OR_RETURN(options.objective, scheduler::ObjectiveFromName(s.objective()));
   options.execution.expert_parallel = static_cast<int>(std::max<uint32_t>(t.ep(), 1));

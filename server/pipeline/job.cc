@@ -173,6 +173,11 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   if (!s.objective().empty() && s.objective() != "barrier") {
     absl::StrAppend(&parts.scheduler, ";objective=", s.objective());
   }
+  // (Only when set, so that the fingerprints of jobs without them stay.)
+  if (s.has_rates()) absl::StrAppend(&parts.scheduler, ";rates=", s.rates().ShortDebugString());
+  if (s.learn_cost_model()) {
+    absl::StrAppend(&parts.scheduler, ";learn=", s.learned_model_lead_steps());
+  }
   parts.sampler = Canonical({config.sampler(), static_cast<int64_t>(config.seed())});
   job->fingerprint_ = MakeFingerprint(parts);
 
@@ -245,6 +250,11 @@ scheduler::PlannerOptions Job::PlannerOptionsFor(int64_t step, bool planning,
       planning ? cost_models_->ForPlanning(step) : cost_models_->ForStep(step);
   options.cost_model = in_force.model;
   if (version != nullptr) *version = in_force.version;
+  // A learned model is in seconds: unless the configuration caps CP
+  // inflation, the planner then spends it by cost, as under a preset.
+  if (in_force.version > 0 && !config_.scheduler().has_cp_upgrade_budget()) {
+    options.cp_upgrade_budget = DefaultCpUpgradeBudget("learned", hybrid_context_parallel());
+  }
   return options;
 }
 

@@ -350,6 +350,28 @@ TEST(DaemonConfigTest, CostModelsAreCalibratedForTheTopology) {
       Message(with("cost_model: \"custom\" model_shape { hidden: 8 heads: 2 ffn_hidden: 16 }")),
       HasSubstr("model_shape.layers must be >= 1"));
   EXPECT_THAT(Message(with("cost_model: \"gpt5\"")), HasSubstr("unknown cost model 'gpt5'"));
+
+  // The rates themselves (a fitted model pinned), in seconds.
+  absl::StatusOr<v1::DaemonConfig> pinned = ParseDaemonConfig(
+      with("cost_model: \"rates\" rates { alpha: 1e-9 beta: 2e-6 kappa: 1e-6 lambda: 0.002 "
+           "mu: 0.004 }"),
+      "c.textproto");
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  const absl::StatusOr<scheduler::CostModel> given =
+      CostModelOf(pinned->jobs(0).scheduler(), pinned->jobs(0).topology());
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_EQ(given->alpha, 1e-9);
+  EXPECT_EQ(given->lambda, 0.002);
+  EXPECT_EQ(given->microbatch, 0.004);
+  EXPECT_DOUBLE_EQ(pinned->jobs(0).scheduler().cp_upgrade_budget(), scheduler::kNoInflationCap);
+  EXPECT_THAT(Message(with("cost_model: \"rates\"")),
+              HasSubstr("cost_model \"rates\" needs rates"));
+  EXPECT_THAT(Message(with("rates { alpha: 1 }")),
+              HasSubstr("rates are only for cost_model \"rates\""));
+  EXPECT_THAT(Message(with("cost_model: \"rates\" rates { alpha: 1 kappa: -1 }")),
+              HasSubstr("rates.kappa = -1 must be a finite number >= 0"));
+  EXPECT_THAT(Message(with("cost_model: \"rates\" rates { mu: 1 }")),
+              HasSubstr("alpha or beta must be > 0"));
 }
 
 TEST(DaemonConfigTest, PackingThreadsAreBounded) {
