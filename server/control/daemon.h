@@ -45,9 +45,6 @@ struct DaemonOptions {
   // node whose peer has gone must not wait out peer_timeout_seconds. Null:
   // start-up runs to its end.
   const absl::Notification* stop = nullptr;
-  // How often the leader of learned cost models gathers and announces
-  // (cost_model_sync.h).
-  absl::Duration cost_sync_interval = absl::Seconds(1);
 };
 
 class Daemon {
