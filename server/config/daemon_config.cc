@@ -660,9 +660,8 @@ absl::StatusOr<v1::DaemonConfig> ParseDaemonConfig(absl::string_view text,
   PF_RETURN_IF_ERROR(ValidateRanksOverTcp(config, source));
   PF_RETURN_IF_ERROR(ValidateIngest(config, source));
   if (config.learned_model_sync_ms() > 60000) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": learned_model_sync_ms: ",
-                                                   config.learned_model_sync_ms(),
-                                                   " is above 60000"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": learned_model_sync_ms: ", config.learned_model_sync_ms(), " is above 60000"));
   }
   if (config.learned_model_sync_ms() == 0) config.set_learned_model_sync_ms(1000);
   PF_RETURN_IF_ERROR(FillIngestPeerTimes(*config.mutable_ingest_peers(), source));
