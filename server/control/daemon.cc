@@ -299,9 +299,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   // Before any rank attaches, so that no step is planned by an older
   // learned model than the peers plan it by.
   CostModelSync::TakeUpPeerVersions(config, runners);
-  PF_ASSIGN_OR_RETURN(daemon->cost_sync_,
-                      CostModelSync::Start(config, runners,
-                                           absl::Milliseconds(config.learned_model_sync_ms())));
+  PF_ASSIGN_OR_RETURN(
+      daemon->cost_sync_,
+      CostModelSync::Start(config, runners, absl::Milliseconds(config.learned_model_sync_ms())));
   daemon->started_ = true;
   spdlog::info(
       "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), socket,
