@@ -151,6 +151,7 @@ void CostModelSync::Tick(LearnedJob& learned) {
   }
   // Each peer's new rows, how far it planned and the latest version it holds.
   bool all_answered = true;
+  std::vector<bool> answered(peers_.size(), false);
   std::vector<uint32_t> peer_latest(peers_.size(), 0);
   for (size_t p = 0; p < peers_.size(); ++p) {
     v1::ShareCostRowsRequest request;
@@ -176,6 +177,7 @@ void CostModelSync::Tick(LearnedJob& learned) {
       std::copy(row.terms().begin(), row.terms().end(), terms.begin());
       learned.Add(terms, row.seconds());
     }
+    answered[p] = true;
     learned.peer_after[p] = reply.last_row();
     planned = std::max(planned, reply.planned_through());
     if (!reply.versions().empty()) peer_latest[p] = reply.versions().rbegin()->version();
@@ -200,10 +202,10 @@ void CostModelSync::Tick(LearnedJob& learned) {
                     next.version, offered.status().ToString());
     }
   }
-  // Every peer without the latest version gets it (again, when it did not
-  // answer before).
+  // Every peer that answered and lacks the latest version gets it (one
+  // that did not answer gets it once it answers again).
   for (size_t p = 0; p < peers_.size(); ++p) {
-    if (latest.version == 0 || peer_latest[p] >= latest.version ||
+    if (latest.version == 0 || !answered[p] || peer_latest[p] >= latest.version ||
         learned.peer_missed[p] == latest.version) {
       continue;
     }
