@@ -5,24 +5,6 @@
 
 namespace packfeed::dataset {
 
-uint64_t NumpyRandomState::Interval(uint64_t max) {
-  if (max == 0) return 0;
-  uint64_t mask = max;
-  for (int shift = 1; shift <= 32; shift *= 2) mask |= mask >> shift;
-  uint64_t value = 0;
-  if (max <= 0xffffffffULL) {
-    do {
-      value = mt_() & mask;
-    } while (value > max);
-  } else {
-    do {
-      const uint64_t high = mt_();
-      value = ((high << 32) | mt_()) & mask;
-    } while (value > max);
-  }
-  return value;
-}
-
 namespace {
 
 // numpy's pairwise_sum for float64 (numpy/core/src/umath/loops_utils.h.src).

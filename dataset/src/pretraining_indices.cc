@@ -15,7 +15,15 @@ namespace packfeed::dataset {
 absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
     std::vector<absl::Span<const int32_t>> sequence_lengths, const PretrainingBlendOptions& options,
     MegatronSplit split, int threads) {
-  const auto num_datasets = static_cast<int>(sequence_lengths.size());
+  return Build(
+      static_cast<int>(sequence_lengths.size()),
+      [&](int d) { return sequence_lengths[static_cast<size_t>(d)]; }, options, split, threads);
+}
+
+absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(int num_datasets,
+                                                             const LengthsOf& lengths_of,
+                                                             const PretrainingBlendOptions& options,
+                                                             MegatronSplit split, int threads) {
   if (num_datasets < 1 || num_datasets >= 32767) {
     return absl::InvalidArgumentError(
         absl::StrCat("a blend holds 1 to 32766 datasets, not ", num_datasets));
@@ -33,7 +41,7 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
   }
 
   PretrainingIndices out;
-  out.lengths_ = std::move(sequence_lengths);
+  out.lengths_.resize(static_cast<size_t>(num_datasets));
   out.gpt_.sequence_length = options.sequence_length;
   out.gpt_.random_seed = options.random_seed;
   out.gpt_.add_extra_token = options.add_extra_token;
@@ -85,11 +93,18 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
   out.ranges_.resize(static_cast<size_t>(num_datasets));
   std::vector<absl::StatusOr<GptIndices>> built(static_cast<size_t>(num_datasets),
                                                 absl::UnknownError("not built"));
+  std::vector<absl::Status> fetched(static_cast<size_t>(num_datasets));
   std::vector<char> from_cache(static_cast<size_t>(num_datasets), 0);
   std::atomic<int> next{0};
   auto work = [&] {
     for (int d = next++; d < num_datasets; d = next++) {
-      const absl::Span<const int32_t> lengths = out.lengths_[static_cast<size_t>(d)];
+      absl::StatusOr<absl::Span<const int32_t>> fetch = lengths_of(d);
+      if (!fetch.ok()) {
+        fetched[static_cast<size_t>(d)] = fetch.status();
+        continue;
+      }
+      const absl::Span<const int32_t> lengths = *fetch;
+      out.lengths_[static_cast<size_t>(d)] = lengths;
       const auto range = SplitSequences(*matrix[s], static_cast<int64_t>(lengths.size()));
       out.ranges_[static_cast<size_t>(d)] = range;
       if (!options.cache_dir.empty()) {
@@ -117,6 +132,7 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
   work();
   for (std::thread& worker : workers) worker.join();
   if (blender.joinable()) blender.join();
+  for (const absl::Status& status : fetched) PF_RETURN_IF_ERROR(status);
   for (int d = 0; d < num_datasets; ++d) {
     auto& result = built[static_cast<size_t>(d)];
     if (!result.ok()) {

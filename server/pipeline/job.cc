@@ -1,6 +1,7 @@
 #include "server/pipeline/job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -76,17 +77,30 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     job->side_fields_.push_back(std::move(field));
   }
 
-  std::string datasets_part;
-  std::vector<int64_t> num_documents;
-  for (const v1::DatasetSpec& spec : config.datasets()) {
+  // A dataset with documents, as `open` gives it.
+  auto open_some = [&open](const v1::DatasetSpec& spec)
+      -> absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> {
     PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset,
                         open(spec.prefix()));
     if (dataset->num_documents() == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat(spec.prefix(), ": the dataset holds no document"));
     }
-    absl::StrAppend(&datasets_part, dataset->idx_digest(), ";", dataset->bin_bytes(), ";",
-                    spec.kind(), ";", spec.weight(), "|");
+    return dataset;
+  };
+  auto dataset_part = [](const dataset::IndexedDataset& dataset, const v1::DatasetSpec& spec) {
+    return absl::StrCat(dataset.idx_digest(), ";", dataset.bin_bytes(), ";", spec.kind(), ";",
+                        spec.weight(), "|");
+  };
+  // A pretraining job's datasets are opened by the threads that build its
+  // indices (below).
+  const bool pretraining_indices = ingest == nullptr && IsPretrainingJob(config);
+  std::string datasets_part;
+  std::vector<int64_t> num_documents;
+  for (const v1::DatasetSpec& spec : config.datasets()) {
+    if (pretraining_indices) break;
+    PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset, open_some(spec));
+    absl::StrAppend(&datasets_part, dataset_part(*dataset, spec));
     if (IsPretrainingJob(config)) {
       job->datasets_.push_back(std::move(dataset));
       continue;
@@ -120,18 +134,36 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
       }
       job->ingest_fields_.push_back(f);
     }
-  } else if (IsPretrainingJob(config)) {
+  } else if (pretraining_indices) {
     // Spans of the datasets' own lengths, which the job holds as long.
-    std::vector<absl::Span<const int32_t>> lengths;
-    for (const auto& dataset : job->datasets_) lengths.push_back(dataset->sequence_lengths());
+    job->datasets_.resize(static_cast<size_t>(config.datasets_size()));
+    const auto started = std::chrono::steady_clock::now();
     absl::StatusOr<dataset::PretrainingIndices> indices = dataset::PretrainingIndices::Build(
-        std::move(lengths), PretrainingOptionsOf(config), ServedSplitOf(config),
+        config.datasets_size(),
+        [&](int d) -> absl::StatusOr<absl::Span<const int32_t>> {
+          PF_ASSIGN_OR_RETURN(job->datasets_[static_cast<size_t>(d)],
+                              open_some(config.datasets(d)));
+          return job->datasets_[static_cast<size_t>(d)]->sequence_lengths();
+        },
+        PretrainingOptionsOf(config), ServedSplitOf(config),
         static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    for (int d = 0; indices.ok() && d < config.datasets_size(); ++d) {
+      absl::StrAppend(&datasets_part,
+                      dataset_part(*job->datasets_[static_cast<size_t>(d)], config.datasets(d)));
+    }
     if (!indices.ok()) {
+      // A dataset that did not open is refused as the loop above refuses it.
+      for (const auto& opened : job->datasets_) {
+        if (opened == nullptr) return indices.status();
+      }
       return absl::Status(indices.status().code(),
                           absl::StrCat("job ", config.name(), ": ", indices.status().message()));
     }
     job->pretraining_ = *std::move(indices);
+    // The longest part of a corpus-scale start-up (docs/PRETRAINING.md).
+    spdlog::info("job {}: indices of {} samples from {} datasets in {:.2f} s", config.name(),
+                 job->pretraining_->num_samples(), job->pretraining_->num_datasets(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     job->batch_schedule_.emplace(BatchSchedule::Of(config));
     for (int d = 0; d < job->pretraining_->num_datasets(); ++d) {
       if (job->pretraining_->from_cache(d)) {

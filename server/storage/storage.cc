@@ -186,15 +186,25 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> Storage::Open(
   // The .bin identifies the bytes read; the .idx how they are cut.
   const FileIdentity id{static_cast<uint64_t>(bin.st_dev), static_cast<uint64_t>(bin.st_ino),
                         static_cast<uint64_t>(idx.st_dev), static_cast<uint64_t>(idx.st_ino)};
+  {
+    absl::MutexLock lock(&mutex_);
+    if (auto opened = opened_.find(id); opened != opened_.end()) {
+      spdlog::info("{}: already open (as {}), shared", bin_path, files_[opened->second.get()].path);
+      ++files_[opened->second.get()].jobs;
+      return opened->second;
+    }
+  }
+  // Opened without the lock: a job opens its datasets on several threads
+  // (a thousand indexes at corpus scale). One opened meanwhile by another
+  // thread is the one kept.
+  dataset::IndexedDatasetOptions open_options;
+  open_options.validation = dataset::IndexValidation::kOnUse;
+  PF_ASSIGN_OR_RETURN(dataset::IndexedDataset data,
+                      dataset::IndexedDataset::Open(prefix, open_options));
   absl::MutexLock lock(&mutex_);
-  auto opened = opened_.find(id);
-  if (opened == opened_.end()) {
-    dataset::IndexedDatasetOptions open_options;
-    open_options.validation = dataset::IndexValidation::kOnUse;
-    PF_ASSIGN_OR_RETURN(dataset::IndexedDataset data,
-                        dataset::IndexedDataset::Open(prefix, open_options));
-    opened =
-        opened_.emplace(id, std::make_shared<const dataset::IndexedDataset>(std::move(data))).first;
+  auto [opened, added] =
+      opened_.try_emplace(id, std::make_shared<const dataset::IndexedDataset>(std::move(data)));
+  if (added) {
     files_[opened->second.get()].path = bin_path;
   } else {
     spdlog::info("{}: already open (as {}), shared", bin_path, files_[opened->second.get()].path);

@@ -1,12 +1,14 @@
 #include "packfeed/dataset/megatron_blend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/dataset/pretraining_indices.h"
@@ -229,6 +231,48 @@ TEST(PretrainingIndicesTest, RefusesBadBlends) {
   options.split = "99,1";
   EXPECT_THAT(PretrainingIndices::Build({tiny}, options, MegatronSplit::kTrain).status().message(),
               testing::HasSubstr("dataset 0, train split"));
+}
+
+// Lengths fetched by the building threads (a job opens its datasets so):
+// the same indices as from spans, every dataset fetched once, and the
+// lowest dataset's fetch error returned as it is, before a build error of
+// a lower dataset.
+TEST(PretrainingIndicesTest, LengthsFetchedByTheBuildersGiveTheSameIndices) {
+  std::vector<std::vector<int32_t>> lengths;
+  for (int d = 0; d < 40; ++d) lengths.emplace_back(100 + 7 * d, 20 + d);
+  PretrainingBlendOptions options;
+  options.weights = std::vector<double>(40, 1.0);
+  options.split_samples[0] = 400;
+  options.sequence_length = 16;
+  options.random_seed = 1234;
+  std::vector<absl::Span<const int32_t>> spans(lengths.begin(), lengths.end());
+  auto from_spans = PretrainingIndices::Build(spans, options, MegatronSplit::kTrain, 1);
+  ASSERT_TRUE(from_spans.ok()) << from_spans.status();
+  std::vector<std::atomic<int>> fetches(40);
+  auto fetched = PretrainingIndices::Build(
+      40,
+      [&](int d) -> absl::StatusOr<absl::Span<const int32_t>> {
+        ++fetches[static_cast<size_t>(d)];
+        return spans[static_cast<size_t>(d)];
+      },
+      options, MegatronSplit::kTrain, 4);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  for (const std::atomic<int>& count : fetches) EXPECT_EQ(count.load(), 1);
+  EXPECT_EQ(fetched->blend()->dataset_index, from_spans->blend()->dataset_index);
+  for (int d = 0; d < 40; ++d) {
+    EXPECT_EQ(fetched->gpt_indices(d).shuffle_index, from_spans->gpt_indices(d).shuffle_index);
+  }
+
+  std::vector<int32_t> tiny(3, 5);  // too small for one sample: a build error
+  auto failing = PretrainingIndices::Build(
+      40,
+      [&](int d) -> absl::StatusOr<absl::Span<const int32_t>> {
+        if (d == 0) return absl::Span<const int32_t>(tiny);
+        if (d == 7 || d == 30) return absl::NotFoundError(absl::StrCat("ds", d, ".idx: missing"));
+        return spans[static_cast<size_t>(d)];
+      },
+      options, MegatronSplit::kTrain, 4);
+  EXPECT_EQ(failing.status(), absl::NotFoundError("ds7.idx: missing"));
 }
 
 }  // namespace

@@ -27,7 +27,25 @@ class NumpyRandomState {
   // numpy's random_interval: uniform in [0, max] by masked rejection, from
   // 32-bit draws when max < 2^32 and 64-bit draws (two 32-bit ones, high
   // word first) above.
-  uint64_t Interval(uint64_t max);
+  // Inline, with the engine's draws: the shuffles of a corpus-scale start-up
+  // make 10^8 of them (a quarter less time than a call each).
+  uint64_t Interval(uint64_t max) {
+    if (max == 0) return 0;
+    uint64_t mask = max;
+    for (int shift = 1; shift <= 32; shift *= 2) mask |= mask >> shift;
+    uint64_t value = 0;
+    if (max <= 0xffffffffULL) {
+      do {
+        value = mt_() & mask;
+      } while (value > max);
+    } else {
+      do {
+        const uint64_t high = mt_();
+        value = ((high << 32) | mt_()) & mask;
+      } while (value > max);
+    }
+    return value;
+  }
 
   // RandomState.shuffle of a 1-D array: Fisher-Yates from the end, element
   // i swapped with Interval(i).
@@ -53,7 +71,12 @@ class NumpyRandomState {
  private:
   // std::mt19937 seeded with one integer is MT19937's init_genrand, the same
   // state numpy's legacy seeding builds; its output is the same 32-bit stream.
-  std::mt19937 mt_;
+  // It is std::mt19937's engine with 32-bit words: std::mt19937 keeps its
+  // state in uint_fast32_t, 64 bits on x86-64 Linux, twice the memory for
+  // the same values.
+  std::mersenne_twister_engine<uint32_t, 32, 624, 397, 31, 0x9908b0df, 11, 0xffffffff, 7,
+                               0x9d2c5680, 15, 0xefc60000, 18, 1812433253>
+      mt_;
 };
 
 // numpy.sum of a float64 array, bit for bit (pairwise: 8 accumulators over

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +58,19 @@ class PretrainingIndices {
   static absl::StatusOr<PretrainingIndices> Build(
       std::vector<absl::Span<const int32_t>> sequence_lengths,
       const PretrainingBlendOptions& options, MegatronSplit split, int threads = 1);
+
+  // Dataset d's sequence lengths, as the Build below fetches them (opening
+  // the dataset, say): called once per dataset, from the building threads,
+  // several at a time. The span must outlive the PretrainingIndices.
+  using LengthsOf = std::function<absl::StatusOr<absl::Span<const int32_t>>(int dataset)>;
+  // As above, each dataset's lengths fetched by the thread that then builds
+  // its indices: at corpus scale opening a thousand datasets runs on
+  // `threads` threads, beside the weighted interleaving, which needs only
+  // the weights. The first dataset's error of `lengths_of` is returned as
+  // it is, before any other.
+  static absl::StatusOr<PretrainingIndices> Build(int num_datasets, const LengthsOf& lengths_of,
+                                                  const PretrainingBlendOptions& options,
+                                                  MegatronSplit split, int threads = 1);
 
   struct Sample {
     int dataset = 0;
