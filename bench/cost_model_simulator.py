@@ -243,8 +243,13 @@ def simulate(bin_dir, daemons=4, ranks_per_daemon=2, steps=60, trace="heavy_tail
     world = daemons * ranks_per_daemon
     work = pathlib.Path(tempfile.mkdtemp(prefix="pf-cost-sim-"))
     prefix = f"{work}/data"
+    lengths = TRACES / f"trace_{trace}.txt"
+    if not lengths.exists():  # one drawn from a seed alone: made, not stored
+        sys.path.insert(0, str(TRACES))
+        import make_traces
+        lengths = make_traces.write_made(work)[f"trace_{trace}"]
     subprocess.run([ctl, "make-dataset", "--out", prefix, "--lengths",
-                    str(TRACES / f"trace_{trace}.txt"), "--vocab", "1000"],
+                    str(lengths), "--vocab", "1000"],
                    check=True, capture_output=True)
     with Hosts(daemons, netns) as hosts, contextlib.ExitStack() as stack:
         nodes = []

@@ -31,7 +31,7 @@ struct MegatronFigures {
 
 struct Config {
   const char* name;
-  const char* trace;  // in --traces, or with own_trace in bench/traces
+  const char* trace;  // in --traces (made at build time), or with own_trace in bench/traces
   int dp, cp;
   int64_t cap, global_batch;
   std::vector<MegatronFigures> megatron;
@@ -106,8 +106,8 @@ const std::vector<Config>& Configs() {
       {"chat + long docs, 16 ranks, 4096, 256", "trace_chat_longdoc", 16, 1, 4096, 256, {}, true},
       // Heavier-tailed than code files: a few sequences of 10-32 ranks'
       // tokens at 4 096 a rank, most below a tenth of one.
-      {"heavy tail, 32 ranks, 4096, 512", "trace_heavy_tail", 32, 1, 4096, 512, {}, true},
-      {"heavy tail, 8 ranks, 16384, 128", "trace_heavy_tail", 8, 1, 16384, 128, {}, true},
+      {"heavy tail, 32 ranks, 4096, 512", "trace_heavy_tail", 32, 1, 4096, 512, {}},
+      {"heavy tail, 8 ranks, 16384, 128", "trace_heavy_tail", 8, 1, 16384, 128, {}},
       {"doc paragraphs, 64 ranks, 4096, 16384",
        "trace_doc_paragraphs",
        64,
@@ -185,9 +185,9 @@ std::string Fixed(double value, int digits) {
 
 int main(int argc, char** argv) {
   CLI::App app("Scheduler figures beside Megatron-LM's");
-  std::string traces = PF_LOGNORMAL_TRACES;  // made at build time
+  std::string traces = PF_MADE_TRACES;  // made at build time
   std::string own_traces = std::string(PF_SOURCE_DIR) + "/bench/traces";
-  app.add_option("--traces", traces, "Folder of the public trace_*.txt length files")
+  app.add_option("--traces", traces, "Folder of the made trace_*.txt length files")
       ->capture_default_str();
   app.add_option("--own-traces", own_traces, "Folder of make_traces.py's length files")
       ->capture_default_str();

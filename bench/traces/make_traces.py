@@ -19,9 +19,9 @@ Writes, one sequence length (tokens) per line, 16 384 lines each:
                             tokens (10-32x a 4 096-token rank), a stated
                             mixture with its own seed
 
-  make_traces.py --only trace_heavy_tail   rewrites that trace alone (the
-  files under /usr/share/doc change with the machine's packages, and each
-  trace drawn after them with them).
+  make_traces.py --made DIR   writes into DIR the traces drawn from a seed
+  alone (trace_heavy_tail): those are made where a test or benchmark needs
+  them (the build makes them under build/traces), never stored.
 
 Tokens are bytes / 3.5 rounded up (about what BPE tokenizers give for
 English and code; no tokenizer is installed here). Documents longer than
@@ -29,7 +29,9 @@ MAX_LENGTH (PARAGRAPH_MAX_LENGTH for paragraphs) are cut into pieces of that
 length and a remainder, as the
 daemon's long_documents: SPLIT does. Order: a seeded shuffle, so that every
 global batch mixes the whole distribution. The committed .txt files are the
-output of this script; traces_meta.json records their statistics.
+output of this script (the files under /usr/share/doc change with the
+machine's packages, and each trace drawn after them with them);
+traces_meta.json records their statistics, the made traces' too.
 """
 
 import argparse
@@ -133,6 +135,27 @@ def heavy_tail():
     return lengths
 
 
+# The traces drawn from a seed of their own, nothing on the machine.
+MADE = ("trace_heavy_tail",)
+
+
+def write_made(out_dir):
+    """Writes the MADE traces under out_dir (unless already there, equal);
+    returns name -> path. Safe for tests writing the same folder at once."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {}
+    for name, lengths in (("trace_heavy_tail", heavy_tail()),):
+        path = os.path.join(out_dir, name + ".txt")
+        text = "".join(f"{n}\n" for n in lengths)
+        if not os.path.exists(path) or open(path).read() != text:
+            scratch = f"{path}.{os.getpid()}"
+            with open(scratch, "w") as f:
+                f.write(text)
+            os.replace(scratch, path)
+        paths[name] = path
+    return paths
+
+
 def sample(lengths, rng):
     if len(lengths) < COUNT:
         raise SystemExit(f"only {len(lengths)} lengths found; need {COUNT}")
@@ -157,7 +180,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--only", action="append", help="write only this trace (repeatable)")
+    parser.add_argument("--made", metavar="DIR", help="write only the made traces, into DIR")
     args = parser.parse_args()
+    if args.made:
+        write_made(args.made)
+        return
     rng = random.Random(SEED)
     makers = {  # in the order they draw from rng
         "trace_code_files": (lambda: sample(code_files(), rng),
@@ -176,8 +203,9 @@ def main():
         with open(meta_path) as f:
             meta = json.load(f)
     for name, (lengths, source) in traces.items():
-        with open(os.path.join(args.out, name + ".txt"), "w") as f:
-            f.write("".join(f"{n}\n" for n in lengths))
+        if name not in MADE:
+            with open(os.path.join(args.out, name + ".txt"), "w") as f:
+                f.write("".join(f"{n}\n" for n in lengths))
         meta[name] = {"source": source, "bytes_per_token": BYTES_PER_TOKEN,
                       "seed": SEED, **summary(lengths)}
     with open(meta_path, "w") as f:

@@ -17,6 +17,14 @@ def lognormal_traces(source_root, out_dir):
     return megatron_lognormal.write_traces(out_dir)
 
 
+def made_traces(source_root, out_dir):
+    """The traces bench/traces/make_traces.py draws from a seed alone
+    (trace_heavy_tail), written under out_dir: name -> path."""
+    sys.path.insert(0, str(pathlib.Path(source_root).resolve() / "bench" / "traces"))
+    import make_traces
+    return make_traces.write_made(out_dir)
+
+
 class Checks:
     """Named checks that all run: `finish` raises one AssertionError naming
     every one that failed (tests/conftest.py's `checks` fixture calls it

@@ -31,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 import plan_optimum
-from ctl_checks import lognormal_traces
+from ctl_checks import lognormal_traces, made_traces
 
 INSTANCES = {"llama8b": 200, "megatron": 40}
 RANKS, CAP, SEQUENCES, BUDGET = 4, 1024, 8, 0.05
@@ -153,9 +153,11 @@ def test_dynamic_cp_against_the_exact_optimum(checks, families):
               f"p95 {percentile(ratios, 0.95):.4f} over {len(ratios)} instances")
 
 
-def test_the_lower_bound_lies_below_every_full_size_plan(checks, source_root):
+def test_the_lower_bound_lies_below_every_full_size_plan(checks, source_root, tmp_path):
+    made = made_traces(source_root, tmp_path)
     for trace, ranks, cap, size, steps in FULL_SIZE:
-        lengths = [int(line) for line in (source_root / "bench" / "traces" / f"{trace}.txt").read_text().split()]
+        path = made.get(trace, source_root / "bench" / "traces" / f"{trace}.txt")
+        lengths = [int(line) for line in pathlib.Path(path).read_text().split()]
         batches = [lengths[i * size:(i + 1) * size] for i in range(steps)]
         for cost_model in ("megatron", "llama8b"):
             _, planned = heuristic(checks, batches, cost_model, ranks, cap)

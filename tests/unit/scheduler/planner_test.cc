@@ -532,7 +532,7 @@ TEST(PlannerTest, TheHybridObjectiveRunsShortSequencesAsOneEvenGroup) {
 // most hold a tenth of one, so how much CP inflation pays depends on what
 // CP costs.
 std::vector<int64_t> HeavyTailedBatch() {
-  std::ifstream trace(std::string(PF_SOURCE_DIR) + "/bench/traces/trace_heavy_tail.txt");
+  std::ifstream trace(std::string(PF_MADE_TRACES) + "/trace_heavy_tail.txt");
   std::vector<int64_t> lengths;
   for (int64_t length; lengths.size() < 7 * 128 && trace >> length;) lengths.push_back(length);
   if (lengths.size() == 7 * 128) lengths.erase(lengths.begin(), lengths.begin() + 6 * 128);
