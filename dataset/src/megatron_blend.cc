@@ -364,7 +364,7 @@ class BlocksOfClasses {
       const Lanes offset = behind + 2 * kRoundingSlope;
       too_close |= rival & ~(slope * next > offset);
       // Safe while x < offset / slope (both negative here).
-      const Lanes crossing = rival & (slope < 0) ? offset / slope : never;
+      const Lanes crossing = (rival & (slope < 0)) ? offset / slope : never;
       soonest = crossing < soonest ? crossing : soonest;
     }
     if (Any(too_close)) return i + 1;  // scanned each step
