@@ -3,6 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/proto/grpc_status.h"
+#include "server/control/daemon.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
 #include "spdlog/spdlog.h"

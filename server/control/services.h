@@ -1,17 +1,18 @@
 #ifndef PACKFEED_SERVER_CONTROL_SERVICES_H_
 #define PACKFEED_SERVER_CONTROL_SERVICES_H_
 
-// The gRPC services of a Daemon (private to server/).
+// The gRPC services of a Daemon (private to server/). The Daemon makes
+// them and they call it back, so it is only declared here: daemon.h does
+// not come back through this header.
 
 #include <memory>
+#include <string>
 
-#include "absl/status/status.h"
-#include "packfeed/proto/grpc_status.h"
 #include "packfeed/v1/service.grpc.pb.h"
-#include "server/control/attach_check.h"
-#include "server/control/daemon.h"
 
 namespace packfeed::server {
+
+class Daemon;
 
 std::unique_ptr<v1::Control::CallbackService> MakeControlService(Daemon& daemon);
 std::unique_ptr<v1::Ingest::CallbackService> MakeIngestService(Daemon& daemon);

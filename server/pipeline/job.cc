@@ -9,11 +9,31 @@
 #include "packfeed/common/status_macros.h"
 #include "server/config/fingerprint.h"
 #include "server/config/job_config.h"
-#include "server/pipeline/pack.h"
+#include "server/pipeline/slot_fields.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
+
 namespace {
+
+// What bounds any microbatch of `job`: at most max_tokens_per_rank local
+// tokens, the whole batch's sequences (or one per token when documents
+// split them), groups of up to DP·CP ranks under dynamic CP.
+SlotBounds SlotBoundsOf(const Job& job) {
+  SlotBounds bounds;
+  bounds.max_tokens = job.config().scheduler().max_tokens_per_rank();
+  const bool documents =
+      job.pretraining() != nullptr && (job.config().pretraining().reset_attention_mask() ||
+                                       job.config().pretraining().inter_document_masking());
+  bounds.max_sequences = documents
+                             ? std::max<int64_t>(job.config().global_batch(), bounds.max_tokens)
+                             : job.config().global_batch();
+  if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
+    bounds.group_ranks = job.layout().dp_cp_size();
+  }
+  bounds.sample_ids = job.hybrid_context_parallel();
+  return bounds;
+}
 
 std::string Canonical(std::initializer_list<int64_t> values) {
   std::string out;
@@ -231,7 +251,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
                        "; raise scheduler.max_tokens_per_rank or max_cp"));
     }
   }
-  PF_ASSIGN_OR_RETURN(job->required_slot_bytes_, MaxSlotBytes(*job));
+  PF_ASSIGN_OR_RETURN(job->required_slot_bytes_,
+                      MaxSlotBytes(SlotBoundsOf(*job), job->side_fields(), job->stages()));
   return job;
 }
 

@@ -9,6 +9,7 @@
 #include "packfeed/scheduler/thd_partition.h"
 #include "server/pipeline/position_writers.h"
 #include "server/pipeline/side_rows.h"
+#include "server/pipeline/slot_fields.h"
 
 namespace packfeed::server {
 namespace {
@@ -59,78 +60,6 @@ absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSo
   return absl::OkStatus();
 }
 
-// What a slot field holds.
-enum class Role {
-  kTokens,
-  kPositionIds,
-  kLabels,
-  kLossMask,
-  kPaddingMask,
-  kCuSeqlens,
-  kCuSeqlensPadded,
-  kMaxSeqlen,
-  kLocalCpSize,
-  kCpGroupRanks,
-  kSampleIds,
-  kHybridGroup,
-  kSide,
-};
-struct SlotField {
-  transport::FieldSpec spec;
-  Role role = Role::kTokens;
-  size_t side = 0;  // kSide: which of the slices
-};
-
-// The slot fields of a microbatch of `tokens` local tokens and `sequences`
-// sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields,
-// `sample_ids` the sequences' ids (hybrid CP). `slices`: the side fields
-// the rank's stage receives (a loss-mask field is applied, not served).
-std::vector<SlotField> FieldsFor(int64_t tokens, int64_t sequences, int64_t group_ranks,
-                                 bool sample_ids, StageFields stage,
-                                 absl::Span<const SideSlice* const> slices, int64_t bshd_rows) {
-  const std::vector<int64_t> per_token = bshd_rows > 0
-                                             ? std::vector<int64_t>{bshd_rows, tokens / bshd_rows}
-                                             : std::vector<int64_t>{1, tokens};
-  std::vector<SlotField> out;
-  auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, Role role,
-                 size_t side = 0) {
-    out.push_back({{std::move(name), type, std::move(shape)}, role, side});
-  };
-  if (stage.inputs) {
-    add(ChunkFieldName("tokens", stage.inputs_chunk), ElementType::kInt64, per_token,
-        Role::kTokens);
-    add(ChunkFieldName("position_ids", stage.inputs_chunk), ElementType::kInt64, per_token,
-        Role::kPositionIds);
-  }
-  if (stage.targets) {
-    add(ChunkFieldName("labels", stage.targets_chunk), ElementType::kInt64, per_token,
-        Role::kLabels);
-    add(ChunkFieldName("loss_mask", stage.targets_chunk), ElementType::kFloat32, per_token,
-        Role::kLossMask);
-  }
-  add("padding_mask", ElementType::kBool, per_token, Role::kPaddingMask);
-  if (bshd_rows == 0) {
-    add("cu_seqlens", ElementType::kInt32, {sequences + 1}, Role::kCuSeqlens);
-    add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, Role::kCuSeqlensPadded);
-  }
-  add("max_seqlen", ElementType::kInt32, {}, Role::kMaxSeqlen);
-  if (group_ranks > 0) {
-    add("local_cp_size", ElementType::kInt32, {}, Role::kLocalCpSize);
-    add("cp_group_ranks", ElementType::kInt32, {group_ranks}, Role::kCpGroupRanks);
-  }
-  if (sample_ids) {
-    add("sample_ids", ElementType::kInt64, {sequences}, Role::kSampleIds);
-    add("hybrid_group", ElementType::kInt32, {}, Role::kHybridGroup);
-  }
-  for (size_t f = 0; f < slices.size(); ++f) {
-    if (slices[f]->field->loss_mask) continue;
-    std::vector<int64_t> shape = {1, tokens};
-    for (int64_t dim : SliceInnerShape(*slices[f])) shape.push_back(dim);
-    add(slices[f]->wire_name, slices[f]->field->type, std::move(shape), Role::kSide, f);
-  }
-  return out;
-}
-
 std::vector<SlotField> FieldsOf(const MicrobatchSource& source) {
   std::vector<const SideSlice*> slices;
   for (const SideRun& side : source.sides) slices.push_back(&side.slice);
@@ -140,56 +69,6 @@ std::vector<SlotField> FieldsOf(const MicrobatchSource& source) {
 }
 
 }  // namespace
-
-StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage, int vpp) {
-  const bool first = pp_rank == 0;
-  const bool mtp = pp_rank == mtp_stage;
-  StageFields out{first || mtp, pp_rank == pp_size - 1 || mtp};
-  if (vpp > 1) {
-    // Megatron: the first stage's first chunk embeds, the last stage's last
-    // chunk computes the loss, the MTP layers sit in the last chunk. An MTP
-    // first stage needs the inputs in two chunks: both get them.
-    out.inputs_chunk = first && mtp ? -1 : first ? 0 : vpp - 1;
-    out.targets_chunk = vpp - 1;
-  }
-  return out;
-}
-
-std::string ChunkFieldName(absl::string_view name, int chunk) {
-  return chunk < 0 ? std::string(name) : absl::StrCat(name, "@", chunk);
-}
-
-std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
-                                         const ModelStages& stages, int pp_rank) {
-  const StageFields stage = FieldsOfStage(pp_rank, stages.pp(), stages.mtp_stage(), stages.vpp());
-  std::vector<SideSlice> out;
-  for (const SideFieldInfo& field : fields) {
-    if (field.loss_mask) {
-      if (stage.targets) out.push_back({&field, field.name, {}});
-      continue;
-    }
-    const bool inputs = field.stages == v1::SideField::STAGES_INPUTS;
-    const bool targets = field.stages == v1::SideField::STAGES_TARGETS;
-    if ((inputs && !stage.inputs) || (targets && !stage.targets)) continue;
-    if (!field.layer_axis) {
-      // With the fields it goes with, in their chunk.
-      const int chunk = inputs ? stage.inputs_chunk : targets ? stage.targets_chunk : -1;
-      out.push_back({&field, ChunkFieldName(field.name, chunk), {}});
-      continue;
-    }
-    // Cut to each model chunk's layers; a chunk without MoE layers gets
-    // none (and under STAGES_LAYERS neither does a stage without any).
-    for (int chunk = 0; chunk < stages.vpp(); ++chunk) {
-      const std::vector<IndexRange>& entries = stages.MoeEntries(pp_rank, chunk);
-      if (entries.empty() && field.stages == v1::SideField::STAGES_LAYERS) continue;
-      std::string name = ChunkFieldName(field.name, stages.vpp() > 1 ? chunk : -1);
-      // An empty cut of a field a stage must get: zero layers, not all.
-      out.push_back(
-          {&field, std::move(name), entries.empty() ? std::vector<IndexRange>{{0, 0}} : entries});
-    }
-  }
-  return out;
-}
 
 absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
                                                absl::Span<const absl::Span<const int64_t>> runs,
@@ -474,35 +353,6 @@ void WriteMicrobatch(const MicrobatchSource& source,
     if (chunk.empty()) continue;
     std::move(chunk.begin(), chunk.end(), std::back_inserter(*reads));
   }
-}
-
-absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job) {
-  const int64_t group_ranks = job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp
-                                  ? job.layout().dp_cp_size()
-                                  : 0;
-  const int64_t max_tokens = job.config().scheduler().max_tokens_per_rank();
-  // Split at every document, a microbatch has up to one sequence per token.
-  const bool documents =
-      job.pretraining() != nullptr && (job.config().pretraining().reset_attention_mask() ||
-                                       job.config().pretraining().inter_document_masking());
-  const int64_t sequences = documents ? std::max<int64_t>(job.config().global_batch(), max_tokens)
-                                      : job.config().global_batch();
-  uint64_t largest = 0;
-  for (int pp_rank = 0; pp_rank < job.layout().pp; ++pp_rank) {
-    const std::vector<SideSlice> slices =
-        SideSlicesOfStage(job.side_fields(), job.stages(), pp_rank);
-    std::vector<const SideSlice*> served;
-    for (const SideSlice& slice : slices) served.push_back(&slice);
-    std::vector<transport::FieldSpec> specs;
-    for (SlotField& field : FieldsFor(max_tokens, sequences, group_ranks,
-                                      job.hybrid_context_parallel(), {true, true}, served, 0)) {
-      specs.push_back(std::move(field.spec));
-    }
-    PF_ASSIGN_OR_RETURN(std::vector<transport::FieldDescriptor> layout,
-                        transport::LayoutFields(specs, UINT64_MAX));
-    largest = std::max(largest, layout.back().offset + layout.back().bytes);
-  }
-  return largest;
 }
 
 }  // namespace packfeed::server

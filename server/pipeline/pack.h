@@ -19,40 +19,13 @@
 #include "packfeed/scheduler/plan.h"
 #include "packfeed/scheduler/thd_partition.h"
 #include "packfeed/transport/wire.h"
-#include "server/config/model_stages.h"
-#include "server/config/side_fields.h"
 #include "server/pipeline/document_mask.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/pack_workers.h"
 #include "server/pipeline/read.h"
+#include "server/pipeline/stage_fields.h"
 
 namespace packfeed::server {
-
-// Which fields a pipeline stage receives (docs/CONTRACT.md), and under VPP
-// which of its model chunks each belongs to (-1: every chunk). A field of
-// one chunk travels as NAME@CHUNK; the clients' chunk views strip that.
-struct StageFields {
-  bool inputs = true;   // tokens, position_ids (first stage, MTP)
-  bool targets = true;  // labels, loss_mask (last stage, MTP)
-  int inputs_chunk = -1;
-  int targets_chunk = -1;
-};
-// `mtp_stage`: the stage holding MTP layers (in its last chunk), or -1.
-StageFields FieldsOfStage(int pp_rank, int pp_size, int mtp_stage = -1, int vpp = 1);
-// NAME, or NAME@CHUNK for a field of one model chunk.
-std::string ChunkFieldName(absl::string_view name, int chunk);
-
-// A side field as one pipeline stage receives it: whole, or cut to the
-// layer-axis entries of one of its model chunks.
-struct SideSlice {
-  const SideFieldInfo* field = nullptr;
-  std::string wire_name;            // the field's name; NAME.K for model chunk K under VPP
-  std::vector<IndexRange> entries;  // of the layer axis; empty = all of it
-};
-// The side fields stage `pp_rank` receives, in configuration order (the
-// loss-mask field, which is not served, on every stage that gets targets).
-std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
-                                         const ModelStages& stages, int pp_rank);
 
 // A side field's stored rows (row_bytes() per read token), per sequence of
 // the group: in memory, or (`in_file`) where they are stored, to be read
@@ -134,12 +107,6 @@ inline constexpr int64_t kChunkPositions = 16384;
 void WriteMicrobatch(const MicrobatchSource& source,
                      absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
                      PackWorkers* workers = nullptr, std::vector<SlotRead>* reads = nullptr);
-
-// The bytes of the largest slot any rank of `job` needs: at most
-// max_tokens_per_rank local tokens, the whole batch's sequences (or one per
-// token when documents split them), the dynamic-CP fields for groups of up
-// to DP·CP ranks, and the largest stage's side fields.
-absl::StatusOr<uint64_t> MaxSlotBytes(const Job& job);
 
 }  // namespace packfeed::server
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "server/pipeline/pack.h"
+#include "server/pipeline/stage_fields.h"
 #include "server/storage/storage.h"
 
 namespace packfeed::server {
