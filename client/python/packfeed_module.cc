@@ -1,7 +1,7 @@
 // packfeed._native: the C++ client for Python. Thin on purpose: options in,
 // microbatches out as DLPack capsules (zero-copy views of the ring slot),
-// or, on the hot path (next_batch), as the torch tensors of the Megatron
-// dict the Python package (client/python/packfeed) hands out.
+// or (next_batches) as the torch tensors of the Megatron dicts the Python
+// package (client/python/packfeed) hands out.
 //
 // Errors: every absl::Status becomes a Python exception in Raise(), the one
 // place that does it (classes in packfeed/errors.py, chosen by status code).
@@ -273,14 +273,42 @@ py::object SmallInt(const FieldView& field, MemoryKind memory, const py::object&
   return py::int_(tensor);
 }
 
-// One microbatch as packfeed.Client hands it out (client.py's Batch): a copy
-// of `keys` (Megatron's keys, each None), every field as a torch tensor
-// viewing the slot, and "packed_seq_params" (PackedSeqParams' arguments, or
-// None without cu_seqlens). The same dict client.py would build from next(),
-// built here because the Python loop over the fields cost more than the
-// whole C++ Next (docs/PYTHON.md, "Speed").
-py::dict NextBatch(const std::shared_ptr<Client>& client, std::optional<double> timeout,
-                   uintptr_t cuda_stream, const py::dict& keys) {
+// PackedSeqParams' arguments for a THD microbatch (packfeed.megatron's
+// packed_seq_params builds the object); None for Megatron's BSHD batch,
+// which carries no cu_seqlens.
+struct PackedLengths {
+  py::object cu_seqlens = py::none();
+  py::object cu_seqlens_padded = py::none();
+  py::object max_seqlen = py::none();
+  py::object local_cp_size = py::none();
+};
+py::object PackedSeqParams(const PackedLengths& lengths) {
+  if (lengths.cu_seqlens.is_none()) return py::none();
+  if (lengths.max_seqlen.is_none()) {
+    Raise(absl::DataLossError("a THD microbatch without max_seqlen"));
+  }
+  py::dict params;
+  params["qkv_format"] = "thd";
+  params["cu_seqlens_q"] = lengths.cu_seqlens;
+  params["cu_seqlens_kv"] = lengths.cu_seqlens;
+  params["cu_seqlens_q_padded"] = lengths.cu_seqlens_padded;
+  params["cu_seqlens_kv_padded"] = lengths.cu_seqlens_padded;
+  params["max_seqlen_q"] = lengths.max_seqlen;
+  params["max_seqlen_kv"] = lengths.max_seqlen;
+  params["local_cp_size"] = lengths.local_cp_size;
+  return params;
+}
+
+// The one builder of the dicts packfeed.Client hands out (client.py's
+// Batch), here because the Python loop over the fields cost more than the
+// whole C++ Next (docs/PYTHON.md, "Speed"). Takes the next microbatch and
+// returns one dict per model chunk (`chunks` > 1: VPP, where a field NAME@K
+// goes to chunk K only, under NAME): a copy of `keys` (Megatron's keys,
+// each None), every field as a torch tensor, and "packed_seq_params".
+// Tensors view the slot, or with `copy` are owned clones (on the current
+// stream), and the slot goes back as soon as the views are gone.
+py::list NextBatches(const std::shared_ptr<Client>& client, std::optional<double> timeout,
+                     uintptr_t cuda_stream, const py::dict& keys, bool copy, int chunks) {
   absl::StatusOr<Microbatch> next;
   {
     py::gil_scoped_release release;
@@ -288,41 +316,42 @@ py::dict NextBatch(const std::shared_ptr<Client>& client, std::optional<double> 
   }
   auto microbatch = std::make_shared<const Microbatch>(ValueOrRaise(std::move(next)));
   const TorchHandles& torch = Torch();
-  py::dict batch = py::reinterpret_steal<py::dict>(PyDict_Copy(keys.ptr()));
-  py::object cu_seqlens = py::none();
-  py::object cu_seqlens_padded = py::none();
-  py::object max_seqlen = py::none();
-  py::object local_cp_size = py::none();
+  std::vector<py::dict> batches;
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    batches.push_back(py::reinterpret_steal<py::dict>(PyDict_Copy(keys.ptr())));
+  }
+  PackedLengths lengths;
   for (const FieldView& field : microbatch->fields) {
     py::object tensor = torch.from_dlpack(
         ToCapsule(field, client->options().cuda_device, microbatch, torch.native_bool));
     if (field.dtype == ElementType::kBool && !torch.native_bool) {
       tensor = tensor.attr("view")(torch.bool_dtype);
     }
-    if (field.name == "cu_seqlens") cu_seqlens = tensor;
-    if (field.name == "cu_seqlens_padded") cu_seqlens_padded = tensor;
-    if (field.name == "max_seqlen") max_seqlen = SmallInt(field, microbatch->memory_kind, tensor);
-    if (field.name == "local_cp_size") {
-      local_cp_size = SmallInt(field, microbatch->memory_kind, tensor);
+    if (copy) tensor = tensor.attr("clone")();
+    if (field.name == "cu_seqlens") lengths.cu_seqlens = tensor;
+    if (field.name == "cu_seqlens_padded") lengths.cu_seqlens_padded = tensor;
+    if (field.name == "max_seqlen") {
+      lengths.max_seqlen = SmallInt(field, microbatch->memory_kind, tensor);
     }
-    batch[py::str(field.name)] = std::move(tensor);
+    if (field.name == "local_cp_size") {
+      lengths.local_cp_size = SmallInt(field, microbatch->memory_kind, tensor);
+    }
+    // NAME@K: model chunk K's field (FieldsOfStage), served as NAME.
+    const size_t at = field.name.find('@');
+    if (at == std::string::npos) {
+      for (py::dict& batch : batches) batch[py::str(field.name)] = tensor;
+      continue;
+    }
+    const int owner = std::stoi(field.name.substr(at + 1));
+    if (owner >= 0 && owner < chunks) batches[owner][py::str(field.name.substr(0, at))] = tensor;
   }
-  if (cu_seqlens.is_none()) {
-    batch["packed_seq_params"] = py::none();
-    return batch;
+  py::object params = PackedSeqParams(lengths);
+  py::list out;
+  for (py::dict& batch : batches) {
+    batch["packed_seq_params"] = params;
+    out.append(std::move(batch));
   }
-  if (max_seqlen.is_none()) Raise(absl::DataLossError("a THD microbatch without max_seqlen"));
-  py::dict params;
-  params["qkv_format"] = "thd";
-  params["cu_seqlens_q"] = cu_seqlens;
-  params["cu_seqlens_kv"] = cu_seqlens;
-  params["cu_seqlens_q_padded"] = cu_seqlens_padded;
-  params["cu_seqlens_kv_padded"] = cu_seqlens_padded;
-  params["max_seqlen_q"] = max_seqlen;
-  params["max_seqlen_kv"] = max_seqlen;
-  params["local_cp_size"] = local_cp_size;
-  batch["packed_seq_params"] = std::move(params);
-  return batch;
+  return out;
 }
 
 std::shared_ptr<Producer> MakeProducer(const std::string& socket_path, const std::string& stream,
@@ -464,7 +493,8 @@ PYBIND11_MODULE(_native, m) {
              out["input_bound"] = times.input_bound();
              return out;
            })
-      .def("next_batch", &NextBatch, py::arg("timeout"), py::arg("cuda_stream"), py::arg("keys"))
+      .def("next_batches", &NextBatches, py::arg("timeout"), py::arg("cuda_stream"),
+           py::arg("keys"), py::arg("copy"), py::arg("chunks"))
       .def_property_readonly("fingerprint", &Client::fingerprint)
       .def_property_readonly("num_chunks", &Client::num_chunks)
       .def_property_readonly("memory_kind", [](const Client& client) {

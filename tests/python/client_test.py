@@ -140,10 +140,11 @@ class ClientTest(unittest.TestCase):
             owned.close()
             again.close()
 
-    def test_the_native_batch_is_the_one_python_builds(self):
-        """The zero-copy batches (built by _native.next_batch) equal the
-        copies (built in Python from next()) of the same steps: keys, None
-        entries, dtypes, shapes, values and packed_seq_params."""
+    def test_batches_are_the_slots_as_plain_capsules_read(self):
+        """The batches packfeed.Client hands out, zero-copy and copied,
+        equal the same steps read here from the plain DLPack capsules of
+        _native.next(): keys, None entries, dtypes, shapes, values and
+        packed_seq_params."""
         def described(batch):
             out = {}
             for key, value in batch.items():
@@ -155,6 +156,25 @@ class ClientTest(unittest.TestCase):
                     out[key] = value
             return out
 
+        def from_capsules(native):
+            batch = dict.fromkeys(packfeed.MEGATRON_KEYS)
+            for name, dtype, capsule in native["fields"]:
+                tensor = torch.utils.dlpack.from_dlpack(capsule)
+                batch[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
+            max_seqlen = int(batch["max_seqlen"])
+            local_cp_size = batch["local_cp_size"]
+            batch["packed_seq_params"] = {
+                "qkv_format": "thd",
+                "cu_seqlens_q": batch["cu_seqlens"],
+                "cu_seqlens_kv": batch["cu_seqlens"],
+                "cu_seqlens_q_padded": batch["cu_seqlens_padded"],
+                "cu_seqlens_kv_padded": batch["cu_seqlens_padded"],
+                "max_seqlen_q": max_seqlen,
+                "max_seqlen_kv": max_seqlen,
+                "local_cp_size": None if local_cp_size is None else int(local_cp_size),
+            }
+            return batch
+
         with self.daemon(name="native") as daemon:
             steps = {}
             for copy in (False, True):
@@ -162,7 +182,16 @@ class ClientTest(unittest.TestCase):
                 steps[copy] = [[described(b) for b in client.next_step(timeout=30)[0]]
                                for _ in range(3)]
                 client.close()
-        self.assertEqual(steps[False], steps[True])
+            client = packfeed.Client("job", rank=1, socket_path=daemon.socket)
+            native = client._live()
+            steps["capsules"] = []
+            for _ in range(3):
+                count = native.next_step(30.0)["num_microbatches"]
+                steps["capsules"].append([described(from_capsules(native.next(30.0)))
+                                          for _ in range(count)])
+            client.close()
+        self.assertEqual(steps[False], steps["capsules"])
+        self.assertEqual(steps[True], steps["capsules"])
         first = steps[False][0][0]
         self.assertEqual(first["padding_mask"][0], torch.bool)
         self.assertEqual(first["packed_seq_params"]["qkv_format"], "thd")

@@ -15,10 +15,12 @@ class Client:
     def next(self, timeout: Optional[float] = ..., cuda_stream: int = ...) -> Dict[str, Any]:
         """step, microbatch, fields: [(name, dtype name, DLPack capsule)],
         host_copies, copied_out."""
-    def next_batch(self, timeout: Optional[float], cuda_stream: int,
-                   keys: Dict[str, Any]) -> Dict[str, Any]:
-        """The next microbatch as packfeed.Client's Batch: a copy of `keys`,
-        every field a torch tensor viewing the slot, packed_seq_params."""
+    def next_batches(self, timeout: Optional[float], cuda_stream: int, keys: Dict[str, Any],
+                     copy: bool, chunks: int) -> List[Dict[str, Any]]:
+        """The next microbatch as packfeed.Client's Batch, one per model chunk
+        (NAME@K fields to chunk K as NAME): a copy of `keys`, every field a
+        torch tensor viewing the slot (`copy`: an owned clone),
+        packed_seq_params."""
     def detach(self) -> None: ...
     def ring(self) -> Dict[str, Any]:
         """slots, held, handed_out, copied_out, device_ring_fallback."""

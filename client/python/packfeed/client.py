@@ -26,7 +26,7 @@ MEGATRON_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_id
                  "padding_mask", "cu_seqlens", "cu_seqlens_padded", "max_seqlen",
                  "local_cp_size")
 
-# A batch before its fields are filled in (next_batch copies it).
+# A batch before its fields are filled in (next_batches copies it).
 _NO_FIELDS: Dict[str, Any] = dict.fromkeys(MEGATRON_KEYS)
 
 STATE_VERSION = 1
@@ -293,55 +293,16 @@ class Client:
             return 0
         return int(torch.cuda.current_stream(self._device).cuda_stream)
 
-    def _next_fields(self, timeout: Optional[float]
-                     ) -> Tuple[Dict[str, torch.Tensor], Tuple[int, Optional[int]]]:
-        """The microbatch's tensors, and max_seqlen and local_cp_size read
-        without a device synchronisation."""
-        native = self._live().next(timeout, self._stream())
-        fields = {}
-        for name, dtype, capsule in native["fields"]:
-            tensor = torch.utils.dlpack.from_dlpack(capsule)
-            fields[name] = tensor.view(torch.bool) if dtype == "bool" else tensor
-        return fields, _slot_lengths(fields, native["host_copies"])
-
     def _next_batch(self, timeout: Optional[float]) -> Batch:
-        if not self._copy:
-            # The same dict as below, built by the native module: the
-            # per-field Python work cost more than the C++ Next itself.
-            return self._live().next_batch(timeout, self._stream(), _NO_FIELDS)
-        batch = dict.fromkeys(MEGATRON_KEYS)
-        fields, lengths = self._next_fields(timeout)
-        batch.update(fields)
-        if self._copy:
-            self._own(batch)
-        batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, *lengths)
-        return batch
+        return self._live().next_batches(timeout, self._stream(), _NO_FIELDS, self._copy, 1)[0]
 
     def _next_chunks(self, timeout: Optional[float]) -> List[Batch]:
         """One microbatch as each model chunk's iterator gets it (VPP):
         fields named NAME@K go to chunk K only, under NAME. Always owned
         copies (the chunks' iterators consume at their own pace), so the
         slot is freed at once."""
-        fields, lengths = self._next_fields(timeout)
-        self._own(fields)
-        chunks = []
-        for chunk in range(self.num_chunks):
-            batch = dict.fromkeys(MEGATRON_KEYS)
-            for name, tensor in fields.items():
-                base, _, owner = name.partition("@")
-                if not owner or int(owner) == chunk:
-                    batch[base] = tensor
-            batch["packed_seq_params"] = _packed_seq_params_kwargs(batch, *lengths)
-            chunks.append(batch)
-        return chunks
-
-    @staticmethod
-    def _own(batch: Dict[str, Any]) -> None:
-        """Replaces the views by copies (on the current stream, for device
-        tensors); the slot goes back once the views are freed."""
-        for k, v in batch.items():
-            if isinstance(v, torch.Tensor):
-                batch[k] = v.clone()
+        return self._live().next_batches(timeout, self._stream(), _NO_FIELDS, True,
+                                         self.num_chunks)
 
 
 class _ChunkedStep:
@@ -412,36 +373,3 @@ def _resolve_device(device: Optional[str | torch.device]) -> Optional[torch.devi
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0))
     return None if device.type == "cpu" else device
-
-
-def _slot_lengths(fields: Dict[str, Any], host_copies: Dict[str, bytes]
-                  ) -> Tuple[int, Optional[int]]:
-    """max_seqlen and local_cp_size (None without dynamic CP) as ints: from
-    the host copies a staged ring keeps of them (reading a device tensor
-    would wait for the device), else from the host tensors."""
-    def value(name: str) -> Optional[int]:
-        if name in host_copies:
-            return int.from_bytes(host_copies[name], "little", signed=True)
-        return None if fields.get(name) is None else int(fields[name])
-    max_seqlen = value("max_seqlen")
-    assert max_seqlen is not None, "every microbatch carries max_seqlen"
-    return max_seqlen, value("local_cp_size")
-
-
-def _packed_seq_params_kwargs(batch: Batch, max_seqlen: int,
-                              local_cp_size: Optional[int]) -> Optional[Dict[str, Any]]:
-    """The arguments of Megatron's PackedSeqParams for this microbatch
-    (packfeed.megatron.packed_seq_params builds the object itself); None for
-    a BSHD batch (Megatron pretraining), which carries no cu_seqlens."""
-    if batch["cu_seqlens"] is None:
-        return None
-    return {
-        "qkv_format": "thd",
-        "cu_seqlens_q": batch["cu_seqlens"],
-        "cu_seqlens_kv": batch["cu_seqlens"],
-        "cu_seqlens_q_padded": batch["cu_seqlens_padded"],
-        "cu_seqlens_kv_padded": batch["cu_seqlens_padded"],
-        "max_seqlen_q": max_seqlen,
-        "max_seqlen_kv": max_seqlen,
-        "local_cp_size": local_cp_size,
-    }
