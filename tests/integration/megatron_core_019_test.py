@@ -8,12 +8,12 @@ megatron_venv.py, whose compiled index helper it shares (helpers.cpp is the
 same file). For every rank of TP2 x PP2 x CP x DP2 the test computes what
 Megatron's pretrain_gpt hands it with --dataloader-inter-document-masking:
 GPTDataset[i] (0.19.2, inter_document_masking=True) for the pretraining
-sampler's indices, torch's default_collate, the stage's fields as
-get_batch_on_this_tp_rank keeps them, then flatten_batch_for_packed_sequences
-and get_batch_on_this_cp_rank taken by name from 0.19.2's
-megatron/core/utils.py and run as written (the CP group's size and rank
-supplied, Transformer Engine's thd_get_partitioned_indices as its kernel
-defines it). A real packfeedd serves the same job; every field of every rank
+sampler's indices, torch's default_collate, then get_batch_on_this_tp_rank,
+flatten_batch_for_packed_sequences and get_batch_on_this_cp_rank taken by
+name from 0.19.2's megatron/core/utils.py and run as written
+(megatron_source.GetBatch019: the CP group's size and rank supplied,
+Transformer Engine's thd_get_partitioned_indices as its kernel defines
+it). A real packfeedd serves the same job; every field of every rank
 must be equal, for CP 1 and 2, both CP splits, and after a restart from
 consumed_samples. Two ranks are read through the Python client too, shapes
 and dtypes asserted. Then `packfeedctl megatron-config` reads pretrain_gpt
@@ -38,11 +38,10 @@ import tempfile
 
 import numpy
 import torch
-from torch.utils.data import default_collate
 
 from ctl_checks import checks_for_helpers
 from daemon_harness import Daemon
-from megatron_source import CpGroup, TransformerEngine, megatron_functions, write_dataset
+from megatron_source import GetBatch019, TransformerEngine, write_dataset
 from megatron_venv import Tokenizer, init_single_process, megatron_019_from_environment
 
 CTL = os.environ["PF_CTL"]
@@ -59,10 +58,7 @@ CHECKS = check = None
 bind_checks = checks_for_helpers(globals())
 
 
-MEGATRON = megatron_functions(UTILS_SOURCE, [
-    "_merge_cu_seqlens_across_micro_batch", "flatten_batch_for_packed_sequences",
-    "_get_batch_on_this_cp_rank_per_sequence_balancing",
-    "_get_batch_on_this_cp_rank_per_document_balancing", "get_batch_on_this_cp_rank"])
+GET_BATCH = GetBatch019(UTILS_SOURCE, SEQ)
 # The kernel's definition, on a case worked by hand (documents of 4 and 12).
 
 
@@ -73,27 +69,12 @@ def test_transformer_engines_partition_as_its_kernel_defines_it():
           .tolist() == [0, 3, 4, 5, 6, 13, 14, 15])
 
 
-BATCH_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded",
-              "max_seqlen")
-
-
 def megatron_get_batch(items, pp, cp_size, cp_rank, per_sequence):
-    """pretrain_gpt's get_batch of 0.19 on this rank, with
-    --dataloader-inter-document-masking: TP rank 0's collated batch (a key
-    the dataset does not make is None), the stage's fields (first: no
-    labels or loss_mask; last: no tokens or position_ids), flattened, then
-    split for CP."""
-    collated = default_collate(items)
-    batch = {key: collated.get(key) for key in BATCH_KEYS}
-    batch.update(attention_mask=None, local_cp_size=None)
-    if pp == 0:
-        batch["labels"] = batch["loss_mask"] = None
-    else:
-        batch["tokens"] = batch["position_ids"] = None
-    batch = MEGATRON["flatten_batch_for_packed_sequences"](batch)
-    return MEGATRON["get_batch_on_this_cp_rank"](
-        batch, is_hybrid_cp=False, cp_group=CpGroup(cp_size, cp_rank),
-        use_per_sequence_balancing=per_sequence)
+    """pretrain_gpt's get_batch of 0.19 on this rank (stage `pp` of PP),
+    with --dataloader-inter-document-masking and the CP split
+    `per_sequence` says: {key: value}."""
+    return GET_BATCH(items, pp_size=PP, stage=pp, cp_size=cp_size, cp_rank=cp_rank,
+                     inter_document_masking=True, per_sequence=per_sequence)
 
 
 # ---- datasets, written with Megatron's own builder ----

@@ -39,11 +39,10 @@ import threading
 import types
 
 import torch
-from torch.utils.data import default_collate
 
 from ctl_checks import checks_for_helpers
 from daemon_harness import Daemon
-from megatron_source import CpGroup, megatron_functions, write_dataset
+from megatron_source import GetBatch019, write_dataset
 from megatron_venv import Tokenizer, init_single_process, megatron_019_from_environment
 
 CTL = os.environ["PF_CTL"]
@@ -60,50 +59,19 @@ CHECKS = check = None
 bind_checks = checks_for_helpers(globals())
 
 
-MEGATRON = megatron_functions(UTILS_SOURCE, [
-    "get_batch_on_this_tp_rank", "_merge_cu_seqlens_across_micro_batch",
-    "flatten_batch_for_packed_sequences", "_get_batch_on_this_cp_rank_per_sequence_balancing",
-    "_get_batch_on_this_cp_rank_per_document_balancing", "get_batch_on_this_cp_rank"])
-# pretrain_gpt's BATCH_KEYS (0.19): what its get_batch returns, in order.
-MEGATRON_KEYS = ("attention_mask", "cu_seqlens", "cu_seqlens_padded", "hybrid_cp_group", "labels",
-                 "local_cp_size", "loss_mask", "max_seqlen", "position_ids", "tokens")
+GET_BATCH = GetBatch019(UTILS_SOURCE, SEQ)
+MEGATRON_KEYS = GetBatch019.KEYS
 
 
 def megatron_get_batch(items, args, stage, cp_rank, vp_stage=None):
-    """pretrain_gpt's get_batch (Megatron-Core 0.19) on a rank of pipeline
-    stage `stage` and CP rank `cp_rank`, for model chunk `vp_stage` under
-    VPP, its steps as that function takes them, over TP rank 0's collated
-    batch. A chunk is first (last) when it is the first (last) stage's first
-    (last) chunk, as is_first_or_last_pipeline_stage(vp_stage) says."""
-    has_cu_seqlens = args.dataloader_inter_document_masking
-    first = stage == 0 and (vp_stage or 0) == 0
-    last = stage == args.pipeline_model_parallel_size - 1 and (
-        vp_stage is None or vp_stage == args.virtual_pipeline_model_parallel_size - 1)
-    if not (first or last) and not has_cu_seqlens:
-        return [None] * len(MEGATRON_KEYS)
-    batch = default_collate(items)
-    # BlendedDataset adds dataset_id (one value per sample), which 0.19.2's
-    # CP split cannot cut (IndexError under CP > 1); it is not returned.
-    batch.pop("dataset_id", None)
-    for key in MEGATRON_KEYS:
-        batch[key] = batch.get(key)
-    batch = MEGATRON["get_batch_on_this_tp_rank"](
-        batch, broadcast_src_rank=0, broadcast_group=None, has_cu_seqlens=has_cu_seqlens,
-        is_hybrid_cp=False,
-        create_attention_mask_in_dataloader=args.create_attention_mask_in_dataloader,
-        cp_size=args.context_parallel_size, tp_rank=0, micro_batch_size=len(items),
-        seq_length=SEQ,
-        mtp_on_this_rank=False, pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        is_pipeline_first_stage=first, is_pipeline_last_stage=last)
-    batch = MEGATRON["flatten_batch_for_packed_sequences"](batch)
-    if not (first or last):
-        values = dict.fromkeys(MEGATRON_KEYS)
-        for key in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen"):
-            values[key] = batch[key]
-        return [values[key] for key in MEGATRON_KEYS]
-    batch = MEGATRON["get_batch_on_this_cp_rank"](
-        batch, is_hybrid_cp=False, cp_group=CpGroup(args.context_parallel_size, cp_rank),
-        hybrid_cp_group_func=None, use_per_sequence_balancing=has_cu_seqlens)
+    """pretrain_gpt's get_batch (Megatron-Core 0.19) for the job of `args`
+    on a rank of pipeline stage `stage`, CP rank `cp_rank` and model chunk
+    `vp_stage` under VPP: its values in MEGATRON_KEYS' order."""
+    batch = GET_BATCH(items, pp_size=args.pipeline_model_parallel_size, stage=stage,
+                      cp_size=args.context_parallel_size, cp_rank=cp_rank,
+                      inter_document_masking=args.dataloader_inter_document_masking,
+                      vp_stage=vp_stage, vpp=args.virtual_pipeline_model_parallel_size,
+                      create_attention_mask=args.create_attention_mask_in_dataloader)
     return [batch[key] for key in MEGATRON_KEYS]
 
 

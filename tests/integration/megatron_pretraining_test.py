@@ -32,11 +32,10 @@ import types
 
 import numpy
 import torch
-from torch.utils.data import default_collate
 
 from ctl_checks import checks_for_helpers
 from daemon_harness import Daemon, start_up_errors
-from megatron_source import CpGroup, megatron_functions
+from megatron_source import GetBatch016
 from megatron_venv import (Tokenizer, import_megatron_datasets, init_single_process,
                            write_megatron_dataset)
 
@@ -300,12 +299,9 @@ def test_megatrons_cache_is_read_and_checked():
 
 
 # ---- served by a real packfeedd to every rank of TP2 x PP2 x CP2 x DP2 ----
-MEGATRON_016 = megatron_functions(
-    pathlib.Path(sys.modules["megatron"].__path__[0], "core", "utils.py").read_text(),
-    ["get_batch_on_this_cp_rank"], get_pg_size=lambda group: group.size,
-    get_pg_rank=lambda group: group.rank)
-# What pretrain_gpt's get_batch of 0.16 returns, in order.
-MEGATRON_016_KEYS = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+GET_BATCH_016 = GetBatch016(
+    pathlib.Path(sys.modules["megatron"].__path__[0], "core", "utils.py").read_text())
+MEGATRON_016_KEYS = GetBatch016.KEYS
 
 TP, PP, CP, DP = 2, 2, 2, 2
 MBS, GBS, SEQ, SEED, STEPS = 2, 16, 64, 4321, 3
@@ -445,22 +441,6 @@ def python_client_step(socket, train, consumed):
               same == count == GBS // (MBS * DP), f"{same} of {count}")
 
 
-def megatron_016_get_batch(items, stage, cp_size, cp_rank):
-    """pretrain_gpt's get_batch of Megatron-Core 0.16 on a rank of pipeline
-    stage `stage`: TP rank 0's batch of five keys (the dataset's attention
-    mask with them), the first stage without labels and loss_mask, the last
-    without tokens and position_ids, then 0.16.1's get_batch_on_this_cp_rank
-    as written; its values in order."""
-    collated = default_collate(items)
-    batch = {key: collated.get(key) for key in MEGATRON_016_KEYS}
-    if stage == 0:
-        batch["labels"] = batch["loss_mask"] = None
-    else:
-        batch["tokens"] = batch["position_ids"] = None
-    return tuple(MEGATRON_016["get_batch_on_this_cp_rank"](batch, CpGroup(cp_size, cp_rank))
-                 .values())
-
-
 def dropin_016_step(socket, train, consumed, cp_size, thd):
     """A first-stage and a last-stage rank through packfeed.megatron's
     provider and get_batch_016, as a 0.16 pretrain_gpt with
@@ -487,7 +467,8 @@ def dropin_016_step(socket, train, consumed, cp_size, thd):
             if len(got) != 6 or got[5] is not None:
                 wrong.append(f"microbatch {m}: {len(got)} values, packed_seq_params {got[-1]}")
             first = consumed + (m * DP + dp) * MBS
-            want = megatron_016_get_batch([train[first + b] for b in range(MBS)], pp, cp_size, cp)
+            want = GET_BATCH_016([train[first + b] for b in range(MBS)], stage=pp, cp_size=cp_size,
+                                 cp_rank=cp)
             for key, a, b in zip(MEGATRON_016_KEYS, got, want):
                 if (a is None) != (b is None) or (a is not None and (
                         a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b))):
