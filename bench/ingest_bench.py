@@ -2,7 +2,7 @@
 run against a real packfeedd:
 
 - put throughput from one producer process (packfeed.Producer.put of a
-  step's samples, in chunks as a driver puts finished rollouts), beside a
+  step's samples, a few at a time as a driver puts finished rollouts), beside a
   NumPy copy of the same arrays made just before each put, in the same
   process: bytes over seconds summed over the steps whose puts wrote only
   staging-arena memory written before (Producer.arena_bytes_written did not

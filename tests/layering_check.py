@@ -15,8 +15,9 @@ five ways:
    by a header of server/pipeline, directly or through the headers of
    server/ it includes: they report plain structs;
 5. words: a word of the Words table used in the sense it says it is not
-   (BANNED_WORDS: a CP part called a chunk, a held step or a dp-cp rank
-   called a slot, a planner pass called a phase), in sources, tests,
+   (BANNED_WORDS: a CP part or a packing thread's portion called a chunk,
+   a held step or a dp-cp rank called a slot, a planner pass called a
+   phase), in sources, tests,
    benchmarks, the Python package and the docs.
 
 A unit is a top-level folder, or one of server/'s libraries. Allowed
@@ -82,6 +83,9 @@ BANNED_WORDS = [
     ("", re.compile(rf"(?i){CP_CONTEXT}[^.\n]{{0,60}}\bchunks?\b|\bchunks?\b[^.\n]{{0,60}}"
                     rf"{CP_CONTEXT}|zigzag\w*chunk"),
      "a chunk is a VPP model chunk; the zigzag CP split cuts parts, a rank holds its slice"),
+    ("", re.compile(r"(?i)\bchunks?\b[^.\n]{0,40}\b(?:positions|packing|workers?|threads?)\b|"
+                    r"\b(?:packing|workers?|threads?)\b[^.\n]{0,40}\bchunks?\b|ChunkPositions"),
+     "a chunk is a VPP model chunk; packing threads write portions of a microbatch"),
     ("", re.compile(r"(?i)StepSlot|dp-cp slot|dp_cp_slot"),
      "a slot is a microbatch's place in a ring; a step is held, a dp-cp rank is a rank"),
     ("scheduler/", re.compile(r"(?i)\bphases?\b"),
@@ -252,7 +256,8 @@ def self_test():
         "scheduler/src/g.cc": "// the packer's second phase\n",
         "server/pipeline/h.cc": "// CP rank k takes chunk k and its mirror\n"
                                 "// the zigzag split of a model chunk is fine here\n"
-                                "struct JobRunner::StepSlot;\n",
+                                "struct JobRunner::StepSlot;\n"
+                                "// the packing threads write chunks of 16 384 positions\n",
         "docs/W.md": "each sequence in 2·CP chunks\n",
         STATUS_CONVERSION: "namespace packfeed::proto {\n"
                            "auto a = static_cast<absl::StatusCode>(s.error_code());\n}\n",
@@ -275,6 +280,7 @@ def self_test():
         "scheduler/src/g.cc:1: words: a phase",
         "server/pipeline/h.cc:1: words: a chunk",
         "server/pipeline/h.cc:3: words: a slot",
+        "server/pipeline/h.cc:4: words: a chunk",
         "docs/W.md:1: words: a chunk",
     ]
     with tempfile.TemporaryDirectory() as tmp:

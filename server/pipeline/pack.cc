@@ -286,7 +286,7 @@ void WriteMicrobatch(const MicrobatchSource& source,
     side_row_bytes.push_back(SliceRowBytes(side.slice));
   }
   // Every position is written on its own (its field entries at `at`), so
-  // the microbatch splits into chunks of whole or cut token ranges, which
+  // the microbatch splits into portions of whole or cut token ranges, which
   // the workers write at once.
   struct Piece {
     size_t sequence;
@@ -295,28 +295,28 @@ void WriteMicrobatch(const MicrobatchSource& source,
   };
   const uint64_t slot_bytes = layout.empty() ? 0 : layout.back().offset + layout.back().bytes;
   const bool split = workers != nullptr && workers->threads() > 1 && slot_bytes >= kSplitBytes;
-  std::vector<std::vector<Piece>> chunks(1);
-  int64_t in_chunk = 0;
+  std::vector<std::vector<Piece>> portions(1);
+  int64_t in_portion = 0;
   int64_t at = 0;
   for (size_t i = 0; i < source.runs.size(); ++i) {
     for (const scheduler::TokenRange& range : source.slices[i]) {
       for (int64_t begin = range.begin; begin < range.end;) {
         const int64_t end =
-            split ? std::min(range.end, begin + kChunkPositions - in_chunk) : range.end;
-        chunks.back().push_back({i, {begin, end}, at});
+            split ? std::min(range.end, begin + kPortionPositions - in_portion) : range.end;
+        portions.back().push_back({i, {begin, end}, at});
         at += end - begin;
-        in_chunk += end - begin;
+        in_portion += end - begin;
         begin = end;
-        if (split && in_chunk == kChunkPositions) {
-          chunks.emplace_back();
-          in_chunk = 0;
+        if (split && in_portion == kPortionPositions) {
+          portions.emplace_back();
+          in_portion = 0;
         }
       }
     }
   }
-  std::vector<std::vector<SlotRead>> chunk_reads(chunks.size());
-  auto write = [&](int chunk) {
-    for (const Piece& piece : chunks[static_cast<size_t>(chunk)]) {
+  std::vector<std::vector<SlotRead>> portion_reads(portions.size());
+  auto write = [&](int portion) {
+    for (const Piece& piece : portions[static_cast<size_t>(portion)]) {
       const int64_t real = source.group->sequences[piece.sequence].length;
       const scheduler::TokenRange& range = piece.range;
       WritePositions(source.runs[piece.sequence], real, range.begin, range.end, source.rules,
@@ -338,20 +338,20 @@ void WriteMicrobatch(const MicrobatchSource& source,
                           pad_rows[f], at);
           } else {
             PlanSideRowsRead(side.slice, side.in_file[piece.sequence], real, range.begin, range.end,
-                             pad_rows[f], at, chunk_reads[static_cast<size_t>(chunk)]);
+                             pad_rows[f], at, portion_reads[static_cast<size_t>(portion)]);
           }
         }
       }
     }
   };
   if (split) {
-    workers->Run(static_cast<int>(chunks.size()), write);
+    workers->Run(static_cast<int>(portions.size()), write);
   } else {
     write(0);
   }
-  for (std::vector<SlotRead>& chunk : chunk_reads) {
-    if (chunk.empty()) continue;
-    std::move(chunk.begin(), chunk.end(), std::back_inserter(*reads));
+  for (std::vector<SlotRead>& portion : portion_reads) {
+    if (portion.empty()) continue;
+    std::move(portion.begin(), portion.end(), std::back_inserter(*reads));
   }
 }
 

@@ -98,12 +98,12 @@ std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source
 // `layout` = LayoutFields(MicrobatchSpecs(source), ...): one copy of each
 // byte from the step's data, runs copied whole. `slot` may be the
 // receiver's ring itself. A slot of at least kSplitBytes is written by
-// `workers` (when given) in chunks of kChunkPositions positions; the bytes
+// `workers` (when given) in portions of kPortionPositions positions; the bytes
 // are the same either way. Side rows `in_file` are not written: their reads
 // into the slot are appended to `reads` (required then), and the slot is
 // whole once they are done.
 inline constexpr uint64_t kSplitBytes = uint64_t{1} << 20;
-inline constexpr int64_t kChunkPositions = 16384;
+inline constexpr int64_t kPortionPositions = 16384;
 void WriteMicrobatch(const MicrobatchSource& source,
                      absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
                      PackWorkers* workers = nullptr, std::vector<SlotRead>* reads = nullptr);

@@ -263,7 +263,7 @@ TEST(PackTest, LossMaskFieldReplacesTheDefaultMask) {
   EXPECT_TRUE(packed->side.empty());  // not served by name
 }
 
-// A microbatch past kSplitBytes is written by several threads in chunks cut
+// A microbatch past kSplitBytes is written by several threads in portions cut
 // inside sequences; every byte equals the one-thread write, side rows cut to
 // a layer slice and shifted to labels, the loss mask and pads included.
 TEST(PackTest, WorkersWriteALargeMicrobatchByteForByteAsOneThread) {
@@ -303,7 +303,7 @@ TEST(PackTest, WorkersWriteALargeMicrobatchByteForByteAsOneThread) {
     ASSERT_TRUE(layout.ok()) << layout.status();
     const uint64_t bytes = layout->back().offset + layout->back().bytes;
     ASSERT_GE(bytes, kSplitBytes);
-    ASSERT_GT(positions, 3 * kChunkPositions);
+    ASSERT_GT(positions, 3 * kPortionPositions);
     std::vector<uint8_t> one(bytes, 0xAB);
     std::vector<uint8_t> many(bytes, 0xCD);
     WriteMicrobatch(*source, *layout, one.data());
