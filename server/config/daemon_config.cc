@@ -413,9 +413,9 @@ absl::Status ValidateRanksOverTcp(const v1::DaemonConfig& config, absl::string_v
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where) {
+// The job's name and where its samples come from: datasets or an ingest
+// stream.
+absl::Status ValidateSources(const v1::JobConfig& job, absl::string_view where) {
   const std::string& name = job.name();
   if (!IsName(name)) {
     return FieldError(where, "name", absl::StrCat("'", name, "' must be [A-Za-z0-9_.-]+"));
@@ -445,7 +445,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
       return FieldError(where, at + ".kind", "every dataset of a job must have the same kind");
     }
   }
-  const v1::Topology& t = job.topology();
+  return absl::OkStatus();
+}
+
+// Each parallel size in range, and the world they make within 2^20 ranks.
+absl::Status ValidateTopology(const v1::Topology& t, absl::string_view where) {
   for (auto [field, value] :
        {std::pair{"tp", t.tp()}, {"pp", t.pp()}, {"cp", t.cp()}, {"dp", t.dp()}}) {
     if (value < 1 || value > 65536) {
@@ -457,12 +461,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   if (world > (1u << 20)) {
     return FieldError(where, "topology", absl::StrCat("world size ", world, " exceeds 2^20 ranks"));
   }
-  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT && !ingest &&
-      job.datasets(0).kind() == v1::DATASET_KIND_SFT) {
-    return FieldError(where, "long_documents",
-                      "LONG_DOCUMENTS_SPLIT is for varlen datasets (sft rows are truncated)");
-  }
-  if (IsPretrainingJob(job)) PF_RETURN_IF_ERROR(ValidatePretraining(job, where));
+  return absl::OkStatus();
+}
+
+// VPP, Megatron's layer split per stage, and the side fields: each resolved,
+// named once, at most one loss mask, within the wire's fields with the THD
+// ones, and every dataset's side-field prefix naming one of them.
+absl::Status ValidateSideFields(const v1::JobConfig& job, absl::string_view where) {
+  const v1::Topology& t = job.topology();
   if (t.vpp() < 1 || t.vpp() > 1024) {
     return FieldError(where, "topology.vpp", absl::StrCat(t.vpp(), " is out of [1, 1024]"));
   }
@@ -504,12 +510,14 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
       }
     }
   }
-  if (job.global_batch() < 1) {
-    return FieldError(where, "global_batch", absl::StrCat(job.global_batch(), " must be >= 1"));
-  }
-  if (job.seq_length() < 2) {
-    return FieldError(where, "seq_length", absl::StrCat(job.seq_length(), " must be >= 2"));
-  }
+  return absl::OkStatus();
+}
+
+// The planner: its kind, cost model, CP bounds, objective and what learning
+// the cost model needs. Returns the kind.
+absl::StatusOr<scheduler::SchedulerKind> ValidateScheduler(const v1::JobConfig& job,
+                                                           absl::string_view where) {
+  const v1::Topology& t = job.topology();
   const v1::SchedulerConfig& s = job.scheduler();
   absl::StatusOr<scheduler::SchedulerKind> kind = scheduler::SchedulerKindFromName(s.kind());
   if (!kind.ok()) return FieldError(where, "scheduler.kind", kind.status().message());
@@ -556,11 +564,36 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
     return FieldError(where, "scheduler.learned_model_lead_steps",
                       absl::StrCat(s.learned_model_lead_steps(), " is above 100000"));
   }
+  return *kind;
+}
+
+}  // namespace
+
+absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where) {
+  PF_RETURN_IF_ERROR(ValidateSources(job, where));
+  PF_RETURN_IF_ERROR(ValidateTopology(job.topology(), where));
+  const bool ingest = !job.ingest_stream().empty();
+  const v1::Topology& t = job.topology();
+  const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
+  if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT && !ingest &&
+      job.datasets(0).kind() == v1::DATASET_KIND_SFT) {
+    return FieldError(where, "long_documents",
+                      "LONG_DOCUMENTS_SPLIT is for varlen datasets (sft rows are truncated)");
+  }
+  if (IsPretrainingJob(job)) PF_RETURN_IF_ERROR(ValidatePretraining(job, where));
+  PF_RETURN_IF_ERROR(ValidateSideFields(job, where));
+  if (job.global_batch() < 1) {
+    return FieldError(where, "global_batch", absl::StrCat(job.global_batch(), " must be >= 1"));
+  }
+  if (job.seq_length() < 2) {
+    return FieldError(where, "seq_length", absl::StrCat(job.seq_length(), " must be >= 2"));
+  }
+  PF_ASSIGN_OR_RETURN(const scheduler::SchedulerKind kind, ValidateScheduler(job, where));
   if (t.ep() > 1 && (t.dp() * t.cp()) % t.ep() != 0) {
     return FieldError(where, "topology.ep",
                       absl::StrCat(t.ep(), " does not divide DP·CP = ", t.dp() * t.cp()));
   }
-  if (*kind == scheduler::SchedulerKind::kMegatronDpBalanced) {
+  if (kind == scheduler::SchedulerKind::kMegatronDpBalanced) {
     if (job.global_batch() % t.dp() != 0) {
       return FieldError(where, "global_batch",
                         absl::StrCat(job.global_batch(), " is not a multiple of DP ", t.dp(),
