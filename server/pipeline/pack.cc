@@ -68,6 +68,99 @@ std::vector<SlotField> FieldsOf(const MicrobatchSource& source) {
                    source.sample_ids.has_value(), source.stage, slices, source.bshd_rows);
 }
 
+// Writes the microbatch's fields of one value or one per sequence
+// (cu_seqlens, max_seqlen, ...) at their offsets in `slot`, and returns
+// where its per-token fields go (`side_out`: each side field's).
+TokenFields PlaceFields(const MicrobatchSource& source,
+                        absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
+                        std::vector<uint8_t*>& side_out) {
+  const std::vector<SlotField> fields = FieldsOf(source);
+  TokenFields out;
+  auto copy = [](uint8_t* to, const void* from, uint64_t bytes) {
+    if (bytes > 0) std::memcpy(to, from, bytes);
+  };
+  for (size_t i = 0; i < fields.size(); ++i) {
+    uint8_t* at = slot + layout[i].offset;
+    const uint64_t bytes = layout[i].bytes;
+    switch (fields[i].role) {
+      case Role::kTokens:
+        out.tokens = reinterpret_cast<int64_t*>(at);
+        break;
+      case Role::kPositionIds:
+        out.position_ids = reinterpret_cast<int64_t*>(at);
+        break;
+      case Role::kLabels:
+        out.labels = reinterpret_cast<int64_t*>(at);
+        break;
+      case Role::kLossMask:
+        out.loss_mask = reinterpret_cast<float*>(at);
+        break;
+      case Role::kPaddingMask:
+        out.padding_mask = at;
+        break;
+      case Role::kCuSeqlens:
+        copy(at, source.cu_seqlens.data(), bytes);
+        break;
+      case Role::kCuSeqlensPadded:
+        copy(at, source.cu_seqlens_padded.data(), bytes);
+        break;
+      case Role::kMaxSeqlen:
+        copy(at, &source.max_seqlen, bytes);
+        break;
+      case Role::kLocalCpSize:
+        copy(at, &*source.local_cp_size, bytes);
+        break;
+      case Role::kCpGroupRanks:
+        copy(at, source.cp_group_ranks.data(), bytes);
+        break;
+      case Role::kSampleIds:
+        copy(at, source.sample_ids->data(), bytes);
+        break;
+      case Role::kHybridGroup:
+        copy(at, &source.hybrid_group, bytes);
+        break;
+      case Role::kSide:
+        side_out[fields[i].side] = at;
+        break;
+    }
+  }
+  return out;
+}
+
+// A whole or cut token range of one sequence, and where it starts in the
+// microbatch.
+struct Piece {
+  size_t sequence;
+  scheduler::TokenRange range;
+  int64_t at;  // position in the microbatch
+};
+
+// Every position is written on its own (its field entries at `at`), so
+// with `split` the microbatch splits into portions of kPortionPositions
+// positions, which the packing threads write at once; else one portion.
+std::vector<std::vector<Piece>> PortionsOf(const MicrobatchSource& source, bool split) {
+  std::vector<std::vector<Piece>> portions(1);
+  int64_t in_portion = 0;
+  int64_t at = 0;
+  for (size_t i = 0; i < source.runs.size(); ++i) {
+    for (const scheduler::TokenRange& range : source.slices[i]) {
+      for (int64_t begin = range.begin; begin < range.end;) {
+        const int64_t end =
+            split ? std::min(range.end, begin + kPortionPositions - in_portion) : range.end;
+        portions.back().push_back({i, {begin, end}, at});
+        at += end - begin;
+        in_portion += end - begin;
+        begin = end;
+        if (split && in_portion == kPortionPositions) {
+          portions.emplace_back();
+          in_portion = 0;
+        }
+      }
+    }
+  }
+  return portions;
+}
+
 }  // namespace
 
 absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
@@ -228,92 +321,17 @@ std::vector<transport::FieldSpec> MicrobatchSpecs(const MicrobatchSource& source
 void WriteMicrobatch(const MicrobatchSource& source,
                      absl::Span<const transport::FieldDescriptor> layout, uint8_t* slot,
                      PackWorkers* workers, std::vector<SlotRead>* reads) {
-  const std::vector<SlotField> fields = FieldsOf(source);
-  TokenFields out;
   std::vector<uint8_t*> side_out(source.sides.size(), nullptr);
-  auto copy = [](uint8_t* to, const void* from, uint64_t bytes) {
-    if (bytes > 0) std::memcpy(to, from, bytes);
-  };
-  for (size_t i = 0; i < fields.size(); ++i) {
-    uint8_t* at = slot + layout[i].offset;
-    const uint64_t bytes = layout[i].bytes;
-    switch (fields[i].role) {
-      case Role::kTokens:
-        out.tokens = reinterpret_cast<int64_t*>(at);
-        break;
-      case Role::kPositionIds:
-        out.position_ids = reinterpret_cast<int64_t*>(at);
-        break;
-      case Role::kLabels:
-        out.labels = reinterpret_cast<int64_t*>(at);
-        break;
-      case Role::kLossMask:
-        out.loss_mask = reinterpret_cast<float*>(at);
-        break;
-      case Role::kPaddingMask:
-        out.padding_mask = at;
-        break;
-      case Role::kCuSeqlens:
-        copy(at, source.cu_seqlens.data(), bytes);
-        break;
-      case Role::kCuSeqlensPadded:
-        copy(at, source.cu_seqlens_padded.data(), bytes);
-        break;
-      case Role::kMaxSeqlen:
-        copy(at, &source.max_seqlen, bytes);
-        break;
-      case Role::kLocalCpSize:
-        copy(at, &*source.local_cp_size, bytes);
-        break;
-      case Role::kCpGroupRanks:
-        copy(at, source.cp_group_ranks.data(), bytes);
-        break;
-      case Role::kSampleIds:
-        copy(at, source.sample_ids->data(), bytes);
-        break;
-      case Role::kHybridGroup:
-        copy(at, &source.hybrid_group, bytes);
-        break;
-      case Role::kSide:
-        side_out[fields[i].side] = at;
-        break;
-    }
-  }
+  TokenFields out = PlaceFields(source, layout, slot, side_out);
   std::vector<std::vector<char>> pad_rows;
   std::vector<uint64_t> side_row_bytes;
   for (const SideRun& side : source.sides) {
     pad_rows.push_back(PadRow(side.slice));
     side_row_bytes.push_back(SliceRowBytes(side.slice));
   }
-  // Every position is written on its own (its field entries at `at`), so
-  // the microbatch splits into portions of whole or cut token ranges, which
-  // the workers write at once.
-  struct Piece {
-    size_t sequence;
-    scheduler::TokenRange range;
-    int64_t at;  // position in the microbatch
-  };
   const uint64_t slot_bytes = layout.empty() ? 0 : layout.back().offset + layout.back().bytes;
   const bool split = workers != nullptr && workers->threads() > 1 && slot_bytes >= kSplitBytes;
-  std::vector<std::vector<Piece>> portions(1);
-  int64_t in_portion = 0;
-  int64_t at = 0;
-  for (size_t i = 0; i < source.runs.size(); ++i) {
-    for (const scheduler::TokenRange& range : source.slices[i]) {
-      for (int64_t begin = range.begin; begin < range.end;) {
-        const int64_t end =
-            split ? std::min(range.end, begin + kPortionPositions - in_portion) : range.end;
-        portions.back().push_back({i, {begin, end}, at});
-        at += end - begin;
-        in_portion += end - begin;
-        begin = end;
-        if (split && in_portion == kPortionPositions) {
-          portions.emplace_back();
-          in_portion = 0;
-        }
-      }
-    }
-  }
+  const std::vector<std::vector<Piece>> portions = PortionsOf(source, split);
   std::vector<std::vector<SlotRead>> portion_reads(portions.size());
   auto write = [&](int portion) {
     for (const Piece& piece : portions[static_cast<size_t>(portion)]) {
