@@ -83,43 +83,43 @@ TokenFields PlaceFields(const MicrobatchSource& source,
     uint8_t* at = slot + layout[i].offset;
     const uint64_t bytes = layout[i].bytes;
     switch (fields[i].role) {
-      case Role::kTokens:
+      case SlotFieldRole::kTokens:
         out.tokens = reinterpret_cast<int64_t*>(at);
         break;
-      case Role::kPositionIds:
+      case SlotFieldRole::kPositionIds:
         out.position_ids = reinterpret_cast<int64_t*>(at);
         break;
-      case Role::kLabels:
+      case SlotFieldRole::kLabels:
         out.labels = reinterpret_cast<int64_t*>(at);
         break;
-      case Role::kLossMask:
+      case SlotFieldRole::kLossMask:
         out.loss_mask = reinterpret_cast<float*>(at);
         break;
-      case Role::kPaddingMask:
+      case SlotFieldRole::kPaddingMask:
         out.padding_mask = at;
         break;
-      case Role::kCuSeqlens:
+      case SlotFieldRole::kCuSeqlens:
         copy(at, source.cu_seqlens.data(), bytes);
         break;
-      case Role::kCuSeqlensPadded:
+      case SlotFieldRole::kCuSeqlensPadded:
         copy(at, source.cu_seqlens_padded.data(), bytes);
         break;
-      case Role::kMaxSeqlen:
+      case SlotFieldRole::kMaxSeqlen:
         copy(at, &source.max_seqlen, bytes);
         break;
-      case Role::kLocalCpSize:
+      case SlotFieldRole::kLocalCpSize:
         copy(at, &*source.local_cp_size, bytes);
         break;
-      case Role::kCpGroupRanks:
+      case SlotFieldRole::kCpGroupRanks:
         copy(at, source.cp_group_ranks.data(), bytes);
         break;
-      case Role::kSampleIds:
+      case SlotFieldRole::kSampleIds:
         copy(at, source.sample_ids->data(), bytes);
         break;
-      case Role::kHybridGroup:
+      case SlotFieldRole::kHybridGroup:
         copy(at, &source.hybrid_group, bytes);
         break;
-      case Role::kSide:
+      case SlotFieldRole::kSide:
         side_out[fields[i].side] = at;
         break;
     }

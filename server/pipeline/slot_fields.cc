@@ -22,41 +22,41 @@ std::vector<SlotField> FieldsFor(int64_t tokens, int64_t sequences, int64_t grou
                                              ? std::vector<int64_t>{bshd_rows, tokens / bshd_rows}
                                              : std::vector<int64_t>{1, tokens};
   std::vector<SlotField> out;
-  auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, Role role,
+  auto add = [&](std::string name, ElementType type, std::vector<int64_t> shape, SlotFieldRole role,
                  size_t side = 0) {
     out.push_back({{std::move(name), type, std::move(shape)}, role, side});
   };
   if (stage.inputs) {
     add(ChunkFieldName("tokens", stage.inputs_chunk), ElementType::kInt64, per_token,
-        Role::kTokens);
+        SlotFieldRole::kTokens);
     add(ChunkFieldName("position_ids", stage.inputs_chunk), ElementType::kInt64, per_token,
-        Role::kPositionIds);
+        SlotFieldRole::kPositionIds);
   }
   if (stage.targets) {
     add(ChunkFieldName("labels", stage.targets_chunk), ElementType::kInt64, per_token,
-        Role::kLabels);
+        SlotFieldRole::kLabels);
     add(ChunkFieldName("loss_mask", stage.targets_chunk), ElementType::kFloat32, per_token,
-        Role::kLossMask);
+        SlotFieldRole::kLossMask);
   }
-  add("padding_mask", ElementType::kBool, per_token, Role::kPaddingMask);
+  add("padding_mask", ElementType::kBool, per_token, SlotFieldRole::kPaddingMask);
   if (bshd_rows == 0) {
-    add("cu_seqlens", ElementType::kInt32, {sequences + 1}, Role::kCuSeqlens);
-    add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, Role::kCuSeqlensPadded);
+    add("cu_seqlens", ElementType::kInt32, {sequences + 1}, SlotFieldRole::kCuSeqlens);
+    add("cu_seqlens_padded", ElementType::kInt32, {sequences + 1}, SlotFieldRole::kCuSeqlensPadded);
   }
-  add("max_seqlen", ElementType::kInt32, {}, Role::kMaxSeqlen);
+  add("max_seqlen", ElementType::kInt32, {}, SlotFieldRole::kMaxSeqlen);
   if (group_ranks > 0) {
-    add("local_cp_size", ElementType::kInt32, {}, Role::kLocalCpSize);
-    add("cp_group_ranks", ElementType::kInt32, {group_ranks}, Role::kCpGroupRanks);
+    add("local_cp_size", ElementType::kInt32, {}, SlotFieldRole::kLocalCpSize);
+    add("cp_group_ranks", ElementType::kInt32, {group_ranks}, SlotFieldRole::kCpGroupRanks);
   }
   if (sample_ids) {
-    add("sample_ids", ElementType::kInt64, {sequences}, Role::kSampleIds);
-    add("hybrid_group", ElementType::kInt32, {}, Role::kHybridGroup);
+    add("sample_ids", ElementType::kInt64, {sequences}, SlotFieldRole::kSampleIds);
+    add("hybrid_group", ElementType::kInt32, {}, SlotFieldRole::kHybridGroup);
   }
   for (size_t f = 0; f < slices.size(); ++f) {
     if (slices[f]->field->loss_mask) continue;
     std::vector<int64_t> shape = {1, tokens};
     for (int64_t dim : SliceInnerShape(*slices[f])) shape.push_back(dim);
-    add(slices[f]->wire_name, slices[f]->field->type, std::move(shape), Role::kSide, f);
+    add(slices[f]->wire_name, slices[f]->field->type, std::move(shape), SlotFieldRole::kSide, f);
   }
   return out;
 }

@@ -19,7 +19,7 @@
 namespace packfeed::server {
 
 // What a slot field holds.
-enum class Role {
+enum class SlotFieldRole {
   kTokens,
   kPositionIds,
   kLabels,
@@ -36,7 +36,7 @@ enum class Role {
 };
 struct SlotField {
   transport::FieldSpec spec;
-  Role role = Role::kTokens;
+  SlotFieldRole role = SlotFieldRole::kTokens;
   size_t side = 0;  // kSide: which of the slices
 };
 
@@ -44,6 +44,8 @@ struct SlotField {
 // sequences, in slot order; `group_ranks` > 0 adds the dynamic-CP fields,
 // `sample_ids` the sequences' ids (hybrid CP). `slices`: the side fields
 // the rank's stage receives (a loss-mask field is applied, not served).
+// `bshd_rows` > 0: Megatron's BSHD batch, per-token fields [bshd_rows,
+// tokens / bshd_rows] and no cu_seqlens.
 std::vector<SlotField> FieldsFor(int64_t tokens, int64_t sequences, int64_t group_ranks,
                                  bool sample_ids, StageFields stage,
                                  absl::Span<const SideSlice* const> slices, int64_t bshd_rows);
