@@ -52,156 +52,30 @@ std::string ModelCanonical(const v1::ModelLayers& m) {
       "dense:", absl::StrJoin(m.dense_layers(), ","));
 }
 
-}  // namespace
-
-RankCoords JobLayout::Coords(int global_rank) const {
-  RankCoords c;
-  c.tp = global_rank % tp;
-  int rest = global_rank / tp;
-  c.cp = rest % cp;
-  rest /= cp;
-  c.dp = rest % dp;
-  c.pp = rest / dp;
-  c.dp_cp_rank = c.cp + cp * c.dp;
-  return c;
+// A dataset with documents, as `open` gives it.
+absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenWithDocuments(
+    const DatasetOpener& open, const v1::DatasetSpec& spec) {
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset, open(spec.prefix()));
+  if (dataset->num_documents() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(spec.prefix(), ": the dataset holds no document"));
+  }
+  return dataset;
 }
 
-absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
-    const std::string& prefix) {
-  PF_ASSIGN_OR_RETURN(dataset::IndexedDataset dataset, dataset::IndexedDataset::Open(prefix));
-  return std::make_shared<const dataset::IndexedDataset>(std::move(dataset));
+// A dataset's part of the job fingerprint.
+std::string DatasetPart(const dataset::IndexedDataset& dataset, const v1::DatasetSpec& spec) {
+  return absl::StrCat(dataset.idx_digest(), ";", dataset.bin_bytes(), ";", spec.kind(), ";",
+                      spec.weight(), "|");
 }
 
-absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
-                                                 const DatasetOpener& open, IngestStream* ingest) {
-  std::unique_ptr<Job> job(new Job());
-  job->config_ = config;
-  job->ingest_ = ingest;
+// The job's fingerprint inputs: `datasets_part` (what its datasets or
+// stream are) and the configuration that shapes its batches.
+FingerprintInputs FingerprintPartsOf(const v1::JobConfig& config, std::string datasets_part) {
   const v1::Topology& t = config.topology();
-  job->layout_ = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
-                  static_cast<int>(t.dp()), t.sequence_parallel()};
-  PF_ASSIGN_OR_RETURN(job->planner_, PlannerOptionsOf(config));
-  if (config.scheduler().learn_cost_model()) {
-    job->cost_models_ = std::make_unique<CostModelVersions>(job->planner_.cost_model);
-  }
-  if (job->planner_.kind == scheduler::SchedulerKind::kDynamicCp) {
-    PF_RETURN_IF_ERROR(scheduler::ResolveCpRange(job->planner_).status());
-  }
-  job->rules_ = SampleRulesOf(config);
-  PF_ASSIGN_OR_RETURN(job->stages_, ModelStages::Create(config.model(), job->layout_.pp,
-                                                        static_cast<int>(t.vpp()), config.name()));
-  for (int f = 0; f < config.side_fields_size(); ++f) {
-    PF_ASSIGN_OR_RETURN(SideFieldInfo field,
-                        ResolveSideField(config.side_fields(f), *job->stages_,
-                                         absl::StrCat(config.name(), ".side_fields[", f, "]")));
-    job->side_fields_.push_back(std::move(field));
-  }
-
-  // A dataset with documents, as `open` gives it.
-  auto open_some = [&open](const v1::DatasetSpec& spec)
-      -> absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> {
-    PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset,
-                        open(spec.prefix()));
-    if (dataset->num_documents() == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(spec.prefix(), ": the dataset holds no document"));
-    }
-    return dataset;
-  };
-  auto dataset_part = [](const dataset::IndexedDataset& dataset, const v1::DatasetSpec& spec) {
-    return absl::StrCat(dataset.idx_digest(), ";", dataset.bin_bytes(), ";", spec.kind(), ";",
-                        spec.weight(), "|");
-  };
-  // A pretraining job's datasets are opened by the threads that build its
-  // indices (below).
-  const bool pretraining_indices = ingest == nullptr && IsPretrainingJob(config);
-  std::string datasets_part;
-  std::vector<int64_t> num_documents;
-  for (const v1::DatasetSpec& spec : config.datasets()) {
-    if (pretraining_indices) break;
-    PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset, open_some(spec));
-    absl::StrAppend(&datasets_part, dataset_part(*dataset, spec));
-    if (IsPretrainingJob(config)) {
-      job->datasets_.push_back(std::move(dataset));
-      continue;
-    }
-    PF_ASSIGN_OR_RETURN(
-        dataset::SampleTable table,
-        dataset::SampleTable::Build(dataset->index(), job->rules_, dataset->prefix() + ".idx"));
-    job->sample_tables_.push_back(std::move(table));
-    num_documents.push_back(job->sample_tables_.back().num_samples());
-    std::vector<std::shared_ptr<const dataset::IndexedDataset>> sides;
-    for (const SideFieldInfo& field : job->side_fields_) {
-      PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> side,
-                          open(SideFieldPrefix(spec, field.name)));
-      PF_RETURN_IF_ERROR(CheckSideDataset(field, *dataset, *side));
-      absl::StrAppend(&datasets_part, field.name, ":", side->idx_digest(), ";", side->bin_bytes(),
-                      "|");
-      sides.push_back(std::move(side));
-    }
-    job->side_datasets_.push_back(std::move(sides));
-    job->datasets_.push_back(std::move(dataset));
-  }
-  if (ingest != nullptr) {
-    // The stream's name and fields stand for the datasets: the bytes are
-    // whatever the driver puts.
-    absl::StrAppend(&datasets_part, "ingest:", ingest->name(), "|");
-    for (const SideFieldInfo& field : job->side_fields_) {
-      const int f = ingest->FieldIndex(field.name);
-      if (f < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ingest stream ", ingest->name(), " has no field '", field.name, "'"));
-      }
-      job->ingest_fields_.push_back(f);
-    }
-  } else if (pretraining_indices) {
-    // Spans of the datasets' own lengths, which the job holds as long.
-    job->datasets_.resize(static_cast<size_t>(config.datasets_size()));
-    const auto started = std::chrono::steady_clock::now();
-    absl::StatusOr<dataset::PretrainingIndices> indices = dataset::PretrainingIndices::Build(
-        config.datasets_size(),
-        [&](int d) -> absl::StatusOr<absl::Span<const int32_t>> {
-          PF_ASSIGN_OR_RETURN(job->datasets_[static_cast<size_t>(d)],
-                              open_some(config.datasets(d)));
-          return job->datasets_[static_cast<size_t>(d)]->sequence_lengths();
-        },
-        PretrainingOptionsOf(config), ServedSplitOf(config),
-        static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-    for (int d = 0; indices.ok() && d < config.datasets_size(); ++d) {
-      absl::StrAppend(&datasets_part,
-                      dataset_part(*job->datasets_[static_cast<size_t>(d)], config.datasets(d)));
-    }
-    if (!indices.ok()) {
-      // A dataset that did not open is refused as the loop above refuses it.
-      for (const auto& opened : job->datasets_) {
-        if (opened == nullptr) return indices.status();
-      }
-      return absl::Status(indices.status().code(),
-                          absl::StrCat("job ", config.name(), ": ", indices.status().message()));
-    }
-    job->pretraining_ = *std::move(indices);
-    // The longest part of a corpus-scale start-up (docs/PRETRAINING.md).
-    spdlog::info("job {}: indices of {} samples from {} datasets in {:.2f} s", config.name(),
-                 job->pretraining_->num_samples(), job->pretraining_->num_datasets(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-    job->batch_schedule_.emplace(BatchSchedule::Of(config));
-    for (int d = 0; d < job->pretraining_->num_datasets(); ++d) {
-      if (job->pretraining_->from_cache(d)) {
-        spdlog::info("job {}: dataset {} ({}): Megatron's cached indices read from {}",
-                     config.name(), d, config.datasets(d).prefix(),
-                     config.pretraining().cache_dir());
-      }
-    }
-    absl::StrAppend(&datasets_part, "pretraining:", config.pretraining().ShortDebugString(), "|");
-  } else {
-    PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
-                        scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
-    job->sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
-  }
-
   const v1::SchedulerConfig& s = config.scheduler();
   FingerprintInputs parts;
-  parts.datasets = datasets_part;
+  parts.datasets = std::move(datasets_part);
   parts.topology =
       Canonical({t.tp(), t.pp(), t.cp(), t.dp(), t.vpp_group_size(), t.sequence_parallel()});
   // Parts added after a release only when used, so the fingerprints (and
@@ -231,7 +105,160 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
     absl::StrAppend(&parts.scheduler, ";learn=", s.learned_model_lead_steps());
   }
   parts.sampler = Canonical({config.sampler(), static_cast<int64_t>(config.seed())});
-  job->fingerprint_ = MakeFingerprint(parts);
+  return parts;
+}
+
+}  // namespace
+
+RankCoords JobLayout::Coords(int global_rank) const {
+  RankCoords c;
+  c.tp = global_rank % tp;
+  int rest = global_rank / tp;
+  c.cp = rest % cp;
+  rest /= cp;
+  c.dp = rest % dp;
+  c.pp = rest / dp;
+  c.dp_cp_rank = c.cp + cp * c.dp;
+  return c;
+}
+
+absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
+    const std::string& prefix) {
+  PF_ASSIGN_OR_RETURN(dataset::IndexedDataset dataset, dataset::IndexedDataset::Open(prefix));
+  return std::make_shared<const dataset::IndexedDataset>(std::move(dataset));
+}
+
+// Opens the datasets of a job that is neither an ingest nor a pretraining
+// job: each one's sample table and side datasets, appending their
+// fingerprint parts to `datasets_part`; returns each one's sample count.
+absl::StatusOr<std::vector<int64_t>> Job::OpenDatasets(const DatasetOpener& open,
+                                                       std::string& datasets_part) {
+  const v1::JobConfig& config = config_;
+  std::vector<int64_t> num_documents;
+  for (const v1::DatasetSpec& spec : config.datasets()) {
+    PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset,
+                        OpenWithDocuments(open, spec));
+    absl::StrAppend(&datasets_part, DatasetPart(*dataset, spec));
+    PF_ASSIGN_OR_RETURN(
+        dataset::SampleTable table,
+        dataset::SampleTable::Build(dataset->index(), rules_, dataset->prefix() + ".idx"));
+    sample_tables_.push_back(std::move(table));
+    num_documents.push_back(sample_tables_.back().num_samples());
+    std::vector<std::shared_ptr<const dataset::IndexedDataset>> sides;
+    for (const SideFieldInfo& field : side_fields_) {
+      PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> side,
+                          open(SideFieldPrefix(spec, field.name)));
+      PF_RETURN_IF_ERROR(CheckSideDataset(field, *dataset, *side));
+      absl::StrAppend(&datasets_part, field.name, ":", side->idx_digest(), ";", side->bin_bytes(),
+                      "|");
+      sides.push_back(std::move(side));
+    }
+    side_datasets_.push_back(std::move(sides));
+    datasets_.push_back(std::move(dataset));
+  }
+  return num_documents;
+}
+
+// Opens a pretraining job's datasets on the threads that build its
+// indices (Megatron's, docs/PRETRAINING.md), appending their fingerprint
+// parts to `datasets_part`.
+absl::Status Job::BuildPretrainingIndices(const DatasetOpener& open, std::string& datasets_part) {
+  const v1::JobConfig& config = config_;
+  // Spans of the datasets' own lengths, which the job holds as long.
+  datasets_.resize(static_cast<size_t>(config.datasets_size()));
+  const auto started = std::chrono::steady_clock::now();
+  absl::StatusOr<dataset::PretrainingIndices> indices = dataset::PretrainingIndices::Build(
+      config.datasets_size(),
+      [&](int d) -> absl::StatusOr<absl::Span<const int32_t>> {
+        PF_ASSIGN_OR_RETURN(datasets_[static_cast<size_t>(d)],
+                            OpenWithDocuments(open, config.datasets(d)));
+        return datasets_[static_cast<size_t>(d)]->sequence_lengths();
+      },
+      PretrainingOptionsOf(config), ServedSplitOf(config),
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  for (int d = 0; indices.ok() && d < config.datasets_size(); ++d) {
+    absl::StrAppend(&datasets_part,
+                    DatasetPart(*datasets_[static_cast<size_t>(d)], config.datasets(d)));
+  }
+  if (!indices.ok()) {
+    // A dataset that did not open is refused as OpenDatasets refuses it.
+    for (const auto& opened : datasets_) {
+      if (opened == nullptr) return indices.status();
+    }
+    return absl::Status(indices.status().code(),
+                        absl::StrCat("job ", config.name(), ": ", indices.status().message()));
+  }
+  pretraining_ = *std::move(indices);
+  // The longest part of a corpus-scale start-up (docs/PRETRAINING.md).
+  spdlog::info("job {}: indices of {} samples from {} datasets in {:.2f} s", config.name(),
+               pretraining_->num_samples(), pretraining_->num_datasets(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  batch_schedule_.emplace(BatchSchedule::Of(config));
+  for (int d = 0; d < pretraining_->num_datasets(); ++d) {
+    if (pretraining_->from_cache(d)) {
+      spdlog::info("job {}: dataset {} ({}): Megatron's cached indices read from {}", config.name(),
+                   d, config.datasets(d).prefix(), config.pretraining().cache_dir());
+    }
+  }
+  absl::StrAppend(&datasets_part, "pretraining:", config.pretraining().ShortDebugString(), "|");
+  return absl::OkStatus();
+}
+
+// An ingest job: the stream's name and fields stand for the datasets
+// (the bytes are whatever the driver puts); each side field is one of the
+// stream's fields.
+absl::Status Job::FindIngestFields(std::string& datasets_part) {
+  IngestStream* ingest = ingest_;
+  absl::StrAppend(&datasets_part, "ingest:", ingest->name(), "|");
+  for (const SideFieldInfo& field : side_fields_) {
+    const int f = ingest->FieldIndex(field.name);
+    if (f < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ingest stream ", ingest->name(), " has no field '", field.name, "'"));
+    }
+    ingest_fields_.push_back(f);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
+                                                 const DatasetOpener& open, IngestStream* ingest) {
+  std::unique_ptr<Job> job(new Job());
+  job->config_ = config;
+  job->ingest_ = ingest;
+  const v1::Topology& t = config.topology();
+  job->layout_ = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
+                  static_cast<int>(t.dp()), t.sequence_parallel()};
+  PF_ASSIGN_OR_RETURN(job->planner_, PlannerOptionsOf(config));
+  if (config.scheduler().learn_cost_model()) {
+    job->cost_models_ = std::make_unique<CostModelVersions>(job->planner_.cost_model);
+  }
+  if (job->planner_.kind == scheduler::SchedulerKind::kDynamicCp) {
+    PF_RETURN_IF_ERROR(scheduler::ResolveCpRange(job->planner_).status());
+  }
+  job->rules_ = SampleRulesOf(config);
+  PF_ASSIGN_OR_RETURN(job->stages_, ModelStages::Create(config.model(), job->layout_.pp,
+                                                        static_cast<int>(t.vpp()), config.name()));
+  for (int f = 0; f < config.side_fields_size(); ++f) {
+    PF_ASSIGN_OR_RETURN(SideFieldInfo field,
+                        ResolveSideField(config.side_fields(f), *job->stages_,
+                                         absl::StrCat(config.name(), ".side_fields[", f, "]")));
+    job->side_fields_.push_back(std::move(field));
+  }
+
+  std::string datasets_part;
+  if (ingest != nullptr) {
+    PF_RETURN_IF_ERROR(job->FindIngestFields(datasets_part));
+  } else if (IsPretrainingJob(config)) {
+    PF_RETURN_IF_ERROR(job->BuildPretrainingIndices(open, datasets_part));
+  } else {
+    PF_ASSIGN_OR_RETURN(const std::vector<int64_t> num_documents,
+                        job->OpenDatasets(open, datasets_part));
+    PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
+                        scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
+    job->sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
+  }
+  job->fingerprint_ = MakeFingerprint(FingerprintPartsOf(config, std::move(datasets_part)));
 
   for (uint32_t rank : config.local_ranks()) job->local_ranks_.push_back(static_cast<int>(rank));
   if (job->local_ranks_.empty()) {

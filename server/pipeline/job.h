@@ -134,6 +134,11 @@ class Job {
   // FailedPrecondition naming the first document no plan can hold (too long
   // for max_tokens_per_rank even at the largest CP size).
   absl::Status CheckEverySampleFits() const;
+  // The parts of Create that read what the job serves (job.cc).
+  absl::StatusOr<std::vector<int64_t>> OpenDatasets(const DatasetOpener& open,
+                                                    std::string& datasets_part);
+  absl::Status BuildPretrainingIndices(const DatasetOpener& open, std::string& datasets_part);
+  absl::Status FindIngestFields(std::string& datasets_part);
 
   v1::JobConfig config_;
   JobLayout layout_;
