@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh machine: installs what is missing,
 # builds, and runs every test.
 #   1. build/       gcc, RelWithDebInfo, -Werror: every ctest test
-#   2. build-asan/  clang, Debug + ASan/UBSan, -Werror, -Wthread-safety as
+#   2. build-asan/  clang, Debug (-O1) + ASan/UBSan, -Werror, -Wthread-safety as
 #                   an error (every ABSL_GUARDED_BY is checked), libFuzzer:
 #                   the unit tests and the asan-labelled process tests
 #                   again, then each fuzz target for a bounded time
@@ -61,8 +61,11 @@ phase "build (clang: ASan/UBSan, thread safety, libFuzzer)"
 if [[ -f build-asan/CMakeCache.txt ]] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' build-asan/CMakeCache.txt; then
   rm -rf build-asan
 fi
+# -O1, as the sanitizers' own documentation advises: against -O0 the
+# build takes about 40 % more CPU, and the tests run 5 to 8 times faster
+# (a scheduler_test shard 84 s -> 16 s, dataset_test 95 s -> 12 s).
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPF_FUZZ=ON \
-  -DPF_WERROR=ON -DPF_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG=-g1 >/dev/null
+  -DPF_WERROR=ON -DPF_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-g1 -O1" >/dev/null
 cmake --build build-asan
 
 phase "unit and transport tests under ASan/UBSan"
