@@ -148,6 +148,135 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
 
 }  // namespace
 
+// Creates each configured job and starts its runner; an ingest job's
+// stream wakes its runner when a step is sealed.
+absl::Status Daemon::StartJobs(const DaemonOptions& options) {
+  Storage& storage = *storage_;
+  const DatasetOpener open = [&storage](const std::string& prefix) { return storage.Open(prefix); };
+  for (const v1::JobConfig& job_config : config_.jobs()) {
+    PF_RETURN_IF_ERROR(StopRequested(options, absl::StrCat("starting job ", job_config.name())));
+    IngestStream* stream = nullptr;
+    for (const auto& s : streams_) {
+      if (s->name() == job_config.ingest_stream()) stream = s.get();
+    }
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config, open, stream);
+    if (!job.ok()) {
+      return absl::Status(job.status().code(),
+                          absl::StrCat("job ", job_config.name(), ": ", job.status().message()));
+    }
+    JobRunnerOptions runner_options;
+    runner_options.sender.ucx.transports = options.ucx_transports;
+    runner_options.prefetch_steps = static_cast<int>(config_.prefetch_steps());
+    runner_options.packing_threads = static_cast<int>(config_.packing_threads());
+    runner_options.side_rows_read_ahead_bytes = config_.side_rows_read_ahead_bytes();
+    runner_options.ledger.keep_steps = static_cast<int64_t>(config_.ledger_keep_steps());
+    runner_options.ledger.compact_after_lines = config_.ledger_compact_after_lines();
+    if (!config_.state_dir().empty()) {
+      // One ledger per job and fingerprint: another configuration begins
+      // its own.
+      runner_options.ledger_path = absl::StrCat(config_.state_dir(), "/", job_config.name(), "-",
+                                                (*job)->fingerprint(), ".ledger");
+    }
+    if ((*job)->cost_models() != nullptr && !config_.state_dir().empty()) {
+      // The versions this node planned by: a restart plans by them again.
+      PF_RETURN_IF_ERROR((*job)->cost_models()->JournalTo(
+          absl::StrCat(config_.state_dir(), "/", job_config.name(), "-", (*job)->fingerprint(),
+                       ".cost_models")));
+    }
+    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
+                        JobRunner::Start(**job, storage, runner_options));
+    if (stream != nullptr) {
+      stream->AddConsumer(IngestConsumerOf(**job), [r = runner.get()] { r->Wake(); });
+    }
+    by_name_[job_config.name()] = runner.get();
+    runners_.push_back(std::move(runner));
+    spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),
+                 (*job)->fingerprint(), (*job)->layout().world_size(), (*job)->local_ranks().size(),
+                 job_config.scheduler().kind());
+    jobs_.push_back(*std::move(job));
+  }
+  return absl::OkStatus();
+}
+
+// The Unix socket every local call comes through (a file left by a daemon
+// that died is replaced), and the shared rings' socket beside it.
+absl::Status Daemon::ServeUnixSocket() {
+  const std::string& socket = config_.socket_path();
+  PF_RETURN_IF_ERROR(PrepareSocketDirectory(socket));
+  // A socket file left by a daemon that died is replaced; anything else in
+  // the way is not ours to remove.
+  struct stat info;
+  if (lstat(socket.c_str(), &info) == 0) {
+    if (!S_ISSOCK(info.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(socket, ": exists and is not a socket; refusing to replace it"));
+    }
+    unlink(socket.c_str());
+  }
+  services_.push_back(MakeControlService(*this));
+  services_.push_back(MakeAdminService(*this));
+  services_.push_back(MakeIngestService(*this));
+  // No listening port: UnixListener accepts on `socket` and hands gRPC each
+  // connection, knowing who opened it.
+  grpc::ServerBuilder builder;
+  PingRanks(builder);
+  for (auto& service : services_) builder.RegisterService(service.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
+  absl::StatusOr<std::unique_ptr<UnixListener>> unix = UnixListener::Start(socket, *server_);
+  if (!unix.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve on unix:", socket, ": ", unix.status().message(),
+                     " (is its directory writable, or another daemon there?)"));
+  }
+  unix_ = *std::move(unix);
+  for (uint32_t uid : config_.allowed_uids()) allowed_uids_.insert(uid);
+  if (allowed_uids_.empty()) allowed_uids_ = {0, getuid()};
+  SharedRingLimits ring_limits;
+  ring_limits.max_ring_bytes = config_.max_shared_ring_bytes();
+  absl::StatusOr<std::unique_ptr<SharedRingListener>> shared_rings =
+      SharedRingListener::Start(socket + ".rings", allowed_uids_, ring_limits);
+  if (!shared_rings.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot take shared rings on unix:", socket,
+                                               ".rings: ", shared_rings.status().message()));
+  }
+  shared_rings_ = *std::move(shared_rings);
+  return absl::OkStatus();
+}
+
+// With admin_tcp_address: a server of its own with the Admin service, whose
+// every call carries the admin token; and with ranks_over_tcp the Control
+// service, whose every call carries its job's token (no uid is known
+// there).
+absl::Status Daemon::ServeAdminTcp() {
+  if (config_.admin_tcp_address().empty()) return absl::OkStatus();
+  grpc::ServerBuilder tcp;
+  int port = 0;
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      AdminServerCredentials(config_));
+  tcp.AddListeningPort(config_.admin_tcp_address(), credentials, &port);
+  services_.push_back(MakeAdminService(*this, config_.admin_tcp_token()));
+  tcp.RegisterService(services_.back().get());
+  if (config_.ranks_over_tcp()) {
+    if (!config_.has_admin_tls()) {
+      spdlog::warn(
+          "ranks_over_tcp without admin_tls (ranks_over_tcp_without_tls): job tokens and "
+          "connection keys cross {} in cleartext; whoever can read that network can take a "
+          "rank's place",
+          config_.admin_tcp_address());
+    }
+    PingRanks(tcp);
+    services_.push_back(MakeControlService(*this));
+    tcp.RegisterService(services_.back().get());
+  }
+  tcp_server_ = tcp.BuildAndStart();
+  if (tcp_server_ == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on admin_tcp_address ", config_.admin_tcp_address()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& config,
                                                       const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
@@ -172,121 +301,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
   }
   storage_options.memory_budget_bytes = daemon->config_.memory_budget_bytes();
   daemon->storage_ = std::make_unique<Storage>(storage_options);
-  Storage& storage = *daemon->storage_;
-  const DatasetOpener open = [&storage](const std::string& prefix) { return storage.Open(prefix); };
   PF_RETURN_IF_ERROR(daemon->StartIngest(options));
-  for (const v1::JobConfig& job_config : config.jobs()) {
-    PF_RETURN_IF_ERROR(StopRequested(options, absl::StrCat("starting job ", job_config.name())));
-    IngestStream* stream = nullptr;
-    for (const auto& s : daemon->streams_) {
-      if (s->name() == job_config.ingest_stream()) stream = s.get();
-    }
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config, open, stream);
-    if (!job.ok()) {
-      return absl::Status(job.status().code(),
-                          absl::StrCat("job ", job_config.name(), ": ", job.status().message()));
-    }
-    JobRunnerOptions runner_options;
-    runner_options.sender.ucx.transports = options.ucx_transports;
-    runner_options.prefetch_steps = static_cast<int>(config.prefetch_steps());
-    runner_options.packing_threads = static_cast<int>(daemon->config_.packing_threads());
-    runner_options.side_rows_read_ahead_bytes = config.side_rows_read_ahead_bytes();
-    runner_options.ledger.keep_steps = static_cast<int64_t>(config.ledger_keep_steps());
-    runner_options.ledger.compact_after_lines = config.ledger_compact_after_lines();
-    if (!config.state_dir().empty()) {
-      // One ledger per job and fingerprint: another configuration begins
-      // its own.
-      runner_options.ledger_path = absl::StrCat(config.state_dir(), "/", job_config.name(), "-",
-                                                (*job)->fingerprint(), ".ledger");
-    }
-    if ((*job)->cost_models() != nullptr && !config.state_dir().empty()) {
-      // The versions this node planned by: a restart plans by them again.
-      PF_RETURN_IF_ERROR((*job)->cost_models()->JournalTo(absl::StrCat(
-          config.state_dir(), "/", job_config.name(), "-", (*job)->fingerprint(), ".cost_models")));
-    }
-    PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
-                        JobRunner::Start(**job, storage, runner_options));
-    if (stream != nullptr) {
-      stream->AddConsumer(IngestConsumerOf(**job), [r = runner.get()] { r->Wake(); });
-    }
-    daemon->by_name_[job_config.name()] = runner.get();
-    daemon->runners_.push_back(std::move(runner));
-    spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),
-                 (*job)->fingerprint(), (*job)->layout().world_size(), (*job)->local_ranks().size(),
-                 job_config.scheduler().kind());
-    daemon->jobs_.push_back(*std::move(job));
-  }
-
-  const std::string& socket = config.socket_path();
-  PF_RETURN_IF_ERROR(PrepareSocketDirectory(socket));
-  // A socket file left by a daemon that died is replaced; anything else in
-  // the way is not ours to remove.
-  struct stat info;
-  if (lstat(socket.c_str(), &info) == 0) {
-    if (!S_ISSOCK(info.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(socket, ": exists and is not a socket; refusing to replace it"));
-    }
-    unlink(socket.c_str());
-  }
-  daemon->services_.push_back(MakeControlService(*daemon));
-  daemon->services_.push_back(MakeAdminService(*daemon));
-  daemon->services_.push_back(MakeIngestService(*daemon));
-  // No listening port: UnixListener accepts on `socket` and hands gRPC each
-  // connection, knowing who opened it.
-  grpc::ServerBuilder builder;
-  PingRanks(builder);
-  for (auto& service : daemon->services_) builder.RegisterService(service.get());
-  daemon->server_ = builder.BuildAndStart();
-  if (daemon->server_ == nullptr) return absl::InternalError("the gRPC server did not start");
-  absl::StatusOr<std::unique_ptr<UnixListener>> unix =
-      UnixListener::Start(socket, *daemon->server_);
-  if (!unix.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve on unix:", socket, ": ", unix.status().message(),
-                     " (is its directory writable, or another daemon there?)"));
-  }
-  daemon->unix_ = *std::move(unix);
-  for (uint32_t uid : config.allowed_uids()) daemon->allowed_uids_.insert(uid);
-  if (daemon->allowed_uids_.empty()) daemon->allowed_uids_ = {0, getuid()};
-  SharedRingLimits ring_limits;
-  ring_limits.max_ring_bytes = config.max_shared_ring_bytes();
-  absl::StatusOr<std::unique_ptr<SharedRingListener>> shared_rings =
-      SharedRingListener::Start(socket + ".rings", daemon->allowed_uids_, ring_limits);
-  if (!shared_rings.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot take shared rings on unix:", socket,
-                                               ".rings: ", shared_rings.status().message()));
-  }
-  daemon->shared_rings_ = *std::move(shared_rings);
-  if (!config.admin_tcp_address().empty()) {
-    // A server of its own with the Admin service, whose every call carries
-    // the admin token; and with ranks_over_tcp the Control service, whose
-    // every call carries its job's token (no uid is known here).
-    grpc::ServerBuilder tcp;
-    int port = 0;
-    PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                        AdminServerCredentials(config));
-    tcp.AddListeningPort(config.admin_tcp_address(), credentials, &port);
-    daemon->services_.push_back(MakeAdminService(*daemon, config.admin_tcp_token()));
-    tcp.RegisterService(daemon->services_.back().get());
-    if (config.ranks_over_tcp()) {
-      if (!config.has_admin_tls()) {
-        spdlog::warn(
-            "ranks_over_tcp without admin_tls (ranks_over_tcp_without_tls): job tokens and "
-            "connection keys cross {} in cleartext; whoever can read that network can take a "
-            "rank's place",
-            config.admin_tcp_address());
-      }
-      PingRanks(tcp);
-      daemon->services_.push_back(MakeControlService(*daemon));
-      tcp.RegisterService(daemon->services_.back().get());
-    }
-    daemon->tcp_server_ = tcp.BuildAndStart();
-    if (daemon->tcp_server_ == nullptr || port == 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot listen on admin_tcp_address ", config.admin_tcp_address()));
-    }
-  }
+  PF_RETURN_IF_ERROR(daemon->StartJobs(options));
+  PF_RETURN_IF_ERROR(daemon->ServeUnixSocket());
+  PF_RETURN_IF_ERROR(daemon->ServeAdminTcp());
   if (!config.metrics_address().empty()) {
     Daemon* self = daemon.get();
     PF_ASSIGN_OR_RETURN(daemon->metrics_, MetricsServer::Start(config.metrics_address(), [self] {
@@ -304,7 +322,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const v1::DaemonConfig& co
       CostModelSync::Start(config, runners, absl::Milliseconds(config.learned_model_sync_ms())));
   daemon->started_ = true;
   spdlog::info(
-      "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), socket,
+      "serving {} job(s) on unix:{}{}{}", daemon->jobs_.size(), config.socket_path(),
       config.admin_tcp_address().empty()
           ? ""
           : absl::StrCat(" (admin also on ", config.admin_tcp_address(), ")"),

@@ -99,6 +99,9 @@ class Daemon {
   Daemon() = default;
   // The configured ingest streams and their transfer thread.
   absl::Status StartIngest(const DaemonOptions& options);
+  absl::Status StartJobs(const DaemonOptions& options);
+  absl::Status ServeUnixSocket();
+  absl::Status ServeAdminTcp();
 
   v1::DaemonConfig config_;
   std::unique_ptr<Storage> storage_;                    // outlives the jobs and runners that use it
