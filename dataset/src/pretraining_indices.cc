@@ -12,6 +12,66 @@
 
 namespace packfeed::dataset {
 
+namespace {
+
+// What each dataset's GPTDataset is asked for (Megatron's builder), and a
+// weighted blend's normalized weights and size.
+struct DatasetAsks {
+  std::optional<std::vector<double>> weights;
+  std::vector<std::optional<int64_t>> asked;  // per dataset; none: one epoch
+  int64_t blend_size = 0;
+};
+
+absl::StatusOr<DatasetAsks> AsksOf(const PretrainingBlendOptions& options, int num_datasets,
+                                   std::optional<int64_t> requested, absl::string_view split_name) {
+  DatasetAsks out;
+  out.asked.assign(static_cast<size_t>(num_datasets), requested);
+  if (options.weights.has_value()) {
+    if (static_cast<int>(options.weights->size()) != num_datasets) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.weights->size(), " weights for ", num_datasets, " datasets"));
+    }
+    PF_ASSIGN_OR_RETURN(out.weights, NormalizeBlendWeights(*options.weights));
+    if (!requested.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a blend with weights needs the number of ", split_name, " samples"));
+    }
+    const std::vector<int64_t> target = SamplesPerDataset(*out.weights, *requested, 0.0);
+    const std::vector<int64_t> buffer =
+        SamplesPerDataset(*out.weights, *requested, options.mid_level_dataset_surplus);
+    for (int d = 0; d < num_datasets; ++d) {
+      out.asked[static_cast<size_t>(d)] = buffer[static_cast<size_t>(d)];
+      out.blend_size += target[static_cast<size_t>(d)];
+    }
+  } else if (num_datasets > 1) {
+    // Without weights each dataset builds one epoch and the blend follows
+    // their sizes.
+    for (auto& a : out.asked) a.reset();
+  }
+  return out;
+}
+
+// An unweighted blend of several datasets: by their sizes, of `requested`
+// samples (at most all of them), or every sample of each without a count.
+absl::StatusOr<BlendIndices> BlendBySize(const std::vector<GptIndices>& datasets,
+                                         std::optional<int64_t> requested) {
+  std::vector<double> sizes;
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (const GptIndices& g : datasets) {
+    sizes.push_back(static_cast<double>(g.num_samples()));
+    counts.push_back(g.num_samples());
+    total += g.num_samples();
+  }
+  if (requested.has_value()) {
+    PF_ASSIGN_OR_RETURN(const std::vector<double> by_size, NormalizeBlendWeights(sizes));
+    return BuildBlendIndices(by_size, std::min(*requested, total));
+  }
+  return BuildExhaustiveBlendIndices(counts);
+}
+
+}  // namespace
+
 absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
     std::vector<absl::Span<const int32_t>> sequence_lengths, const PretrainingBlendOptions& options,
     MegatronSplit split, int threads) {
@@ -48,32 +108,10 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(int num_datasets,
   out.gpt_.drop_last_partial =
       split != MegatronSplit::kValid || options.drop_last_partial_validation_sequence;
 
-  // What each dataset's GPTDataset is asked for (Megatron's builder).
-  std::optional<std::vector<double>> weights;
-  std::vector<std::optional<int64_t>> asked(static_cast<size_t>(num_datasets), requested);
-  int64_t blend_size = 0;
-  if (options.weights.has_value()) {
-    if (static_cast<int>(options.weights->size()) != num_datasets) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(options.weights->size(), " weights for ", num_datasets, " datasets"));
-    }
-    PF_ASSIGN_OR_RETURN(weights, NormalizeBlendWeights(*options.weights));
-    if (!requested.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a blend with weights needs the number of ", split_name, " samples"));
-    }
-    const std::vector<int64_t> target = SamplesPerDataset(*weights, *requested, 0.0);
-    const std::vector<int64_t> buffer =
-        SamplesPerDataset(*weights, *requested, options.mid_level_dataset_surplus);
-    for (int d = 0; d < num_datasets; ++d) {
-      asked[static_cast<size_t>(d)] = buffer[static_cast<size_t>(d)];
-      blend_size += target[static_cast<size_t>(d)];
-    }
-  } else if (num_datasets > 1) {
-    // Without weights each dataset builds one epoch and the blend follows
-    // their sizes.
-    for (auto& a : asked) a.reset();
-  }
+  PF_ASSIGN_OR_RETURN(const DatasetAsks asks, AsksOf(options, num_datasets, requested, split_name));
+  const std::optional<std::vector<double>>& weights = asks.weights;
+  const std::vector<std::optional<int64_t>>& asked = asks.asked;
+  const int64_t blend_size = asks.blend_size;
 
   // A weighted blend's interleaving needs only the weights: at corpus scale
   // (10^3 datasets, 10^7 samples) it is the longest single task, so it runs
@@ -151,20 +189,7 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(int num_datasets,
   if (weights.has_value()) {
     out.blend_ = std::move(weighted_blend);
   } else {
-    std::vector<double> sizes;
-    std::vector<int64_t> counts;
-    int64_t total = 0;
-    for (const GptIndices& g : out.datasets_) {
-      sizes.push_back(static_cast<double>(g.num_samples()));
-      counts.push_back(g.num_samples());
-      total += g.num_samples();
-    }
-    if (requested.has_value()) {
-      PF_ASSIGN_OR_RETURN(const std::vector<double> by_size, NormalizeBlendWeights(sizes));
-      out.blend_ = BuildBlendIndices(by_size, std::min(*requested, total));
-    } else {
-      out.blend_ = BuildExhaustiveBlendIndices(counts);
-    }
+    PF_ASSIGN_OR_RETURN(out.blend_, BlendBySize(out.datasets_, requested));
   }
   // BlendedDataset's check: no dataset is drawn beyond what it built.
   std::vector<int64_t> drawn(static_cast<size_t>(num_datasets), 0);
