@@ -16,8 +16,8 @@ five ways:
    server/ it includes: they report plain structs;
 5. words: a word of the Words table used in the sense it says it is not
    (BANNED_WORDS: a CP part or a packing thread's portion called a chunk,
-   a held step or a dp-cp rank called a slot, a planner pass called a
-   phase), in sources, tests,
+   a held step, a dp-cp rank or (in scheduler/) a cell of the global batch
+   called a slot, a planner pass called a phase), in sources, tests,
    benchmarks, the Python package and the docs.
 
 A unit is a top-level folder, or one of server/'s libraries. Allowed
@@ -90,6 +90,8 @@ BANNED_WORDS = [
      "a slot is a microbatch's place in a ring; a step is held, a dp-cp rank is a rank"),
     ("scheduler/", re.compile(r"(?i)\bphases?\b"),
      "a phase is a part of the daemon's pipeline; the planner runs passes"),
+    ("scheduler/", re.compile(r"(?i)\bslots?\b"),
+     "a slot is a microbatch's place in a ring; the planner fills cells of the global batch"),
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 NAMESPACE = re.compile(r"^\s*namespace\s+([\w:]+)\s*\{", re.M)
@@ -253,7 +255,8 @@ def self_test():
                                   "  packfeed::common packfeed::transport)\n",
         "scheduler/CMakeLists.txt": "target_link_libraries(packfeed_scheduler PUBLIC packfeed::common)\n",
         "server/ctl/f.cc": "auto code = static_cast<absl::StatusCode>(status.error_code());\n",
-        "scheduler/src/g.cc": "// the packer's second phase\n",
+        "scheduler/src/g.cc": "// the packer's second phase\n"
+                              "// each slot holds micro_batch_size samples\n",
         "server/pipeline/h.cc": "// CP rank k takes chunk k and its mirror\n"
                                 "// the zigzag split of a model chunk is fine here\n"
                                 "struct JobRunner::StepSlot;\n"
@@ -278,6 +281,7 @@ def self_test():
         "dataset/CMakeLists.txt: packfeed_dataset links packfeed transport",
         "server/ctl/f.cc: converts a gRPC status by hand",
         "scheduler/src/g.cc:1: words: a phase",
+        "scheduler/src/g.cc:2: words: a slot",
         "server/pipeline/h.cc:1: words: a chunk",
         "server/pipeline/h.cc:3: words: a slot",
         "server/pipeline/h.cc:4: words: a chunk",

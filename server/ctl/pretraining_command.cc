@@ -12,7 +12,7 @@
 #include "packfeed/dataset/indexed_dataset.h"
 #include "packfeed/dataset/npy_file.h"
 #include "packfeed/dataset/pretraining_indices.h"
-#include "packfeed/scheduler/slot_balance.h"
+#include "packfeed/scheduler/cell_balance.h"
 #include "server/config/batch_schedule.h"
 #include "server/config/daemon_config.h"
 #include "server/config/job_config.h"
@@ -109,7 +109,7 @@ absl::Status ModelSteps(const v1::JobConfig& job, const dataset::PretrainingIndi
   PF_ASSIGN_OR_RETURN(const scheduler::CostModel model,
                       CostModelOf(job.scheduler(), job.topology()));
   const BatchSchedule schedule = BatchSchedule::Of(job);
-  const int per_slot = static_cast<int>(job.pretraining().micro_batch_size());
+  const int per_cell = static_cast<int>(job.pretraining().micro_batch_size());
   const int dp = static_cast<int>(job.topology().dp());
   if (schedule.At(steps).first_sample > built.num_samples()) {
     return absl::InvalidArgumentError(
@@ -129,15 +129,15 @@ absl::Status ModelSteps(const v1::JobConfig& job, const dataset::PretrainingIndi
     }
     std::vector<int64_t> identity(costs.size());
     for (size_t k = 0; k < identity.size(); ++k) identity[k] = static_cast<int64_t>(k);
-    megatron += scheduler::BarrierStepCost(costs, identity, dp, per_slot);
-    const int slots = static_cast<int>(global_batch / per_slot);
-    balanced += scheduler::BarrierStepCost(costs, scheduler::BalanceSlots(costs, slots, per_slot),
-                                           dp, per_slot);
+    megatron += scheduler::BarrierStepCost(costs, identity, dp, per_cell);
+    const int cells = static_cast<int>(global_batch / per_cell);
+    balanced += scheduler::BarrierStepCost(costs, scheduler::BalanceCells(costs, cells, per_cell),
+                                           dp, per_cell);
   }
   std::printf(
       "document-masked attention, %lld steps, DP %d, micro_batch_size %d: modelled step time "
       "over perfect balance %.4f in Megatron's order, %.4f balanced (%.1f %% faster)\n",
-      static_cast<long long>(steps), dp, per_slot, megatron / ideal, balanced / ideal,
+      static_cast<long long>(steps), dp, per_cell, megatron / ideal, balanced / ideal,
       100.0 * (megatron / balanced - 1.0));
   return absl::OkStatus();
 }

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
-#include "packfeed/scheduler/slot_balance.h"
+#include "packfeed/scheduler/cell_balance.h"
 #include "server/config/job_config.h"
 #include "server/pipeline/document_mask.h"
 
@@ -149,9 +149,9 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
   out.plan.dp_cp_size = layout.dp_cp_size();
   const int64_t microbatches = global_batch / (mbs * layout.dp);
   if (balance) {
-    // The same samples on other slots (documents end with their sequences,
+    // The same samples in other cells (documents end with their sequences,
     // so a sample's runs are its document pieces).
-    const std::vector<int64_t> order = scheduler::BalanceSlots(
+    const std::vector<int64_t> order = scheduler::BalanceCells(
         costs, static_cast<int>(microbatches * layout.dp), static_cast<int>(mbs));
     std::vector<scheduler::SampleRef> placed;
     for (int64_t k : order) placed.push_back(out.samples[static_cast<size_t>(k)]);

@@ -8,7 +8,7 @@
 // (κ per token, the part compute does not hide) and pays a per-peer ring
 // step (λ). A step then costs
 //   Σ_m (max_r W[m][r] + μ)  +  bubble · mean_m (max_r W[m][r] + μ)
-// with μ a fixed cost per microbatch and bubble = (PP − 1) / VPP slots of
+// with μ a fixed cost per microbatch and bubble = (PP − 1) / VPP microbatch times of
 // the pipeline's fill and drain (StepTime in plan_stats.h).
 //
 // Megatron's estimator is s²/c alone (α = 1, the rest 0): CP and extra
