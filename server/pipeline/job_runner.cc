@@ -43,17 +43,13 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job, Stor
     PF_ASSIGN_OR_RETURN(runner->sender_, transport::Sender::Create(options.sender));
   }
   runner->sender_address_ = runner->sender_->worker_address();
-  if (job.ingest() == nullptr) {
-    JobRunner* self = runner.get();
-    runner->planner_ = std::make_unique<StepPlanner>(
-        job,
-        [self](int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took) {
-          auto shared = std::make_shared<absl::StatusOr<StepPlan>>(std::move(plan));
-          self->Post(
-              [self, step, shared, took] { self->OnStepPlanned(step, std::move(*shared), took); });
-        },
-        options.plan_step);
-  }
+  JobRunner* self = runner.get();
+  runner->steps_ = std::make_unique<HeldSteps>(
+      job, storage, [self](std::function<void()> task) { self->Post(std::move(task)); },
+      [self](int64_t step, const StepData& data) { self->OnStepHeld(step, data); },
+      options.plan_step);
+  runner->sides_ = std::make_unique<SideRowWindow>(
+      job, storage, [self](std::function<void()> task) { self->Post(std::move(task)); });
   // From here on only the runner thread touches the sender.
   runner->thread_ = std::thread([r = runner.get()] { r->Loop(); });
   return runner;
@@ -75,11 +71,11 @@ JobRunner::~JobRunner() {
     sender_->Wake();
   }
   thread_.join();
-  planner_.reset();  // its last plan Posts to a stopped runner: dropped
-  // Before the mutex goes: a fetch completing now Posts to this runner
-  // (FetchPin's destructor waits for that). The loop dropped the fills.
-  sides_.clear();
-  steps_.clear();
+  // Before the mutex goes: a plan or fetch completing now Posts to this
+  // stopped runner, which drops it (FetchPin's destructor waits for
+  // that). The loop dropped the fills.
+  sides_.reset();
+  steps_.reset();
 }
 
 void JobRunner::Post(std::function<void()> task) {
@@ -325,9 +321,11 @@ bool JobRunner::ServeRank(RankState& rank, int64_t slowest) {
     return false;
   }
   if (*credits == 0 || rank.next_step > slowest + options_.prefetch_steps) return false;
-  const StepData* data = StepAt(rank.next_step, rank.global_rank, /*urgent=*/true);
+  const StepData* data = steps_->At(rank.next_step, rank.global_rank, /*urgent=*/true);
   if (data == nullptr) {
-    if (failed_step_ == rank.next_step && !IsTransient(failure_)) EndRank(rank, failure_);
+    if (steps_->failed_step() == rank.next_step && !IsTransient(steps_->failure())) {
+      EndRank(rank, steps_->failure());
+    }
     return false;
   }
   // Announced once the rows are in (OnSlotFilled); the runner serves the
@@ -353,13 +351,13 @@ bool JobRunner::ServeRank(RankState& rank, int64_t slowest) {
     PushFailed(rank, status);
     return false;
   }
-  const SideKey held{rank.next_step, rank.next_microbatch, source->group->first_rank};
+  const SideRowWindow::Key held{rank.next_step, rank.next_microbatch, source->group->first_rank};
   rank.in_flight.push_back(
       {{rank.next_step, rank.next_microbatch},
        plan.num_microbatches(),
        SharesOf(MicrobatchSamples(data->plan, rank.next_microbatch, rank.coords.dp_cp_rank))});
   Advance(rank);
-  if (rank.side_rows_held()) DropSideIfSent(held);
+  if (rank.side_rows_held()) sides_->DropIfUnneeded(held, Readers());
   return true;
 }
 
@@ -420,7 +418,7 @@ void JobRunner::Loop() {
     }
     if (absl::Now() - last_sync_ >= kLedgerSyncInterval) SyncLedger();
     Evict();
-    EvictSides();
+    sides_->Evict(Readers());
     if (job_.ingest() != nullptr) ReportConsumed();
     // The storage reads ahead for every rank, so none waits for a read.
     FetchAhead();

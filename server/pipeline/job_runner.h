@@ -35,12 +35,13 @@
 #include "absl/synchronization/mutex.h"
 #include "packfeed/transport/sender.h"
 #include "server/pipeline/cost_learner.h"
+#include "server/pipeline/held_steps.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/job_figures.h"
 #include "server/pipeline/pack_workers.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
-#include "server/pipeline/step_planner.h"
+#include "server/pipeline/side_row_window.h"
 #include "server/storage/ledger.h"
 #include "server/storage/storage.h"
 
@@ -150,11 +151,6 @@ class JobRunner {
 
  private:
   struct RankState;
-  struct HeldStep;
-  struct HeldSide;
-  // A CP group's side rows of one microbatch: step, microbatch, the
-  // group's first dp-cp rank.
-  using SideKey = std::tuple<int64_t, int, int>;
   JobRunner(const Job& job, Storage& storage, JobRunnerOptions options);
   void Post(std::function<void()> task);
   void Loop();
@@ -204,40 +200,20 @@ class JobRunner {
   void EndRank(RankState& rank, const absl::Status& cause);
   // Fetches the steps from the slowest rank's to prefetch_steps past it.
   void FetchAhead();
-  // The step's samples once held; nullptr while they are being fetched
-  // (the fetch begins here, for `rank`) or when the step cannot be planned
-  // (failed_step_ and failure_ say so).
-  const StepData* StepAt(int64_t step, int rank, bool urgent);
-  void StartFetch(int64_t step, HeldStep& held, std::shared_ptr<const StepPlan> plan, int rank,
-                  bool urgent);
-  void OnStepRead(int64_t step, uint64_t generation, std::shared_ptr<const StepData> data);
-  // Logs a step's plan failure once and keeps it for the ranks (failure_).
-  void KeepPlanFailure(int64_t step, const absl::Status& status);
-  // A plan from the planner thread: its fetch begins (or the failure is
-  // kept, and the step planned again when next needed).
-  void OnStepPlanned(int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took);
+  // A step's samples are held: the cost learner takes its plan.
+  void OnStepHeld(int64_t step, const StepData& data);
   // The rank's side rows of `microbatch` of `step` (a held step) once read;
-  // nullptr while they are being read (the read begins here). An ingest
-  // job's, or a rank's whose stage receives no side field: the step's own.
+  // nullptr while they are being read (SideRowWindow). An ingest job's, or
+  // a rank's whose stage receives no side field: the step's own.
   const SideRows* SideRowsFor(int64_t step, int microbatch, const RankState& rank, bool urgent);
-  // Fetches `group`'s rows (the group of `key`, in `data`'s plan).
-  void FetchSide(const SideKey& key, HeldSide& held, const scheduler::CpGroup& group,
-                 std::shared_ptr<const StepData> data, int rank, bool urgent);
-  void OnSideRead(const SideKey& key, uint64_t generation, std::shared_ptr<const SideRows> rows);
-  // Reads side rows ahead: each rank's next microbatch, then the one after,
-  // and so on, while side_rows_read_ahead_bytes has room.
+  // The ranks the side-row window reads for: live ones that hold rows
+  // (RankState::SideRows::kHeld), and those still to attach.
+  SideReaders Readers() const;
   void FetchSidesAhead();
-  // Some local rank will be sent the microbatch `key`'s rows are for.
-  bool SideNeeded(const SideKey& key, const HeldSide& held) const;
-  // Drops `key`'s rows unless they are needed (after a rank was sent them).
-  void DropSideIfSent(const SideKey& key);
-  // Drops the side rows no local rank will be sent again.
-  void EvictSides();
   // Ranks of the job not attached yet, within kAttachGrace of the first.
   bool AwaitingRanks() const;
   int64_t SlowestStep() const;
   int SlowestRank() const;
-  uint64_t CachedBytes() const;
   void UpdateAttached();
   void Evict();
   // An ingest job tells its stream which steps its ranks consumed.
@@ -258,32 +234,20 @@ class JobRunner {
   std::map<int, RankState> ranks_;
   std::unique_ptr<Ledger> ledger_;
   absl::Time last_sync_;
-  std::map<int64_t, HeldStep> steps_;
-  std::map<SideKey, HeldSide> sides_;
+  // Planned, fetched and held through eviction (held_steps.h).
+  std::unique_ptr<HeldSteps> steps_;
+  // Side rows per CP group and microbatch (side_row_window.h).
+  std::unique_ptr<SideRowWindow> sides_;
   // Per (dp-cp rank, stage), the furthest position whose side rows were
   // read into a slot: reading it again is a re-read.
   std::map<std::pair<int, int>, LedgerPosition> side_rows_filled_;
-  uint64_t side_bytes_ = 0;  // the rows' bytes of sides_, read or being read
-  uint64_t peak_side_bytes_ = 0;
   // Where the first rank to attach began, and when: steps from there stay
   // held for the local ranks not yet attached, for kAttachGrace at most.
   static constexpr absl::Duration kAttachGrace = absl::Seconds(60);
   std::optional<int64_t> first_start_;
   absl::Time first_attach_;
-  uint64_t fetches_ = 0;  // generations of HeldStep
-  int64_t steps_planned_ = 0;
-  int64_t samples_truncated_ = 0;
-  int64_t tokens_truncated_ = 0;
-  double plan_seconds_ = 0;
-  double read_seconds_ = 0;
-  double step_over_ideal_sum_ = 0;  // over the steps planned
   CostLearner cost_learner_;
   int64_t reported_consumed_ = -1;  // ReportConsumed's last
-  int64_t failed_step_ = -1;        // the step whose plan or read failed last, logged once
-  absl::Status failure_;            // and why
-
-  // Dataset jobs' steps are planned there, not on the runner thread.
-  std::unique_ptr<StepPlanner> planner_;
 
   mutable absl::Mutex mutex_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mutex_);

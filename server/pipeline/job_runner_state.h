@@ -2,10 +2,11 @@
 #define PACKFEED_SERVER_PIPELINE_JOB_RUNNER_STATE_H_
 
 // The runner's per-rank and per-step state, shared by its files:
-// job_runner.cc (the loop, attaches, serving), job_runner_steps.cc (the
-// held steps: plan, fetch, evict), job_runner_sides.cc (side rows per
-// microbatch), job_runner_ledger.cc (what the trainers consumed) and
-// job_runner_stats.cc (the figures). Runner thread only.
+// job_runner.cc (the loop, attaches, serving), job_runner_reads.cc (what
+// the held steps and the side-row window are asked for), job_runner_fill.cc
+// (side rows read into TP peers' slots), job_runner_ledger.cc (what the
+// trainers consumed) and job_runner_stats.cc (the figures). Runner thread
+// only.
 
 #include <cstdint>
 #include <deque>
@@ -100,35 +101,6 @@ struct JobRunner::RankState {
 };
 
 inline JobRunner::RankState::Filling::Filling() = default;
-
-// A step being fetched or held: its samples stay in the storage while this
-// entry of steps_ lives.
-struct JobRunner::HeldStep {
-  uint64_t generation = 0;
-  // Waiting for its plan (StepPlanner), for `rank`'s need, urgent or not.
-  bool planning = false;
-  int rank = 0;
-  bool urgent = false;
-  absl::Time fetched;
-  std::unique_ptr<FetchPin> pin;
-  std::shared_ptr<const StepData> data;  // once every sample is held
-  // Samples failed and the step was fetched again for the rank that needed
-  // it first: what failed now is served as failed.
-  bool retried = false;
-};
-
-// A CP group's rows of a dataset job's side fields for one microbatch:
-// read when the group's first rank needs them, or ahead; dropped once every
-// local rank of the group has been sent the microbatch.
-struct JobRunner::HeldSide {
-  uint64_t generation = 0;
-  int group_size = 0;  // the group's dp-cp ranks begin at the key's
-  uint64_t bytes = 0;  // of its rows
-  bool urgent = false;
-  bool retried = false;  // as HeldStep's
-  std::unique_ptr<FetchPin> pin;
-  std::shared_ptr<const SideRows> rows;  // once read
-};
 
 }  // namespace packfeed::server
 

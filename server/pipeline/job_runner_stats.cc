@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <optional>
 
-#include "packfeed/scheduler/plan_stats.h"
 #include "server/pipeline/job_runner.h"
 #include "server/pipeline/job_runner_state.h"
-#include "spdlog/spdlog.h"
 
 namespace packfeed::server {
 
@@ -20,15 +18,16 @@ void JobRunner::Stats(std::function<void(JobFigures)> done) {
   Post([this, done = std::move(done)] {
     JobFigures stats;
     stats.name = job_.name();
-    stats.steps_planned = steps_planned_;
+    const HeldSteps::Figures& held = steps_->figures();
+    stats.steps_planned = held.steps_held;
     stats.documents_split = job_.split_documents();
-    stats.samples_truncated = samples_truncated_;
-    stats.tokens_truncated = tokens_truncated_;
-    stats.plan_seconds = plan_seconds_;
-    stats.read_seconds = read_seconds_;
+    stats.samples_truncated = held.samples_truncated;
+    stats.tokens_truncated = held.tokens_truncated;
+    stats.plan_seconds = held.plan_seconds;
+    stats.read_seconds = held.read_seconds;
     stats.cost_fit = cost_learner_.Figures();
-    if (steps_planned_ > 0) {
-      stats.mean_step_over_ideal = step_over_ideal_sum_ / static_cast<double>(steps_planned_);
+    if (held.steps_held > 0) {
+      stats.mean_step_over_ideal = held.step_over_ideal_sum / static_cast<double>(held.steps_held);
     }
     const Storage::JobIo io = storage_.JobFigures(job_.name());
     stats.bytes_read = io.bytes_read;
@@ -83,24 +82,15 @@ void JobRunner::Stats(std::function<void(JobFigures)> done) {
       stats.input_bound = most_waiting->first;
       stats.most_waiting_rank = most_waiting->second;
     }
-    stats.cached_bytes = CachedBytes();
-    stats.side_rows_bytes = side_bytes_;
-    stats.peak_side_rows_bytes = peak_side_bytes_;
+    stats.cached_bytes = steps_->TokenBytes();
+    stats.side_rows_bytes = sides_->bytes();
+    stats.peak_side_rows_bytes = sides_->peak_bytes();
     if (slowest.has_value()) {
       stats.slowest_rank = slowest->second;
       stats.slowest_rank_steps_behind = fastest->first.step - slowest->first.step;
     }
     done(std::move(stats));
   });
-}
-
-uint64_t JobRunner::CachedBytes() const {
-  uint64_t bytes = 0;
-  for (const auto& [_, held] : steps_) {
-    if (held.data == nullptr) continue;
-    for (const auto& [_, run] : held.data->runs) bytes += run.owned_bytes();
-  }
-  return bytes;
 }
 
 int64_t JobRunner::SlowestStep() const {
