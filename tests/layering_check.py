@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fails when the tree breaks the layering of docs/ARCHITECTURE.md, in any of
-five ways:
+six ways:
 
 1. includes: a source file includes a library it may not depend on, or the
    private headers of another library;
@@ -18,7 +18,10 @@ five ways:
    (BANNED_WORDS: a CP part or a packing thread's portion called a chunk,
    a held step, a dp-cp rank or (in scheduler/) a cell of the global batch
    called a slot, a planner pass called a phase), in sources, tests,
-   benchmarks, the Python package and the docs.
+   benchmarks, the Python package and the docs;
+6. UCX: a UCP or UCT function called, or their headers included, outside
+   transport/: every UCX protocol (the ring's, a forwarded step's reads)
+   lives there, behind its RAII types.
 
 A unit is a top-level folder, or one of server/'s libraries. Allowed
 directions are the ALLOWED table below: server's libraries in the order
@@ -73,6 +76,9 @@ ADMIN_PROTO_FREE = ("server/config", "server/storage")
 # Here only a source file may (push.cc writes each slot's SlotMetadata, the
 # wire's own message); no header does, so no includer recompiles with it.
 ADMIN_PROTO_HEADER_FREE = ("server/pipeline",)
+# UCX's own API, which only transport/ may call.
+UCX_CALL = re.compile(r"\bu(?:cp|ct)_\w+\s*\(")
+UCX_HEADER = re.compile(r"^u(?:cp|ct)/")
 # A status code cast between gRPC and absl: only the one conversion may.
 STATUS_CAST = re.compile(r"static_cast<\s*(?:absl|grpc)::StatusCode\s*>")
 STATUS_CONVERSION = "proto/include/packfeed/proto/grpc_status.h"
@@ -141,6 +147,9 @@ def check_sources(root, errors):
             if unit == "scheduler" and SCHEDULER_FORBIDDEN.match(header):
                 errors.append(f"{rel}: includes <{header}>; scheduler/ "
                               "must stay pure (no I/O, threads or logging)")
+        if unit != "transport" and (UCX_CALL.search(text) or
+                                    any(UCX_HEADER.match(h) for h in INCLUDE.findall(text))):
+            errors.append(f"{rel}: calls UCX outside transport/; a UCX protocol lives there")
         if rel != STATUS_CONVERSION and STATUS_CAST.search(text):
             errors.append(f"{rel}: converts a gRPC status by hand; use {STATUS_CONVERSION}")
         folder = unit.split("/")[0]
@@ -241,6 +250,8 @@ def self_test():
         "server/ingest/i.h": '#include "server/ingest/j.h"\n',
         "server/ingest/j.h": '#include "packfeed/v1/service.pb.h"\n',
         "server/ingest/k.cc": '#include "packfeed/v1/service.pb.h"\n',
+        "server/ingest/u.cc": "ucs_status_ptr_t get = ucp_get_nbx(ep, local, n, at, key, &p);\n",
+        "client/src/u.h": "#include <ucp/api/ucp.h>\n",
         "server/control/d.cc": '#include "packfeed/client/client.h"\n'
                                '#include "scheduler/src/row_packer.h"\n'
                                '#include "server/pipeline/job.h"\n',
@@ -280,6 +291,8 @@ def self_test():
         "dataset/src/e.cc: declares namespace packfeed ",
         "dataset/CMakeLists.txt: packfeed_dataset links packfeed transport",
         "server/ctl/f.cc: converts a gRPC status by hand",
+        "server/ingest/u.cc: calls UCX outside transport/",
+        "client/src/u.h: calls UCX outside transport/",
         "scheduler/src/g.cc:1: words: a phase",
         "scheduler/src/g.cc:2: words: a slot",
         "server/pipeline/h.cc:1: words: a chunk",
@@ -303,7 +316,7 @@ def self_test():
         return 1
     print(f"layering self-test: all {len(expected)} planted violations caught "
           "(includes, private headers, server's libraries, links, namespaces, status "
-          "conversions, words), "
+          "conversions, words, UCX outside transport/), "
           "0 false alarms")
     return 0
 
@@ -317,7 +330,7 @@ def main():
     if errors:
         print(f"{len(errors)} violation(s) of the layering in docs/ARCHITECTURE.md")
         return 1
-    print("layering: includes, link dependencies, namespaces and words follow "
+    print("layering: includes, link dependencies, namespaces, words and UCX calls follow "
           "docs/ARCHITECTURE.md")
     return 0
 

@@ -22,11 +22,6 @@ constexpr int kArenasPerProcess = 16;
 // How often the transfer thread looks for producers that exited.
 constexpr absl::Duration kExitedProducerCheck = absl::Seconds(1);
 
-void OnOriginError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
-  spdlog::warn("ingest: an origin daemon's endpoint failed: {}", ucs_status_string(status));
-  *static_cast<bool*>(arg) = true;
-}
-
 bool SameProcess(const transport::PeerIdentity& a, const transport::PeerIdentity& b) {
   return a.pid == b.pid && a.uid == b.uid;
 }
@@ -665,29 +660,9 @@ void IngestServer::ServePending() {
   }
 }
 
-absl::StatusOr<IngestServer::Origin*> IngestServer::OriginAt(const std::string& address) {
-  auto known = origins_.find(address);
-  if (known != origins_.end() && !known->second->failed) return known->second.get();
-  if (known != origins_.end()) origins_.erase(known);
-  auto origin = std::make_unique<Origin>();
-  PF_ASSIGN_OR_RETURN(
-      transport::UcpEndpoint endpoint,
-      transport::UcpEndpoint::Connect(worker_, address, OnOriginError, &origin->failed));
-  origin->endpoint.emplace(std::move(endpoint));
-  return origins_.emplace(address, std::move(origin)).first->second.get();
-}
-
 absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     const v1::PutRequest& put, const IngestStream& stream, const std::vector<bool>& wanted) {
   const v1::IngestRegion& source = put.region();
-  PF_ASSIGN_OR_RETURN(Origin * origin, OriginAt(source.worker_address()));
-  if (origin->key.get() == nullptr || origin->packed_key != source.remote_key()) {
-    origin->key.Reset();
-    PF_ASSIGN_OR_RETURN(origin->key,
-                        transport::RemoteKey::Unpack(*origin->endpoint, source.remote_key()));
-    origin->packed_key = source.remote_key();
-  }
-  const transport::RemoteKey& key = origin->key;
   const std::vector<int> stream_field = StreamFieldsOf(put, stream);
   // Every wanted sample in one allocation, each at an aligned start.
   std::vector<SampleLayout> layouts(static_cast<size_t>(put.samples_size()));
@@ -700,18 +675,9 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
   std::shared_ptr<char[]> memory =
       std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(total, 1));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
-  std::vector<ucs_status_ptr_t> requests;
-  absl::Status posted;
-  auto read = [&](char* local, uint64_t bytes, uint64_t offset) {
-    if (bytes == 0) return;
-    ucs_status_ptr_t request =
-        origin->endpoint->Get(local, bytes, source.address() + offset, key.get());
-    if (UCS_PTR_IS_ERR(request) && posted.ok()) {
-      posted = absl::UnavailableError(
-          absl::StrCat("ucp_get_nbx: ", ucs_status_string(UCS_PTR_STATUS(request))));
-    } else if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
-      requests.push_back(request);
-    }
+  std::vector<transport::RemoteReader::Read> reads;
+  auto read = [&reads](char* local, uint64_t bytes, uint64_t offset) {
+    reads.push_back({local, bytes, offset});
   };
   uint64_t next = 0;  // in `memory`
   for (int i = 0; i < put.samples_size(); ++i) {
@@ -739,20 +705,14 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     out.data = std::shared_ptr<const char[]>(memory, buffer);
     next += AlignedToSample(layout.bytes);
   }
-  absl::Status status = posted;
-  const absl::Time deadline = absl::Now() + kTransferTimeout;
-  for (ucs_status_ptr_t request : requests) {
-    absl::Status done = worker_.Wait(request, "ucp_get_nbx", deadline, [&] {
-      origin->endpoint->Close(/*force=*/true).IgnoreError();
-    });
-    if (status.ok() && !done.ok()) status = done;
-  }
-  if (!status.ok() || origin->failed) {
-    origins_.erase(source.worker_address());
-    return absl::UnavailableError(
-        absl::StrCat("ingest stream ", put.stream(), " step ", put.step(),
-                     ": reading the forwarded bytes from the origin failed: ",
-                     status.ok() ? "its endpoint failed" : status.message()));
+  const absl::Status status =
+      reader_.ReadAll(source.worker_address(), source.remote_key(), source.address(), reads,
+                      absl::Now() + kTransferTimeout);
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("ingest stream ", put.stream(), " step ", put.step(),
+                                               ": reading the forwarded bytes from the origin "
+                                               "failed: ",
+                                               status.message()));
   }
   return samples;
 }

@@ -35,9 +35,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "packfeed/transport/remote_reader.h"
 #include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/ucx_context.h"
-#include "packfeed/transport/ucx_endpoint.h"
 #include "packfeed/v1/service.pb.h"
 #include "server/ingest/ingest_stream.h"
 #include "server/ingest/staging_arena.h"
@@ -102,15 +102,6 @@ class IngestServer {
     // answers why there is no room.
     std::function<void(absl::Status room)> run;
   };
-  // An origin daemon's worker, connected once (forwarded steps).
-  struct Origin {
-    bool failed = false;  // set by UCX's error callback
-    std::optional<transport::UcpEndpoint> endpoint;
-    // The last region's key, unpacked, kept while the origin's puts come
-    // from the same region.
-    std::string packed_key;
-    transport::RemoteKey key;  // declared after the endpoint: freed first
-  };
   // A reserved put: its samples lie in `span`, written by the producer
   // once Commit comes.
   struct Lease {
@@ -140,7 +131,6 @@ class IngestServer {
   absl::StatusOr<std::vector<IngestedSample>> Transfer(const v1::PutRequest& put,
                                                        const IngestStream& stream,
                                                        const std::vector<bool>& wanted);
-  absl::StatusOr<Origin*> OriginAt(const std::string& address);
   // A put's stream and arena (ArenaFor), once its shape and size are
   // checked: what both ways of putting begin with.
   absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> CheckPut(
@@ -164,10 +154,10 @@ class IngestServer {
   // Shared with the registered sample memory, which may outlive the server.
   const std::shared_ptr<const transport::UcpContext> context_;
   const bool for_peers_;
-  transport::UcpWorker worker_;                             // transfer thread only
-  std::map<std::string, std::unique_ptr<Origin>> origins_;  // transfer thread only
-  std::deque<PendingPut> pending_;                          // transfer thread only
-  absl::Time arenas_checked_;                               // transfer thread only
+  transport::UcpWorker worker_;              // transfer thread only
+  transport::RemoteReader reader_{worker_};  // forwarded steps' origins
+  std::deque<PendingPut> pending_;           // transfer thread only
+  absl::Time arenas_checked_;                // transfer thread only
 
   absl::Mutex mutex_;
   std::deque<PendingPut> arrived_ ABSL_GUARDED_BY(mutex_);
