@@ -38,9 +38,17 @@ absl::StatusOr<uint64_t> ExpectedIndexBytes(uint64_t num_sequences, uint64_t doc
   return absl::Uint128Low64(size);
 }
 
-absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name,
-                                     IndexValidation validation) {
-  const absl::string_view f = file_name;
+namespace {
+
+struct IndexHeader {
+  DType dtype;
+  uint64_t num_sequences = 0;
+  uint64_t doc_entries = 0;
+  bool multimodal = false;
+};
+
+// The header, checked against the file's size.
+absl::StatusOr<IndexHeader> ParseHeader(absl::Span<const uint8_t> bytes, absl::string_view f) {
   if (bytes.size() < kIndexHeaderBytes) {
     return Corrupt(f, absl::StrCat("truncated header: ", bytes.size(), " bytes, a header needs ",
                                    kIndexHeaderBytes));
@@ -60,8 +68,9 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
   absl::StatusOr<DType> dtype = DTypeFromCode(dtype_code);
   if (!dtype.ok()) return Corrupt(f, dtype.status().message());
 
-  const uint64_t num_sequences = LoadAt<uint64_t>(bytes, 18);
-  const uint64_t doc_entries = LoadAt<uint64_t>(bytes, 26);
+  IndexHeader header{*dtype, LoadAt<uint64_t>(bytes, 18), LoadAt<uint64_t>(bytes, 26), false};
+  const uint64_t num_sequences = header.num_sequences;
+  const uint64_t doc_entries = header.doc_entries;
   if (doc_entries == 0) {
     return Corrupt(f,
                    "document index has 0 entries (it must hold at least "
@@ -73,56 +82,53 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
   if (!multimodal_size.ok()) {
     return Corrupt(f, multimodal_size.status().message());
   }
-  bool multimodal;
   if (bytes.size() == *plain_size) {
-    multimodal = false;
+    header.multimodal = false;
   } else if (bytes.size() == *multimodal_size) {
-    multimodal = true;
+    header.multimodal = true;
   } else {
     return Corrupt(f, absl::StrCat(bytes.size() < *plain_size ? "truncated" : "oversized",
                                    ": file has ", bytes.size(), " bytes but ", num_sequences,
                                    " sequences and ", doc_entries, " document index entries need ",
                                    *plain_size, " (or ", *multimodal_size, " with modes)"));
   }
+  return header;
+}
 
-  IndexView view;
-  view.dtype_ = *dtype;
-  view.num_sequences_ = num_sequences;
-  view.num_documents_ = doc_entries - 1;
-  view.multimodal_ = multimodal;
-  view.lengths_ = bytes.data() + kIndexHeaderBytes;
-  view.pointers_ = view.lengths_ + 4 * num_sequences;
-  view.documents_ = view.pointers_ + 8 * num_sequences;
-  view.modes_ = multimodal ? view.documents_ + 8 * doc_entries : nullptr;
-
-  const uint64_t item = DTypeSize(*dtype);
-  if (validation == IndexValidation::kOnUse) {
-    const int64_t first = view.document_index(0);
-    const int64_t last = view.document_index(doc_entries - 1);
-    if (first != 0 || last < 0 || static_cast<uint64_t>(last) != num_sequences) {
-      return Corrupt(f, absl::StrCat("document index runs from ", first, " to ", last,
-                                     ", expected 0 to the sequence count ", num_sequences));
-    }
-    if (num_sequences > 0) {
-      const int32_t length = view.length(num_sequences - 1);
-      const int64_t pointer = view.pointer(num_sequences - 1);
-      if (length < 0 || pointer < 0) {
-        return Corrupt(f,
-                       absl::StrCat("the last sequence has length ", length, " at byte ", pointer));
-      }
-      // pointer < 2^63 and length·item < 2^34: no overflow.
-      view.data_bytes_ = static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * item;
-    }
-    view.total_tokens_ = view.data_bytes_ / item;
-    return view;
+// kOnUse: the data's bytes from the ends alone (the document index's first
+// and last entries, the last sequence).
+absl::StatusOr<uint64_t> DataBytesFromEnds(const IndexView& view, uint64_t item,
+                                           absl::string_view f) {
+  const uint64_t num_sequences = view.num_sequences();
+  const int64_t first = view.document_index(0);
+  const int64_t last = view.document_index(view.num_documents());
+  if (first != 0 || last < 0 || static_cast<uint64_t>(last) != num_sequences) {
+    return Corrupt(f, absl::StrCat("document index runs from ", first, " to ", last,
+                                   ", expected 0 to the sequence count ", num_sequences));
   }
+  if (num_sequences == 0) return 0;
+  const int32_t length = view.length(num_sequences - 1);
+  const int64_t pointer = view.pointer(num_sequences - 1);
+  if (length < 0 || pointer < 0) {
+    return Corrupt(f, absl::StrCat("the last sequence has length ", length, " at byte ", pointer));
+  }
+  // pointer < 2^63 and length·item < 2^34: no overflow.
+  return static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * item;
+}
 
-  // Lengths and pointers: sequence i occupies [ptr_i, ptr_i + len_i·size)
-  // and the next one starts right there. The running end cannot overflow:
-  // S·(2^31−1)·8 < 2^63 because S < 2^63/12 (the size check above).
+struct DataExtent {
+  uint64_t bytes = 0;
+  uint64_t tokens = 0;
+};
+
+// kFull: sequence i occupies [ptr_i, ptr_i + len_i·size) and the next one
+// starts right there. The running end cannot overflow: S·(2^31−1)·8 < 2^63
+// because S < 2^63/12 (the header's size check).
+absl::StatusOr<DataExtent> CheckSequences(const IndexView& view, absl::string_view f) {
+  const uint64_t item = DTypeSize(view.dtype());
   absl::uint128 end = 0;
   uint64_t tokens = 0;
-  for (uint64_t i = 0; i < num_sequences; ++i) {
+  for (uint64_t i = 0; i < view.num_sequences(); ++i) {
     const int32_t length = view.length(i);
     if (length < 0) {
       return Corrupt(f, absl::StrCat("sequence ", i, " has negative length ", length));
@@ -130,15 +136,18 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
     const int64_t pointer = view.pointer(i);
     if (pointer < 0 || absl::uint128(pointer) != end) {
       return Corrupt(f, absl::StrCat("sequence ", i, " starts at byte ", pointer,
-                                     " but the lengths and dtype ", DTypeName(*dtype),
+                                     " but the lengths and dtype ", DTypeName(view.dtype()),
                                      " put it at byte ", absl::Uint128Low64(end)));
     }
     end += absl::uint128(length) * item;
     tokens += static_cast<uint64_t>(length);
   }
-  view.total_tokens_ = tokens;
-  view.data_bytes_ = absl::Uint128Low64(end);
+  return DataExtent{absl::Uint128Low64(end), tokens};
+}
 
+// kFull: the document index runs from 0 to the sequence count, never down.
+absl::Status CheckDocumentIndex(const IndexView& view, absl::string_view f) {
+  const uint64_t doc_entries = view.num_documents() + 1;
   const int64_t first = view.document_index(0);
   if (first != 0) {
     return Corrupt(f, absl::StrCat("document index starts at ", first, ", expected 0"));
@@ -152,9 +161,44 @@ absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::stri
     }
   }
   const int64_t last = view.document_index(doc_entries - 1);
-  if (last < 0 || static_cast<uint64_t>(last) != num_sequences) {
+  if (last < 0 || static_cast<uint64_t>(last) != view.num_sequences()) {
     return Corrupt(f, absl::StrCat("document index ends at ", last,
-                                   ", expected the sequence count ", num_sequences));
+                                   ", expected the sequence count ", view.num_sequences()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<IndexView> ParseIndex(absl::Span<const uint8_t> bytes, absl::string_view file_name,
+                                     IndexValidation validation) {
+  absl::StatusOr<IndexHeader> header = ParseHeader(bytes, file_name);
+  if (!header.ok()) return header.status();
+  const uint64_t num_sequences = header->num_sequences;
+  IndexView view;
+  view.dtype_ = header->dtype;
+  view.num_sequences_ = num_sequences;
+  view.num_documents_ = header->doc_entries - 1;
+  view.multimodal_ = header->multimodal;
+  view.lengths_ = bytes.data() + kIndexHeaderBytes;
+  view.pointers_ = view.lengths_ + 4 * num_sequences;
+  view.documents_ = view.pointers_ + 8 * num_sequences;
+  view.modes_ = header->multimodal ? view.documents_ + 8 * header->doc_entries : nullptr;
+
+  if (validation == IndexValidation::kOnUse) {
+    const uint64_t item = DTypeSize(header->dtype);
+    absl::StatusOr<uint64_t> data_bytes = DataBytesFromEnds(view, item, file_name);
+    if (!data_bytes.ok()) return data_bytes.status();
+    view.data_bytes_ = *data_bytes;
+    view.total_tokens_ = view.data_bytes_ / item;
+    return view;
+  }
+  absl::StatusOr<DataExtent> extent = CheckSequences(view, file_name);
+  if (!extent.ok()) return extent.status();
+  view.data_bytes_ = extent->bytes;
+  view.total_tokens_ = extent->tokens;
+  if (absl::Status documents = CheckDocumentIndex(view, file_name); !documents.ok()) {
+    return documents;
   }
   return view;
 }

@@ -72,6 +72,84 @@ double Remaining(const std::vector<Item>& items, double tau, double budget) {
   return remaining;
 }
 
+// Every sequence as the bound sees it, with the sums over them.
+struct Sequences {
+  std::vector<Item> items;
+  double work = 0;               // W: Σ the least work of each sequence
+  double budget_tokens = 0;      // Σ padded at the largest size, ≥ any plan's Σ padded
+  double tokens = 0;             // Σ padded at each one's own size
+  std::vector<double> cheapest;  // each sequence's least per-rank cost
+};
+
+absl::StatusOr<Sequences> SequencesOf(absl::Span<const int64_t> lengths,
+                                      const PlannerOptions& options, const CpRange& range) {
+  const CostModel& model = options.cost_model;
+  Sequences out;
+  out.items.reserve(lengths.size());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int own = OwnCp(lengths[i], range, options);
+    if (own == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample ", i, " of length ", lengths[i], " does not fit at any CP size"));
+    }
+    Item item;
+    double least_work = std::numeric_limits<double>::infinity();
+    double most_work = 0;
+    double largest_padded = 0;
+    out.cheapest.push_back(std::numeric_limits<double>::infinity());
+    for (int c = own; c <= range.max; c *= 2) {
+      const int64_t padded = PaddedAt(lengths[i], c, options);
+      const double cost = model.Cost(padded, c);
+      least_work = std::min(least_work, c * cost);
+      most_work = std::max(most_work, c * cost);
+      largest_padded = static_cast<double>(padded);
+      out.cheapest.back() = std::min(out.cheapest.back(), cost);
+      if (c == own) {
+        item.floor = cost;
+        item.tokens = static_cast<double>(padded);
+      } else {
+        item.upgrades.push_back(
+            {cost, static_cast<double>(padded) * (static_cast<double>(c) / own - 1)});
+      }
+      if (range.min == range.max) break;
+    }
+    item.density = most_work / item.tokens;
+    out.work += least_work;
+    out.budget_tokens += largest_padded;
+    out.tokens += item.tokens;
+    out.items.push_back(std::move(item));
+  }
+  return out;
+}
+
+// g_j for j = 1 … `fewest` (⌈Σ tokens / (N·cap)⌉): the least time of the
+// j-th longest microbatch, by bisection over the floors; R(τ) falls as τ
+// rises (fewer sequences, cheaper escapes).
+std::vector<double> MicrobatchFloors(const std::vector<Item>& items, double capacity, double budget,
+                                     int64_t fewest) {
+  std::vector<double> floors;
+  for (const Item& item : items) floors.push_back(item.floor);
+  std::sort(floors.begin(), floors.end());
+  floors.erase(std::unique(floors.begin(), floors.end()), floors.end());
+  std::vector<double> g;
+  for (int64_t j = 1; j <= fewest; ++j) {
+    const double needed = static_cast<double>(j - 1) * capacity;
+    size_t low = 0;
+    size_t high = floors.size();  // the answer is floors[low - 1]; none if low stays 0
+    while (low < high) {
+      const size_t mid = (low + high) / 2;
+      if (Remaining(items, floors[mid], budget) > needed) {
+        low = mid + 1;
+      } else {
+        high = mid;
+      }
+    }
+    if (low == 0) break;
+    g.push_back(floors[low - 1]);
+  }
+  return g;
+}
+
 }  // namespace
 
 absl::StatusOr<StepTimeBound> LowerBoundStepTime(absl::Span<const int64_t> lengths,
@@ -90,70 +168,16 @@ absl::StatusOr<StepTimeBound> LowerBoundStepTime(absl::Span<const int64_t> lengt
   const double ranks = static_cast<double>(options.dp) * options.cp;
   const double capacity = ranks * static_cast<double>(options.max_tokens_per_rank);
 
-  std::vector<Item> items;
-  items.reserve(lengths.size());
-  double work = 0;           // W: Σ the least work of each sequence
-  double budget_tokens = 0;  // Σ padded at the largest size, ≥ any plan's Σ padded
-  double tokens = 0;
-  std::vector<double> cheapest;  // each sequence's least per-rank cost
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    const int own = OwnCp(lengths[i], range, options);
-    if (own == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sample ", i, " of length ", lengths[i], " does not fit at any CP size"));
-    }
-    Item item;
-    double least_work = std::numeric_limits<double>::infinity();
-    double most_work = 0;
-    double largest_padded = 0;
-    cheapest.push_back(std::numeric_limits<double>::infinity());
-    for (int c = own; c <= range.max; c *= 2) {
-      const int64_t padded = PaddedAt(lengths[i], c, options);
-      const double cost = model.Cost(padded, c);
-      least_work = std::min(least_work, c * cost);
-      most_work = std::max(most_work, c * cost);
-      largest_padded = static_cast<double>(padded);
-      cheapest.back() = std::min(cheapest.back(), cost);
-      if (c == own) {
-        item.floor = cost;
-        item.tokens = static_cast<double>(padded);
-      } else {
-        item.upgrades.push_back(
-            {cost, static_cast<double>(padded) * (static_cast<double>(c) / own - 1)});
-      }
-      if (range.min == range.max) break;
-    }
-    item.density = most_work / item.tokens;
-    work += least_work;
-    budget_tokens += largest_padded;
-    tokens += item.tokens;
-    items.push_back(std::move(item));
-  }
-  const double budget = std::max(upgrade_budget, 0.0) * budget_tokens;
+  absl::StatusOr<Sequences> sequences = SequencesOf(lengths, options, range);
+  if (!sequences.ok()) return sequences.status();
+  const std::vector<Item>& items = sequences->items;
+  const double work = sequences->work;
+  const double tokens = sequences->tokens;
+  std::vector<double>& cheapest = sequences->cheapest;
+  const double budget = std::max(upgrade_budget, 0.0) * sequences->budget_tokens;
 
-  // g_j for j = 1 … ⌈Σ tokens / (N·cap)⌉, by bisection over the floors:
-  // R(τ) falls as τ rises (fewer sequences, cheaper escapes).
-  std::vector<double> floors;
-  for (const Item& item : items) floors.push_back(item.floor);
-  std::sort(floors.begin(), floors.end());
-  floors.erase(std::unique(floors.begin(), floors.end()), floors.end());
   const int64_t fewest = static_cast<int64_t>(std::ceil(tokens / capacity - 1e-9));
-  std::vector<double> g;
-  for (int64_t j = 1; j <= fewest; ++j) {
-    const double needed = static_cast<double>(j - 1) * capacity;
-    size_t low = 0;
-    size_t high = floors.size();  // the answer is floors[low - 1]; none if low stays 0
-    while (low < high) {
-      const size_t mid = (low + high) / 2;
-      if (Remaining(items, floors[mid], budget) > needed) {
-        low = mid + 1;
-      } else {
-        high = mid;
-      }
-    }
-    if (low == 0) break;
-    g.push_back(floors[low - 1]);
-  }
+  const std::vector<double> g = MicrobatchFloors(items, capacity, budget, fewest);
 
   // D(X): the most work X tokens can carry.
   std::vector<const Item*> densest;

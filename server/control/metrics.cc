@@ -104,11 +104,9 @@ void RenderStorage(const v1::StorageStats& storage, std::string* out) {
   rereads.Sample("", static_cast<double>(storage.reread_events()));
 }
 
-}  // namespace
+using Jobs = google::protobuf::RepeatedPtrField<v1::JobStats>;
 
-std::string RenderMetrics(const v1::GetStatsReply& stats) {
-  std::string out;
-  const auto& jobs = stats.jobs();
+void RenderJobs(const Jobs& jobs, std::string* out) {
   struct JobFigure {
     const char* name;
     const char* type;
@@ -152,9 +150,12 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
        [](const v1::JobStats& j) { return j.input_bound(); }},
   };
   for (const JobFigure& figure : job_figures) {
-    Family family(&out, figure.name, figure.type, figure.help);
+    Family family(out, figure.name, figure.type, figure.help);
     for (const v1::JobStats& job : jobs) family.Sample(JobLabel(job), figure.value(job));
   }
+}
+
+void RenderRanks(const Jobs& jobs, std::string* out) {
   struct RankFigure {
     const char* name;
     const char* type;
@@ -194,7 +195,7 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
        }},
   };
   for (const RankFigure& figure : rank_figures) {
-    Family family(&out, figure.name, figure.type, figure.help);
+    Family family(out, figure.name, figure.type, figure.help);
     for (const v1::JobStats& job : jobs) {
       int64_t most = 0;
       for (const v1::RankStats& rank : job.ranks()) most = std::max(most, rank.consumed_step());
@@ -203,7 +204,10 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
       }
     }
   }
-  // The cost model fitted from measured compute, rate by rate.
+}
+
+// The cost model fitted from measured compute, rate by rate.
+void RenderCostFits(const Jobs& jobs, std::string* out) {
   struct RateFigure {
     const char* name;
     const char* help;
@@ -219,17 +223,26 @@ std::string RenderMetrics(const v1::GetStatsReply& stats) {
        [](const v1::CostRate& r) { return r.determined(); }},
   };
   for (const RateFigure& figure : rate_figures) {
-    Family family(&out, figure.name, "gauge", figure.help);
+    Family family(out, figure.name, "gauge", figure.help);
     for (const v1::JobStats& job : jobs) {
       for (const v1::CostRate& rate : job.cost_fit().rates()) {
         family.Sample(JobLabel(job) + ",rate=" + Quoted(rate.name()), figure.value(rate));
       }
     }
   }
-  Family rows(&out, "packfeed_cost_fit_rows", "gauge", "Measured microbatches in the cost fit.");
+  Family rows(out, "packfeed_cost_fit_rows", "gauge", "Measured microbatches in the cost fit.");
   for (const v1::JobStats& job : jobs) {
     rows.Sample(JobLabel(job), static_cast<double>(job.cost_fit().rows()));
   }
+}
+
+}  // namespace
+
+std::string RenderMetrics(const v1::GetStatsReply& stats) {
+  std::string out;
+  RenderJobs(stats.jobs(), &out);
+  RenderRanks(stats.jobs(), &out);
+  RenderCostFits(stats.jobs(), &out);
   RenderStorage(stats.storage(), &out);
   return out;
 }

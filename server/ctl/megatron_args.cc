@@ -151,23 +151,10 @@ std::string SplitNumbers(absl::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>& argv,
-                                                  const MegatronContext& context) {
-  PF_ASSIGN_OR_RETURN(const Args args, Args::Parse(argv));
-  for (const auto& [flag, why] : kRefused) {
-    if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
-  }
-  PF_ASSIGN_OR_RETURN(std::optional<std::string> loader, args.One("--dataloader-type"));
-  // 'external' is the drop-in's (packfeed.megatron), which serves the
-  // order of 'single'.
-  if (loader && *loader != "single" && *loader != "external") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dataloader-type ", *loader,
-                     ": packfeed serves the order of 'single' (the default), or of 'external' "
-                     "with packfeed.megatron's provider"));
-  }
-  v1::JobConfig job;
-  job.set_name(context.job);
+namespace {
+
+// TP, PP, CP and VPP from their flags; DP what the world leaves.
+absl::Status SetTopology(const Args& args, const MegatronContext& context, v1::JobConfig& job) {
   v1::Topology& topology = *job.mutable_topology();
   PF_ASSIGN_OR_RETURN(const int64_t tp, args.Int("--tensor-model-parallel-size", 1));
   PF_ASSIGN_OR_RETURN(const int64_t pp, args.Int("--pipeline-model-parallel-size", 1));
@@ -185,6 +172,13 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
   topology.set_dp(static_cast<uint32_t>(context.world_size / (tp * pp * cp)));
   topology.set_vpp(static_cast<uint32_t>(vpp));
 
+  return absl::OkStatus();
+}
+
+// The sequence length, seed and global batch (with its ramp-up or
+// schedule), as Megatron's arguments derive them.
+absl::StatusOr<MegatronBatches> SetBatches(const Args& args, const MegatronContext& context,
+                                           v1::JobConfig& job) {
   PF_ASSIGN_OR_RETURN(const std::optional<int64_t> seq_length, args.Int("--seq-length"));
   PF_ASSIGN_OR_RETURN(const std::optional<int64_t> mbs, args.Int("--micro-batch-size"));
   if (!seq_length || !mbs) {
@@ -192,7 +186,7 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
   }
   MegatronBatchFlags batch_flags;
   batch_flags.micro_batch_size = *mbs;
-  batch_flags.dp = topology.dp();
+  batch_flags.dp = job.topology().dp();
   batch_flags.seq_length = *seq_length;
   batch_flags.megatron_core = context.megatron_core;
   PF_ASSIGN_OR_RETURN(batch_flags.global_batch_size, args.Int("--global-batch-size"));
@@ -202,15 +196,20 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
   }
   PF_ASSIGN_OR_RETURN(batch_flags.train_samples, args.Int("--train-samples"));
   PF_ASSIGN_OR_RETURN(batch_flags.train_iters, args.Int("--train-iters"));
-  PF_ASSIGN_OR_RETURN(const MegatronBatches batches, MegatronBatchesOf(batch_flags));
+  PF_ASSIGN_OR_RETURN(MegatronBatches batches, MegatronBatchesOf(batch_flags));
   PF_ASSIGN_OR_RETURN(const int64_t seed, args.Int("--seed", 1234));
   job.set_seq_length(*seq_length);
   job.set_global_batch(batches.global_batch);
   job.set_seed(static_cast<uint64_t>(seed));
   job.set_eod_id(context.eod_id);
 
+  job.mutable_pretraining()->set_micro_batch_size(static_cast<uint32_t>(*mbs));
+  return batches;
+}
+
+// --data-path with --split, or a blend per split.
+absl::Status SetDatasets(const Args& args, v1::JobConfig& job) {
   v1::Pretraining& p = *job.mutable_pretraining();
-  p.set_micro_batch_size(static_cast<uint32_t>(*mbs));
   const std::vector<std::string>* data_path = args.List("--data-path");
   const std::vector<std::string>* per_split[] = {args.List("--train-data-path"),
                                                  args.List("--valid-data-path"),
@@ -232,6 +231,13 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
     return absl::InvalidArgumentError("--data-path or --train-data-path is required");
   }
 
+  return absl::OkStatus();
+}
+
+// Each split's samples and the evaluation's batch.
+absl::Status SetSplitSizes(const Args& args, const MegatronContext& context,
+                           const MegatronBatches& batches, v1::Pretraining& p) {
+  const int64_t mbs = p.micro_batch_size();
   // Megatron's get_train_valid_test_num_samples (update_train_iters first
   // turns --train-samples into iterations).
   for (const BatchSchedule::Entry& entry : batches.schedule) {
@@ -249,9 +255,9 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
   // its args.global_batch_size).
   PF_ASSIGN_OR_RETURN(const int64_t eval_global_batch,
                       args.Int("--eval-global-batch-size", batches.args_global_batch));
-  PF_ASSIGN_OR_RETURN(const int64_t eval_mbs, args.Int("--eval-micro-batch-size", *mbs));
+  PF_ASSIGN_OR_RETURN(const int64_t eval_mbs, args.Int("--eval-micro-batch-size", mbs));
   if (eval_global_batch != batches.global_batch) p.set_eval_global_batch(eval_global_batch);
-  if (eval_mbs != *mbs) p.set_eval_micro_batch_size(static_cast<uint32_t>(eval_mbs));
+  if (eval_mbs != mbs) p.set_eval_micro_batch_size(static_cast<uint32_t>(eval_mbs));
   p.set_train_samples(batches.train_samples);
   p.set_valid_samples(eval_points * eval_iters * eval_global_batch);
   p.set_test_samples(eval_iters * eval_global_batch);
@@ -264,6 +270,13 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
   p.set_consumed_samples(context.consumed_train_samples);
   p.set_consumed_valid_samples(context.consumed_valid_samples);
 
+  return absl::OkStatus();
+}
+
+// Megatron's sample rules: masks, position ids, the cache, CP's split and
+// hybrid CP.
+absl::Status SetSampleRules(const Args& args, const MegatronContext& context, v1::JobConfig& job) {
+  v1::Pretraining& p = *job.mutable_pretraining();
   p.set_eod_mask_loss(args.Has("--eod-mask-loss"));
   p.set_reset_position_ids(args.Has("--reset-position-ids"));
   p.set_inter_document_masking(args.Has("--dataloader-inter-document-masking"));
@@ -296,6 +309,33 @@ absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>
     job.mutable_scheduler()->set_kind("dynamic_cp");
     job.mutable_scheduler()->set_max_tokens_per_rank(*cap);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobConfig> JobFromMegatronArgs(const std::vector<std::string>& argv,
+                                                  const MegatronContext& context) {
+  PF_ASSIGN_OR_RETURN(const Args args, Args::Parse(argv));
+  for (const auto& [flag, why] : kRefused) {
+    if (args.Has(flag)) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", why));
+  }
+  PF_ASSIGN_OR_RETURN(std::optional<std::string> loader, args.One("--dataloader-type"));
+  // 'external' is the drop-in's (packfeed.megatron), which serves the
+  // order of 'single'.
+  if (loader && *loader != "single" && *loader != "external") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dataloader-type ", *loader,
+                     ": packfeed serves the order of 'single' (the default), or of 'external' "
+                     "with packfeed.megatron's provider"));
+  }
+  v1::JobConfig job;
+  job.set_name(context.job);
+  PF_RETURN_IF_ERROR(SetTopology(args, context, job));
+  PF_ASSIGN_OR_RETURN(const MegatronBatches batches, SetBatches(args, context, job));
+  PF_RETURN_IF_ERROR(SetDatasets(args, job));
+  PF_RETURN_IF_ERROR(SetSplitSizes(args, context, batches, *job.mutable_pretraining()));
+  PF_RETURN_IF_ERROR(SetSampleRules(args, context, job));
   return job;
 }
 
