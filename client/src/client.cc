@@ -192,6 +192,11 @@ constexpr absl::Duration kReportEvery = absl::Seconds(1);
 
 namespace {
 
+// The daemon as messages name it: its socket, or its address.
+const std::string& DaemonName(const ClientOptions& options) {
+  return options.daemon_address.empty() ? options.socket_path : options.daemon_address;
+}
+
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
@@ -289,7 +294,10 @@ absl::Status Client::Impl::Open() {
   }
   control_ = std::make_unique<Control>();
   Control& control = *control_;
-  PF_ASSIGN_OR_RETURN(control.channel, OpenDaemonChannel(options));
+  PF_ASSIGN_OR_RETURN(
+      control.channel,
+      OpenDaemonChannel({options.socket_path, options.daemon_address, options.tls_ca_file,
+                         options.tls_cert_file, options.tls_key_file}));
   control.control = v1::Control::NewStub(control.channel);
 
   PF_ASSIGN_OR_RETURN(const uint64_t slot_bytes, SlotBytes());

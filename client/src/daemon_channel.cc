@@ -9,7 +9,7 @@ namespace packfeed::client {
 namespace {
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
-    const ClientOptions& options) {
+    const DaemonEndpoint& options) {
   if (options.tls_ca_file.empty()) {
     if (!options.tls_cert_file.empty() || !options.tls_key_file.empty()) {
       return absl::InvalidArgumentError(
@@ -36,7 +36,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenDaemonChannel(const ClientOptions& options) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenDaemonChannel(const DaemonEndpoint& options) {
   if (options.daemon_address.empty()) PF_RETURN_IF_ERROR(CheckUnixSocketPath(options.socket_path));
   PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials, Credentials(options));
   // gRPC's own reconnect backoff (1 s growing to 2 min) would refuse calls

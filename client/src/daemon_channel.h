@@ -9,19 +9,23 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
-#include "packfeed/client/client.h"
 
 namespace packfeed::client {
 
-// The daemon as messages name it: its socket, or its address.
-inline const std::string& DaemonName(const ClientOptions& options) {
-  return options.daemon_address.empty() ? options.socket_path : options.daemon_address;
-}
+// Where the daemon is and how to reach it: ClientOptions' fields of the
+// same names (client.h).
+struct DaemonEndpoint {
+  std::string socket_path;
+  std::string daemon_address;  // empty: the socket
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+};
 
 // InvalidArgument for a socket path too long or TLS files without an
 // address or a certificate without its key; NotFound naming an unreadable
 // PEM file.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenDaemonChannel(const ClientOptions& options);
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenDaemonChannel(const DaemonEndpoint& daemon);
 
 }  // namespace packfeed::client
 

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
-#include "server/pipeline/job_runner_state.h"
 #include "server/pipeline/pack.h"
 #include "server/pipeline/push.h"
 #include "spdlog/spdlog.h"

@@ -38,6 +38,7 @@
 #include "server/pipeline/held_steps.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/job_figures.h"
+#include "server/pipeline/job_runner_state.h"
 #include "server/pipeline/pack_workers.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
@@ -150,7 +151,6 @@ class JobRunner {
   absl::Time last_loop() const { return absl::FromUnixNanos(last_loop_ns_.load()); }
 
  private:
-  struct RankState;
   JobRunner(const Job& job, Storage& storage, JobRunnerOptions options);
   void Post(std::function<void()> task);
   void Loop();

@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "server/pipeline/job_runner.h"
-#include "server/pipeline/job_runner_state.h"
 #include "server/pipeline/pack.h"
 #include "server/pipeline/push.h"
 

@@ -7,7 +7,6 @@
 
 #include "packfeed/common/status_macros.h"
 #include "server/pipeline/job_runner.h"
-#include "server/pipeline/job_runner_state.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {

@@ -6,7 +6,6 @@
 #include <algorithm>
 
 #include "server/pipeline/job_runner.h"
-#include "server/pipeline/job_runner_state.h"
 
 namespace packfeed::server {
 

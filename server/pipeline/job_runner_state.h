@@ -1,7 +1,7 @@
 #ifndef PACKFEED_SERVER_PIPELINE_JOB_RUNNER_STATE_H_
 #define PACKFEED_SERVER_PIPELINE_JOB_RUNNER_STATE_H_
 
-// The runner's per-rank and per-step state, shared by its files:
+// The runner's state of each rank it serves, shared by its files:
 // job_runner.cc (the loop, attaches, serving), job_runner_reads.cc (what
 // the held steps and the side-row window are asked for), job_runner_fill.cc
 // (side rows read into TP peers' slots), job_runner_ledger.cc (what the
@@ -17,11 +17,16 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/pipeline/job_runner.h"
+#include "packfeed/transport/shared_ring.h"
+#include "packfeed/transport/slot_sender.h"
+#include "server/pipeline/job.h"
+#include "server/pipeline/job_figures.h"
+#include "server/storage/ledger.h"
+#include "server/storage/storage.h"
 
 namespace packfeed::server {
 
-struct JobRunner::RankState {
+struct RankState {
   int global_rank = 0;
   RankCoords coords;
   uint64_t connection_id = 0;
@@ -100,7 +105,7 @@ struct JobRunner::RankState {
   }
 };
 
-inline JobRunner::RankState::Filling::Filling() = default;
+inline RankState::Filling::Filling() = default;
 
 }  // namespace packfeed::server
 

@@ -4,7 +4,6 @@
 #include <optional>
 
 #include "server/pipeline/job_runner.h"
-#include "server/pipeline/job_runner_state.h"
 
 namespace packfeed::server {
 
