@@ -40,6 +40,7 @@
 #include "server/pipeline/job_figures.h"
 #include "server/pipeline/job_runner_state.h"
 #include "server/pipeline/pack_workers.h"
+#include "server/pipeline/peer_fill.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
 #include "server/pipeline/side_row_window.h"
@@ -238,9 +239,7 @@ class JobRunner {
   std::unique_ptr<HeldSteps> steps_;
   // Side rows per CP group and microbatch (side_row_window.h).
   std::unique_ptr<SideRowWindow> sides_;
-  // Per (dp-cp rank, stage), the furthest position whose side rows were
-  // read into a slot: reading it again is a re-read.
-  std::map<std::pair<int, int>, LedgerPosition> side_rows_filled_;
+  RereadMarks reread_marks_;  // of the side rows read into slots (peer_fill.h)
   // Where the first rank to attach began, and when: steps from there stay
   // held for the local ranks not yet attached, for kAttachGrace at most.
   static constexpr absl::Duration kAttachGrace = absl::Seconds(60);

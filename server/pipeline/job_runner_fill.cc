@@ -4,44 +4,12 @@
 // TP peers at the same position are filled together: the rows are read
 // once, into one slot, and copied into the others before any is announced.
 
-#include <algorithm>
-#include <cstring>
-
 #include "server/pipeline/job_runner.h"
 #include "server/pipeline/pack.h"
+#include "server/pipeline/peer_fill.h"
 #include "server/pipeline/push.h"
 
 namespace packfeed::server {
-namespace {
-
-// Where `reads` write, relative to `slot`, and how many bytes each.
-std::vector<std::pair<uint64_t, uint64_t>> RegionsOf(const std::vector<SlotRead>& reads,
-                                                     const uint8_t* slot) {
-  std::vector<std::pair<uint64_t, uint64_t>> regions;
-  for (const SlotRead& read : reads) {
-    regions.emplace_back(static_cast<uint64_t>(read.destination - slot),
-                         read.need.bytes / read.row_bytes * read.kept_row_bytes());
-  }
-  return regions;
-}
-
-// The same rows into the same places of two slots (a peer's layout equals
-// its leader's unless their rings' slots differ in size).
-bool SameReads(const std::vector<SlotRead>& a, const uint8_t* a_slot,
-               const std::vector<SlotRead>& b, const uint8_t* b_slot) {
-  if (a.size() != b.size() || RegionsOf(a, a_slot) != RegionsOf(b, b_slot)) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const SampleNeed& x = a[i].need;
-    const SampleNeed& y = b[i].need;
-    if (x.dataset != y.dataset || x.document != y.document || x.offset != y.offset ||
-        x.bytes != y.bytes || a[i].kept != b[i].kept) {
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
 
 bool JobRunner::SideRowsIntoSlot(const RankCoords& coords) const {
   for (const SideSlice& slice : SideSlicesOfStage(job_.side_fields(), job_.stages(), coords.pp)) {
@@ -125,10 +93,7 @@ bool JobRunner::StartFill(RankState& rank, const StepData& data) {
     for (RankState* member : filled) AnnounceFilled(*member);
     return true;
   }
-  const std::pair<int, int> key{leader.coords.dp_cp_rank, leader.coords.pp};
-  auto [mark, first] = side_rows_filled_.try_emplace(key, at);
-  const bool again = !first && at <= mark->second;
-  mark->second = std::max(mark->second, at);
+  const bool again = reread_marks_.Mark(leader.coords.dp_cp_rank, leader.coords.pp, at);
   RankState::Filling& fill = *leader.filling;
   fill.regions = RegionsOf(reads, fill.slot);
   for (SlotRead& read : reads) read.again = again;
@@ -170,9 +135,7 @@ void JobRunner::OnSlotFilled(int global_rank, uint64_t connection_id, absl::Stat
       if (member.live()) EndRank(member, status);
       continue;
     }
-    for (const auto& [offset, bytes] : fill.regions) {
-      std::memcpy(member.filling->slot + offset, fill.slot + offset, bytes);
-    }
+    CopyRegions(fill.regions, fill.slot, member.filling->slot);
     AnnounceFilled(member);
   }
   if (!leader.live() || !status.ok()) {

@@ -21,6 +21,7 @@
 #include "packfeed/transport/slot_sender.h"
 #include "server/pipeline/job.h"
 #include "server/pipeline/job_figures.h"
+#include "server/pipeline/peer_fill.h"
 #include "server/storage/ledger.h"
 #include "server/storage/storage.h"
 
@@ -81,9 +82,9 @@ struct RankState {
     uint8_t* slot = nullptr;
     transport::SlotContent content;
     InFlight sent;
-    std::vector<std::pair<int, uint64_t>> peers;         // global rank, connection
-    std::vector<std::pair<uint64_t, uint64_t>> regions;  // offset in the slot, bytes
-    int leader = -1;                                     // a peer's: global rank
+    std::vector<std::pair<int, uint64_t>> peers;  // global rank, connection
+    SlotRegions regions;
+    int leader = -1;  // a peer's: global rank
     uint64_t leader_connection = 0;
   };
   std::optional<Filling> filling;
