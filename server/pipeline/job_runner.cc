@@ -64,12 +64,13 @@ JobRunner::JobRunner(const Job& job, Storage& storage, JobRunnerOptions options)
 JobRunner::~JobRunner() {
   {
     // Woken under the lock: the loop cannot see stop_, leave and drop the
-    // sender before Wake returns.
+    // sender before Wake returns. (No sender and no thread when Start
+    // failed before them.)
     absl::MutexLock lock(&mutex_);
     stop_ = true;
-    sender_->Wake();
+    if (sender_ != nullptr) sender_->Wake();
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
   // Before the mutex goes: a plan or fetch completing now Posts to this
   // stopped runner, which drops it (FetchPin's destructor waits for
   // that). The loop dropped the fills.

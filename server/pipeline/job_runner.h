@@ -28,7 +28,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <tuple>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"

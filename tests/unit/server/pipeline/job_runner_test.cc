@@ -63,6 +63,24 @@ TEST_F(JobRunnerTest, PushesNoMoreSlotsThanTheRingHasFreeAndMoreAsTheyAreRelease
 
 // A ring mapped into the daemon is written in place: every byte of every
 // field (the slot starts as garbage), the same bytes as a pushed copy.
+TEST_F(JobRunnerTest, AStartThatFailsBeforeItsThreadIsAClearErrorNotACrash) {
+  StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/1);
+  // No transport: the sender cannot be made.
+  JobRunnerOptions no_sender;
+  no_sender.make_sender = []() -> absl::StatusOr<std::unique_ptr<transport::SlotSender>> {
+    return absl::UnavailableError("no UCX transport here");
+  };
+  absl::StatusOr<std::unique_ptr<JobRunner>> runner = JobRunner::Start(*job_, storage_, no_sender);
+  EXPECT_TRUE(absl::IsUnavailable(runner.status())) << runner.status();
+  EXPECT_THAT(std::string(runner.status().message()),
+              ::testing::HasSubstr("no UCX transport here"));
+  // A ledger journal that cannot be opened (its directory is missing).
+  JobRunnerOptions no_ledger;
+  no_ledger.ledger_path = temp_.Prefix("missing") + "/dir/ledger";
+  runner = JobRunner::Start(*job_, storage_, no_ledger);
+  EXPECT_FALSE(runner.ok());
+}
+
 TEST_F(JobRunnerTest, AMappedRingIsWrittenInPlaceWithTheSameBytes) {
   std::vector<PushedSlot> runs[2];
   for (bool mapped : {false, true}) {
