@@ -675,11 +675,8 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
   std::shared_ptr<char[]> memory =
       std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(total, 1));
   std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
-  std::vector<transport::RemoteReader::Read> reads;
-  auto read = [&reads](char* local, uint64_t bytes, uint64_t offset) {
-    reads.push_back({local, bytes, offset});
-  };
-  uint64_t next = 0;  // in `memory`
+  std::vector<transport::RemoteReader::Read> reads;  // (into, bytes, at the origin)
+  uint64_t next = 0;                                 // in `memory`
   for (int i = 0; i < put.samples_size(); ++i) {
     const v1::IngestSample& in = put.samples(i);
     IngestedSample& out = samples[static_cast<size_t>(i)];
@@ -692,12 +689,12 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     // checked each field's size).
     char* buffer = memory.get() + next;
     if (layout.one_span) {
-      read(buffer, layout.bytes, in.offset());
+      reads.push_back({buffer, layout.bytes, in.offset()});
     } else {
-      read(buffer, in.tokens() * sizeof(int64_t), in.offset());
+      reads.push_back({buffer, in.tokens() * sizeof(int64_t), in.offset()});
       for (int f = 0; f < in.field_bytes_size(); ++f) {
-        read(buffer + layout.field_offsets[static_cast<size_t>(stream_field[f])], in.field_bytes(f),
-             in.field_offsets(f));
+        reads.push_back({buffer + layout.field_offsets[static_cast<size_t>(stream_field[f])],
+                         in.field_bytes(f), in.field_offsets(f)});
       }
     }
     out.field_offsets = std::move(layout.field_offsets);
