@@ -24,6 +24,7 @@
 #include "server/ingest/ingest_stream.h"
 #include "server/pipeline/job_runner.h"
 #include "server/pipeline/plan.h"
+#include "test_job.h"
 #include "test_paths.h"
 
 namespace packfeed::server {
@@ -273,35 +274,22 @@ inline v1::JobConfig ParseJob(const std::string& body, const std::string& extra 
 
 class JobRunnerTest : public ::testing::Test {
  protected:
-  // A job of `dp` DP ranks over 400 generated documents of 20-200 tokens.
+  // A job of `dp` DP ranks over 400 generated documents of 20-200 tokens
+  // (test_job.h).
   void StartDatasetJob(int dp, int prefetch_steps, JobRunnerOptions options = {}) {
     prefix_ = temp_.Prefix("data");
-    std::vector<int64_t> lengths;
-    for (int i = 0; i < 400; ++i) lengths.push_back(20 + (i * 37) % 181);
-    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, lengths, {}).ok());
-    Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_, "\" } topology { dp: ", dp,
-                                " } global_batch: 16 seq_length: 256 eod_id: 0 seed: 3 "
-                                "scheduler { kind: \"balanced\" max_tokens_per_rank: 256 }")),
-          nullptr, prefetch_steps, std::move(options));
+    ASSERT_TRUE(WriteTestJobData(prefix_, /*side_field=*/false).ok());
+    Start(ParseJob(TestJobBody(prefix_, dp, /*tp=*/1, /*side_field=*/false)), nullptr,
+          prefetch_steps, std::move(options));
   }
 
   // The same job with an int16 [2, 2] side field "experts" beside its
   // tokens (PREFIX_experts).
   void StartSideFieldJob(int dp, JobRunnerOptions options, int tp = 1) {
     prefix_ = temp_.Prefix("data");
-    std::vector<int64_t> lengths;
-    for (int i = 0; i < 400; ++i) lengths.push_back(20 + (i * 37) % 181);
-    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, lengths, {}).ok());
-    dataset::GeneratedSideField experts{"experts", dataset::GeneratedSideField::Kind::kExperts,
-                                        /*layers=*/2, /*top_k=*/2, /*experts=*/8};
-    ASSERT_TRUE(dataset::WriteGeneratedSideField(prefix_ + "_experts", lengths, experts, 1).ok());
-    Start(ParseJob(absl::StrCat("datasets { prefix: \"", prefix_, "\" } topology { dp: ", dp,
-                                " tp: ", tp,
-                                " } global_batch: 16 seq_length: 256 eod_id: 0 seed: 3 "
-                                "scheduler { kind: \"balanced\" max_tokens_per_rank: 256 } "
-                                "side_fields { name: \"experts\" dtype: \"int16\" "
-                                "inner_shape: [2, 2] pad_value: -1 }")),
-          nullptr, /*prefetch_steps=*/2, std::move(options));
+    ASSERT_TRUE(WriteTestJobData(prefix_, /*side_field=*/true).ok());
+    Start(ParseJob(TestJobBody(prefix_, dp, tp, /*side_field=*/true)), nullptr,
+          /*prefetch_steps=*/2, std::move(options));
   }
 
   void Start(const v1::JobConfig& config, IngestStream* stream, int prefetch_steps,

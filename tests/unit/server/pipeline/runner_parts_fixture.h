@@ -13,13 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "packfeed/dataset/dataset_generator.h"
 #include "server/config/daemon_config.h"
 #include "server/pipeline/held_steps.h"
 #include "server/pipeline/job.h"
 #include "server/storage/storage.h"
+#include "test_job.h"
 #include "test_paths.h"
 
 namespace packfeed::server {
@@ -30,22 +29,9 @@ class RunnerPartsTest : public ::testing::Test {
   // with `side_field`, an int16 [2, 2] side field "experts" beside them.
   void MakeJob(bool side_field = false) {
     const std::string prefix = temp_.Prefix("data");
-    std::vector<int64_t> lengths;
-    for (int i = 0; i < 400; ++i) lengths.push_back(20 + (i * 37) % 181);
-    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix, lengths, {}).ok());
-    std::string side;
-    if (side_field) {
-      dataset::GeneratedSideField experts{"experts", dataset::GeneratedSideField::Kind::kExperts,
-                                          /*layers=*/2, /*top_k=*/2, /*experts=*/8};
-      ASSERT_TRUE(dataset::WriteGeneratedSideField(prefix + "_experts", lengths, experts, 1).ok());
-      side = "side_fields { name: \"experts\" dtype: \"int16\" inner_shape: [2, 2] pad_value: -1 }";
-    }
+    ASSERT_TRUE(WriteTestJobData(prefix, side_field).ok());
     absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig(
-        absl::StrCat("jobs { name: \"j\" datasets { prefix: \"", prefix,
-                     "\" } topology { dp: 4 } global_batch: 16 seq_length: 256 eod_id: 0 "
-                     "seed: 3 scheduler { kind: \"balanced\" max_tokens_per_rank: 256 } ",
-                     side, " }"),
-        "test");
+        "jobs { name: \"j\" " + TestJobBody(prefix, /*dp=*/4, /*tp=*/1, side_field) + " }", "test");
     ASSERT_TRUE(config.ok()) << config.status();
     const DatasetOpener open = [this](const std::string& p) { return storage_.Open(p); };
     absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config->jobs(0), open, nullptr);
