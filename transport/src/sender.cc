@@ -224,6 +224,10 @@ absl::Status Sender::CheckDeviceRingPuts(Connection& connection) {
   const PutPath path = ClassifyPut(put.description);
   absl::Status status =
       Wait(connection, put.request, "ucp_put_nbx(into the device ring)", deadline);
+  // Waited for before a refusal closes the endpoint: an emulated put is
+  // acknowledged by the receiver, and UCX 1.13 aborts the receiver's process
+  // when that acknowledgement finds the endpoint already closed.
+  status.Update(Wait(connection, connection.endpoint->Flush(), "ucp_ep_flush_nbx", deadline));
   if (path == PutPath::kTransportWrite) return status;
   status = absl::FailedPreconditionError(absl::StrCat(
       "a ring in device memory is refused: UCX ", UcpContext::LibraryVersion(),
