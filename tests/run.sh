@@ -66,7 +66,8 @@ fi
 # (a scheduler_test shard 84 s -> 16 s, dataset_test 95 s -> 12 s).
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPF_FUZZ=ON \
   -DPF_WERROR=ON -DPF_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-g1 -O1" >/dev/null
-cmake --build build-asan
+# Only what the next two phases run (pf_sanitized_suite, CMakeLists.txt).
+cmake --build build-asan --target pf_sanitized_suite
 
 phase "unit and transport tests under ASan/UBSan"
 # Not the style and layering checks: they read sources, which no sanitizer
