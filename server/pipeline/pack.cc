@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/thd_partition.h"
+#include "server/pipeline/job_kind.h"
 #include "server/pipeline/position_writers.h"
 #include "server/pipeline/side_rows.h"
 #include "server/pipeline/slot_fields.h"
@@ -16,49 +17,6 @@ namespace {
 
 using dataset::SampleKind;
 using transport::ElementType;
-
-// A pretraining microbatch with document-masked attention: its samples as
-// one THD row with cu_seqlens at their documents, and the positions of the
-// row this rank holds (document_mask.h).
-absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSource& source) {
-  const v1::Pretraining& pretraining = job.config().pretraining();
-  const int64_t seq_length = job.config().seq_length();
-  std::vector<SampleBounds> samples;
-  for (size_t i = 0; i < source.runs.size(); ++i) {
-    if (!pretraining.inter_document_masking()) {
-      samples.push_back(EodBounds(source.runs[i], seq_length, source.rules));
-      continue;
-    }
-    const scheduler::SampleRef& ref =
-        data.plan.samples[static_cast<size_t>(source.group->sequences[i].sample)];
-    std::vector<int64_t> pieces;
-    for (const dataset::SampleRun& run : job.pretraining()->Locate(ref.index).runs) {
-      pieces.push_back(run.length);
-    }
-    samples.push_back(PieceBounds(pieces, seq_length, !pretraining.no_extra_token()));
-    if (samples.back().back() != seq_length) {
-      // The index's runs cover more than the sample: never serve that.
-      return absl::InternalError(absl::StrCat("sample ", ref.index, "'s document pieces end at ",
-                                              samples.back().back(), ", not at seq_length ",
-                                              seq_length));
-    }
-  }
-  const DocumentRow row = RowOf(samples, seq_length);
-  const CpSplit split = pretraining.cp_split() == v1::Pretraining::CP_SPLIT_PER_DOCUMENT
-                            ? CpSplit::kPerDocument
-                            : CpSplit::kPerSequence;
-  PF_ASSIGN_OR_RETURN(source.slices,
-                      CpRangesOfRow(row, seq_length, source.group->size, source.cp_rank, split));
-  source.tokens = 0;
-  for (const RankRanges& ranges : source.slices) {
-    for (const scheduler::TokenRange& range : ranges) source.tokens += range.end - range.begin;
-  }
-  source.cu_seqlens = row.cu_seqlens;
-  source.cu_seqlens_padded = row.cu_seqlens;
-  source.max_seqlen = row.max_seqlen;
-  if (pretraining.inter_document_masking()) source.document_bounds = std::move(samples);
-  return absl::OkStatus();
-}
 
 std::vector<SlotField> FieldsOf(const MicrobatchSource& source) {
   std::vector<const SideSlice*> slices;
@@ -226,6 +184,7 @@ absl::StatusOr<MicrobatchSource> SourceOfGroup(const scheduler::CpGroup& group,
 
 absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& data, int microbatch,
                                                int global_rank, const SideRows* side_rows) {
+  const JobKind& kind = KindOf(job);
   const RankCoords coords = job.layout().Coords(global_rank);
   const scheduler::CpGroup& group = scheduler::GroupOfRank(
       data.plan.plan.microbatches[static_cast<size_t>(microbatch)], coords.dp_cp_rank);
@@ -242,19 +201,8 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
       return absl::InternalError(absl::StrCat("rank ", global_rank, " step ", data.plan.step,
                                               ": sample ", sequence.sample, " was not read"));
     }
-    absl::Span<const int64_t> tokens = run->second.tokens();
-    if (job.hybrid_context_parallel()) {
-      // The piece's inputs and the label of its last: the next token.
-      const scheduler::TokenRange piece = data.plan.pieces[static_cast<size_t>(sequence.sample)];
-      const auto available = static_cast<int64_t>(tokens.size());
-      if (piece.begin >= available) {
-        return absl::InternalError(absl::StrCat("sample ", sequence.sample, "'s piece starts at ",
-                                                piece.begin, " of a run of ", available));
-      }
-      tokens =
-          tokens.subspan(static_cast<size_t>(piece.begin),
-                         static_cast<size_t>(std::min(piece.end + 1, available) - piece.begin));
-    }
+    PF_ASSIGN_OR_RETURN(absl::Span<const int64_t> tokens,
+                        kind.TokensOf(data.plan, sequence.sample, run->second.tokens()));
     runs.push_back(tokens);
     if (sides.empty()) continue;
     if (side_rows == nullptr) {
@@ -288,21 +236,7 @@ absl::StatusOr<MicrobatchSource> SourceForRank(const Job& job, const StepData& d
                                     std::move(sides)));
   source.stage =
       FieldsOfStage(coords.pp, job.layout().pp, job.stages().mtp_stage(), job.stages().vpp());
-  if (job.hybrid_context_parallel()) {
-    // Hybrid CP: each sequence is one sub-sample, split on its own.
-    source.sample_ids.emplace();
-    for (const scheduler::PlannedSequence& sequence : group.sequences) {
-      source.sample_ids->push_back(sequence.sample);
-    }
-    source.hybrid_group = data.plan.hybrid_groups[static_cast<size_t>(microbatch)];
-  } else if (job.pretraining() != nullptr) {
-    const v1::Pretraining& pretraining = job.config().pretraining();
-    if (pretraining.reset_attention_mask() || pretraining.inter_document_masking()) {
-      PF_RETURN_IF_ERROR(ServeDocumentRow(job, data, source));
-    } else {
-      source.bshd_rows = static_cast<int64_t>(group.sequences.size());
-    }
-  }
+  PF_RETURN_IF_ERROR(kind.ShapeSource(job, data, microbatch, source));
   if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
     source.local_cp_size = group.size;
     for (int r = group.first_rank; r < group.first_rank + group.size; ++r) {

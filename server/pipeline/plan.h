@@ -48,9 +48,10 @@ struct StepPlan {
 // `serving`: a plan this node serves, or decides what it serves by: a job
 // that learns its cost model then adopts no version that would have planned
 // `step` otherwise (Job::PlannerOptionsFor). False for a look at a plan
-// (the admin API's GetPlan).
+// (the admin API's GetPlan). Each kind of job plans its own way (job_kind.h).
 absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step, bool serving = true);
-// The plan of an ingest job's sealed step (held by the stream or not).
+// The plan of an ingest job's sealed step (held by the stream or not;
+// kind_ingest.cc).
 absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed,
                                         bool serving = true);
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
+#include "server/pipeline/job_kind.h"
 
 namespace packfeed::server {
 
@@ -25,52 +26,11 @@ std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
   return samples;
 }
 
-namespace {
-
-// A pretraining sample's runs, each the bytes of one sequence's tokens, as
-// needs of the documents holding them (the pass over the split tells
-// copies of a sequence in different epochs apart).
-void PretrainingNeeds(const Job& job, const scheduler::SampleRef& ref, StepNeeds& out) {
-  const dataset::IndexedDataset& data = job.dataset(ref.dataset);
-  const dataset::IndexView& index = data.index();
-  const uint64_t token_bytes = DTypeSize(data.dtype());
-  const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(ref.index);
-  for (const dataset::SampleRun& run : sample.runs) {
-    const int64_t document = dataset::DocumentOfSequence(index, run.sequence);
-    const auto first_sequence = static_cast<uint64_t>(index.document_index(document));
-    const auto into_document = static_cast<uint64_t>(
-        index.pointer(static_cast<uint64_t>(run.sequence)) - index.pointer(first_sequence));
-    out.needs.push_back({&data, document, run.pass,
-                         into_document + static_cast<uint64_t>(run.offset) * token_bytes,
-                         static_cast<uint64_t>(run.length) * token_bytes});
-  }
-  out.counts.push_back(static_cast<int>(sample.runs.size()));
-}
-
-}  // namespace
-
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks) {
   StepNeeds out;
-  int64_t last_read = -1;  // hybrid CP: the Megatron sample read last
+  const JobKind& kind = KindOf(job);
   for (int64_t sample : SamplesOfRanks(job, plan, global_ranks)) {
-    const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(sample)];
-    if (job.pretraining() != nullptr) {
-      // A sample's pieces are neighbours and share one read of it.
-      if (job.hybrid_context_parallel() && ref.index == last_read) continue;
-      last_read = ref.index;
-      out.samples.push_back(sample);
-      PretrainingNeeds(job, ref, out);
-      continue;
-    }
-    const dataset::IndexedDataset& data = job.dataset(ref.dataset);
-    const dataset::SampleShape shape = job.ShapeOf(ref);
-    const int64_t document = job.PieceOf(ref).document;
-    const auto first = static_cast<uint64_t>(shape.first_token);
-    const auto read = static_cast<uint64_t>(shape.read_tokens);
-    const uint64_t token_bytes = DTypeSize(data.dtype());
-    out.samples.push_back(sample);
-    out.needs.push_back({&data, document, ref.epoch, first * token_bytes, read * token_bytes});
-    out.counts.push_back(1);
+    kind.AddNeeds(job, plan, sample, out);
   }
   return out;
 }
@@ -120,6 +80,7 @@ SideRows AssembleSideRows(const Job& job, const StepPlan& plan, absl::Span<const
 StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
                       absl::Span<const int> counts, absl::Span<const FetchedSample> fetched) {
   StepData data;
+  const JobKind& kind = KindOf(job);
   size_t at = 0;  // the sample's first need in `fetched`
   for (size_t i = 0; i < samples.size(); at += static_cast<size_t>(counts[i]), ++i) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(samples[i])];
@@ -134,34 +95,7 @@ StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> s
       status = dataset::WidenToInt64(stored.dtype(), run.bytes().data(), count,
                                      tokens.data() + tokens.size() - count);
     }
-    // Under hybrid CP every piece of the sample gets the whole sample's
-    // run (one copy; SourceForRank cuts the piece).
-    int64_t last_piece = samples[i];
-    while (job.hybrid_context_parallel() &&
-           last_piece + 1 < static_cast<int64_t>(plan.samples.size()) &&
-           plan.samples[static_cast<size_t>(last_piece + 1)].index == ref.index) {
-      ++last_piece;
-    }
-    if (!status.ok()) {
-      const absl::Status failed(
-          status.code(),
-          absl::StrCat(stored.prefix(), " ", job.pretraining() ? "sample " : "document ",
-                       job.PieceOf(ref).document, ": ", status.message()));
-      for (int64_t piece = samples[i]; piece <= last_piece; ++piece) {
-        data.failed.emplace(piece, failed);
-      }
-      continue;
-    }
-    if (job.pretraining() != nullptr) {
-      const TokenRun& whole =
-          data.runs.emplace(samples[i], TokenRun(std::move(tokens))).first->second;
-      for (int64_t piece = samples[i] + 1; piece <= last_piece; ++piece) {
-        data.runs.emplace(piece, TokenRun(whole.tokens()));
-      }
-      continue;
-    }
-    data.runs.emplace(samples[i],
-                      TokenRun(dataset::MakeTokenRun(tokens, job.ShapeOf(ref), job.rules())));
+    kind.AddRuns(job, plan, samples[i], status, std::move(tokens), data);
   }
   data.plan = std::move(plan);
   return data;

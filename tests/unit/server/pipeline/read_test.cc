@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "fetch_needs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "packfeed/dataset/dataset_generator.h"
@@ -47,21 +48,6 @@ class ReadTest : public ::testing::Test {
     std::vector<int> ranks(kRanks);
     for (int r = 0; r < kRanks; ++r) ranks[static_cast<size_t>(r)] = r;
     return ranks;
-  }
-
-  // Each need's bytes as the storage would fetch them.
-  static std::vector<FetchedSample> Fetch(const StepNeeds& needs) {
-    std::vector<FetchedSample> fetched;
-    for (const SampleNeed& need : needs.needs) {
-      auto buffer = std::shared_ptr<char[]>(new char[std::max<uint64_t>(need.bytes, 1)]);
-      const uint64_t at =
-          need.dataset->index().pointer(static_cast<uint64_t>(
-              need.dataset->index().document_index(static_cast<uint64_t>(need.document)))) +
-          need.offset;
-      EXPECT_TRUE(need.dataset->ReadBytes(at, {buffer.get(), need.bytes}).ok());
-      fetched.push_back({buffer, 0, need.bytes, absl::OkStatus()});
-    }
-    return fetched;
   }
 
   // The stored tokens of document `d`.
@@ -130,7 +116,7 @@ TEST_F(ReadTest, AssembledRunsAreTheDocumentsUnderTheSampleRules) {
     absl::StatusOr<StepPlan> plan = PlanStep(*job, step);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const StepNeeds needs = NeedsOfStep(*job, *plan, AllRanks());
-    const StepData data = AssembleStep(*job, *plan, needs.samples, needs.counts, Fetch(needs));
+    const StepData data = AssembleStep(*job, *plan, needs.samples, needs.counts, FetchNeeds(needs));
     EXPECT_TRUE(data.failed.empty());
     ASSERT_EQ(data.runs.size(), 32u);
     for (const auto& [sample, run] : data.runs) {
@@ -155,7 +141,7 @@ TEST_F(ReadTest, ASampleThatCouldNotBeReadIsReportedWithWhy) {
   absl::StatusOr<StepPlan> plan = PlanStep(*job, 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const StepNeeds needs = NeedsOfStep(*job, *plan, AllRanks());
-  std::vector<FetchedSample> fetched = Fetch(needs);
+  std::vector<FetchedSample> fetched = FetchNeeds(needs);
   fetched[3].status = absl::DataLossError("data.bin: truncated under the daemon");
   const StepData data = AssembleStep(*job, *plan, needs.samples, needs.counts, fetched);
   ASSERT_EQ(data.failed.size(), 1u);

@@ -1,0 +1,48 @@
+#ifndef PACKFEED_SERVER_PIPELINE_JOB_KINDS_H_
+#define PACKFEED_SERVER_PIPELINE_JOB_KINDS_H_
+
+// The kinds' implementations (kind_*.cc), for KindOf, and what more than
+// one of them uses. Private to server/pipeline.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "packfeed/dataset/pretraining_indices.h"
+#include "server/pipeline/job_kind.h"
+
+namespace packfeed::server {
+
+const JobKind& DocumentsKind();
+const JobKind& PretrainingKind();
+const JobKind& HybridCpKind();
+const JobKind& IngestKind();
+
+// `status` with the job and step in front of its message.
+absl::Status InStep(const Job& job, int64_t step, const absl::Status& status);
+
+// The planner's plan of `lengths` (the step's samples, in order) into `out`.
+absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, bool serving,
+                      StepPlan& out);
+
+// `read`, the failure of a sample's read, naming its file and, as `noun`
+// ("document", "sample"), its number there.
+absl::Status FailedRead(const Job& job, const scheduler::SampleRef& ref, absl::string_view noun,
+                        const absl::Status& read);
+
+// Megatron's samples (kind_pretraining.cc). The samples of `step` (its
+// sampler's order, the batch in force when the step starts), checked to lie
+// in the split.
+absl::StatusOr<BatchSchedule::Step> SamplesOfStep(const Job& job, int64_t step);
+// A sample's runs (its document pieces, as the sample index cuts them),
+// each document's index entries checked before its bytes are read.
+absl::StatusOr<std::vector<int64_t>> CheckedRuns(const Job& job,
+                                                 const dataset::PretrainingIndices::Sample& sample);
+// Appends the reads of a sample's runs, each the bytes of one sequence's
+// tokens, as needs of the documents holding them.
+void PretrainingNeeds(const Job& job, const scheduler::SampleRef& ref, StepNeeds& out);
+
+}  // namespace packfeed::server
+
+#endif  // PACKFEED_SERVER_PIPELINE_JOB_KINDS_H_

@@ -1,0 +1,137 @@
+#include "server/pipeline/job_kind.h"
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fetch_needs.h"
+#include "gtest/gtest.h"
+#include "packfeed/dataset/dataset_generator.h"
+#include "server/config/daemon_config.h"
+#include "server/ingest/ingest_stream.h"
+#include "test_paths.h"
+
+namespace packfeed::server {
+namespace {
+
+constexpr int kRanks = 4;  // DP 4
+
+class JobKindTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = temp_.Prefix("gpt");
+    // Documents of 5 to 101 tokens: a 128-token pretraining sample spans
+    // several, so a hybrid-CP sample is cut into several pieces.
+    std::vector<int64_t> lengths;
+    for (int i = 0; i < 300; ++i) lengths.push_back(5 + (i * 53) % 97);
+    ASSERT_TRUE(dataset::WriteGeneratedDataset(prefix_, lengths, {}).ok());
+  }
+
+  // A job over the dataset of `kind` (DATASET_KIND_...) with `body`.
+  std::unique_ptr<Job> MakeJob(const std::string& kind, const std::string& body,
+                               const std::string& extra = "", IngestStream* stream = nullptr) {
+    const std::string datasets = stream != nullptr ? ""
+                                                   : absl::StrCat("datasets { prefix: \"", prefix_,
+                                                                  "\" kind: ", kind, " } ");
+    absl::StatusOr<v1::DaemonConfig> config = ParseDaemonConfig(
+        absl::StrCat("jobs { name: \"j\" ", datasets, "topology { dp: ", kRanks,
+                     "} global_batch: 8 seq_length: 128 eod_id: 0 ", body, " }", extra),
+        "test");
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (!config.ok()) return nullptr;
+    absl::StatusOr<std::unique_ptr<Job>> job =
+        Job::Create(config->jobs(0), OpenDatasetAlone, stream);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *std::move(job) : nullptr;
+  }
+
+  static constexpr const char* kPretraining =
+      "pretraining { split: \"1,0,0\" train_samples: 32 micro_batch_size: 1 ";
+  static constexpr const char* kHybridCp =
+      "scheduler { kind: \"dynamic_cp\" max_tokens_per_rank: 64 } "
+      "pretraining { split: \"1,0,0\" train_samples: 32 micro_batch_size: 1 "
+      "inter_document_masking: true hybrid_context_parallel: true }";
+
+  static std::vector<int> AllRanks() { return {0, 1, 2, 3}; }
+
+  packfeed::testing::ScopedTempDir temp_;
+  std::string prefix_;
+};
+
+TEST_F(JobKindTest, EachConfigurationChoosesItsKind) {
+  auto kind_of = [](const std::unique_ptr<Job>& job) {
+    return job == nullptr ? std::string("no job") : std::string(KindOf(*job).name());
+  };
+  constexpr const char* kScheduler = "scheduler { max_tokens_per_rank: 256 } ";
+  EXPECT_EQ(kind_of(MakeJob("DATASET_KIND_VARLEN", kScheduler)), "documents");
+  EXPECT_EQ(kind_of(MakeJob("DATASET_KIND_PRETRAINING", absl::StrCat(kPretraining, "}"))),
+            "pretraining");
+  EXPECT_EQ(kind_of(MakeJob("DATASET_KIND_PRETRAINING",
+                            absl::StrCat(kPretraining, "inter_document_masking: true }"))),
+            "pretraining");
+  EXPECT_EQ(kind_of(MakeJob("DATASET_KIND_PRETRAINING", kHybridCp)), "hybrid_cp");
+  IngestStream stream("rollouts", "", std::vector<SideFieldInfo>{}, 0);
+  EXPECT_EQ(kind_of(MakeJob("", absl::StrCat(kScheduler, "ingest_stream: \"rollouts\""),
+                            " ingest_streams { name: \"rollouts\" }", &stream)),
+            "ingest");
+}
+
+// A Megatron sample cut into pieces is read once, every piece gets the
+// sample's run, and each is served its own span of it: its inputs and the
+// label of its last (the next token).
+TEST_F(JobKindTest, AHybridCpSampleIsReadOnceAndEachPieceServedItsSpan) {
+  const std::unique_ptr<Job> job = MakeJob("DATASET_KIND_PRETRAINING", kHybridCp);
+  ASSERT_NE(job, nullptr);
+  const JobKind& kind = KindOf(*job);
+  absl::StatusOr<StepPlan> plan = PlanStep(*job, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->samples.size(), 8u) << "the 8 samples were cut into pieces";
+
+  const StepNeeds needs = NeedsOfStep(*job, *plan, AllRanks());
+  std::set<int64_t> read;
+  for (int64_t sample : needs.samples) {
+    EXPECT_TRUE(read.insert(plan->samples[static_cast<size_t>(sample)].index).second)
+        << "Megatron sample " << plan->samples[static_cast<size_t>(sample)].index << " read twice";
+  }
+  EXPECT_EQ(read.size(), 8u);
+
+  const StepData data = AssembleStep(*job, *plan, needs.samples, needs.counts, FetchNeeds(needs));
+  EXPECT_TRUE(data.failed.empty());
+  ASSERT_EQ(data.runs.size(), plan->samples.size());
+  for (size_t s = 0; s < plan->samples.size(); ++s) {
+    const absl::Span<const int64_t> run = data.runs.at(static_cast<int64_t>(s)).tokens();
+    EXPECT_EQ(static_cast<int64_t>(run.size()), job->config().seq_length() + 1)
+        << "piece " << s << " has its whole sample's run";
+    absl::StatusOr<absl::Span<const int64_t>> tokens =
+        kind.TokensOf(data.plan, static_cast<int64_t>(s), run);
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    const scheduler::TokenRange piece = plan->pieces[s];
+    EXPECT_EQ(tokens->data(), run.data() + piece.begin);
+    EXPECT_EQ(static_cast<int64_t>(tokens->size()), piece.end + 1 - piece.begin);
+  }
+}
+
+// A failed read fails every piece it would have served, naming the sample.
+TEST_F(JobKindTest, AFailedHybridCpReadFailsEveryPieceOfItsSample) {
+  const std::unique_ptr<Job> job = MakeJob("DATASET_KIND_PRETRAINING", kHybridCp);
+  ASSERT_NE(job, nullptr);
+  absl::StatusOr<StepPlan> plan = PlanStep(*job, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const StepNeeds needs = NeedsOfStep(*job, *plan, AllRanks());
+  std::vector<FetchedSample> fetched = FetchNeeds(needs);
+  for (FetchedSample& one : fetched) one.status = absl::DataLossError("gpt.bin: truncated");
+  const StepData data = AssembleStep(*job, *plan, needs.samples, needs.counts, fetched);
+  EXPECT_TRUE(data.runs.empty());
+  ASSERT_EQ(data.failed.size(), plan->samples.size());
+  for (const auto& [piece, status] : data.failed) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(status.message(),
+              absl::StrCat(prefix_, " sample ", plan->samples[static_cast<size_t>(piece)].index,
+                           ": gpt.bin: truncated"));
+  }
+}
+
+}  // namespace
+}  // namespace packfeed::server
