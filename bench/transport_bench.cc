@@ -349,7 +349,10 @@ int RunSender(const Flags& flags, const std::string& self) {
                                    "--ring-socket",
                                    socket_path};
   if (flags.receiver_pid_namespace) {
-    argv.insert(argv.begin(), {"/usr/bin/unshare", "--pid", "--fork", "--kill-child", "--"});
+    // With a /proc of its own, as a container has: under the outer /proc,
+    // CUDA refuses to start in the namespace (cudaGetDeviceCount: error 304).
+    argv.insert(argv.begin(),
+                {"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--"});
   }
   ChildProcess child = Check(ChildProcess::Spawn(argv));
   transport::SenderOptions options;

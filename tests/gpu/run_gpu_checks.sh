@@ -12,7 +12,9 @@
 #           (PY/build_python.sh) and runs, from PY's sources against DEV's
 #           daemon, gpu_varlen_test, gpu_lifetime_test, client_test's
 #           held-tensor test and, with Megatron-Core 0.19.2 installed from
-#           PY's wheels, gpu_megatron_loss_test; then python_next_bench.py;
+#           PY's wheels, gpu_megatron_loss_test; then python_next_bench.py
+#           and gpu_interference_bench.py (matrix products beside the
+#           copies) on the staged ring and the ring the daemon writes;
 #   bench   pack_bench; transport_bench into a device ring the daemon writes
 #           for a receiver of another uid in its own PID namespace; then
 #           transport_bench and e2e_bench on the staged ring, then the host
@@ -21,6 +23,8 @@
 # Every step runs and says how long it took; the exit status says whether
 # any failed. On a machine with a device, a step whose tests all skipped
 # (exit 77) failed. PF_PARTS (default "tests python bench") names the parts to run;
+# PF_RINGS (default: host, and staged and daemon with a device) the rings the
+# benchmarks measure;
 # PF_STEP_TIMEOUT (seconds, default 300) bounds each step; PF_QUICK=1 gives
 # the benchmarks --quick (a smoke run).
 set -uo pipefail
@@ -64,6 +68,7 @@ if nvidia-smi -L; then
 else
   echo "== no GPU here: the tests skip, the benchmarks run on the host ring only"
 fi
+read -r -a rings <<<"${PF_RINGS:-${rings[*]}}"
 if wanted tests; then
   step "${debian_ucx[@]}" "$dev/bin/transport_gpu_test"
   if [[ -d $dev/ucx-cuda ]]; then
@@ -82,6 +87,7 @@ if [[ -n $py ]] && wanted python; then
   # PY's source file $1 (then its arguments) against DEV's daemon and libraries.
   python_run() {
     step env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dev/lib" UCX_MODULE_DIR="$dev/ucx-modules" \
+      PYTHONFAULTHANDLER=1 \
       PYTHONPATH="$py/src/tests/python:$py/src/tests/integration" PF_BIN_DIR="$dev/bin" \
       PF_SOURCE_ROOT="$py/src" "$venv_python" "$py/src/$1" "${@:2}"
   }
@@ -101,6 +107,10 @@ if [[ -n $py ]] && wanted python; then
   # Python's next() beside the C++ client's Next() in one run, on a machine
   # faster than the 2-core VM, where eight tensors alone cost 15-19 us.
   python_run bench/python_next_bench.py "$dev/bin" "$dev/bin" --rounds 6
+  # A trainer's matrix products beside the copies into its GPU memory.
+  for ring in staged daemon; do
+    python_run bench/gpu_interference_bench.py "$dev/bin" --ring "$ring"
+  done
 fi
 
 if wanted bench; then

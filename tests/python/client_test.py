@@ -66,6 +66,16 @@ class ClientTest(unittest.TestCase):
     def daemon(self, text=None, name="daemon"):
         return Daemon(BIN_DIR, text or job_text(), name=name, workdir=self.workdir)
 
+    def test_importing_packfeed_loads_torch_before_the_native_module(self):
+        # torch 2.11+cu130 loaded after the native module aborted at import
+        # ("free(): invalid pointer", the lent H200): `import packfeed` alone
+        # must load torch first.
+        order = subprocess.run(
+            [sys.executable, "-c", "import sys, packfeed; names = list(sys.modules); "
+             "print(names.index('torch') < names.index('packfeed._native'))"],
+            check=True, capture_output=True, text=True).stdout.strip()
+        self.assertEqual(order, "True")
+
     def test_state_dict_round_trip_gives_the_same_following_batches(self):
         with self.daemon(name="resume") as daemon:
             first = packfeed.Client("job", rank=1, socket_path=daemon.socket)

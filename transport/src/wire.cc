@@ -401,12 +401,13 @@ absl::StatusOr<RingDescriptor> DecodeRingDescriptor(absl::string_view bytes) {
   }
   ring.memory_kind = static_cast<MemoryKind>(kind);
   ring.remote_key = std::string(key);
-  if (ring.slots == 0 || ring.slots > kMaxSlots || ring.slot_bytes == 0 ||
-      (key.empty() && ring.memory_kind != MemoryKind::kHost)) {
+  // No key: the ring's memory travels by file descriptor instead (a shared
+  // host ring, or device memory the daemon writes itself); Sender::Open
+  // checks that one came with it.
+  if (ring.slots == 0 || ring.slots > kMaxSlots || ring.slot_bytes == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ring of ", ring.slots, " slots of ", ring.slot_bytes, " bytes with a ",
-                     key.size(), "-byte key: slots and bytes must be positive, at most ", kMaxSlots,
-                     " slots, and only a host ring may come without a key"));
+        absl::StrCat("ring of ", ring.slots, " slots of ", ring.slot_bytes,
+                     " bytes: slots and bytes must be positive, at most ", kMaxSlots, " slots"));
   }
   if (ring.slot_bytes > UINT64_MAX / ring.slots ||
       ring.base_address > UINT64_MAX - ring.slots * ring.slot_bytes) {

@@ -1,6 +1,14 @@
 """packfeed: the data iterator of a Megatron-style trainer, fed by its node's
 packfeedd. See packfeed.Client; a driver that puts samples at run time uses
 packfeed.Producer."""
+# torch, where installed, is loaded before the native module: loaded after
+# it, torch 2.11+cu130 aborted at import ("free(): invalid pointer") on the
+# lent GPU machine.
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
 from . import megatron
 from ._native import __version__
 from .client import DEFAULT_SOCKET, MEGATRON_KEYS, Batch, ChunkIterator, Client, StepIterator

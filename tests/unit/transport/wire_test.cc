@@ -64,6 +64,19 @@ TEST(WireTest, RoundTripsEveryMessage) {
   EXPECT_EQ(*decoded, ring);
 }
 
+// Rings whose memory travels by file descriptor come without a key: a shared
+// host ring, and device memory the daemon writes itself (the first GPU run
+// of the latter found this refused).
+TEST(WireTest, RingsSharedByDescriptorComeWithoutAKey) {
+  for (MemoryKind kind : {MemoryKind::kHost, MemoryKind::kCuda}) {
+    const RingDescriptor ring{4, 1 << 20, 0x7f00'0000'0000, kind, ""};
+    absl::StatusOr<RingDescriptor> decoded = DecodeRingDescriptor(EncodeRingDescriptor(ring));
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(*decoded, ring);
+    EXPECT_TRUE(decoded->shared_by_fd());
+  }
+}
+
 TEST(WireTest, RefusesAnotherVersionByName) {
   std::string bytes = EncodeMessage(SampleCredit());
   const uint16_t version = 7;
