@@ -142,6 +142,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
     // The rank's earlier process is gone or has given that connection up.
     sender_->Abandon(existing->second.connection_id).IgnoreError();
     earlier_times = existing->second.all_times();
+    fills_.Withdraw(existing->second.fill_member());  // erasing its filling withdraws the reads
     ranks_.erase(existing);
   }
   PF_ASSIGN_OR_RETURN(Ledger::AttachResult resume, ledger_->Attach(args.global_rank, at));
@@ -431,6 +432,7 @@ void JobRunner::Loop() {
   // to this stopped runner, which drops it (FetchPin's destructor waits
   // for that).
   for (auto& [_, rank] : ranks_) rank.filling.reset();
+  fills_.Clear();
   // Goodbyes go out from the thread that owns the sender.
   sender_.reset();
 }

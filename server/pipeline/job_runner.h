@@ -185,8 +185,8 @@ class JobRunner {
   // The side rows of the rank's filling slot were read, or failed: its
   // slot and its peers' are announced, or the ranks ended.
   void OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status);
-  // A peer's filling whose leader's fill is gone (the leader attached
-  // again): dropped, so the slot is written once more.
+  // A peer's filling whose fill is no longer in flight (its leader
+  // attached again): dropped, so the slot is written once more.
   void DropOrphanedFill(RankState& rank);
   // Announces the rank's filling slot, now whole, and ends its filling;
   // its position moves on. False when the connection refused it.
@@ -231,6 +231,7 @@ class JobRunner {
   std::string sender_address_;
 
   // Runner thread only.
+  PeerFills fills_;  // the side-row fills in flight, and who waits on each
   std::map<int, RankState> ranks_;
   std::unique_ptr<Ledger> ledger_;
   absl::Time last_sync_;

@@ -95,13 +95,10 @@ bool JobRunner::StartFill(RankState& rank, const StepData& data) {
   }
   const bool again = reread_marks_.Mark(leader.coords.dp_cp_rank, leader.coords.pp, at);
   RankState::Filling& fill = *leader.filling;
-  fill.regions = RegionsOf(reads, fill.slot);
   for (SlotRead& read : reads) read.again = again;
-  for (size_t i = 1; i < filled.size(); ++i) {
-    fill.peers.emplace_back(filled[i]->global_rank, filled[i]->connection_id);
-    filled[i]->filling->leader = leader.global_rank;
-    filled[i]->filling->leader_connection = leader.connection_id;
-  }
+  std::vector<FillMember> peers;
+  for (size_t i = 1; i < filled.size(); ++i) peers.push_back(filled[i]->fill_member());
+  fills_.Begin(leader.fill_member(), RegionsOf(reads, fill.slot), std::move(peers));
   const int global_rank = leader.global_rank;
   const uint64_t connection_id = leader.connection_id;
   fill.pin =
@@ -115,18 +112,18 @@ bool JobRunner::StartFill(RankState& rank, const StepData& data) {
 }
 
 void JobRunner::OnSlotFilled(int global_rank, uint64_t connection_id, absl::Status status) {
+  std::optional<PeerFills::Ended> ended = fills_.End({global_rank, connection_id});
   auto it = ranks_.find(global_rank);
-  if (it == ranks_.end() || it->second.connection_id != connection_id ||
+  if (!ended.has_value() || it == ranks_.end() || it->second.connection_id != connection_id ||
       !it->second.filling.has_value()) {
     return;  // attached again since: the reads were withdrawn
   }
   RankState& leader = it->second;
   leader.filling->pin.reset();
-  const RankState::Filling& fill = *leader.filling;
-  for (const auto& [peer_rank, peer_connection] : fill.peers) {
-    auto peer = ranks_.find(peer_rank);
-    if (peer == ranks_.end() || peer->second.connection_id != peer_connection ||
-        !peer->second.filling.has_value() || peer->second.filling->leader != global_rank) {
+  for (const FillMember& waited : ended->peers) {
+    auto peer = ranks_.find(waited.global_rank);
+    if (peer == ranks_.end() || peer->second.fill_member() != waited ||
+        !peer->second.filling.has_value()) {
       continue;
     }
     RankState& member = peer->second;
@@ -135,7 +132,7 @@ void JobRunner::OnSlotFilled(int global_rank, uint64_t connection_id, absl::Stat
       if (member.live()) EndRank(member, status);
       continue;
     }
-    CopyRegions(fill.regions, fill.slot, member.filling->slot);
+    CopyRegions(ended->regions, leader.filling->slot, member.filling->slot);
     AnnounceFilled(member);
   }
   if (!leader.live() || !status.ok()) {
@@ -147,12 +144,7 @@ void JobRunner::OnSlotFilled(int global_rank, uint64_t connection_id, absl::Stat
 }
 
 void JobRunner::DropOrphanedFill(RankState& rank) {
-  if (!rank.filling.has_value() || rank.filling->leader < 0) return;
-  auto leader = ranks_.find(rank.filling->leader);
-  if (leader == ranks_.end() || leader->second.connection_id != rank.filling->leader_connection ||
-      !leader->second.filling.has_value()) {
-    rank.filling.reset();
-  }
+  if (rank.filling.has_value() && !fills_.InFlight(rank.fill_member())) rank.filling.reset();
 }
 
 bool JobRunner::AnnounceFilled(RankState& rank) {

@@ -69,10 +69,9 @@ struct RankState {
   bool side_rows_into_slot() const { return side_rows == SideRows::kIntoSlot; }
   std::shared_ptr<transport::SharedRing> ring_memory;
   // A slot written but for its side rows, announced (CommitMapped) once
-  // they are in. The rank that began the fill reads them into its own slot
-  // (`pin`; destroying it withdraws the reads) and copies `regions` into
-  // the slots of the TP peers that joined (`peers`); a peer's filling names
-  // that rank (`leader`).
+  // they are in. The rank that leads the fill reads them into its own slot
+  // (`pin`; destroying it withdraws the reads); the TP peers that joined
+  // get them copied (the runner's PeerFills keeps who waits on whom).
   struct Filling {
     // Defined below: clang cannot default-construct a nested class with
     // member initializers inside std::optional while RankState is
@@ -82,10 +81,6 @@ struct RankState {
     uint8_t* slot = nullptr;
     transport::SlotContent content;
     InFlight sent;
-    std::vector<std::pair<int, uint64_t>> peers;  // global rank, connection
-    SlotRegions regions;
-    int leader = -1;  // a peer's: global rank
-    uint64_t leader_connection = 0;
   };
   std::optional<Filling> filling;
   // Since when it has waited for a TP peer's free slot, to fill both.
@@ -96,6 +91,7 @@ struct RankState {
   TrainerTimes earlier_times;
 
   bool live() const { return !failed && !detached; }
+  FillMember fill_member() const { return {global_rank, connection_id}; }
   TrainerTimes all_times() const {
     TrainerTimes all = earlier_times;
     all.wait_seconds += times.wait_seconds;

@@ -32,6 +32,35 @@ void CopyRegions(const SlotRegions& regions, const uint8_t* from, uint8_t* to) {
   for (const auto& [offset, bytes] : regions) std::memcpy(to + offset, from + offset, bytes);
 }
 
+void PeerFills::Begin(FillMember leader, SlotRegions regions, std::vector<FillMember> peers) {
+  Withdraw(leader);
+  for (const FillMember& peer : peers) leader_of_[peer] = leader;
+  by_leader_[leader] = {std::move(regions), std::move(peers)};
+}
+
+std::optional<PeerFills::Ended> PeerFills::End(FillMember leader) {
+  auto fill = by_leader_.find(leader);
+  if (fill == by_leader_.end()) return std::nullopt;
+  Ended ended{std::move(fill->second.regions), std::move(fill->second.peers)};
+  by_leader_.erase(fill);
+  for (const FillMember& peer : ended.peers) {
+    auto waits = leader_of_.find(peer);
+    if (waits != leader_of_.end() && waits->second == leader) leader_of_.erase(waits);
+  }
+  return ended;
+}
+
+void PeerFills::Withdraw(FillMember leader) { End(leader); }
+
+void PeerFills::Clear() {
+  by_leader_.clear();
+  leader_of_.clear();
+}
+
+bool PeerFills::InFlight(FillMember member) const {
+  return by_leader_.count(member) > 0 || leader_of_.count(member) > 0;
+}
+
 bool RereadMarks::Mark(int dp_cp_rank, int stage, LedgerPosition at) {
   auto [mark, first] = furthest_.try_emplace({dp_cp_rank, stage}, at);
   const bool again = !first && at <= mark->second;

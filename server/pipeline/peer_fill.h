@@ -7,12 +7,15 @@
 // that joins gets the same bytes copied into its own slot before any of
 // them is announced. A peer joins only when its reads are the same rows in
 // the same places of its slot (slots of rings of another size lay out
-// otherwise). And which reads are re-reads, which the storage counts.
+// otherwise). PeerFills keeps which fills are in flight and who waits on
+// each; RereadMarks which reads are re-reads, which the storage counts.
 //
 // Pure: no I/O, no threads.
 
+#include <compare>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -32,6 +35,47 @@ bool SameReads(const std::vector<SlotRead>& a, const uint8_t* a_slot,
 
 // The leader's read bytes into a peer's slot, region by region.
 void CopyRegions(const SlotRegions& regions, const uint8_t* from, uint8_t* to);
+
+// A rank's connection: the rank attached again is another member.
+struct FillMember {
+  int global_rank = -1;
+  uint64_t connection_id = 0;
+  auto operator<=>(const FillMember&) const = default;
+};
+
+// The fills in flight of one runner. A fill is led by the member whose
+// slot the storage reads the side rows into; the peers that joined it wait
+// for those bytes, copied into their own slots when the reads end. A fill
+// is in flight from Begin until End (the reads ended, well or not) or
+// Withdraw (the leader's state is gone, its reads withdrawn): a peer whose
+// fill is no longer in flight waits on nothing and fills its slot itself.
+class PeerFills {
+ public:
+  // `leader`'s reads write `regions` of its slot; `peers` wait for them.
+  void Begin(FillMember leader, SlotRegions regions, std::vector<FillMember> peers);
+
+  struct Ended {
+    SlotRegions regions;            // to copy from the leader's slot
+    std::vector<FillMember> peers;  // that waited, as they joined
+  };
+  // The leader's reads ended: its fill is over. Nothing when it had none
+  // in flight (withdrawn since).
+  std::optional<Ended> End(FillMember leader);
+  // The leader's fill is abandoned: its peers wait on nothing.
+  void Withdraw(FillMember leader);
+  void Clear();
+
+  // Whether `member` leads a fill in flight or waits on one.
+  bool InFlight(FillMember member) const;
+
+ private:
+  struct Fill {
+    SlotRegions regions;
+    std::vector<FillMember> peers;
+  };
+  std::map<FillMember, Fill> by_leader_;
+  std::map<FillMember, FillMember> leader_of_;  // each waiting peer's
+};
 
 // Per (dp-cp rank, pipeline stage), the furthest position whose side rows
 // were read into a slot: reading one at or before it again is a re-read

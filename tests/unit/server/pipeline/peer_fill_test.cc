@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 namespace packfeed::server {
@@ -59,6 +60,56 @@ TEST(PeerFillTest, CopiesTheRegionsAndNothingElse) {
     const bool copied = (i >= 4 && i < 12) || (i >= 40 && i < 42);
     EXPECT_EQ(peer[i], copied ? leader[i] : 0xee) << "byte " << i;
   }
+}
+
+TEST(PeerFillsTest, AFillEndsOnceWithItsRegionsAndThePeersThatWaited) {
+  PeerFills fills;
+  const FillMember leader{0, 10}, first{1, 11}, second{2, 12}, stranger{3, 13};
+  fills.Begin(leader, {{0, 80}, {200, 24}}, {first, second});
+  EXPECT_TRUE(fills.InFlight(leader));
+  EXPECT_TRUE(fills.InFlight(first));
+  EXPECT_TRUE(fills.InFlight(second));
+  EXPECT_FALSE(fills.InFlight(stranger));
+
+  std::optional<PeerFills::Ended> ended = fills.End(leader);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->regions, (SlotRegions{{0, 80}, {200, 24}}));
+  EXPECT_EQ(ended->peers, (std::vector<FillMember>{first, second}));
+  EXPECT_FALSE(fills.InFlight(leader));
+  EXPECT_FALSE(fills.InFlight(first));
+  EXPECT_FALSE(fills.End(leader).has_value());  // a second completion finds nothing
+}
+
+TEST(PeerFillsTest, AWithdrawnFillLeavesItsPeersWaitingOnNothing) {
+  PeerFills fills;
+  const FillMember leader{0, 10}, peer{1, 11};
+  fills.Begin(leader, {{0, 8}}, {peer});
+  fills.Withdraw(leader);  // the leader attached again: its reads withdrawn
+  EXPECT_FALSE(fills.InFlight(peer));
+  EXPECT_FALSE(fills.End(leader).has_value());  // the withdrawn reads' completion
+}
+
+TEST(PeerFillsTest, TheLeaderAttachedAgainIsAnotherMember) {
+  PeerFills fills;
+  const FillMember before{0, 10}, again{0, 20}, peer{1, 11};
+  fills.Begin(before, {{0, 8}}, {peer});
+  EXPECT_FALSE(fills.InFlight(again));
+  EXPECT_FALSE(fills.End(again).has_value());
+  EXPECT_TRUE(fills.InFlight(peer));  // the first connection's fill is untouched
+  ASSERT_TRUE(fills.End(before).has_value());
+}
+
+TEST(PeerFillsTest, APeerOfAnEndedFillMayWaitOnTheNextOne) {
+  PeerFills fills;
+  const FillMember a{0, 10}, b{2, 12}, peer{1, 11};
+  fills.Begin(a, {{0, 8}}, {peer});
+  ASSERT_TRUE(fills.End(a).has_value());
+  fills.Begin(b, {{0, 8}}, {peer});
+  fills.Withdraw(a);  // nothing of a's left: b's peer still waits
+  EXPECT_TRUE(fills.InFlight(peer));
+  fills.Clear();
+  EXPECT_FALSE(fills.InFlight(peer));
+  EXPECT_FALSE(fills.InFlight(b));
 }
 
 TEST(PeerFillTest, AReadAtOrBeforeTheFurthestOfARankAndStageIsAReread) {
