@@ -9,31 +9,13 @@
 #include "packfeed/common/status_macros.h"
 #include "server/config/fingerprint.h"
 #include "server/config/job_config.h"
+#include "server/pipeline/job_kind.h"
 #include "server/pipeline/slot_fields.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
 
 namespace {
-
-// What bounds any microbatch of `job`: at most max_tokens_per_rank local
-// tokens, the whole batch's sequences (or one per token when documents
-// split them), groups of up to DP·CP ranks under dynamic CP.
-SlotBounds SlotBoundsOf(const Job& job) {
-  SlotBounds bounds;
-  bounds.max_tokens = job.config().scheduler().max_tokens_per_rank();
-  const bool documents =
-      job.pretraining() != nullptr && (job.config().pretraining().reset_attention_mask() ||
-                                       job.config().pretraining().inter_document_masking());
-  bounds.max_sequences = documents
-                             ? std::max<int64_t>(job.config().global_batch(), bounds.max_tokens)
-                             : job.config().global_batch();
-  if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
-    bounds.group_ranks = job.layout().dp_cp_size();
-  }
-  bounds.sample_ids = job.hybrid_context_parallel();
-  return bounds;
-}
 
 std::string Canonical(std::initializer_list<int64_t> values) {
   std::string out;
@@ -130,9 +112,8 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
 
 // Opens the datasets of a job that is neither an ingest nor a pretraining
 // job: each one's sample table and side datasets, appending their
-// fingerprint parts to `datasets_part`; returns each one's sample count.
-absl::StatusOr<std::vector<int64_t>> Job::OpenDatasets(const DatasetOpener& open,
-                                                       std::string& datasets_part) {
+// fingerprint parts to `datasets_part`; then its sampler.
+absl::Status Job::OpenDatasets(const DatasetOpener& open, std::string& datasets_part) {
   const v1::JobConfig& config = config_;
   std::vector<int64_t> num_documents;
   for (const v1::DatasetSpec& spec : config.datasets()) {
@@ -156,7 +137,10 @@ absl::StatusOr<std::vector<int64_t>> Job::OpenDatasets(const DatasetOpener& open
     side_datasets_.push_back(std::move(sides));
     datasets_.push_back(std::move(dataset));
   }
-  return num_documents;
+  PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
+                      scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
+  sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
+  return absl::OkStatus();
 }
 
 // Opens a pretraining job's datasets on the threads that build its
@@ -226,6 +210,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
   job->ingest_ = ingest;
+  job->kind_ = &KindFor(config, ingest != nullptr);
   const v1::Topology& t = config.topology();
   job->layout_ = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
                   static_cast<int>(t.dp()), t.sequence_parallel()};
@@ -247,17 +232,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   }
 
   std::string datasets_part;
-  if (ingest != nullptr) {
-    PF_RETURN_IF_ERROR(job->FindIngestFields(datasets_part));
-  } else if (IsPretrainingJob(config)) {
-    PF_RETURN_IF_ERROR(job->BuildPretrainingIndices(open, datasets_part));
-  } else {
-    PF_ASSIGN_OR_RETURN(const std::vector<int64_t> num_documents,
-                        job->OpenDatasets(open, datasets_part));
-    PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
-                        scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
-    job->sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
-  }
+  PF_RETURN_IF_ERROR(job->kind().Open(*job, open, datasets_part));
   job->fingerprint_ = MakeFingerprint(FingerprintPartsOf(config, std::move(datasets_part)));
 
   for (uint32_t rank : config.local_ranks()) job->local_ranks_.push_back(static_cast<int>(rank));
@@ -266,20 +241,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
   }
   std::sort(job->local_ranks_.begin(), job->local_ranks_.end());
 
-  // (An ingest job checks each sample as it is put.)
-  if (ingest == nullptr && !job->pretraining_) PF_RETURN_IF_ERROR(job->CheckEverySampleFits());
-  if (job->hybrid_context_parallel()) {
-    // A sub-sample is at most a whole sample.
-    if (absl::Status fits = scheduler::CheckSequenceFits(config.seq_length(), job->planner_);
-        !fits.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", config.name(), ": a sub-sample of seq_length ", config.seq_length(),
-                       " tokens cannot be served: ", fits.message(),
-                       "; raise scheduler.max_tokens_per_rank or max_cp"));
-    }
-  }
+  PF_RETURN_IF_ERROR(job->kind().CheckServable(*job));
   PF_ASSIGN_OR_RETURN(job->required_slot_bytes_,
-                      MaxSlotBytes(SlotBoundsOf(*job), job->side_fields(), job->stages()));
+                      MaxSlotBytes(job->kind().BoundsOf(*job), job->side_fields(), job->stages()));
   return job;
 }
 

@@ -28,6 +28,8 @@
 
 namespace packfeed::server {
 
+class JobKind;  // job_kind.h
+
 // A rank's place in the job: global rank = tp + TP·(cp + CP·(dp + DP·pp)).
 struct RankCoords {
   int tp = 0;
@@ -71,6 +73,9 @@ class Job {
 
   const std::string& name() const { return config_.name(); }
   const v1::JobConfig& config() const { return config_; }
+  // What its configuration makes it (job_kind.h): documents, Megatron
+  // pretraining, hybrid CP or ingest, for good.
+  const JobKind& kind() const { return *kind_; }
   const JobLayout& layout() const { return layout_; }
   const std::string& fingerprint() const { return fingerprint_; }
   const scheduler::PlannerOptions& planner_options() const { return planner_; }
@@ -134,13 +139,15 @@ class Job {
   // FailedPrecondition naming the first document no plan can hold (too long
   // for max_tokens_per_rank even at the largest CP size).
   absl::Status CheckEverySampleFits() const;
-  // The parts of Create that read what the job serves (job.cc).
-  absl::StatusOr<std::vector<int64_t>> OpenDatasets(const DatasetOpener& open,
-                                                    std::string& datasets_part);
+  // The parts of Create that open what the job serves (job.cc), which
+  // the kinds' JobKind::Open call.
+  friend class JobKind;
+  absl::Status OpenDatasets(const DatasetOpener& open, std::string& datasets_part);
   absl::Status BuildPretrainingIndices(const DatasetOpener& open, std::string& datasets_part);
   absl::Status FindIngestFields(std::string& datasets_part);
 
   v1::JobConfig config_;
+  const JobKind* kind_ = nullptr;
   JobLayout layout_;
   scheduler::PlannerOptions planner_;
   std::unique_ptr<CostModelVersions> cost_models_;

@@ -1,15 +1,40 @@
 #include "server/pipeline/job_kind.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "server/config/job_config.h"
 #include "server/pipeline/job_kinds.h"
 
 namespace packfeed::server {
 
-const JobKind& KindOf(const Job& job) {
-  if (job.ingest() != nullptr) return IngestKind();
-  if (job.hybrid_context_parallel()) return HybridCpKind();
-  if (job.pretraining() != nullptr) return PretrainingKind();
+const JobKind& KindFor(const v1::JobConfig& config, bool ingest) {
+  if (ingest) return IngestKind();
+  if (IsPretrainingJob(config)) {
+    return config.pretraining().hybrid_context_parallel() ? HybridCpKind() : PretrainingKind();
+  }
   return DocumentsKind();
+}
+
+absl::Status JobKind::CheckServable(const Job&) const { return absl::OkStatus(); }
+
+SlotBounds JobKind::BoundsOf(const Job& job) const {
+  SlotBounds bounds;
+  bounds.max_tokens = job.config().scheduler().max_tokens_per_rank();
+  bounds.max_sequences = job.config().global_batch();
+  if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
+    bounds.group_ranks = job.layout().dp_cp_size();
+  }
+  return bounds;
+}
+
+SlotBounds PretrainingBounds(const Job& job, SlotBounds bounds) {
+  // Documents split a sample's row: up to one sequence per token.
+  const v1::Pretraining& pretraining = job.config().pretraining();
+  if (pretraining.reset_attention_mask() || pretraining.inter_document_masking()) {
+    bounds.max_sequences = std::max<int64_t>(job.config().global_batch(), bounds.max_tokens);
+  }
+  return bounds;
 }
 
 absl::StatusOr<absl::Span<const int64_t>> JobKind::TokensOf(const StepPlan&, int64_t,

@@ -11,10 +11,13 @@
 //               the pieces planned                   (once)
 //   ingest      the sealed step, planned             from the stream  THD, sample rules
 //
-// A new kind is one implementation (kind_*.cc) and one line in KindOf
-// (job_kind.cc). The kinds hold no state: each is one static instance.
+// Job::Create asks it too: what opens the job's samples, what checks they
+// can be served, what bounds a slot. A new kind is one implementation
+// (kind_*.cc) and one line in KindFor (job_kind.cc). The kinds hold no
+// state: each is one static instance.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +28,7 @@
 #include "server/pipeline/pack.h"
 #include "server/pipeline/plan.h"
 #include "server/pipeline/read.h"
+#include "server/pipeline/slot_fields.h"
 
 namespace packfeed::server {
 
@@ -62,10 +66,38 @@ class JobKind {
   // document rows). Nothing by default.
   virtual absl::Status ShapeSource(const Job& job, const StepData& data, int microbatch,
                                    MicrobatchSource& source) const;
+
+  // Job::Create: opens what the job's samples come from (its datasets and
+  // sampler; Megatron's indices; the ingest stream's fields) through
+  // `open`, appending the datasets' part of its fingerprint.
+  virtual absl::Status Open(Job& job, const DatasetOpener& open,
+                            std::string& datasets_part) const = 0;
+  // Job::Create, the job opened: refuses it when one of its samples no
+  // plan could hold. Nothing to refuse by default.
+  virtual absl::Status CheckServable(const Job& job) const;
+  // Job::Create: what bounds any microbatch of the job, for its largest
+  // slot: max_tokens_per_rank local tokens, the batch's sequences, groups
+  // of up to DP·CP ranks under dynamic CP.
+  virtual SlotBounds BoundsOf(const Job& job) const;
+
+ protected:
+  // Job::Create's own steps (Job's, private), for the kinds' Open.
+  static absl::Status OpenDatasets(Job& job, const DatasetOpener& open,
+                                   std::string& datasets_part) {
+    return job.OpenDatasets(open, datasets_part);
+  }
+  static absl::Status BuildPretrainingIndices(Job& job, const DatasetOpener& open,
+                                              std::string& datasets_part) {
+    return job.BuildPretrainingIndices(open, datasets_part);
+  }
+  static absl::Status FindIngestFields(Job& job, std::string& datasets_part) {
+    return job.FindIngestFields(datasets_part);
+  }
+  static absl::Status CheckEverySampleFits(const Job& job) { return job.CheckEverySampleFits(); }
 };
 
-// The kind of `job` (its configuration chooses it once for good).
-const JobKind& KindOf(const Job& job);
+// The kind a job of `config` is (`ingest`: it reads an ingest stream).
+const JobKind& KindFor(const v1::JobConfig& config, bool ingest);
 
 }  // namespace packfeed::server
 

@@ -1,7 +1,7 @@
 #ifndef PACKFEED_SERVER_PIPELINE_JOB_KINDS_H_
 #define PACKFEED_SERVER_PIPELINE_JOB_KINDS_H_
 
-// The kinds' implementations (kind_*.cc), for KindOf, and what more than
+// The kinds' implementations (kind_*.cc), for KindFor, and what more than
 // one of them uses. Private to server/pipeline.
 
 #include <cstdint>
@@ -18,6 +18,10 @@ const JobKind& DocumentsKind();
 const JobKind& PretrainingKind();
 const JobKind& HybridCpKind();
 const JobKind& IngestKind();
+
+// JobKind::BoundsOf's `bounds` for a Megatron pretraining job (hybrid CP
+// too): a row cut at documents holds up to one sequence per token.
+SlotBounds PretrainingBounds(const Job& job, SlotBounds bounds);
 
 // `status` with the job and step in front of its message.
 absl::Status InStep(const Job& job, int64_t step, const absl::Status& status);

@@ -71,6 +71,13 @@ class Documents final : public JobKind {
     data.runs.emplace(sample,
                       TokenRun(dataset::MakeTokenRun(tokens, job.ShapeOf(ref), job.rules())));
   }
+
+  absl::Status Open(Job& job, const DatasetOpener& open,
+                    std::string& datasets_part) const override {
+    return OpenDatasets(job, open, datasets_part);
+  }
+
+  absl::Status CheckServable(const Job& job) const override { return CheckEverySampleFits(job); }
 };
 
 }  // namespace

@@ -132,6 +132,30 @@ class HybridCp final : public JobKind {
     source.hybrid_group = data.plan.hybrid_groups[static_cast<size_t>(microbatch)];
     return absl::OkStatus();
   }
+
+  absl::Status Open(Job& job, const DatasetOpener& open,
+                    std::string& datasets_part) const override {
+    return BuildPretrainingIndices(job, open, datasets_part);
+  }
+
+  absl::Status CheckServable(const Job& job) const override {
+    // A sub-sample is at most a whole sample.
+    const int64_t seq_length = job.config().seq_length();
+    if (absl::Status fits = scheduler::CheckSequenceFits(seq_length, job.planner_options());
+        !fits.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.name(), ": a sub-sample of seq_length ", seq_length,
+                       " tokens cannot be served: ", fits.message(),
+                       "; raise scheduler.max_tokens_per_rank or max_cp"));
+    }
+    return absl::OkStatus();
+  }
+
+  SlotBounds BoundsOf(const Job& job) const override {
+    SlotBounds bounds = PretrainingBounds(job, JobKind::BoundsOf(job));
+    bounds.sample_ids = true;  // and hybrid_group
+    return bounds;
+  }
 };
 
 }  // namespace

@@ -42,6 +42,12 @@ class Ingest final : public JobKind {
                                     " was assembled as a stored one (AssembleIngestStep serves "
                                     "an ingest job's steps)")));
   }
+
+  // The stream's fields stand for datasets; each sample is checked as it
+  // is put (no CheckServable).
+  absl::Status Open(Job& job, const DatasetOpener&, std::string& datasets_part) const override {
+    return FindIngestFields(job, datasets_part);
+  }
 };
 
 }  // namespace

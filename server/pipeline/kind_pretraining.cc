@@ -193,6 +193,15 @@ class Pretraining final : public JobKind {
     source.bshd_rows = static_cast<int64_t>(source.group->sequences.size());
     return absl::OkStatus();
   }
+
+  absl::Status Open(Job& job, const DatasetOpener& open,
+                    std::string& datasets_part) const override {
+    return BuildPretrainingIndices(job, open, datasets_part);
+  }
+
+  SlotBounds BoundsOf(const Job& job) const override {
+    return PretrainingBounds(job, JobKind::BoundsOf(job));
+  }
 };
 
 }  // namespace

@@ -5,7 +5,7 @@
 namespace packfeed::server {
 
 absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step, bool serving) {
-  return KindOf(job).PlanStep(job, step, serving);
+  return job.kind().PlanStep(job, step, serving);
 }
 
 std::vector<scheduler::SampleRef> MicrobatchSamples(const StepPlan& plan, int microbatch,

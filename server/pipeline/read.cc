@@ -28,7 +28,7 @@ std::set<int64_t> SamplesOfRanks(const Job& job, const StepPlan& plan,
 
 StepNeeds NeedsOfStep(const Job& job, const StepPlan& plan, absl::Span<const int> global_ranks) {
   StepNeeds out;
-  const JobKind& kind = KindOf(job);
+  const JobKind& kind = job.kind();
   for (int64_t sample : SamplesOfRanks(job, plan, global_ranks)) {
     kind.AddNeeds(job, plan, sample, out);
   }
@@ -80,7 +80,7 @@ SideRows AssembleSideRows(const Job& job, const StepPlan& plan, absl::Span<const
 StepData AssembleStep(const Job& job, StepPlan plan, absl::Span<const int64_t> samples,
                       absl::Span<const int> counts, absl::Span<const FetchedSample> fetched) {
   StepData data;
-  const JobKind& kind = KindOf(job);
+  const JobKind& kind = job.kind();
   size_t at = 0;  // the sample's first need in `fetched`
   for (size_t i = 0; i < samples.size(); at += static_cast<size_t>(counts[i]), ++i) {
     const scheduler::SampleRef& ref = plan.samples[static_cast<size_t>(samples[i])];

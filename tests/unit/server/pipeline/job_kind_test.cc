@@ -62,7 +62,7 @@ class JobKindTest : public ::testing::Test {
 
 TEST_F(JobKindTest, EachConfigurationChoosesItsKind) {
   auto kind_of = [](const std::unique_ptr<Job>& job) {
-    return job == nullptr ? std::string("no job") : std::string(KindOf(*job).name());
+    return job == nullptr ? std::string("no job") : std::string(job->kind().name());
   };
   constexpr const char* kScheduler = "scheduler { max_tokens_per_rank: 256 } ";
   EXPECT_EQ(kind_of(MakeJob("DATASET_KIND_VARLEN", kScheduler)), "documents");
@@ -78,13 +78,42 @@ TEST_F(JobKindTest, EachConfigurationChoosesItsKind) {
             "ingest");
 }
 
+// Each kind bounds its slots: the batch's sequences, or one per token when
+// documents cut a pretraining row; groups under dynamic CP; hybrid CP's
+// sample ids.
+TEST_F(JobKindTest, EachKindBoundsItsSlots) {
+  const std::unique_ptr<Job> documents =
+      MakeJob("DATASET_KIND_VARLEN", "scheduler { max_tokens_per_rank: 256 }");
+  const std::unique_ptr<Job> rows =
+      MakeJob("DATASET_KIND_PRETRAINING", absl::StrCat(kPretraining, "}"));
+  const std::unique_ptr<Job> masked = MakeJob(
+      "DATASET_KIND_PRETRAINING", absl::StrCat(kPretraining, "inter_document_masking: true }"));
+  const std::unique_ptr<Job> hybrid = MakeJob("DATASET_KIND_PRETRAINING", kHybridCp);
+  ASSERT_TRUE(documents && rows && masked && hybrid);
+
+  const SlotBounds plain = documents->kind().BoundsOf(*documents);
+  EXPECT_EQ(plain.max_tokens, 256);
+  EXPECT_EQ(plain.max_sequences, 8);  // global_batch
+  EXPECT_EQ(plain.group_ranks, 0);
+  EXPECT_FALSE(plain.sample_ids);
+  EXPECT_EQ(rows->kind().BoundsOf(*rows).max_sequences, 8);
+  const SlotBounds cut = masked->kind().BoundsOf(*masked);
+  EXPECT_EQ(cut.max_sequences, cut.max_tokens);  // one sequence per token
+  EXPECT_GT(cut.max_sequences, 8);
+  const SlotBounds pieces = hybrid->kind().BoundsOf(*hybrid);
+  EXPECT_EQ(pieces.max_tokens, 64);
+  EXPECT_EQ(pieces.max_sequences, 64);
+  EXPECT_EQ(pieces.group_ranks, kRanks);  // dynamic CP over DP 4
+  EXPECT_TRUE(pieces.sample_ids);
+}
+
 // A Megatron sample cut into pieces is read once, every piece gets the
 // sample's run, and each is served its own span of it: its inputs and the
 // label of its last (the next token).
 TEST_F(JobKindTest, AHybridCpSampleIsReadOnceAndEachPieceServedItsSpan) {
   const std::unique_ptr<Job> job = MakeJob("DATASET_KIND_PRETRAINING", kHybridCp);
   ASSERT_NE(job, nullptr);
-  const JobKind& kind = KindOf(*job);
+  const JobKind& kind = job->kind();
   absl::StatusOr<StepPlan> plan = PlanStep(*job, 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_GT(plan->samples.size(), 8u) << "the 8 samples were cut into pieces";
