@@ -234,6 +234,18 @@ void RenderCostFits(const Jobs& jobs, std::string* out) {
   for (const v1::JobStats& job : jobs) {
     rows.Sample(JobLabel(job), static_cast<double>(job.cost_fit().rows()));
   }
+  // Every node of a job should show the same version: one behind, or with
+  // versions missed, plans some steps by an older model than the others.
+  Family version(out, "packfeed_cost_model_version", "gauge",
+                 "The learned cost model's latest version this node holds (0 = configured).");
+  for (const v1::JobStats& job : jobs) {
+    version.Sample(JobLabel(job), job.cost_fit().model_version());
+  }
+  Family missed(out, "packfeed_cost_model_versions_missed_total", "counter",
+                "Learned versions announced after this node had planned their first step.");
+  for (const v1::JobStats& job : jobs) {
+    missed.Sample(JobLabel(job), static_cast<double>(job.cost_fit().model_versions_missed()));
+  }
 }
 
 }  // namespace

@@ -112,6 +112,9 @@ v1::JobStats JobStatsProto(const JobFigures& figures) {
   cost.set_rows(fit.fit.rows);
   cost.set_prior_name(fit.prior_name);
   cost.set_residual_rms_seconds(fit.fit.residual_rms);
+  cost.set_model_version(fit.model_version);
+  cost.set_model_from_step(fit.model_from_step);
+  cost.set_model_versions_missed(fit.model_versions_missed);
   const double fitted[] = {fit.fit.model.alpha, fit.fit.model.beta, fit.fit.model.kappa,
                            fit.fit.model.lambda, fit.fit.model.microbatch};
   const double prior[] = {fit.prior.alpha, fit.prior.beta, fit.prior.kappa, fit.prior.lambda,

@@ -141,6 +141,11 @@ absl::Status CostModel(const AdminArgs& args) {
       "prior: %s\n",
       args.job.c_str(), static_cast<long long>(fit.rows()), fit.residual_rms_seconds(),
       fit.prior_name().c_str());
+  if (fit.model_version() > 0 || fit.model_versions_missed() > 0) {
+    std::printf("  plans by learned version %u from step %lld (%lld announced too late)\n",
+                fit.model_version(), static_cast<long long>(fit.model_from_step()),
+                static_cast<long long>(fit.model_versions_missed()));
+  }
   std::printf("  %-7s %12s %12s %12s %9s\n", "rate", "fitted", "prior", "stddev", "data %");
   for (const v1::CostRate& rate : fit.rates()) {
     std::printf("  %-7s %12.4g %12.4g %12.3g %9.1f\n", rate.name().c_str(), rate.fitted(),

@@ -61,6 +61,12 @@ struct CostFitFigures {
     double fitted = 0;
   };
   std::vector<Step> recent_steps;  // ascending
+  // The learned model's latest version held here, the step it plans from,
+  // and the versions offered too late (CostModelVersions); 0 unless the job
+  // learns.
+  uint32_t model_version = 0;
+  int64_t model_from_step = 0;
+  int64_t model_versions_missed = 0;
 };
 
 struct JobFigures {

@@ -25,6 +25,12 @@ void JobRunner::Stats(std::function<void(JobFigures)> done) {
     stats.plan_seconds = held.plan_seconds;
     stats.read_seconds = held.read_seconds;
     stats.cost_fit = cost_learner_.Figures();
+    if (const CostModelVersions* versions = job_.cost_models(); versions != nullptr) {
+      const CostModelVersion latest = versions->Latest();
+      stats.cost_fit.model_version = latest.version;
+      stats.cost_fit.model_from_step = latest.from_step;
+      stats.cost_fit.model_versions_missed = versions->missed();
+    }
     if (held.steps_held > 0) {
       stats.mean_step_over_ideal = held.step_over_ideal_sum / static_cast<double>(held.steps_held);
     }

@@ -112,6 +112,8 @@ class CostFitTest(unittest.TestCase):
         prior_error = sum(abs(s["prior_seconds"] - s["measured_seconds"]) for s in steps)
         self.assertLess(fitted_error, prior_error / 2, steps)
         self.assertIn('packfeed_cost_fit_rate{packfeed_job="fit",rate="alpha"}', metrics)
+        self.assertIn('packfeed_cost_model_version{packfeed_job="fit"}', metrics)
+        self.assertIn('packfeed_cost_model_versions_missed_total{packfeed_job="fit"} 0', metrics)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,8 @@ class NodesTest(unittest.TestCase):
             self.assertEqual(errors, [])
             plans = {name: [self.plan(d, s) for s in range(STEPS)]
                      for name, d in (("a", a), ("b", b))}
+            fits = {name: d.ctl_json("cost-model", "--job", "fit")
+                    for name, d in (("a", a), ("b", b))}
             leader_log = a.log.read_text()
         finally:
             a.stop()
@@ -96,6 +98,14 @@ class NodesTest(unittest.TestCase):
             self.assertEqual(plans["a"][step]["microbatches"], plans["b"][step]["microbatches"],
                              f"step {step}: the nodes planned differently")
         self.assertIn("learned cost model version 1 plans every step from", leader_log)
+        # Each node reports the version it holds, the same on both, none missed.
+        for name, fit in fits.items():
+            self.assertGreaterEqual(fit.get("model_version", 0), max(versions), name)
+            self.assertEqual(fit.get("model_version", 0), fits["a"].get("model_version", 0))
+            self.assertEqual(int(fit.get("model_versions_missed", 0)), 0, name)
+        latest = fits["a"].get("model_version", 0)
+        if latest == max(versions):  # not one announced for steps not planned yet
+            self.assertEqual(int(fits["a"].get("model_from_step", 0)), versions.index(latest))
 
         # The learned model is in use: the configured model plans a step of
         # version 1 otherwise.
