@@ -78,7 +78,11 @@ phase "fuzzing (${PF_FUZZ_SECONDS:-30}s per target)"
 tests/fuzz/run_fuzzers.sh build-asan "${PF_FUZZ_SECONDS:-30}"
 
 phase "all tests"
-ctest --test-dir build -j "$jobs" --output-on-failure
+ctest --test-dir build -j "$jobs" --output-on-failure | tee build/ctest-all.log
+# The slowest tests, for whoever next shortens the suite.
+echo "=== slowest tests (seconds)"
+awk '/Test +#[0-9]+:/ { for (i = NF; i > 0; --i) if ($i == "sec") { print $(i - 1), $4; break } }' \
+  build/ctest-all.log | sort -rn | head -n 15
 
 # The README's first command, as a user runs it (its build is the one above):
 # a daemon, eight ranks and a Python training loop; it fails on a rank that
