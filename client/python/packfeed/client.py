@@ -92,7 +92,8 @@ class Client:
     device_ring: "staged" (the default: the client copies each slot from
     its page-locked host ring) or "daemon" (device memory the daemon
     copies each slot into, shared by file descriptor: no copy and no event
-    on the trainer's side; not yet run on a GPU, so opt-in). Where "daemon"
+    on the trainer's side; opt-in: on an H200 it was no faster than
+    "staged" at 1 MiB and up, docs/TRANSPORT.md). Where "daemon"
     cannot be had the staged ring serves and ring()["device_ring_fallback"],
     the log and the daemon's stats say why.
 
