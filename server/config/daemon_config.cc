@@ -448,6 +448,9 @@ absl::Status ValidateSources(const v1::JobConfig& job, absl::string_view where) 
   return absl::OkStatus();
 }
 
+// The ranks of one model replica set: TP·PP·CP·DP.
+uint64_t WorldSize(const v1::Topology& t) { return uint64_t{t.tp()} * t.pp() * t.cp() * t.dp(); }
+
 // Each parallel size in range, and the world they make within 2^20 ranks.
 absl::Status ValidateTopology(const v1::Topology& t, absl::string_view where) {
   for (auto [field, value] :
@@ -457,7 +460,7 @@ absl::Status ValidateTopology(const v1::Topology& t, absl::string_view where) {
                         absl::StrCat(value, " is out of [1, 65536]"));
     }
   }
-  const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
+  const uint64_t world = WorldSize(t);
   if (world > (1u << 20)) {
     return FieldError(where, "topology", absl::StrCat("world size ", world, " exceeds 2^20 ranks"));
   }
@@ -574,7 +577,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job, absl::string_view where
   PF_RETURN_IF_ERROR(ValidateTopology(job.topology(), where));
   const bool ingest = !job.ingest_stream().empty();
   const v1::Topology& t = job.topology();
-  const uint64_t world = uint64_t{t.tp()} * t.pp() * t.cp() * t.dp();
+  const uint64_t world = WorldSize(t);
   if (job.long_documents() == v1::JobConfig::LONG_DOCUMENTS_SPLIT && !ingest &&
       job.datasets(0).kind() == v1::DATASET_KIND_SFT) {
     return FieldError(where, "long_documents",

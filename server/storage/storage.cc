@@ -189,9 +189,7 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> Storage::Open(
   {
     absl::MutexLock lock(&mutex_);
     if (auto opened = opened_.find(id); opened != opened_.end()) {
-      spdlog::info("{}: already open (as {}), shared", bin_path, files_[opened->second.get()].path);
-      ++files_[opened->second.get()].jobs;
-      return opened->second;
+      return ShareOpened(opened->second, bin_path);
     }
   }
   // Opened without the lock: a job opens its datasets on several threads
@@ -204,13 +202,18 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> Storage::Open(
   absl::MutexLock lock(&mutex_);
   auto [opened, added] =
       opened_.try_emplace(id, std::make_shared<const dataset::IndexedDataset>(std::move(data)));
-  if (added) {
-    files_[opened->second.get()].path = bin_path;
-  } else {
-    spdlog::info("{}: already open (as {}), shared", bin_path, files_[opened->second.get()].path);
-  }
+  if (!added) return ShareOpened(opened->second, bin_path);
+  files_[opened->second.get()].path = bin_path;
   ++files_[opened->second.get()].jobs;
   return opened->second;
+}
+
+std::shared_ptr<const dataset::IndexedDataset> Storage::ShareOpened(
+    const std::shared_ptr<const dataset::IndexedDataset>& opened, const std::string& bin_path) {
+  File& file = files_[opened.get()];
+  spdlog::info("{}: already open (as {}), shared", bin_path, file.path);
+  ++file.jobs;
+  return opened;
 }
 
 std::unique_ptr<FetchPin> Storage::Fetch(FetchCause cause, std::vector<SampleNeed> needs,

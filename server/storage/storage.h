@@ -268,6 +268,11 @@ class Storage {
   void CountRead(File& file, const FetchCause& cause, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void RecordLatency(File& file, double latency_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Open's answer for files already open (as `opened`): counted for one
+  // more job, and logged with the path they were first opened under.
+  std::shared_ptr<const dataset::IndexedDataset> ShareOpened(
+      const std::shared_ptr<const dataset::IndexedDataset>& opened, const std::string& bin_path)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const StorageOptions options_;
   mutable absl::Mutex mutex_;
