@@ -57,13 +57,12 @@ const Driver& TheDriver() {
   static const Driver* driver = [] {
     auto* d = new Driver;  // never freed: used until the process ends
     d->loaded = [d]() -> absl::Status {
+      // The runtime's reason, when it has one (a PID namespace under the
+      // outer /proc gives "OS call failed"), through the one conversion.
       int devices = 0;
-      const cudaError_t counted = cudaGetDeviceCount(&devices);
-      if (counted != cudaSuccess || devices == 0) {
-        cudaGetLastError();
-        return absl::FailedPreconditionError(
-            absl::StrCat("no CUDA device (cudaGetDeviceCount: ", cudaGetErrorString(counted), ")"));
-      }
+      PF_RETURN_IF_ERROR(
+          CudaStatus(cudaGetDeviceCount(&devices), "no CUDA device: cudaGetDeviceCount"));
+      if (devices == 0) return absl::FailedPreconditionError("no CUDA device");
       PF_RETURN_IF_ERROR(Find("cuDeviceGetAttribute", 2000, d->device_attribute));
       PF_RETURN_IF_ERROR(Find("cuMemGetAllocationGranularity", 10020, d->granularity));
       PF_RETURN_IF_ERROR(Find("cuMemCreate", 10020, d->create));
