@@ -8,12 +8,15 @@ six ways:
    folder it sits in may not depend on;
 3. namespaces: a file in top-level folder F declares a namespace other than
    packfeed::F (or one inside it); common/ is the shared vocabulary and lives
-   in packfeed itself;
+   in packfeed itself; server/config's headers may forward-declare the
+   messages they read (a packfeed::v1 block of `class X;` lines only);
 4. status conversions: a gRPC status code cast to absl's (or back) anywhere
-   but packfeed/proto/grpc_status.h, the one conversion; and the admin API's
-   messages (service.pb.h) included by server/config or server/storage, or
-   by a header of server/pipeline, directly or through the headers of
-   server/ it includes: they report plain structs;
+   but packfeed/proto/grpc_status.h, the one conversion; and generated
+   messages where plain structs belong: the admin API's (service.pb.h) in
+   server/config, and any generated header in server/storage or
+   server/pipeline, directly or through the headers of server/ a file
+   includes (the config layer resolves a job's configuration into a plain
+   JobSpec; a pipeline source may write the wire's SlotMetadata);
 5. words: a word of the Words table used in the sense it says it is not
    (BANNED_WORDS: a CP part or a packing thread's portion called a chunk,
    a held step, a dp-cp rank or (in scheduler/) a cell of the global batch
@@ -72,10 +75,14 @@ SCHEDULER_FORBIDDEN = re.compile(
 # The admin and control API's messages: made from plain structs in
 # server/control (stats_proto.h), never known to the libraries these list.
 ADMIN_PROTO = re.compile(r"^packfeed/v1/service(?:\.grpc)?\.pb\.h$")
-ADMIN_PROTO_FREE = ("server/config", "server/storage")
-# Here only a source file may (push.cc writes each slot's SlotMetadata, the
-# wire's own message); no header does, so no includer recompiles with it.
-ADMIN_PROTO_HEADER_FREE = ("server/pipeline",)
+ADMIN_PROTO_FREE = ("server/config",)
+# Every generated header: these read plain structs (the configuration as
+# server/config/job_spec.h resolves it; figures that stats_proto.h turns
+# into messages), but for what each unit lists its sources may include
+# (push.cc writes each slot's SlotMetadata, the wire's own message); no
+# header may, so no includer recompiles with it.
+GENERATED = re.compile(r"^packfeed/v1/\w+(?:\.grpc)?\.pb\.h$")
+GENERATED_FREE = {"server/storage": (), "server/pipeline": ("packfeed/v1/service.pb.h",)}
 # UCX's own API, which only transport/ may call.
 UCX_CALL = re.compile(r"\bu(?:cp|ct)_\w+\s*\(")
 UCX_HEADER = re.compile(r"^u(?:cp|ct)/")
@@ -101,6 +108,7 @@ BANNED_WORDS = [
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 NAMESPACE = re.compile(r"^\s*namespace\s+([\w:]+)\s*\{", re.M)
+MESSAGE_DECLARATIONS = re.compile(r"^\s*namespace\s+packfeed::v1\s*\{\s*(?:class\s+\w+;\s*)+\}", re.M)
 LINK = re.compile(r"target_link_libraries\(\s*(\w+)([^)]*)\)", re.S)
 PACKFEED_LIBRARY = re.compile(r"\bpackfeed(?:::|_)(\w+)")
 SOURCES = ("*.h", "*.hpp", "*.cc", "*.cpp", "*.cu")
@@ -139,11 +147,11 @@ def check_sources(root, errors):
                 errors.append(f"{rel}: includes {header} ({unit} may not depend on {target})")
             elif private and target.split("/")[0] != unit.split("/")[0]:
                 errors.append(f"{rel}: includes {header}, private to {target}/")
-            if ADMIN_PROTO.match(header) and (
-                    unit in ADMIN_PROTO_FREE or
-                    (unit in ADMIN_PROTO_HEADER_FREE and rel.endswith((".h", ".hpp")))):
-                errors.append(f"{rel}: includes {header}; {unit} reports plain structs "
-                              "(server/control/stats_proto.h makes the messages)")
+            if (ADMIN_PROTO.match(header) and unit in ADMIN_PROTO_FREE) or (
+                    GENERATED.match(header) and unit in GENERATED_FREE and
+                    (rel.endswith((".h", ".hpp")) or header not in GENERATED_FREE[unit])):
+                errors.append(f"{rel}: includes {header}; {unit} reads and reports plain "
+                              "structs (server/config/job_spec.h, server/control/stats_proto.h)")
             if unit == "scheduler" and SCHEDULER_FORBIDDEN.match(header):
                 errors.append(f"{rel}: includes <{header}>; scheduler/ "
                               "must stay pure (no I/O, threads or logging)")
@@ -154,22 +162,23 @@ def check_sources(root, errors):
             errors.append(f"{rel}: converts a gRPC status by hand; use {STATUS_CONVERSION}")
         folder = unit.split("/")[0]
         expected = "packfeed" if folder == "common" else f"packfeed::{folder}"
-        for namespace in NAMESPACE.findall(text):
+        declared = MESSAGE_DECLARATIONS.sub("", text) if unit == "server/config" else text
+        for namespace in NAMESPACE.findall(declared):
             if namespace.startswith("packfeed") and not (
                     namespace == expected or namespace.startswith(expected + "::")):
                 errors.append(f"{rel}: declares namespace {namespace} "
                               f"(files in {folder}/ live in {expected})")
 
 
-def check_admin_proto_reach(root, errors):
-    """A server/pipeline header that reaches the admin proto through other
+def check_generated_reach(root, errors):
+    """A file of a GENERATED_FREE unit that reaches a generated header through
     server/ headers (a direct include is check_sources' to report)."""
     def includes(rel):
         path = root / rel
         return INCLUDE.findall(path.read_text(errors="replace")) if path.is_file() else []
 
-    for path in sorted(p for pattern in ("*.h", "*.hpp") for p in (root / "server").rglob(pattern)
-                       if unit_of(p.relative_to(root).as_posix()) in ADMIN_PROTO_HEADER_FREE):
+    for path in sorted(p for pattern in SOURCES for p in (root / "server").rglob(pattern)
+                       if unit_of(p.relative_to(root).as_posix()) in GENERATED_FREE):
         rel = path.relative_to(root).as_posix()
         seen, todo = set(), [h for h in includes(rel) if h.startswith("server/")]
         while todo:
@@ -178,10 +187,10 @@ def check_admin_proto_reach(root, errors):
                 continue
             seen.add(header)
             reached = includes(header)
-            proto = next((h for h in reached if ADMIN_PROTO.match(h)), None)
+            proto = next((h for h in reached if GENERATED.match(h)), None)
             if proto:
                 errors.append(f"{rel}: reaches {proto} through {header}; "
-                              f"{unit_of(rel)} reports plain structs")
+                              f"{unit_of(rel)} reads and reports plain structs")
                 break
             todo += [h for h in reached if h.startswith("server/")]
 
@@ -228,7 +237,7 @@ def check(root):
     root = pathlib.Path(root)
     errors = []
     check_sources(root, errors)
-    check_admin_proto_reach(root, errors)
+    check_generated_reach(root, errors)
     check_links(root, errors)
     check_words(root, errors)
     return errors
@@ -250,6 +259,13 @@ def self_test():
         "server/ingest/i.h": '#include "server/ingest/j.h"\n',
         "server/ingest/j.h": '#include "packfeed/v1/service.pb.h"\n',
         "server/ingest/k.cc": '#include "packfeed/v1/service.pb.h"\n',
+        "server/pipeline/r.cc": '#include "packfeed/v1/config.pb.h"\n',
+        "server/pipeline/t.cc": '#include "server/config/c.h"\n',
+        "server/config/c.h": '#include "packfeed/v1/config.pb.h"\n',
+        "server/config/a.cc": '#include "packfeed/v1/service.grpc.pb.h"\n',
+        "server/config/m.h": "namespace packfeed::v1 {\nclass JobConfig;\n}\n"
+                             "namespace packfeed::server {\n}\n",
+        "server/config/n.h": "namespace packfeed::v1 {\nclass JobConfig { int x; };\n}\n",
         "server/ingest/u.cc": "ucs_status_ptr_t get = ucp_get_nbx(ep, local, n, at, key, &p);\n",
         "client/src/u.h": "#include <ucp/api/ucp.h>\n",
         "server/control/d.cc": '#include "packfeed/client/client.h"\n'
@@ -283,12 +299,16 @@ def self_test():
         "server/control/d.cc: includes packfeed/client/client.h",
         "server/control/d.cc: includes scheduler/src/row_packer.h",
         "server/storage/s.cc: includes server/pipeline/job.h",
-        "server/storage/s.cc: includes packfeed/v1/service.pb.h; server/storage reports",
-        "server/pipeline/p.h: includes packfeed/v1/service.pb.h; server/pipeline reports",
+        "server/storage/s.cc: includes packfeed/v1/service.pb.h; server/storage reads",
+        "server/pipeline/p.h: includes packfeed/v1/service.pb.h; server/pipeline reads",
         "server/pipeline/q.h: reaches packfeed/v1/service.pb.h through server/ingest/j.h",
+        "server/pipeline/r.cc: includes packfeed/v1/config.pb.h; server/pipeline reads",
+        "server/pipeline/t.cc: reaches packfeed/v1/config.pb.h through server/config/c.h",
+        "server/config/a.cc: includes packfeed/v1/service.grpc.pb.h; server/config reads",
         "server/ingest/CMakeLists.txt: packfeed_server_ingest links packfeed server_pipeline",
         "dataset/src/e.cc: includes packfeed/transport/wire.h",
         "dataset/src/e.cc: declares namespace packfeed ",
+        "server/config/n.h: declares namespace packfeed::v1",
         "dataset/CMakeLists.txt: packfeed_dataset links packfeed transport",
         "server/ctl/f.cc: converts a gRPC status by hand",
         "server/ingest/u.cc: calls UCX outside transport/",

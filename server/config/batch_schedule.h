@@ -6,7 +6,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::v1 {
+class JobConfig;
+}  // namespace packfeed::v1
 
 namespace packfeed::server {
 

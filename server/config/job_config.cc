@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_model.h"
+#include "packfeed/v1/config.pb.h"
 
 namespace packfeed::server {
 

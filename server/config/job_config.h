@@ -15,7 +15,12 @@
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
-#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::v1 {
+class JobConfig;
+class SchedulerConfig;
+class Topology;
+}  // namespace packfeed::v1
 
 namespace packfeed::server {
 

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "packfeed/v1/config.pb.h"
 
 namespace packfeed::server {
 namespace {

@@ -6,10 +6,14 @@
 // under VPP, MTP layers in the MTP stage's last chunk), and so which
 // entries of a layer-axis side field each one receives. Pure.
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::v1 {
+class ModelLayers;
+}  // namespace packfeed::v1
 
 namespace packfeed::server {
 

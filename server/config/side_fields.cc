@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/model_stages.h"
 
 namespace packfeed::server {
@@ -182,13 +183,25 @@ absl::StatusOr<SideFieldInfo> ResolveSideField(const v1::SideField& field,
       (out.type != ElementType::kUInt8 || !out.inner_shape.empty() || !out.labels_aligned)) {
     return error("role", "a loss mask is a uint8 field of one value per token, ALIGN_LABELS");
   }
-  out.stages = field.stages();
-  if (out.stages == v1::SideField::STAGES_UNSPECIFIED) {
-    out.stages = out.layer_axis       ? v1::SideField::STAGES_LAYERS
-                 : out.labels_aligned ? v1::SideField::STAGES_TARGETS
-                                      : v1::SideField::STAGES_INPUTS;
+  switch (field.stages()) {
+    case v1::SideField::STAGES_ALL:
+      out.stages = SideFieldStages::kAll;
+      break;
+    case v1::SideField::STAGES_INPUTS:
+      out.stages = SideFieldStages::kInputs;
+      break;
+    case v1::SideField::STAGES_TARGETS:
+      out.stages = SideFieldStages::kTargets;
+      break;
+    case v1::SideField::STAGES_LAYERS:
+      out.stages = SideFieldStages::kLayers;
+      break;
+    default:
+      out.stages = out.layer_axis       ? SideFieldStages::kLayers
+                   : out.labels_aligned ? SideFieldStages::kTargets
+                                        : SideFieldStages::kInputs;
   }
-  if (out.stages == v1::SideField::STAGES_LAYERS && !out.layer_axis) {
+  if (out.stages == SideFieldStages::kLayers && !out.layer_axis) {
     return error("stages", "STAGES_LAYERS needs layer_axis");
   }
   return out;

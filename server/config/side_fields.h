@@ -14,11 +14,24 @@
 #include "absl/status/statusor.h"
 #include "packfeed/dataset/indexed_dataset.h"
 #include "packfeed/transport/wire.h"
-#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::v1 {
+class DatasetSpec;
+class SideField;
+}  // namespace packfeed::v1
 
 namespace packfeed::server {
 
 class ModelStages;
+
+// The pipeline stages that receive a side field (SideField.stages, its
+// default resolved by the field's alignment and axis).
+enum class SideFieldStages {
+  kAll,
+  kInputs,   // the stages that get tokens (first, MTP)
+  kTargets,  // the stages that get labels (last, MTP)
+  kLayers,   // the stages holding MoE layers (layer_axis only)
+};
 
 struct SideFieldInfo {
   std::string name;
@@ -30,7 +43,7 @@ struct SideFieldInfo {
   bool labels_aligned = false;
   bool layer_axis = false;
   bool loss_mask = false;  // replaces loss_mask; not served by name
-  v1::SideField::Stages stages = v1::SideField::STAGES_INPUTS;  // resolved
+  SideFieldStages stages = SideFieldStages::kInputs;
 
   uint64_t row_bytes() const { return static_cast<uint64_t>(row_elements) * element_bytes; }
 };

@@ -84,7 +84,7 @@ class AdminService final : public v1::Admin::CallbackService {
       v1::JobSummary* summary = reply->add_jobs();
       summary->set_name(job.name());
       summary->set_fingerprint(job.fingerprint());
-      summary->set_scheduler(job.config().scheduler().kind());
+      summary->set_scheduler(job.spec().scheduler_kind);
       summary->set_world_size(job.layout().world_size());
       for (int rank : job.local_ranks()) summary->add_local_ranks(rank);
       summary->set_required_slot_bytes(job.required_slot_bytes());
@@ -283,7 +283,7 @@ class AdminService final : public v1::Admin::CallbackService {
     }
     for (const auto& runner : daemon_.runners()) {
       absl::Status token = CheckToken(
-          request->auth_token(), runner->job().config().auth_token(),
+          request->auth_token(), runner->job().spec().auth_token,
           absl::StrCat("auth token for job ", runner->job().name(), " (drain needs every job's)"));
       if (!token.ok()) {
         reactor->Finish(proto::ToGrpc(token));

@@ -12,7 +12,7 @@
 namespace packfeed::server {
 
 absl::Status CheckAttachRequest(const Job& job, const v1::AttachRequest& request) {
-  PF_RETURN_IF_ERROR(CheckToken(request.auth_token(), job.config().auth_token(),
+  PF_RETURN_IF_ERROR(CheckToken(request.auth_token(), job.spec().auth_token,
                                 absl::StrCat("auth token for job ", job.name())));
   const int world = job.layout().world_size();
   if (request.global_rank() >= static_cast<uint32_t>(world)) {
@@ -68,11 +68,11 @@ absl::StatusOr<int64_t> AttachStartStep(const Job& job, const v1::AttachRequest&
   const int64_t sample = request.start_sample();
   const std::optional<int64_t> step = job.batch_schedule().StepStartingAt(sample);
   if (!step) {
-    const int64_t first = job.config().pretraining().consumed_samples();
+    const int64_t first = job.spec().pretraining->consumed_samples;
     return absl::InvalidArgumentError(absl::StrCat(
         "job ", job.name(), " serves its steps from sample ", first, " (consumed_samples) in ",
         job.batch_schedule().constant()
-            ? absl::StrCat("global batches of ", job.config().global_batch())
+            ? absl::StrCat("global batches of ", job.spec().global_batch)
             : std::string("the global batches of its batch_schedule"),
         "; sample ", sample, sample < first ? " lies before its first step" : " lies inside a step",
         ": restart the daemon with consumed_samples set to the trainer's count"));

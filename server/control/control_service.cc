@@ -46,8 +46,8 @@ absl::StatusOr<JobRunner*> RankCallRunner(const Daemon& daemon,
   PF_RETURN_IF_ERROR(daemon.CheckCaller(context, absl::StrCat(action, " job ", job)));
   JobRunner* runner = daemon.runner(job);
   if (runner == nullptr) return UnknownJob(daemon, job);
-  PF_RETURN_IF_ERROR(CheckToken(token, runner->job().config().auth_token(),
-                                absl::StrCat("auth token for job ", job)));
+  PF_RETURN_IF_ERROR(
+      CheckToken(token, runner->job().spec().auth_token, absl::StrCat("auth token for job ", job)));
   return runner;
 }
 

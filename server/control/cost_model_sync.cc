@@ -86,7 +86,7 @@ bool LeadsCostModels(const v1::DaemonConfig& config) {
 struct CostModelSync::LearnedJob {
   LearnedJob(JobRunner* r, size_t peers)
       : runner(r),
-        lead_steps(r->job().config().scheduler().learned_model_lead_steps()),
+        lead_steps(r->job().spec().learned_model_lead_steps),
         fit(r->cost_learner().prior()),
         peer_after(peers, -1),
         peer_missed(peers, 0) {}

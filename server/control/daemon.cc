@@ -17,6 +17,7 @@
 #include "packfeed/v1/service.grpc.pb.h"
 #include "server/config/admin_tls.h"
 #include "server/config/fingerprint.h"
+#include "server/config/job_spec.h"
 #include "server/control/rank_partition.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
@@ -27,6 +28,14 @@
 namespace packfeed::server {
 
 namespace {
+
+// The job `config` describes: resolved by the config layer, then created
+// with its datasets opened through `open`.
+absl::StatusOr<std::unique_ptr<Job>> CreateJob(const v1::JobConfig& config,
+                                               const DatasetOpener& open, IngestStream* stream) {
+  PF_ASSIGN_OR_RETURN(JobSpec spec, JobSpecOf(config));
+  return Job::Create(std::move(spec), open, stream);
+}
 
 // The socket's folder exists (created if need be) and this process may create
 // files in it: checked before any job starts, so the error names the folder.
@@ -159,7 +168,7 @@ absl::Status Daemon::StartJobs(const DaemonOptions& options) {
     for (const auto& s : streams_) {
       if (s->name() == job_config.ingest_stream()) stream = s.get();
     }
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(job_config, open, stream);
+    absl::StatusOr<std::unique_ptr<Job>> job = CreateJob(job_config, open, stream);
     if (!job.ok()) {
       return absl::Status(job.status().code(),
                           absl::StrCat("job ", job_config.name(), ": ", job.status().message()));

@@ -8,7 +8,7 @@ namespace {
 // The configured model when it is in seconds (a calibrated preset or a
 // custom shape); s²/c has no unit, so the fit then starts from nothing.
 scheduler::CostModel PriorOf(const Job& job, std::string& name) {
-  name = job.config().scheduler().cost_model();
+  name = job.spec().cost_model;
   if (name.empty() || name == "megatron") {
     name = "none (megatron's s²/c has no unit)";
     scheduler::CostModel none;
@@ -22,7 +22,7 @@ scheduler::CostModel PriorOf(const Job& job, std::string& name) {
 
 CostLearner::CostLearner(const Job& job)
     : job_(job), measures_(job.layout().pp == 1), prior_(PriorOf(job, prior_name_)), fit_(prior_) {
-  const std::string& configured = job.config().scheduler().cost_model();
+  const std::string& configured = job.spec().cost_model;
   prior_in_seconds_ = !configured.empty() && configured != "megatron";
   for (int rank : job.local_ranks()) {
     const RankCoords coords = job.layout().Coords(rank);

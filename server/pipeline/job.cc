@@ -17,92 +17,24 @@ namespace packfeed::server {
 
 namespace {
 
-std::string Canonical(std::initializer_list<int64_t> values) {
-  std::string out;
-  for (int64_t v : values) absl::StrAppend(&out, v, ";");
-  return out;
-}
-
-std::string ModelCanonical(const v1::ModelLayers& m) {
-  return absl::StrCat(
-      Canonical({m.num_layers(),
-                 m.has_num_layers_in_first_pipeline_stage() ? m.num_layers_in_first_pipeline_stage()
-                                                            : int64_t{-1},
-                 m.has_num_layers_in_last_pipeline_stage() ? m.num_layers_in_last_pipeline_stage()
-                                                           : int64_t{-1},
-                 m.mtp_num_layers(), m.has_mtp_stage() ? m.mtp_stage() : int64_t{-1}}),
-      "dense:", absl::StrJoin(m.dense_layers(), ","));
-}
-
 // A dataset with documents, as `open` gives it.
 absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenWithDocuments(
-    const DatasetOpener& open, const v1::DatasetSpec& spec) {
-  PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset, open(spec.prefix()));
+    const DatasetOpener& open, const DatasetSource& source) {
+  PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset, open(source.prefix));
   if (dataset->num_documents() == 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat(spec.prefix(), ": the dataset holds no document"));
+        absl::StrCat(source.prefix, ": the dataset holds no document"));
   }
   return dataset;
 }
 
 // A dataset's part of the job fingerprint.
-std::string DatasetPart(const dataset::IndexedDataset& dataset, const v1::DatasetSpec& spec) {
-  return absl::StrCat(dataset.idx_digest(), ";", dataset.bin_bytes(), ";", spec.kind(), ";",
-                      spec.weight(), "|");
-}
-
-// The job's fingerprint inputs: `datasets_part` (what its datasets or
-// stream are) and the configuration that shapes its batches.
-FingerprintInputs FingerprintPartsOf(const v1::JobConfig& config, std::string datasets_part) {
-  const v1::Topology& t = config.topology();
-  const v1::SchedulerConfig& s = config.scheduler();
-  FingerprintInputs parts;
-  parts.datasets = std::move(datasets_part);
-  parts.topology =
-      Canonical({t.tp(), t.pp(), t.cp(), t.dp(), t.vpp_group_size(), t.sequence_parallel()});
-  // Parts added after a release only when used, so the fingerprints (and
-  // ledgers) of jobs without them stay as they were.
-  if (t.vpp() > 1 || config.has_model()) {
-    absl::StrAppend(&parts.topology, "vpp", t.vpp(), ";", ModelCanonical(config.model()));
-  }
-  if (t.ep() > 1) absl::StrAppend(&parts.topology, ";ep", t.ep());
-  parts.batch = Canonical({config.global_batch(), config.seq_length(), config.eod_id(),
-                           config.pad_id(), config.append_eod(), config.long_documents()});
-  for (const v1::SideField& field : config.side_fields()) {
-    absl::StrAppend(&parts.batch, "side:", field.name(), ";", field.dtype(), ";",
-                    absl::StrJoin(field.inner_shape(), ","), ";", field.pad_value(), ";",
-                    field.align(), ";", field.layer_axis(), ";", field.role(), ";", field.stages(),
-                    "|");
-  }
-  parts.scheduler = absl::StrCat(
-      s.kind(), ";", s.cost_model(), ";", s.model_shape().ShortDebugString(), ";",
-      s.hardware().ShortDebugString(), ";", s.cp_upgrade_budget(), ";",
-      Canonical({s.max_tokens_per_rank(), s.min_cp(), s.max_cp(), s.max_sequences_per_pack()}));
-  if (!s.objective().empty() && s.objective() != "barrier") {
-    absl::StrAppend(&parts.scheduler, ";objective=", s.objective());
-  }
-  // (Only when set, so that the fingerprints of jobs without them stay.)
-  if (s.has_rates()) absl::StrAppend(&parts.scheduler, ";rates=", s.rates().ShortDebugString());
-  if (s.learn_cost_model()) {
-    absl::StrAppend(&parts.scheduler, ";learn=", s.learned_model_lead_steps());
-  }
-  parts.sampler = Canonical({config.sampler(), static_cast<int64_t>(config.seed())});
-  return parts;
+std::string DatasetPart(const dataset::IndexedDataset& dataset, const DatasetSource& source) {
+  return absl::StrCat(dataset.idx_digest(), ";", dataset.bin_bytes(), ";", source.kind, ";",
+                      source.weight, "|");
 }
 
 }  // namespace
-
-RankCoords JobLayout::Coords(int global_rank) const {
-  RankCoords c;
-  c.tp = global_rank % tp;
-  int rest = global_rank / tp;
-  c.cp = rest % cp;
-  rest /= cp;
-  c.dp = rest % dp;
-  c.pp = rest / dp;
-  c.dp_cp_rank = c.cp + cp * c.dp;
-  return c;
-}
 
 absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
     const std::string& prefix) {
@@ -114,21 +46,22 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
 // job: each one's sample table and side datasets, appending their
 // fingerprint parts to `datasets_part`; then its sampler.
 absl::Status Job::OpenDatasets(const DatasetOpener& open, std::string& datasets_part) {
-  const v1::JobConfig& config = config_;
-  std::vector<int64_t> num_documents;
-  for (const v1::DatasetSpec& spec : config.datasets()) {
+  scheduler::SamplerOptions sampler_options = spec_.sampler;
+  for (size_t d = 0; d < spec_.datasets.size(); ++d) {
+    const DatasetSource& source = spec_.datasets[d];
     PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> dataset,
-                        OpenWithDocuments(open, spec));
-    absl::StrAppend(&datasets_part, DatasetPart(*dataset, spec));
+                        OpenWithDocuments(open, source));
+    absl::StrAppend(&datasets_part, DatasetPart(*dataset, source));
     PF_ASSIGN_OR_RETURN(
         dataset::SampleTable table,
-        dataset::SampleTable::Build(dataset->index(), rules_, dataset->prefix() + ".idx"));
+        dataset::SampleTable::Build(dataset->index(), rules(), dataset->prefix() + ".idx"));
     sample_tables_.push_back(std::move(table));
-    num_documents.push_back(sample_tables_.back().num_samples());
+    sampler_options.datasets[d].num_samples = sample_tables_.back().num_samples();
     std::vector<std::shared_ptr<const dataset::IndexedDataset>> sides;
-    for (const SideFieldInfo& field : side_fields_) {
+    for (size_t f = 0; f < side_fields().size(); ++f) {
+      const SideFieldInfo& field = side_fields()[f];
       PF_ASSIGN_OR_RETURN(std::shared_ptr<const dataset::IndexedDataset> side,
-                          open(SideFieldPrefix(spec, field.name)));
+                          open(source.side_prefixes[f]));
       PF_RETURN_IF_ERROR(CheckSideDataset(field, *dataset, *side));
       absl::StrAppend(&datasets_part, field.name, ":", side->idx_digest(), ";", side->bin_bytes(),
                       "|");
@@ -138,7 +71,7 @@ absl::Status Job::OpenDatasets(const DatasetOpener& open, std::string& datasets_
     datasets_.push_back(std::move(dataset));
   }
   PF_ASSIGN_OR_RETURN(scheduler::Sampler sampler,
-                      scheduler::Sampler::Create(SamplerOptionsOf(config, num_documents)));
+                      scheduler::Sampler::Create(std::move(sampler_options)));
   sampler_ = std::make_unique<scheduler::Sampler>(std::move(sampler));
   return absl::OkStatus();
 }
@@ -147,22 +80,22 @@ absl::Status Job::OpenDatasets(const DatasetOpener& open, std::string& datasets_
 // indices (Megatron's, docs/PRETRAINING.md), appending their fingerprint
 // parts to `datasets_part`.
 absl::Status Job::BuildPretrainingIndices(const DatasetOpener& open, std::string& datasets_part) {
-  const v1::JobConfig& config = config_;
+  const PretrainingSpec& pretraining = *spec_.pretraining;
+  const int num_datasets = static_cast<int>(spec_.datasets.size());
   // Spans of the datasets' own lengths, which the job holds as long.
-  datasets_.resize(static_cast<size_t>(config.datasets_size()));
+  datasets_.resize(spec_.datasets.size());
   const auto started = std::chrono::steady_clock::now();
   absl::StatusOr<dataset::PretrainingIndices> indices = dataset::PretrainingIndices::Build(
-      config.datasets_size(),
+      num_datasets,
       [&](int d) -> absl::StatusOr<absl::Span<const int32_t>> {
         PF_ASSIGN_OR_RETURN(datasets_[static_cast<size_t>(d)],
-                            OpenWithDocuments(open, config.datasets(d)));
+                            OpenWithDocuments(open, spec_.datasets[static_cast<size_t>(d)]));
         return datasets_[static_cast<size_t>(d)]->sequence_lengths();
       },
-      PretrainingOptionsOf(config), ServedSplitOf(config),
+      pretraining.blend, pretraining.split,
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  for (int d = 0; indices.ok() && d < config.datasets_size(); ++d) {
-    absl::StrAppend(&datasets_part,
-                    DatasetPart(*datasets_[static_cast<size_t>(d)], config.datasets(d)));
+  for (size_t d = 0; indices.ok() && d < spec_.datasets.size(); ++d) {
+    absl::StrAppend(&datasets_part, DatasetPart(*datasets_[d], spec_.datasets[d]));
   }
   if (!indices.ok()) {
     // A dataset that did not open is refused as OpenDatasets refuses it.
@@ -170,21 +103,20 @@ absl::Status Job::BuildPretrainingIndices(const DatasetOpener& open, std::string
       if (opened == nullptr) return indices.status();
     }
     return absl::Status(indices.status().code(),
-                        absl::StrCat("job ", config.name(), ": ", indices.status().message()));
+                        absl::StrCat("job ", name(), ": ", indices.status().message()));
   }
   pretraining_ = *std::move(indices);
   // The longest part of a corpus-scale start-up (docs/PRETRAINING.md).
-  spdlog::info("job {}: indices of {} samples from {} datasets in {:.2f} s", config.name(),
+  spdlog::info("job {}: indices of {} samples from {} datasets in {:.2f} s", name(),
                pretraining_->num_samples(), pretraining_->num_datasets(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  batch_schedule_.emplace(BatchSchedule::Of(config));
   for (int d = 0; d < pretraining_->num_datasets(); ++d) {
     if (pretraining_->from_cache(d)) {
-      spdlog::info("job {}: dataset {} ({}): Megatron's cached indices read from {}", config.name(),
-                   d, config.datasets(d).prefix(), config.pretraining().cache_dir());
+      spdlog::info("job {}: dataset {} ({}): Megatron's cached indices read from {}", name(), d,
+                   spec_.datasets[static_cast<size_t>(d)].prefix, pretraining.cache_dir);
     }
   }
-  absl::StrAppend(&datasets_part, "pretraining:", config.pretraining().ShortDebugString(), "|");
+  absl::StrAppend(&datasets_part, pretraining.canonical);
   return absl::OkStatus();
 }
 
@@ -194,7 +126,7 @@ absl::Status Job::BuildPretrainingIndices(const DatasetOpener& open, std::string
 absl::Status Job::FindIngestFields(std::string& datasets_part) {
   IngestStream* ingest = ingest_;
   absl::StrAppend(&datasets_part, "ingest:", ingest->name(), "|");
-  for (const SideFieldInfo& field : side_fields_) {
+  for (const SideFieldInfo& field : side_fields()) {
     const int f = ingest->FieldIndex(field.name);
     if (f < 0) {
       return absl::InvalidArgumentError(
@@ -205,41 +137,21 @@ absl::Status Job::FindIngestFields(std::string& datasets_part) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
-                                                 const DatasetOpener& open, IngestStream* ingest) {
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(JobSpec spec, const DatasetOpener& open,
+                                                 IngestStream* ingest) {
   std::unique_ptr<Job> job(new Job());
-  job->config_ = config;
+  job->spec_ = std::move(spec);
   job->ingest_ = ingest;
-  job->kind_ = &KindFor(config, ingest != nullptr);
-  const v1::Topology& t = config.topology();
-  job->layout_ = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
-                  static_cast<int>(t.dp()), t.sequence_parallel()};
-  PF_ASSIGN_OR_RETURN(job->planner_, PlannerOptionsOf(config));
-  if (config.scheduler().learn_cost_model()) {
-    job->cost_models_ = std::make_unique<CostModelVersions>(job->planner_.cost_model);
-  }
-  if (job->planner_.kind == scheduler::SchedulerKind::kDynamicCp) {
-    PF_RETURN_IF_ERROR(scheduler::ResolveCpRange(job->planner_).status());
-  }
-  job->rules_ = SampleRulesOf(config);
-  PF_ASSIGN_OR_RETURN(job->stages_, ModelStages::Create(config.model(), job->layout_.pp,
-                                                        static_cast<int>(t.vpp()), config.name()));
-  for (int f = 0; f < config.side_fields_size(); ++f) {
-    PF_ASSIGN_OR_RETURN(SideFieldInfo field,
-                        ResolveSideField(config.side_fields(f), *job->stages_,
-                                         absl::StrCat(config.name(), ".side_fields[", f, "]")));
-    job->side_fields_.push_back(std::move(field));
+  job->kind_ = &KindFor(job->spec_, ingest != nullptr);
+  if (job->spec_.learn_cost_model) {
+    job->cost_models_ = std::make_unique<CostModelVersions>(job->planner_options().cost_model);
   }
 
   std::string datasets_part;
   PF_RETURN_IF_ERROR(job->kind().Open(*job, open, datasets_part));
-  job->fingerprint_ = MakeFingerprint(FingerprintPartsOf(config, std::move(datasets_part)));
-
-  for (uint32_t rank : config.local_ranks()) job->local_ranks_.push_back(static_cast<int>(rank));
-  if (job->local_ranks_.empty()) {
-    for (int r = 0; r < job->layout_.world_size(); ++r) job->local_ranks_.push_back(r);
-  }
-  std::sort(job->local_ranks_.begin(), job->local_ranks_.end());
+  FingerprintInputs fingerprint = job->spec_.fingerprint;
+  fingerprint.datasets = std::move(datasets_part);
+  job->fingerprint_ = MakeFingerprint(fingerprint);
 
   PF_RETURN_IF_ERROR(job->kind().CheckServable(*job));
   PF_ASSIGN_OR_RETURN(job->required_slot_bytes_,
@@ -250,7 +162,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const v1::JobConfig& config,
 absl::Status Job::CheckEverySampleFits() const {
   // Truncation or splitting bounds every sample by seq_length real tokens:
   // when that fits, every sample does, and no index is scanned.
-  if (scheduler::CheckSequenceFits(rules_.seq_length, planner_).ok()) return absl::OkStatus();
+  if (scheduler::CheckSequenceFits(rules().seq_length, planner_options()).ok())
+    return absl::OkStatus();
   for (size_t i = 0; i < datasets_.size(); ++i) {
     const dataset::IndexView& index = datasets_[i]->index();
     for (int64_t s = 0; s < sample_tables_[i].num_samples(); ++s) {
@@ -258,8 +171,8 @@ absl::Status Job::CheckEverySampleFits() const {
       if (piece.first_token == 0) {
         PF_RETURN_IF_ERROR(datasets_[i]->CheckDocument(static_cast<uint64_t>(piece.document)));
       }
-      const int64_t length = dataset::PlannedLength(index, piece, rules_);
-      absl::Status fits = scheduler::CheckSequenceFits(length, planner_);
+      const int64_t length = dataset::PlannedLength(index, piece, rules());
+      absl::Status fits = scheduler::CheckSequenceFits(length, planner_options());
       if (!fits.ok()) {
         return absl::FailedPreconditionError(
             absl::StrCat(datasets_[i]->prefix(), " document ", piece.document, " (", length,
@@ -275,7 +188,7 @@ absl::Status Job::CheckEverySampleFits() const {
 dataset::SampleShape Job::ShapeOf(const scheduler::SampleRef& sample) const {
   const dataset::SampleTable::Piece piece = PieceOf(sample);
   return dataset::ShapeOfSample(
-      dataset::DocumentTokens(dataset(sample.dataset).index(), piece.document), rules_,
+      dataset::DocumentTokens(dataset(sample.dataset).index(), piece.document), rules(),
       piece.first_token);
 }
 
@@ -287,7 +200,7 @@ int64_t Job::split_documents() const {
 
 scheduler::PlannerOptions Job::PlannerOptionsFor(int64_t step, bool planning,
                                                  uint32_t* version) const {
-  scheduler::PlannerOptions options = planner_;
+  scheduler::PlannerOptions options = planner_options();
   if (version != nullptr) *version = 0;
   if (cost_models_ == nullptr) return options;
   const CostModelVersion in_force =
@@ -296,14 +209,14 @@ scheduler::PlannerOptions Job::PlannerOptionsFor(int64_t step, bool planning,
   if (version != nullptr) *version = in_force.version;
   // A learned model is in seconds: unless the configuration caps CP
   // inflation, the planner then spends it by cost, as under a preset.
-  if (in_force.version > 0 && !config_.scheduler().has_cp_upgrade_budget()) {
+  if (in_force.version > 0 && !spec_.cp_upgrade_budget_set) {
     options.cp_upgrade_budget = DefaultCpUpgradeBudget("learned", hybrid_context_parallel());
   }
   return options;
 }
 
 bool Job::IsLocal(int global_rank) const {
-  return std::binary_search(local_ranks_.begin(), local_ranks_.end(), global_rank);
+  return std::binary_search(local_ranks().begin(), local_ranks().end(), global_rank);
 }
 
 }  // namespace packfeed::server

@@ -19,37 +19,13 @@
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
-#include "packfeed/v1/config.pb.h"
-#include "server/config/batch_schedule.h"
-#include "server/config/model_stages.h"
-#include "server/config/side_fields.h"
+#include "server/config/job_spec.h"
 #include "server/ingest/ingest_stream.h"
 #include "server/pipeline/cost_versions.h"
 
 namespace packfeed::server {
 
 class JobKind;  // job_kind.h
-
-// A rank's place in the job: global rank = tp + TP·(cp + CP·(dp + DP·pp)).
-struct RankCoords {
-  int tp = 0;
-  int cp = 0;
-  int dp = 0;
-  int pp = 0;
-  int dp_cp_rank = 0;  // cp + CP·dp
-};
-
-struct JobLayout {
-  int tp = 1, pp = 1, cp = 1, dp = 1;
-  bool sequence_parallel = false;
-
-  int world_size() const { return tp * pp * cp * dp; }
-  int dp_cp_size() const { return cp * dp; }
-  RankCoords Coords(int global_rank) const;
-  int GlobalRank(int tp_rank, int dp_cp_rank, int pp_rank) const {
-    return tp_rank + tp * (dp_cp_rank + dp_cp_size() * pp_rank);
-  }
-};
 
 // Opens a dataset by prefix; the daemon's shares one open dataset among
 // every job on the same files (Storage::Open).
@@ -63,22 +39,22 @@ absl::StatusOr<std::shared_ptr<const dataset::IndexedDataset>> OpenDatasetAlone(
 class Job {
  public:
   // Opens the datasets through `open` (NotFound / DataLoss naming the file)
-  // and computes the fingerprint. REQUIRES: `config` passed
-  // ValidateJobConfig (defaults filled).
-  // An ingest job (config.ingest_stream) reads `ingest`, which must be the
+  // and computes the fingerprint.
+  // An ingest job (spec.ingest_stream) reads `ingest`, which must be the
   // stream it names and outlive the job; it opens no dataset.
-  static absl::StatusOr<std::unique_ptr<Job>> Create(const v1::JobConfig& config,
+  static absl::StatusOr<std::unique_ptr<Job>> Create(JobSpec spec,
                                                      const DatasetOpener& open = OpenDatasetAlone,
                                                      IngestStream* ingest = nullptr);
 
-  const std::string& name() const { return config_.name(); }
-  const v1::JobConfig& config() const { return config_; }
+  const std::string& name() const { return spec_.name; }
+  // Its configuration, resolved (job_spec.h).
+  const JobSpec& spec() const { return spec_; }
   // What its configuration makes it (job_kind.h): documents, Megatron
   // pretraining, hybrid CP or ingest, for good.
   const JobKind& kind() const { return *kind_; }
-  const JobLayout& layout() const { return layout_; }
+  const JobLayout& layout() const { return spec_.layout; }
   const std::string& fingerprint() const { return fingerprint_; }
-  const scheduler::PlannerOptions& planner_options() const { return planner_; }
+  const scheduler::PlannerOptions& planner_options() const { return spec_.planner; }
   // The versions of a job's learned cost model; nullptr unless
   // scheduler.learn_cost_model. Thread-safe (the one part of a job that
   // changes after Create: the leader's versions are adopted into it).
@@ -88,7 +64,7 @@ class Job {
   // `planning`: for the plan this node serves (CostModelVersions::ForPlanning).
   scheduler::PlannerOptions PlannerOptionsFor(int64_t step, bool planning,
                                               uint32_t* version = nullptr) const;
-  const dataset::SampleRules& rules() const { return rules_; }
+  const dataset::SampleRules& rules() const { return spec_.rules; }
   // REQUIRES: not an ingest job.
   const scheduler::Sampler& sampler() const { return *sampler_; }
   // The stream an ingest job reads; nullptr for a job of datasets.
@@ -108,15 +84,15 @@ class Job {
   // Documents split into several samples, over every dataset.
   int64_t split_documents() const;
   int num_datasets() const { return static_cast<int>(datasets_.size()); }
-  const ModelStages& stages() const { return *stages_; }
+  const ModelStages& stages() const { return spec_.stages; }
   // The configured side fields, in configuration order, and dataset i's
   // copy of field f.
-  const std::vector<SideFieldInfo>& side_fields() const { return side_fields_; }
+  const std::vector<SideFieldInfo>& side_fields() const { return spec_.side_fields; }
   const dataset::IndexedDataset& side_dataset(int i, int f) const {
     return *side_datasets_[static_cast<size_t>(i)][static_cast<size_t>(f)];
   }
   // Global ranks this node hosts, ascending.
-  const std::vector<int>& local_ranks() const { return local_ranks_; }
+  const std::vector<int>& local_ranks() const { return spec_.local_ranks; }
   bool IsLocal(int global_rank) const;
   // A pretraining job's samples, numbered as Megatron numbers its split
   // (docs/PRETRAINING.md); nullptr for any other job.
@@ -125,11 +101,11 @@ class Job {
   }
   // Which samples each step of a pretraining job holds (its global batch
   // may change with the samples consumed). REQUIRES: pretraining().
-  const BatchSchedule& batch_schedule() const { return *batch_schedule_; }
+  const BatchSchedule& batch_schedule() const { return spec_.pretraining->batch_schedule; }
   // A pretraining job planned by sub-sample for Megatron's hybrid CP
   // (Pretraining.hybrid_context_parallel): its steps' StepPlan::pieces.
   bool hybrid_context_parallel() const {
-    return pretraining_ && config_.pretraining().hybrid_context_parallel();
+    return pretraining_ && spec_.pretraining->hybrid_context_parallel;
   }
   // The largest slot any rank of this job can need, in bytes.
   uint64_t required_slot_bytes() const { return required_slot_bytes_; }
@@ -146,26 +122,19 @@ class Job {
   absl::Status BuildPretrainingIndices(const DatasetOpener& open, std::string& datasets_part);
   absl::Status FindIngestFields(std::string& datasets_part);
 
-  v1::JobConfig config_;
+  JobSpec spec_;
   const JobKind* kind_ = nullptr;
-  JobLayout layout_;
-  scheduler::PlannerOptions planner_;
   std::unique_ptr<CostModelVersions> cost_models_;
-  dataset::SampleRules rules_;
   std::vector<std::shared_ptr<const dataset::IndexedDataset>> datasets_;
   std::vector<dataset::SampleTable> sample_tables_;  // per dataset
   // A pretraining job's indices; they view the sequence lengths of
   // datasets_, which outlive them.
   std::optional<dataset::PretrainingIndices> pretraining_;
-  std::optional<BatchSchedule> batch_schedule_;
-  std::optional<ModelStages> stages_;
-  std::vector<SideFieldInfo> side_fields_;
   std::vector<std::vector<std::shared_ptr<const dataset::IndexedDataset>>> side_datasets_;
   std::unique_ptr<scheduler::Sampler> sampler_;
   IngestStream* ingest_ = nullptr;
   std::vector<int> ingest_fields_;
   std::string fingerprint_;
-  std::vector<int> local_ranks_;
   uint64_t required_slot_bytes_ = 0;
 };
 

@@ -3,15 +3,14 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/config/job_config.h"
 #include "server/pipeline/job_kinds.h"
 
 namespace packfeed::server {
 
-const JobKind& KindFor(const v1::JobConfig& config, bool ingest) {
+const JobKind& KindFor(const JobSpec& spec, bool ingest) {
   if (ingest) return IngestKind();
-  if (IsPretrainingJob(config)) {
-    return config.pretraining().hybrid_context_parallel() ? HybridCpKind() : PretrainingKind();
+  if (spec.pretraining) {
+    return spec.pretraining->hybrid_context_parallel ? HybridCpKind() : PretrainingKind();
   }
   return DocumentsKind();
 }
@@ -20,8 +19,8 @@ absl::Status JobKind::CheckServable(const Job&) const { return absl::OkStatus();
 
 SlotBounds JobKind::BoundsOf(const Job& job) const {
   SlotBounds bounds;
-  bounds.max_tokens = job.config().scheduler().max_tokens_per_rank();
-  bounds.max_sequences = job.config().global_batch();
+  bounds.max_tokens = job.planner_options().max_tokens_per_rank;
+  bounds.max_sequences = job.spec().global_batch;
   if (job.planner_options().kind == scheduler::SchedulerKind::kDynamicCp) {
     bounds.group_ranks = job.layout().dp_cp_size();
   }
@@ -30,9 +29,9 @@ SlotBounds JobKind::BoundsOf(const Job& job) const {
 
 SlotBounds PretrainingBounds(const Job& job, SlotBounds bounds) {
   // Documents split a sample's row: up to one sequence per token.
-  const v1::Pretraining& pretraining = job.config().pretraining();
-  if (pretraining.reset_attention_mask() || pretraining.inter_document_masking()) {
-    bounds.max_sequences = std::max<int64_t>(job.config().global_batch(), bounds.max_tokens);
+  const PretrainingSpec& pretraining = *job.spec().pretraining;
+  if (pretraining.reset_attention_mask || pretraining.inter_document_masking) {
+    bounds.max_sequences = std::max<int64_t>(job.spec().global_batch, bounds.max_tokens);
   }
   return bounds;
 }

@@ -97,7 +97,7 @@ class JobKind {
 };
 
 // The kind a job of `config` is (`ingest`: it reads an ingest stream).
-const JobKind& KindFor(const v1::JobConfig& config, bool ingest);
+const JobKind& KindFor(const JobSpec& spec, bool ingest);
 
 }  // namespace packfeed::server
 

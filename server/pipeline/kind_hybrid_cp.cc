@@ -21,10 +21,9 @@ namespace {
 // non-empty cu_seqlens spans DP rank by DP rank, sample by sample: gid i
 // is planned sequence i here. The dynamic-CP planner places them.
 absl::Status HybridCpBatch(const Job& job, StepPlan& out, std::vector<int64_t>& lengths) {
-  const v1::JobConfig& config = job.config();
-  const v1::Pretraining& pretraining = config.pretraining();
-  const int64_t mbs = pretraining.micro_batch_size();
-  const int64_t seq = config.seq_length();
+  const PretrainingSpec& pretraining = *job.spec().pretraining;
+  const int64_t mbs = pretraining.micro_batch_size;
+  const int64_t seq = job.spec().seq_length;
   const int dp = job.layout().dp;
   PF_ASSIGN_OR_RETURN(const BatchSchedule::Step batch, SamplesOfStep(job, out.step));
   const int64_t first = batch.first_sample;
@@ -35,7 +34,7 @@ absl::Status HybridCpBatch(const Job& job, StepPlan& out, std::vector<int64_t>& 
         const int64_t k = first + (i * dp + d) * mbs + b;
         const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(k);
         PF_ASSIGN_OR_RETURN(const std::vector<int64_t> runs, CheckedRuns(job, sample));
-        const SampleBounds bounds = PieceBounds(runs, seq, !pretraining.no_extra_token());
+        const SampleBounds bounds = PieceBounds(runs, seq, !pretraining.no_extra_token);
         if (bounds.back() != seq) {
           return absl::InternalError(absl::StrCat("sample ", k, "'s document pieces end at ",
                                                   bounds.back(), ", not at seq_length ", seq));
@@ -140,7 +139,7 @@ class HybridCp final : public JobKind {
 
   absl::Status CheckServable(const Job& job) const override {
     // A sub-sample is at most a whole sample.
-    const int64_t seq_length = job.config().seq_length();
+    const int64_t seq_length = job.spec().seq_length;
     if (absl::Status fits = scheduler::CheckSequenceFits(seq_length, job.planner_options());
         !fits.ok()) {
       return absl::FailedPreconditionError(

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cell_balance.h"
-#include "server/config/job_config.h"
 #include "server/pipeline/document_mask.h"
 #include "server/pipeline/job_kinds.h"
 
@@ -37,7 +36,7 @@ absl::StatusOr<BatchSchedule::Step> SamplesOfStep(const Job& job, int64_t step) 
   const int64_t available = job.pretraining()->num_samples();
   if (out.first_sample + out.global_batch > available) {
     return absl::OutOfRangeError(
-        absl::StrCat("the ", dataset::MegatronSplitName(ServedSplitOf(job.config())),
+        absl::StrCat("the ", dataset::MegatronSplitName(job.spec().pretraining->split),
                      " split holds ", available, " samples; this step needs [", out.first_sample,
                      ", ", out.first_sample + out.global_batch, ")"));
   }
@@ -69,14 +68,14 @@ namespace {
 // micro_batch_size samples from m·mbs·DP + d·mbs, and its CP group slices
 // each of them.
 absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
-  const v1::JobConfig& config = job.config();
-  const int64_t mbs = config.pretraining().micro_batch_size();
-  const int64_t seq = config.seq_length();
+  const PretrainingSpec& pretraining = *job.spec().pretraining;
+  const int64_t mbs = pretraining.micro_batch_size;
+  const int64_t seq = job.spec().seq_length;
   const JobLayout& layout = job.layout();
   PF_ASSIGN_OR_RETURN(const BatchSchedule::Step batch, SamplesOfStep(job, out.step));
   const int64_t first = batch.first_sample;
   const int64_t global_batch = batch.global_batch;
-  const bool balance = config.pretraining().balance_document_attention();
+  const bool balance = pretraining.balance_document_attention;
   std::vector<double> costs;  // with balance: each sample's document-masked cost
   for (int64_t k = 0; k < global_batch; ++k) {
     const dataset::PretrainingIndices::Sample sample = job.pretraining()->Locate(first + k);
@@ -116,11 +115,11 @@ absl::Status PretrainingBatch(const Job& job, StepPlan& out) {
 // one THD row with cu_seqlens at their documents, and the positions of the
 // row this rank holds (document_mask.h).
 absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSource& source) {
-  const v1::Pretraining& pretraining = job.config().pretraining();
-  const int64_t seq_length = job.config().seq_length();
+  const PretrainingSpec& pretraining = *job.spec().pretraining;
+  const int64_t seq_length = job.spec().seq_length;
   std::vector<SampleBounds> samples;
   for (size_t i = 0; i < source.runs.size(); ++i) {
-    if (!pretraining.inter_document_masking()) {
+    if (!pretraining.inter_document_masking) {
       samples.push_back(EodBounds(source.runs[i], seq_length, source.rules));
       continue;
     }
@@ -130,7 +129,7 @@ absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSo
     for (const dataset::SampleRun& run : job.pretraining()->Locate(ref.index).runs) {
       pieces.push_back(run.length);
     }
-    samples.push_back(PieceBounds(pieces, seq_length, !pretraining.no_extra_token()));
+    samples.push_back(PieceBounds(pieces, seq_length, !pretraining.no_extra_token));
     if (samples.back().back() != seq_length) {
       // The index's runs cover more than the sample: never serve that.
       return absl::InternalError(absl::StrCat("sample ", ref.index, "'s document pieces end at ",
@@ -139,9 +138,8 @@ absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSo
     }
   }
   const DocumentRow row = RowOf(samples, seq_length);
-  const CpSplit split = pretraining.cp_split() == v1::Pretraining::CP_SPLIT_PER_DOCUMENT
-                            ? CpSplit::kPerDocument
-                            : CpSplit::kPerSequence;
+  const CpSplit split =
+      pretraining.cp_split_per_document ? CpSplit::kPerDocument : CpSplit::kPerSequence;
   PF_ASSIGN_OR_RETURN(source.slices,
                       CpRangesOfRow(row, seq_length, source.group->size, source.cp_rank, split));
   source.tokens = 0;
@@ -151,7 +149,7 @@ absl::Status ServeDocumentRow(const Job& job, const StepData& data, MicrobatchSo
   source.cu_seqlens = row.cu_seqlens;
   source.cu_seqlens_padded = row.cu_seqlens;
   source.max_seqlen = row.max_seqlen;
-  if (pretraining.inter_document_masking()) source.document_bounds = std::move(samples);
+  if (pretraining.inter_document_masking) source.document_bounds = std::move(samples);
   return absl::OkStatus();
 }
 
@@ -186,8 +184,8 @@ class Pretraining final : public JobKind {
 
   absl::Status ShapeSource(const Job& job, const StepData& data, int,
                            MicrobatchSource& source) const override {
-    const v1::Pretraining& pretraining = job.config().pretraining();
-    if (pretraining.reset_attention_mask() || pretraining.inter_document_masking()) {
+    const PretrainingSpec& pretraining = *job.spec().pretraining;
+    if (pretraining.reset_attention_mask || pretraining.inter_document_masking) {
       return ServeDocumentRow(job, data, source);
     }
     source.bshd_rows = static_cast<int64_t>(source.group->sequences.size());

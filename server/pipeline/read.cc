@@ -139,7 +139,7 @@ IngestConsumer IngestConsumerOf(const Job& job) {
     const std::set<int64_t> samples = SamplesOfRanks(job, plan, job.local_ranks());
     return std::vector<int64_t>(samples.begin(), samples.end());
   };
-  return {job.name(), job.config().global_batch(), job.rules(), job.planner_options(),
+  return {job.name(), job.spec().global_batch, job.rules(), job.planner_options(),
           std::move(local_samples)};
 }
 

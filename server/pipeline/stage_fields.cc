@@ -29,8 +29,8 @@ std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
       if (stage.targets) out.push_back({&field, field.name, {}});
       continue;
     }
-    const bool inputs = field.stages == v1::SideField::STAGES_INPUTS;
-    const bool targets = field.stages == v1::SideField::STAGES_TARGETS;
+    const bool inputs = field.stages == SideFieldStages::kInputs;
+    const bool targets = field.stages == SideFieldStages::kTargets;
     if ((inputs && !stage.inputs) || (targets && !stage.targets)) continue;
     if (!field.layer_axis) {
       // With the fields it goes with, in their chunk.
@@ -42,7 +42,7 @@ std::vector<SideSlice> SideSlicesOfStage(absl::Span<const SideFieldInfo> fields,
     // none (and under STAGES_LAYERS neither does a stage without any).
     for (int chunk = 0; chunk < stages.vpp(); ++chunk) {
       const std::vector<IndexRange>& entries = stages.MoeEntries(pp_rank, chunk);
-      if (entries.empty() && field.stages == v1::SideField::STAGES_LAYERS) continue;
+      if (entries.empty() && field.stages == SideFieldStages::kLayers) continue;
       std::string name = ChunkFieldName(field.name, stages.vpp() > 1 ? chunk : -1);
       // An empty cut of a field a stage must get: zero layers, not all.
       out.push_back(

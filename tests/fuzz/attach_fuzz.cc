@@ -21,6 +21,7 @@
 #include "server/config/daemon_config.h"
 #include "server/control/attach_check.h"
 #include "server/pipeline/job.h"
+#include "tests/unit/server/pipeline/job_of_config.h"
 
 namespace {
 
@@ -49,7 +50,7 @@ Subject* MakeSubject() {
   })"),
                                                     "fuzz");
   if (!config.ok()) abort();
-  auto job = packfeed::server::Job::Create(config->jobs(0));
+  auto job = packfeed::server::JobOfConfig(config->jobs(0));
   std::filesystem::remove_all(dir);  // the job holds what it needs mapped
   if (!job.ok()) abort();
   auto* subject = new Subject{*std::move(job), {}};

@@ -3,6 +3,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "packfeed/v1/config.pb.h"
 
 namespace packfeed::server {
 namespace {

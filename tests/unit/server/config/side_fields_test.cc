@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "packfeed/dataset/indexed_dataset.h"
 #include "packfeed/dataset/indexed_dataset_writer.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/model_stages.h"
 #include "test_paths.h"
 
@@ -49,18 +50,18 @@ TEST(SideFieldsTest, DefaultsFollowTheAlignmentAndTheLayerAxis) {
   EXPECT_EQ(experts->row_elements, 8);
   EXPECT_EQ(experts->row_bytes(), 16u);
   EXPECT_THAT(experts->pad, ElementsAre(0xff, 0xff));
-  EXPECT_EQ(experts->stages, v1::SideField::STAGES_LAYERS);
+  EXPECT_EQ(experts->stages, SideFieldStages::kLayers);
 
   absl::StatusOr<SideFieldInfo> logprobs =
       Resolve("name: 'logprobs' dtype: 'float32' align: ALIGN_LABELS");
   ASSERT_TRUE(logprobs.ok()) << logprobs.status();
   EXPECT_TRUE(logprobs->labels_aligned);
-  EXPECT_EQ(logprobs->stages, v1::SideField::STAGES_TARGETS);
+  EXPECT_EQ(logprobs->stages, SideFieldStages::kTargets);
   EXPECT_THAT(logprobs->pad, ElementsAre(0, 0, 0, 0));
 
   absl::StatusOr<SideFieldInfo> plain = Resolve("name: 'ids' dtype: 'int32'");
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->stages, v1::SideField::STAGES_INPUTS);
+  EXPECT_EQ(plain->stages, SideFieldStages::kInputs);
 }
 
 TEST(SideFieldsTest, SixteenBitFloatPadsAreRoundedToTheirBits) {

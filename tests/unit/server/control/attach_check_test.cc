@@ -14,6 +14,7 @@
 #include "packfeed/dataset/dataset_generator.h"
 #include "server/config/daemon_config.h"
 #include "test_paths.h"
+#include "tests/unit/server/pipeline/job_of_config.h"
 
 namespace packfeed::server {
 namespace {
@@ -32,7 +33,7 @@ class AttachStartStepTest : public ::testing::Test {
                                        kind_and_rest, " }"),
                           "test");
     EXPECT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config->jobs(0));
+    absl::StatusOr<std::unique_ptr<Job>> job = JobOfConfig(config->jobs(0));
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *std::move(job) : nullptr;
   }

@@ -12,6 +12,7 @@
 #include "server/config/daemon_config.h"
 #include "server/ingest/ingest_stream.h"
 #include "test_paths.h"
+#include "tests/unit/server/pipeline/job_of_config.h"
 
 namespace packfeed::server {
 namespace {
@@ -42,7 +43,7 @@ class JobKindTest : public ::testing::Test {
     EXPECT_TRUE(config.ok()) << config.status();
     if (!config.ok()) return nullptr;
     absl::StatusOr<std::unique_ptr<Job>> job =
-        Job::Create(config->jobs(0), OpenDatasetAlone, stream);
+        JobOfConfig(config->jobs(0), OpenDatasetAlone, stream);
     EXPECT_TRUE(job.ok()) << job.status();
     return job.ok() ? *std::move(job) : nullptr;
   }
@@ -131,7 +132,7 @@ TEST_F(JobKindTest, AHybridCpSampleIsReadOnceAndEachPieceServedItsSpan) {
   ASSERT_EQ(data.runs.size(), plan->samples.size());
   for (size_t s = 0; s < plan->samples.size(); ++s) {
     const absl::Span<const int64_t> run = data.runs.at(static_cast<int64_t>(s)).tokens();
-    EXPECT_EQ(static_cast<int64_t>(run.size()), job->config().seq_length() + 1)
+    EXPECT_EQ(static_cast<int64_t>(run.size()), job->spec().seq_length + 1)
         << "piece " << s << " has its whole sample's run";
     absl::StatusOr<absl::Span<const int64_t>> tokens =
         kind.TokensOf(data.plan, static_cast<int64_t>(s), run);

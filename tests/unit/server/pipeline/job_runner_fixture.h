@@ -26,6 +26,7 @@
 #include "server/pipeline/plan.h"
 #include "test_job.h"
 #include "test_paths.h"
+#include "tests/unit/server/pipeline/job_of_config.h"
 
 namespace packfeed::server {
 
@@ -297,7 +298,7 @@ class JobRunnerTest : public ::testing::Test {
     // As the daemon does: the storage opens the datasets (and keeps them
     // while its reader threads may still use them).
     const DatasetOpener open = [this](const std::string& prefix) { return storage_.Open(prefix); };
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, open, stream);
+    absl::StatusOr<std::unique_ptr<Job>> job = JobOfConfig(config, open, stream);
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
     options.prefetch_steps = prefetch_steps;

@@ -13,6 +13,7 @@
 #include "server/config/daemon_config.h"
 #include "server/pipeline/job.h"
 #include "test_paths.h"
+#include "tests/unit/server/pipeline/job_of_config.h"
 
 namespace packfeed::server {
 namespace {
@@ -38,7 +39,7 @@ class PlanTest : public ::testing::Test {
                                        "\" } global_batch: 32 eod_id: 0 seed: 5 ", body, " }"),
                           "test");
     EXPECT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config->jobs(0));
+    absl::StatusOr<std::unique_ptr<Job>> job = JobOfConfig(config->jobs(0));
     EXPECT_TRUE(job.ok()) << job.status();
     return *std::move(job);
   }

@@ -15,6 +15,7 @@
 #include "server/pipeline/job.h"
 #include "server/pipeline/plan.h"
 #include "test_paths.h"
+#include "tests/unit/server/pipeline/job_of_config.h"
 
 namespace packfeed::server {
 namespace {
@@ -39,7 +40,7 @@ class ReadTest : public ::testing::Test {
                      " scheduler { kind: \"dynamic_cp\" max_tokens_per_rank: 64 } }"),
         "test");
     EXPECT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config->jobs(0));
+    absl::StatusOr<std::unique_ptr<Job>> job = JobOfConfig(config->jobs(0));
     EXPECT_TRUE(job.ok()) << job.status();
     return *std::move(job);
   }

@@ -20,6 +20,7 @@
 #include "server/storage/storage.h"
 #include "test_job.h"
 #include "test_paths.h"
+#include "tests/unit/server/pipeline/job_of_config.h"
 
 namespace packfeed::server {
 
@@ -34,7 +35,7 @@ class RunnerPartsTest : public ::testing::Test {
         "jobs { name: \"j\" " + TestJobBody(prefix, /*dp=*/4, /*tp=*/1, side_field) + " }", "test");
     ASSERT_TRUE(config.ok()) << config.status();
     const DatasetOpener open = [this](const std::string& p) { return storage_.Open(p); };
-    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config->jobs(0), open, nullptr);
+    absl::StatusOr<std::unique_ptr<Job>> job = JobOfConfig(config->jobs(0), open, nullptr);
     ASSERT_TRUE(job.ok()) << job.status();
     job_ = *std::move(job);
   }
