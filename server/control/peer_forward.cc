@@ -1,4 +1,4 @@
-#include "server/ingest/peer_forward.h"
+#include "server/control/peer_forward.h"
 
 #include <algorithm>
 #include <chrono>

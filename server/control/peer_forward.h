@@ -1,5 +1,5 @@
-#ifndef PACKFEED_SERVER_INGEST_PEER_FORWARD_H_
-#define PACKFEED_SERVER_INGEST_PEER_FORWARD_H_
+#ifndef PACKFEED_SERVER_CONTROL_PEER_FORWARD_H_
+#define PACKFEED_SERVER_CONTROL_PEER_FORWARD_H_
 
 // Hands every step sealed on this daemon (the origin) to every peer daemon
 // (docs/INGEST.md, Several nodes): its samples' lengths, groups and tags,
@@ -133,4 +133,4 @@ class PeerForwarder {
 
 }  // namespace packfeed::server
 
-#endif  // PACKFEED_SERVER_INGEST_PEER_FORWARD_H_
+#endif  // PACKFEED_SERVER_CONTROL_PEER_FORWARD_H_
