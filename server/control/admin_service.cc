@@ -11,6 +11,7 @@
 #include "server/control/attach_check.h"
 #include "server/control/cost_model_sync.h"
 #include "server/control/daemon.h"
+#include "server/control/ingest_messages.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
 #include "server/pipeline/plan.h"
@@ -174,9 +175,9 @@ class AdminService final : public v1::Admin::CallbackService {
       reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
-    daemon_.ingest()->Forward(*request,
-                              [reactor, reply](absl::StatusOr<v1::ForwardStepReply> done) {
-                                if (done.ok()) *reply = *std::move(done);
+    daemon_.ingest()->Forward(ForwardedStepOf(*request),
+                              [reactor, reply](absl::StatusOr<ForwardFetched> done) {
+                                if (done.ok()) *reply = ForwardStepReplyOf(*done);
                                 reactor->Finish(proto::ToGrpc(done.status()));
                               });
     return reactor;

@@ -5,6 +5,7 @@
 #include "packfeed/common/status_macros.h"
 #include "packfeed/proto/grpc_status.h"
 #include "server/control/daemon.h"
+#include "server/control/ingest_messages.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
 #include "spdlog/spdlog.h"
@@ -33,9 +34,9 @@ class IngestService final : public v1::Ingest::CallbackService {
       reactor->Finish(proto::ToGrpc(status));
       return reactor;
     }
-    daemon_.ingest()->Reserve(*request, *caller, std::move(shared),
-                              [reactor, reply](absl::StatusOr<v1::ReserveReply> done) {
-                                if (done.ok()) *reply = *std::move(done);
+    daemon_.ingest()->Reserve(ArenaPutOf(*request), *caller, std::move(shared),
+                              [reactor, reply](absl::StatusOr<Reservation> done) {
+                                if (done.ok()) *reply = ReserveReplyOf(*done);
                                 reactor->Finish(proto::ToGrpc(done.status()));
                               });
     return reactor;
@@ -50,8 +51,9 @@ class IngestService final : public v1::Ingest::CallbackService {
     absl::StatusOr<transport::PeerIdentity> caller = daemon_.CallerOf(*context);
     if (status.ok()) status = caller.status();
     if (status.ok()) {
-      absl::StatusOr<v1::PutReply> committed = daemon_.ingest()->Commit(*request, *caller);
-      if (committed.ok()) *reply = *std::move(committed);
+      absl::StatusOr<PutHeld> committed =
+          daemon_.ingest()->Commit(LeaseCommitOf(*request), *caller);
+      if (committed.ok()) *reply = PutReplyOf(*committed);
       status = committed.status();
       if (!status.ok()) spdlog::warn("ingest: put refused: {}", std::string(status.message()));
     }
@@ -67,10 +69,11 @@ class IngestService final : public v1::Ingest::CallbackService {
       reactor->Finish(proto::ToGrpc(caller.status()));
       return reactor;
     }
-    daemon_.ingest()->Put(*request, *caller, [reactor, reply](absl::StatusOr<v1::PutReply> done) {
-      if (done.ok()) *reply = *std::move(done);
-      reactor->Finish(proto::ToGrpc(done.status()));
-    });
+    daemon_.ingest()->Put(ArenaPutOf(*request), *caller,
+                          [reactor, reply](absl::StatusOr<PutHeld> done) {
+                            if (done.ok()) *reply = PutReplyOf(*done);
+                            reactor->Finish(proto::ToGrpc(done.status()));
+                          });
     return reactor;
   }
 

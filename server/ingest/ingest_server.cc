@@ -28,9 +28,9 @@ bool SameProcess(const transport::PeerIdentity& a, const transport::PeerIdentity
 
 bool Exited(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
 
-uint64_t SampleBytes(const v1::IngestSample& sample) {
-  uint64_t bytes = sample.tokens() * sizeof(int64_t);
-  for (uint64_t field : sample.field_bytes()) bytes += field;
+uint64_t SampleBytes(const PutSample& sample) {
+  uint64_t bytes = sample.tokens * sizeof(int64_t);
+  for (uint64_t field : sample.field_bytes) bytes += field;
   return bytes;
 }
 
@@ -45,33 +45,33 @@ struct SampleLayout {
   bool one_span = false;
 };
 
-SampleLayout LayoutOf(const v1::IngestSample& sample, const std::vector<int>& stream_field) {
+SampleLayout LayoutOf(const PutSample& sample, const std::vector<int>& stream_field) {
   constexpr uint64_t kMostPaddingPerField = 8;
   SampleLayout layout;
   layout.field_offsets.assign(stream_field.size(), 0);
-  const uint64_t tokens_end = sample.offset() + sample.tokens() * sizeof(int64_t);
+  const uint64_t tokens_end = sample.offset + sample.tokens * sizeof(int64_t);
   uint64_t span_end = tokens_end;
   bool after_tokens = true;
-  for (int f = 0; f < sample.field_bytes_size(); ++f) {
-    after_tokens = after_tokens && sample.field_offsets(f) >= tokens_end;
-    span_end = std::max(span_end, sample.field_offsets(f) + sample.field_bytes(f));
+  for (size_t f = 0; f < sample.field_bytes.size(); ++f) {
+    after_tokens = after_tokens && sample.field_offsets[f] >= tokens_end;
+    span_end = std::max(span_end, sample.field_offsets[f] + sample.field_bytes[f]);
   }
-  const uint64_t span = span_end - sample.offset();
+  const uint64_t span = span_end - sample.offset;
   layout.one_span =
       after_tokens && span <= SampleBytes(sample) + kMostPaddingPerField * stream_field.size();
   if (layout.one_span) {
-    for (int f = 0; f < sample.field_bytes_size(); ++f) {
-      layout.field_offsets[static_cast<size_t>(stream_field[static_cast<size_t>(f)])] =
-          sample.field_offsets(f) - sample.offset();
+    for (size_t f = 0; f < sample.field_bytes.size(); ++f) {
+      layout.field_offsets[static_cast<size_t>(stream_field[f])] =
+          sample.field_offsets[f] - sample.offset;
     }
     layout.bytes = span;
     return layout;
   }
   std::vector<uint64_t> sizes(stream_field.size(), 0);  // by stream field
-  for (int f = 0; f < sample.field_bytes_size(); ++f) {
-    sizes[static_cast<size_t>(stream_field[static_cast<size_t>(f)])] = sample.field_bytes(f);
+  for (size_t f = 0; f < sample.field_bytes.size(); ++f) {
+    sizes[static_cast<size_t>(stream_field[f])] = sample.field_bytes[f];
   }
-  uint64_t at = sample.tokens() * sizeof(int64_t);
+  uint64_t at = sample.tokens * sizeof(int64_t);
   for (size_t f = 0; f < sizes.size(); ++f) {
     layout.field_offsets[f] = at;
     at += sizes[f];
@@ -84,43 +84,25 @@ SampleLayout LayoutOf(const v1::IngestSample& sample, const std::vector<int>& st
 uint64_t AlignedToSample(uint64_t bytes) { return (bytes + 15) & ~uint64_t{15}; }
 
 // The put's fields by their index in the stream.
-std::vector<int> StreamFieldsOf(const v1::PutRequest& put, const IngestStream& stream) {
+std::vector<int> StreamFieldsOf(const IngestPut& put, const IngestStream& stream) {
   std::vector<int> stream_field;
-  for (const std::string& name : put.fields()) stream_field.push_back(stream.FieldIndex(name));
+  for (const std::string& name : put.fields) stream_field.push_back(stream.FieldIndex(name));
   return stream_field;
 }
 
 // The memory the samples of a forwarded `put` that are kept (`wanted`)
 // take as Transfer allocates them, padding included: what the budget
 // counts.
-uint64_t HeldBytes(const v1::PutRequest& put, const IngestStream& stream,
+uint64_t HeldBytes(const IngestPut& put, const IngestStream& stream,
                    const std::vector<bool>& wanted) {
   const std::vector<int> stream_field = StreamFieldsOf(put, stream);
   uint64_t total = 0;
-  for (int i = 0; i < put.samples_size(); ++i) {
-    if (wanted[static_cast<size_t>(i)]) {
-      total += AlignedToSample(LayoutOf(put.samples(i), stream_field).bytes);
+  for (size_t i = 0; i < put.samples.size(); ++i) {
+    if (wanted[i]) {
+      total += AlignedToSample(LayoutOf(put.samples[i], stream_field).bytes);
     }
   }
   return total;
-}
-
-// The put as IngestStream's checks take it.
-PutShape ShapeOf(const v1::PutRequest& put) {
-  PutShape shape;
-  shape.step = put.step();
-  shape.fields.assign(put.fields().begin(), put.fields().end());
-  shape.region_bytes = put.region().length();
-  shape.samples.reserve(static_cast<size_t>(put.samples_size()));
-  for (const v1::IngestSample& in : put.samples()) {
-    PutShape::Sample& out = shape.samples.emplace_back();
-    out.group = in.group();
-    out.tokens = in.tokens();
-    out.offset = in.offset();
-    out.field_offsets.assign(in.field_offsets().begin(), in.field_offsets().end());
-    out.field_bytes.assign(in.field_bytes().begin(), in.field_bytes().end());
-  }
-  return shape;
 }
 
 // The most free spans a reply names: the producer places a put in the
@@ -129,21 +111,19 @@ PutShape ShapeOf(const v1::PutRequest& put) {
 constexpr size_t kFreeSpansNamed = 64;
 
 // The reply to a put into `arena`, naming the spans free there now.
-v1::PutReply PutReplyOf(const PutOutcome& outcome, const StagingArena& arena) {
-  v1::PutReply reply;
-  reply.set_samples_held(outcome.samples_held);
-  reply.set_bytes_held(outcome.bytes_held);
+PutHeld PutHeldOf(const PutOutcome& outcome, const StagingArena& arena) {
+  PutHeld reply;
+  reply.samples_held = outcome.samples_held;
+  reply.bytes_held = outcome.bytes_held;
   for (const auto& [offset, length] : arena.FreeSpans(kFreeSpansNamed)) {
-    v1::ArenaFreeSpan* span = reply.add_free_spans();
-    span->set_offset(offset);
-    span->set_length(length);
+    reply.free_spans.push_back({offset, length});
   }
   return reply;
 }
 
-absl::Status InForward(const v1::ForwardStepRequest& forward, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat("forwarded step ", forward.step(), " of stream ",
-                                                  forward.stream(), ": ", status.message()));
+absl::Status InForward(const ForwardedStep& forward, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("forwarded step ", forward.step, " of stream ",
+                                                  forward.stream, ": ", status.message()));
 }
 
 }  // namespace
@@ -193,17 +173,17 @@ IngestStream* IngestServer::stream(const std::string& name) const {
 }
 
 absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> IngestServer::CheckPut(
-    const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+    const ArenaPut& request, const transport::PeerIdentity& caller,
     std::shared_ptr<transport::SharedRing> shared) {
-  const v1::PutRequest& put = request.put();
-  IngestStream* target = stream(put.stream());
+  const IngestPut& put = request.put;
+  IngestStream* target = stream(put.stream);
   if (target == nullptr) {
-    return absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream(), "'"));
+    return absl::NotFoundError(absl::StrCat("no ingest stream '", put.stream, "'"));
   }
   PF_ASSIGN_OR_RETURN(std::shared_ptr<StagingArena> arena,
                       ArenaFor(request, caller, std::move(shared)));
-  PF_RETURN_IF_ERROR(target->CheckPut(ShapeOf(put)).status());
-  const uint64_t bytes = put.region().length();
+  PF_RETURN_IF_ERROR(target->CheckPut(put).status());
+  const uint64_t bytes = put.region.length;
   if (bytes > arena->bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("a put of ", bytes, " bytes into a staging arena of ", arena->bytes()));
@@ -211,10 +191,9 @@ absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> IngestSe
   return std::make_pair(target, std::move(arena));
 }
 
-void IngestServer::Reserve(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+void IngestServer::Reserve(ArenaPut request, const transport::PeerIdentity& caller,
                            std::shared_ptr<transport::SharedRing> shared,
-                           std::function<void(absl::StatusOr<v1::ReserveReply>)> done) {
-  const v1::PutRequest& put = request.put();
+                           std::function<void(absl::StatusOr<Reservation>)> done) {
   absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> checked =
       CheckPut(request, caller, std::move(shared));
   if (!checked.ok()) {
@@ -224,30 +203,27 @@ void IngestServer::Reserve(const v1::ReserveRequest& request, const transport::P
   }
   IngestStream* target = checked->first;
   const std::shared_ptr<StagingArena>& arena = checked->second;
-  const uint64_t bytes = put.region().length();
+  auto put = std::make_shared<const IngestPut>(std::move(request.put));
+  const uint64_t bytes = put->region.length;
   auto span = std::make_shared<std::shared_ptr<ArenaSpan>>();
   auto claim = [memory = arena, bytes, span] {
     *span = memory->Take(bytes);
     return *span != nullptr;
   };
-  auto run = [this, &put, target, bytes, span, id = arena->id(), done](absl::Status room) {
-    absl::StatusOr<v1::ReserveReply> reply = absl::UnknownError("not run");
+  auto run = [this, put, target, bytes, span, id = arena->id(), done](absl::Status room) {
+    absl::StatusOr<Reservation> reply = absl::UnknownError("not run");
     if (!room.ok()) {
       reply = room;
     } else {
-      absl::StatusOr<std::vector<IngestedSample>> samples = SamplesIn(put, *target, *span);
+      absl::StatusOr<std::vector<IngestedSample>> samples = SamplesIn(*put, *target, *span);
       std::optional<Lease> cancelled;
       if (samples.ok()) {
         absl::MutexLock lock(&mutex_);
         auto it = arenas_.find(id);
         if (it != arenas_.end()) {
           cancelled = std::move(it->second.lease);
-          it->second.lease = Lease{next_lease_++, target, put.step(), bytes, *std::move(samples)};
-          v1::ReserveReply reserved;
-          reserved.set_arena(id);
-          reserved.set_lease(it->second.lease->id);
-          reserved.set_offset((*span)->offset);
-          reply = reserved;
+          it->second.lease = Lease{next_lease_++, target, put->step, bytes, *std::move(samples)};
+          reply = Reservation{id, it->second.lease->id, (*span)->offset};
         } else {
           reply = absl::UnavailableError(absl::StrCat(
               "staging arena ", id, " was released (its producer exited) while the put waited"));
@@ -262,26 +238,26 @@ void IngestServer::Reserve(const v1::ReserveRequest& request, const transport::P
     done(std::move(reply));
   };
   // Registering a span for peers is UCX work, kept to the transfer thread.
-  Enqueue({target, bytes, put.timeout_ms(), {}, false, std::move(claim), std::move(run)},
+  const uint32_t timeout_ms = put->timeout_ms;
+  Enqueue({target, bytes, timeout_ms, {}, false, std::move(claim), std::move(run)},
           /*may_run_here=*/!for_peers_);
 }
 
-void IngestServer::Put(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
-                       std::function<void(absl::StatusOr<v1::PutReply>)> done) {
-  const v1::PutRequest& put = request.put();
+void IngestServer::Put(ArenaPut request, const transport::PeerIdentity& caller,
+                       std::function<void(absl::StatusOr<PutHeld>)> done) {
   absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> checked =
-      request.arena_token().empty()
+      request.arena_token.empty()
           ? CheckPut(request, caller, nullptr)
           : absl::InvalidArgumentError("a put in one call names its arena, not an arena token");
-  const uint64_t offset = request.written_at();
-  const uint64_t bytes = put.region().length();
+  const uint64_t offset = request.written_at;
+  const uint64_t bytes = request.put.region.length;
   if (checked.ok()) {
     // ABORTED, as a failed sequencer check: the producer puts again
     // through Reserve and Commit, telling this from any other refusal by
     // its code.
     if (!checked->second->IsFree(offset, bytes)) {
       checked = absl::AbortedError(absl::StrCat(
-          "the put's span [", offset, ", ", offset + bytes, ") of staging arena ", request.arena(),
+          "the put's span [", offset, ", ", offset + bytes, ") of staging arena ", request.arena,
           " is not free: a put in one call goes within a free span a reply named"));
     }
   }
@@ -298,20 +274,21 @@ void IngestServer::Put(const v1::ReserveRequest& request, const transport::PeerI
     *span = memory->TakeAt(offset, bytes);
     return *span != nullptr;
   };
-  auto run = [this, &put, target, bytes, span, done](absl::Status room) {
-    absl::StatusOr<v1::PutReply> reply = absl::UnknownError("not run");
+  auto put = std::make_shared<const IngestPut>(std::move(request.put));
+  auto run = [this, put, target, bytes, span, done](absl::Status room) {
+    absl::StatusOr<PutHeld> reply = absl::UnknownError("not run");
     if (!room.ok()) {
       reply = room;
     } else {
-      absl::StatusOr<std::vector<IngestedSample>> samples = SamplesIn(put, *target, *span);
+      absl::StatusOr<std::vector<IngestedSample>> samples = SamplesIn(*put, *target, *span);
       if (!samples.ok()) {
         target->Unreserve(bytes);
         reply = samples.status();
       } else {
-        absl::StatusOr<PutOutcome> outcome = target->Commit(put.step(), *std::move(samples), bytes);
+        absl::StatusOr<PutOutcome> outcome = target->Commit(put->step, *std::move(samples), bytes);
         if (outcome.ok()) {
           target->CountPutInOneCall();
-          reply = PutReplyOf(*outcome, *(*span)->arena);
+          reply = PutHeldOf(*outcome, *(*span)->arena);
         } else {
           reply = outcome.status();
         }
@@ -321,12 +298,13 @@ void IngestServer::Put(const v1::ReserveRequest& request, const transport::PeerI
     if (!reply.ok()) spdlog::warn("ingest: put refused: {}", std::string(reply.status().message()));
     done(std::move(reply));
   };
-  Enqueue({target, bytes, put.timeout_ms(), {}, false, std::move(claim), std::move(run)},
+  const uint32_t timeout_ms = put->timeout_ms;
+  Enqueue({target, bytes, timeout_ms, {}, false, std::move(claim), std::move(run)},
           /*may_run_here=*/!for_peers_);
 }
 
 absl::StatusOr<std::shared_ptr<StagingArena>> IngestServer::ArenaFor(
-    const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+    const ArenaPut& request, const transport::PeerIdentity& caller,
     std::shared_ptr<transport::SharedRing> shared) {
   std::optional<Lease> cancelled;
   absl::StatusOr<std::shared_ptr<StagingArena>> found;
@@ -346,14 +324,14 @@ absl::StatusOr<std::shared_ptr<StagingArena>> IngestServer::ArenaFor(
       arenas_[id].memory = memory;
       return memory;
     }
-    auto it = arenas_.find(request.arena());
+    auto it = arenas_.find(request.arena);
     if (it == arenas_.end()) {
-      return absl::NotFoundError(absl::StrCat("no staging arena ", request.arena(),
+      return absl::NotFoundError(absl::StrCat("no staging arena ", request.arena,
                                               " (released, or never shared): share it again"));
     }
     if (!SameProcess(it->second.memory->owner(), caller)) {
       return absl::PermissionDeniedError(
-          absl::StrCat("staging arena ", request.arena(), " is not pid ", caller.pid, "'s"));
+          absl::StrCat("staging arena ", request.arena, " is not pid ", caller.pid, "'s"));
     }
     // A producer puts one at a time: a reservation still held is of a put
     // it gave up on.
@@ -366,7 +344,7 @@ absl::StatusOr<std::shared_ptr<StagingArena>> IngestServer::ArenaFor(
 }
 
 absl::StatusOr<std::vector<IngestedSample>> IngestServer::SamplesIn(
-    const v1::PutRequest& put, const IngestStream& stream, const std::shared_ptr<ArenaSpan>& span) {
+    const IngestPut& put, const IngestStream& stream, const std::shared_ptr<ArenaSpan>& span) {
   if (for_peers_) {
     PF_ASSIGN_OR_RETURN(transport::MemoryRegion memory,
                         transport::MemoryRegion::Register(context_->get(), span->data(),
@@ -381,22 +359,22 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::SamplesIn(
     span->region = std::move(described);
   }
   const std::vector<int> stream_field = StreamFieldsOf(put, stream);
-  std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
-  for (int i = 0; i < put.samples_size(); ++i) {
-    const v1::IngestSample& in = put.samples(i);
+  std::vector<IngestedSample> samples(put.samples.size());
+  for (size_t i = 0; i < put.samples.size(); ++i) {
+    const PutSample& in = put.samples[i];
     SampleLayout layout = LayoutOf(in, stream_field);
-    if (!layout.one_span || in.offset() % alignof(int64_t) != 0) {
+    if (!layout.one_span || in.offset % alignof(int64_t) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "ingest stream ", put.stream(), " step ", put.step(), " sample ", i,
+          "ingest stream ", put.stream, " step ", put.step, " sample ", i,
           ": its tokens must start 8-byte aligned with its fields after them in one span"));
     }
-    IngestedSample& out = samples[static_cast<size_t>(i)];
-    out.group = in.group();
-    out.tag = in.tag();
-    out.num_tokens = static_cast<int64_t>(in.tokens());
+    IngestedSample& out = samples[i];
+    out.group = in.group;
+    out.tag = in.tag;
+    out.num_tokens = static_cast<int64_t>(in.tokens);
     out.field_offsets = std::move(layout.field_offsets);
     out.data_bytes = layout.bytes;
-    out.data = std::shared_ptr<const char[]>(span, span->data() + in.offset());
+    out.data = std::shared_ptr<const char[]>(span, span->data() + in.offset);
     out.region = span->region;
   }
   return samples;
@@ -409,27 +387,25 @@ void IngestServer::Cancel(std::optional<Lease>& lease) {
   lease.reset();
 }
 
-absl::StatusOr<v1::PutReply> IngestServer::Commit(const v1::CommitRequest& request,
-                                                  const transport::PeerIdentity& caller) {
+absl::StatusOr<PutHeld> IngestServer::Commit(const LeaseCommit& request,
+                                             const transport::PeerIdentity& caller) {
   std::optional<Lease> lease;
   std::shared_ptr<StagingArena> arena;
   {
     absl::MutexLock lock(&mutex_);
-    auto it = arenas_.find(request.arena());
+    auto it = arenas_.find(request.arena);
     if (it == arenas_.end()) {
-      return absl::NotFoundError(absl::StrCat("no staging arena ", request.arena()));
+      return absl::NotFoundError(absl::StrCat("no staging arena ", request.arena));
     }
     if (!SameProcess(it->second.memory->owner(), caller)) {
       return absl::PermissionDeniedError(
-          absl::StrCat("staging arena ", request.arena(), " is not pid ", caller.pid, "'s"));
+          absl::StrCat("staging arena ", request.arena, " is not pid ", caller.pid, "'s"));
     }
     std::optional<Lease>& held = it->second.lease;
-    if (!held.has_value() || held->id != request.lease() ||
-        held->stream->name() != request.stream()) {
-      return absl::NotFoundError(
-          absl::StrCat("lease ", request.lease(), " of staging arena ", request.arena(),
-                       " in stream ", request.stream(),
-                       " is not reserved (a later reserve cancelled it, or it was committed)"));
+    if (!held.has_value() || held->id != request.lease || held->stream->name() != request.stream) {
+      return absl::NotFoundError(absl::StrCat(
+          "lease ", request.lease, " of staging arena ", request.arena, " in stream ",
+          request.stream, " is not reserved (a later reserve cancelled it, or it was committed)"));
     }
     lease = std::move(held);
     held.reset();
@@ -437,7 +413,7 @@ absl::StatusOr<v1::PutReply> IngestServer::Commit(const v1::CommitRequest& reque
   }
   PF_ASSIGN_OR_RETURN(PutOutcome outcome,
                       lease->stream->Commit(lease->step, std::move(lease->samples), lease->bytes));
-  return PutReplyOf(outcome, *arena);
+  return PutHeldOf(outcome, *arena);
 }
 
 absl::Status IngestServer::ReleaseArena(uint64_t arena, const transport::PeerIdentity& caller) {
@@ -476,38 +452,40 @@ void IngestServer::ForgetExitedProducers() {
   for (std::optional<Lease>& lease : cancelled) Cancel(lease);
 }
 
-void IngestServer::Forward(const v1::ForwardStepRequest& forward,
-                           std::function<void(absl::StatusOr<v1::ForwardStepReply>)> done) {
-  IngestStream* target = stream(forward.stream());
+void IngestServer::Forward(ForwardedStep forwarded,
+                           std::function<void(absl::StatusOr<ForwardFetched>)> done) {
+  auto shared = std::make_shared<const ForwardedStep>(std::move(forwarded));
+  const ForwardedStep& forward = *shared;
+  IngestStream* target = stream(forward.stream);
   if (target == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("no ingest stream '", forward.stream(), "'")));
+    done(absl::NotFoundError(absl::StrCat("no ingest stream '", forward.stream, "'")));
     return;
   }
-  v1::ForwardStepReply reply;
-  if (target->SealedOrConsumed(forward.step())) {
+  ForwardFetched reply;
+  if (target->SealedOrConsumed(forward.step)) {
     // A restarted origin's driver put it again: the plan is the same.
-    spdlog::info("ingest stream {}: forwarded step {} is here already", forward.stream(),
-                 forward.step());
-    reply.set_held_already(true);
+    spdlog::info("ingest stream {}: forwarded step {} is here already", forward.stream,
+                 forward.step);
+    reply.held_already = true;
     done(reply);
     return;
   }
   // The step as sealed, lengths only, to plan which samples to fetch.
   auto step = std::make_shared<SealedStep>();
-  step->step = forward.step();
-  for (const v1::PutRequest& put : forward.puts()) {
-    absl::Status valid = put.step() == forward.step()
-                             ? target->CheckPut(ShapeOf(put)).status()
+  step->step = forward.step;
+  for (const IngestPut& put : forward.puts) {
+    absl::Status valid = put.step == forward.step
+                             ? target->CheckPut(put).status()
                              : absl::InvalidArgumentError("a put of another step");
     if (!valid.ok()) {
       done(InForward(forward, valid));
       return;
     }
-    for (const v1::IngestSample& sample : put.samples()) {
+    for (const PutSample& sample : put.samples) {
       IngestedSample& lengths_only = step->samples.emplace_back();
-      lengths_only.group = sample.group();
-      lengths_only.tag = sample.tag();
-      lengths_only.num_tokens = static_cast<int64_t>(sample.tokens());
+      lengths_only.group = sample.group;
+      lengths_only.tag = sample.tag;
+      lengths_only.num_tokens = static_cast<int64_t>(sample.tokens);
     }
   }
   absl::StatusOr<std::vector<bool>> local = target->LocalSamples(step);
@@ -519,21 +497,22 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
   auto wanted = std::make_shared<std::vector<std::vector<bool>>>();
   uint64_t bytes = 0;
   size_t next = 0;
-  for (const v1::PutRequest& put : forward.puts()) {
+  for (const IngestPut& put : forward.puts) {
     std::vector<bool>& of_put = wanted->emplace_back();
-    for (int i = 0; i < put.samples_size(); ++i, ++next) of_put.push_back((*local)[next]);
+    for (size_t i = 0; i < put.samples.size(); ++i, ++next) of_put.push_back((*local)[next]);
     bytes += HeldBytes(put, *target, of_put);
   }
-  reply.set_samples(step->samples.size());
-  reply.set_samples_fetched(static_cast<uint64_t>(std::count(local->begin(), local->end(), true)));
-  reply.set_bytes_fetched(bytes);
-  auto run = [this, &forward, target, bytes, wanted, reply, done](absl::Status room) {
-    absl::StatusOr<v1::ForwardStepReply> result = reply;
+  reply.samples = step->samples.size();
+  reply.samples_fetched = static_cast<uint64_t>(std::count(local->begin(), local->end(), true));
+  reply.bytes_fetched = bytes;
+  auto run = [this, shared, target, bytes, wanted, reply, done](absl::Status room) {
+    const ForwardedStep& forward = *shared;
+    absl::StatusOr<ForwardFetched> result = reply;
     if (!room.ok()) result = room;
     std::vector<IngestedSample> samples;
     for (size_t p = 0; room.ok() && p < wanted->size(); ++p) {
       absl::StatusOr<std::vector<IngestedSample>> of_put =
-          Transfer(forward.puts(static_cast<int>(p)), *target, (*wanted)[p]);
+          Transfer(forward.puts[p], *target, (*wanted)[p]);
       if (!of_put.ok()) {
         result = of_put.status();
         break;
@@ -543,21 +522,21 @@ void IngestServer::Forward(const v1::ForwardStepRequest& forward,
     if (room.ok() && !result.ok()) target->Unreserve(bytes);
     if (result.ok()) {
       absl::StatusOr<PutOutcome> committed =
-          target->Commit(forward.step(), std::move(samples), bytes);
+          target->Commit(forward.step, std::move(samples), bytes);
       absl::Status sealed =
-          committed.ok() ? target->Seal(forward.step()).status() : committed.status();
-      result = sealed.ok() ? absl::StatusOr<v1::ForwardStepReply>(reply) : sealed;
+          committed.ok() ? target->Seal(forward.step).status() : committed.status();
+      result = sealed.ok() ? absl::StatusOr<ForwardFetched>(reply) : sealed;
     }
     if (!result.ok()) {
       result = InForward(forward, result.status());
       spdlog::warn("ingest: {}", std::string(result.status().message()));
     } else {
       spdlog::info("ingest stream {}: forwarded step {} sealed, {} of its {} samples fetched",
-                   forward.stream(), forward.step(), reply.samples_fetched(), reply.samples());
+                   forward.stream, forward.step, reply.samples_fetched, reply.samples);
     }
     done(std::move(result));
   };
-  const uint32_t timeout_ms = forward.puts().empty() ? 0 : forward.puts(0).timeout_ms();
+  const uint32_t timeout_ms = forward.puts.empty() ? 0 : forward.puts[0].timeout_ms;
   Enqueue({target, bytes, timeout_ms, {}, false, nullptr, std::move(run)}, false);
 }
 
@@ -661,40 +640,40 @@ void IngestServer::ServePending() {
 }
 
 absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
-    const v1::PutRequest& put, const IngestStream& stream, const std::vector<bool>& wanted) {
-  const v1::IngestRegion& source = put.region();
+    const IngestPut& put, const IngestStream& stream, const std::vector<bool>& wanted) {
+  const PutRegion& source = put.region;
   const std::vector<int> stream_field = StreamFieldsOf(put, stream);
   // Every wanted sample in one allocation, each at an aligned start.
-  std::vector<SampleLayout> layouts(static_cast<size_t>(put.samples_size()));
+  std::vector<SampleLayout> layouts(put.samples.size());
   uint64_t total = 0;
-  for (int i = 0; i < put.samples_size(); ++i) {
-    if (!wanted[static_cast<size_t>(i)]) continue;
-    layouts[static_cast<size_t>(i)] = LayoutOf(put.samples(i), stream_field);
-    total += AlignedToSample(layouts[static_cast<size_t>(i)].bytes);
+  for (size_t i = 0; i < put.samples.size(); ++i) {
+    if (!wanted[i]) continue;
+    layouts[i] = LayoutOf(put.samples[i], stream_field);
+    total += AlignedToSample(layouts[i].bytes);
   }
   std::shared_ptr<char[]> memory =
       std::make_shared_for_overwrite<char[]>(std::max<uint64_t>(total, 1));
-  std::vector<IngestedSample> samples(static_cast<size_t>(put.samples_size()));
+  std::vector<IngestedSample> samples(put.samples.size());
   std::vector<transport::RemoteReader::Read> reads;  // (into, bytes, at the origin)
   uint64_t next = 0;                                 // in `memory`
-  for (int i = 0; i < put.samples_size(); ++i) {
-    const v1::IngestSample& in = put.samples(i);
-    IngestedSample& out = samples[static_cast<size_t>(i)];
-    out.group = in.group();
-    out.tag = in.tag();
-    out.num_tokens = static_cast<int64_t>(in.tokens());
-    if (!wanted[static_cast<size_t>(i)]) continue;
-    SampleLayout& layout = layouts[static_cast<size_t>(i)];
+  for (size_t i = 0; i < put.samples.size(); ++i) {
+    const PutSample& in = put.samples[i];
+    IngestedSample& out = samples[i];
+    out.group = in.group;
+    out.tag = in.tag;
+    out.num_tokens = static_cast<int64_t>(in.tokens);
+    if (!wanted[i]) continue;
+    SampleLayout& layout = layouts[i];
     // Not zero-filled: the gets overwrite every byte served (CheckPut
     // checked each field's size).
     char* buffer = memory.get() + next;
     if (layout.one_span) {
-      reads.push_back({buffer, layout.bytes, in.offset()});
+      reads.push_back({buffer, layout.bytes, in.offset});
     } else {
-      reads.push_back({buffer, in.tokens() * sizeof(int64_t), in.offset()});
-      for (int f = 0; f < in.field_bytes_size(); ++f) {
+      reads.push_back({buffer, in.tokens * sizeof(int64_t), in.offset});
+      for (size_t f = 0; f < in.field_bytes.size(); ++f) {
         reads.push_back({buffer + layout.field_offsets[static_cast<size_t>(stream_field[f])],
-                         in.field_bytes(f), in.field_offsets(f)});
+                         in.field_bytes[f], in.field_offsets[f]});
       }
     }
     out.field_offsets = std::move(layout.field_offsets);
@@ -703,10 +682,10 @@ absl::StatusOr<std::vector<IngestedSample>> IngestServer::Transfer(
     next += AlignedToSample(layout.bytes);
   }
   const absl::Status status =
-      reader_.ReadAll(source.worker_address(), source.remote_key(), source.address(), reads,
+      reader_.ReadAll(source.worker_address, source.remote_key, source.address, reads,
                       absl::Now() + kTransferTimeout);
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("ingest stream ", put.stream(), " step ", put.step(),
+    return absl::UnavailableError(absl::StrCat("ingest stream ", put.stream, " step ", put.step,
                                                ": reading the forwarded bytes from the origin "
                                                "failed: ",
                                                status.message()));

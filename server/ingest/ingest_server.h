@@ -38,7 +38,7 @@
 #include "packfeed/transport/remote_reader.h"
 #include "packfeed/transport/shared_ring.h"
 #include "packfeed/transport/ucx_context.h"
-#include "packfeed/v1/service.pb.h"
+#include "server/ingest/ingest_requests.h"
 #include "server/ingest/ingest_stream.h"
 #include "server/ingest/staging_arena.h"
 
@@ -63,29 +63,25 @@ class IngestServer {
   // `shared`: the producer's staging memory, taken from SOCKET.rings, when
   // the request names an arena token (a new arena of `caller`); null when
   // it names an arena, which must be `caller`'s. A reservation the arena
-  // still holds is cancelled. `request` must stay valid until `done`.
-  void Reserve(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+  // still holds is cancelled.
+  void Reserve(ArenaPut request, const transport::PeerIdentity& caller,
                std::shared_ptr<transport::SharedRing> shared,
-               std::function<void(absl::StatusOr<v1::ReserveReply>)> done);
+               std::function<void(absl::StatusOr<Reservation>)> done);
   // Second call: the put reserved under the request's lease, written, joins
   // its step. NotFound for a lease that is not the arena's (cancelled,
   // committed, never given).
-  absl::StatusOr<v1::PutReply> Commit(const v1::CommitRequest& request,
-                                      const transport::PeerIdentity& caller);
+  absl::StatusOr<PutHeld> Commit(const LeaseCommit& request, const transport::PeerIdentity& caller);
   // A put in one call into `caller`'s arena: its region already written at
   // request.written_at, which must lie in a free span. Waits for room as
-  // Reserve does, then adds the samples to their step. `request` must stay
-  // valid until `done`.
-  void Put(const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
-           std::function<void(absl::StatusOr<v1::PutReply>)> done);
+  // Reserve does, then adds the samples to their step.
+  void Put(ArenaPut request, const transport::PeerIdentity& caller,
+           std::function<void(absl::StatusOr<PutHeld>)> done);
   // Forgets `caller`'s arena `arena`, cancelling what it reserved.
   absl::Status ReleaseArena(uint64_t arena, const transport::PeerIdentity& caller);
   // A step a peer sealed (its token is the caller's business): plans it,
   // waits for room, gets the samples this node's ranks are planned, and
   // seals it here. A step sealed or consumed here before is left as it is.
-  // `forward` must stay valid until `done`.
-  void Forward(const v1::ForwardStepRequest& forward,
-               std::function<void(absl::StatusOr<v1::ForwardStepReply>)> done);
+  void Forward(ForwardedStep forward, std::function<void(absl::StatusOr<ForwardFetched>)> done);
 
  private:
   // A put, or a forwarded step, waiting for room in its stream.
@@ -128,20 +124,20 @@ class IngestServer {
   void ServePending();
   // A forwarded put's samples, read from its origin. `wanted` (by sample):
   // the others are kept without bytes.
-  absl::StatusOr<std::vector<IngestedSample>> Transfer(const v1::PutRequest& put,
+  absl::StatusOr<std::vector<IngestedSample>> Transfer(const IngestPut& put,
                                                        const IngestStream& stream,
                                                        const std::vector<bool>& wanted);
   // A put's stream and arena (ArenaFor), once its shape and size are
   // checked: what both ways of putting begin with.
   absl::StatusOr<std::pair<IngestStream*, std::shared_ptr<StagingArena>>> CheckPut(
-      const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+      const ArenaPut& request, const transport::PeerIdentity& caller,
       std::shared_ptr<transport::SharedRing> shared) ABSL_LOCKS_EXCLUDED(mutex_);
   // The arena `request` names, for `caller`.
   absl::StatusOr<std::shared_ptr<StagingArena>> ArenaFor(
-      const v1::ReserveRequest& request, const transport::PeerIdentity& caller,
+      const ArenaPut& request, const transport::PeerIdentity& caller,
       std::shared_ptr<transport::SharedRing> shared) ABSL_LOCKS_EXCLUDED(mutex_);
   // The put's samples in `span` (registered for peers when they get them).
-  absl::StatusOr<std::vector<IngestedSample>> SamplesIn(const v1::PutRequest& put,
+  absl::StatusOr<std::vector<IngestedSample>> SamplesIn(const IngestPut& put,
                                                         const IngestStream& stream,
                                                         const std::shared_ptr<ArenaSpan>& span);
   // Cancels a reservation: its budget and span are free again.

@@ -41,7 +41,7 @@ absl::Status IngestStream::CheckToken(const std::string& token) const {
                                                   " auth token (IngestStream.auth_token)"));
 }
 
-absl::StatusOr<uint64_t> IngestStream::CheckPut(const PutShape& put) const {
+absl::StatusOr<uint64_t> IngestStream::CheckPut(const IngestPut& put) const {
   const std::string where = absl::StrCat("ingest stream ", name_, " step ", put.step);
   if (put.step < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
   // The put's fields, in its order, as stream fields.
@@ -68,7 +68,7 @@ absl::StatusOr<uint64_t> IngestStream::CheckPut(const PutShape& put) const {
     }
   }
   if (put.samples.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": no sample"));
-  const uint64_t region = put.region_bytes;
+  const uint64_t region = put.region.length;
   auto inside = [region](uint64_t offset, uint64_t bytes) {
     return offset <= region && bytes <= region - offset;
   };
@@ -79,7 +79,7 @@ absl::StatusOr<uint64_t> IngestStream::CheckPut(const PutShape& put) const {
   }
   uint64_t total = 0;
   for (size_t i = 0; i < put.samples.size(); ++i) {
-    const PutShape::Sample& sample = put.samples[i];
+    const PutSample& sample = put.samples[i];
     const std::string at = absl::StrCat(where, " sample ", i, " (group ", sample.group, ")");
     const uint64_t tokens = sample.tokens;
     if (tokens < 2 || tokens > (uint64_t{1} << 40)) {
@@ -131,7 +131,7 @@ absl::StatusOr<uint64_t> IngestStream::CheckPut(const PutShape& put) const {
   absl::MutexLock lock(&mutex_);
   PF_RETURN_IF_ERROR(CheckStepOpen(put.step));
   std::vector<int64_t> groups;
-  for (const PutShape::Sample& sample : put.samples) groups.push_back(sample.group);
+  for (const PutSample& sample : put.samples) groups.push_back(sample.group);
   PF_RETURN_IF_ERROR(CheckGroups(put.step, groups));
   auto step = steps_.find(put.step);
   const int64_t after =

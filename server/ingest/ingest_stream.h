@@ -30,6 +30,7 @@
 #include "packfeed/dataset/sample_rules.h"
 #include "packfeed/scheduler/planner.h"
 #include "server/config/side_fields.h"
+#include "server/ingest/ingest_requests.h"
 
 namespace packfeed::server {
 
@@ -80,23 +81,6 @@ struct IngestConsumer {
   // job are planned: what a peer daemon must fetch of a forwarded step.
   std::function<absl::StatusOr<std::vector<int64_t>>(std::shared_ptr<const SealedStep>)>
       local_samples;
-};
-
-// What a put says of its samples, for the checks (a PutRequest without
-// its bytes; converted where the request arrives).
-struct PutShape {
-  struct Sample {
-    int64_t group = 0;
-    uint64_t tokens = 0;
-    uint64_t offset = 0;  // of its tokens in the put's region
-    // Per PutShape::fields: where each field's bytes start, and how many.
-    std::vector<uint64_t> field_offsets;
-    std::vector<uint64_t> field_bytes;
-  };
-  int64_t step = 0;
-  std::vector<std::string> fields;  // in the put's order
-  uint64_t region_bytes = 0;
-  std::vector<Sample> samples;
 };
 
 // The stream after a put was added.
@@ -159,7 +143,7 @@ class IngestStream {
   // Everything wrong with a put that its description shows (each one an
   // InvalidArgument or FailedPrecondition naming the sample and field);
   // otherwise the bytes it will hold.
-  absl::StatusOr<uint64_t> CheckPut(const PutShape& put) const;
+  absl::StatusOr<uint64_t> CheckPut(const IngestPut& put) const;
 
   // Room for `bytes` more: OK (reserved), Unavailable while the budget is
   // full, ResourceExhausted when they could never fit it.

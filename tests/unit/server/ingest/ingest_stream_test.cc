@@ -57,16 +57,17 @@ absl::Status Put(IngestStream& stream, int64_t step, std::vector<IngestedSample>
 }
 
 // A put of `tokens` tokens with `field_bytes` of logprobs.
-PutShape Describe(int64_t step, uint64_t tokens, uint64_t field_bytes) {
-  PutShape put;
+IngestPut Describe(int64_t step, uint64_t tokens, uint64_t field_bytes) {
+  IngestPut put;
   put.step = step;
   put.fields = {"logprobs"};
   put.samples.push_back({.group = 1,
-                         .tokens = tokens,
+                         .tag = 0,
                          .offset = 0,
+                         .tokens = tokens,
                          .field_offsets = {tokens * sizeof(int64_t)},
                          .field_bytes = {field_bytes}});
-  put.region_bytes = tokens * sizeof(int64_t) + field_bytes;
+  put.region.length = tokens * sizeof(int64_t) + field_bytes;
   return put;
 }
 
@@ -255,7 +256,7 @@ TEST(IngestStreamTest, ChecksTheTokenAndEachPutDescription) {
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(*good, 10u * 8 + 40);
 
-  auto error_of = [&](const PutShape& put) {
+  auto error_of = [&](const IngestPut& put) {
     absl::StatusOr<uint64_t> checked = stream.CheckPut(put);
     EXPECT_FALSE(checked.ok());
     return std::string(checked.status().message());
@@ -264,16 +265,16 @@ TEST(IngestStreamTest, ChecksTheTokenAndEachPutDescription) {
   EXPECT_THAT(error_of(Describe(0, 1, 4)), HasSubstr("at least 2"));
   EXPECT_THAT(error_of(Describe(-1, 10, 40)), HasSubstr("negative step"));
   EXPECT_THAT(error_of(Describe(0, 2000, 8000)), HasSubstr("no rank of job actor"));
-  PutShape unknown = Describe(0, 10, 40);
+  IngestPut unknown = Describe(0, 10, 40);
   unknown.fields.push_back("values");
   EXPECT_THAT(error_of(unknown), HasSubstr("unknown field 'values'"));
-  PutShape missing = Describe(0, 10, 40);
+  IngestPut missing = Describe(0, 10, 40);
   missing.fields.clear();
   EXPECT_THAT(error_of(missing), HasSubstr("'logprobs' is missing"));
-  PutShape outside = Describe(0, 10, 40);
-  outside.region_bytes = 60;
+  IngestPut outside = Describe(0, 10, 40);
+  outside.region.length = 60;
   EXPECT_THAT(error_of(outside), HasSubstr("outside the put's region"));
-  PutShape too_many = Describe(0, 10, 40);
+  IngestPut too_many = Describe(0, 10, 40);
   too_many.samples.push_back(too_many.samples[0]);
   EXPECT_THAT(error_of(too_many), HasSubstr("global_batch of 1"));
 }
