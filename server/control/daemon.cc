@@ -22,7 +22,6 @@
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
 #include "server/pipeline/plan.h"
-#include "server/pipeline/read.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
@@ -194,9 +193,6 @@ absl::Status Daemon::StartJobs(const DaemonOptions& options) {
     }
     PF_ASSIGN_OR_RETURN(std::unique_ptr<JobRunner> runner,
                         JobRunner::Start(**job, storage, runner_options));
-    if (stream != nullptr) {
-      stream->AddConsumer(IngestConsumerOf(**job), [r = runner.get()] { r->Wake(); });
-    }
     by_name_[job_config.name()] = runner.get();
     runners_.push_back(std::move(runner));
     spdlog::info("job {}: fingerprint {}, {} ranks ({} on this node), {} scheduler", (*job)->name(),

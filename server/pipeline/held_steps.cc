@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "packfeed/scheduler/plan_stats.h"
+#include "server/pipeline/job_kind.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
@@ -10,7 +11,7 @@ namespace packfeed::server {
 HeldSteps::HeldSteps(const Job& job, Storage& storage, Post post, OnHeld on_held,
                      StepPlanner::Plan plan_step)
     : job_(job), storage_(storage), post_(std::move(post)), on_held_(std::move(on_held)) {
-  if (job.ingest() != nullptr) return;
+  if (job.kind().SamplesInMemory()) return;
   planner_ = std::make_unique<StepPlanner>(
       job,
       [this](int64_t step, absl::StatusOr<StepPlan> plan, absl::Duration took) {

@@ -17,6 +17,7 @@
 // state: each is one static instance.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,20 @@ class JobKind {
   // slot: max_tokens_per_rank local tokens, the batch's sequences, groups
   // of up to DP·CP ranks under dynamic CP.
   virtual SlotBounds BoundsOf(const Job& job) const;
+
+  // The runner: whether a step's samples are in memory once the step
+  // exists (an ingest stream's sealed step). Such a step is planned on the
+  // runner thread, nothing is read for it, and its side-field rows come
+  // with its samples. False by default.
+  virtual bool SamplesInMemory() const { return false; }
+  // JobRunner::Start: connects the runner to where the job's steps come
+  // from; `wake` (callable from any thread) makes it look again at what it
+  // waits for. Nothing by default; an ingest job joins its stream's
+  // consumers, which wake it when a step is sealed.
+  virtual void Connect(const Job& job, std::function<void()> wake) const {}
+  // The runner: this node's ranks consumed every step before `before`.
+  // Nothing by default; an ingest job tells its stream, which frees them.
+  virtual void Consumed(const Job& job, int64_t before) const {}
 
  protected:
   // Job::Create's own steps (Job's, private), for the kinds' Open.

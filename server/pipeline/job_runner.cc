@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
+#include "server/pipeline/job_kind.h"
 #include "server/pipeline/pack.h"
 #include "server/pipeline/push.h"
 #include "spdlog/spdlog.h"
@@ -51,6 +52,7 @@ absl::StatusOr<std::unique_ptr<JobRunner>> JobRunner::Start(const Job& job, Stor
       job, storage, [self](std::function<void()> task) { self->Post(std::move(task)); });
   // From here on only the runner thread touches the sender.
   runner->thread_ = std::thread([r = runner.get()] { r->Loop(); });
+  job.kind().Connect(job, [self] { self->Wake(); });
   return runner;
 }
 
@@ -184,7 +186,7 @@ absl::Status JobRunner::AttachOnThread(const AttachArgs& args, uint64_t& connect
     state.mapped = stats->mapped;
   }
   state.device_ring_fallback = args.device_ring_fallback;
-  if (job_.ingest() == nullptr &&
+  if (!job_.kind().SamplesInMemory() &&
       !SideSlicesOfStage(job_.side_fields(), job_.stages(), state.coords.pp).empty()) {
     state.side_rows = RankState::SideRows::kHeld;
     if (state.ring == "memfd" && args.shared_ring != nullptr && SideRowsIntoSlot(state.coords)) {
@@ -420,7 +422,7 @@ void JobRunner::Loop() {
     if (absl::Now() - last_sync_ >= kLedgerSyncInterval) SyncLedger();
     Evict();
     sides_->Evict(Readers());
-    if (job_.ingest() != nullptr) ReportConsumed();
+    ReportConsumed();
     // The storage reads ahead for every rank, so none waits for a read.
     FetchAhead();
     FetchSidesAhead();

@@ -216,7 +216,8 @@ class JobRunner {
   int SlowestRank() const;
   void UpdateAttached();
   void Evict();
-  // An ingest job tells its stream which steps its ranks consumed.
+  // Tells the job's kind which steps this node's ranks consumed (an ingest
+  // job's stream frees them).
   void ReportConsumed();
   // The ledger's group commit (ledger.h): at most once per interval.
   void SyncLedger();

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "packfeed/common/status_macros.h"
+#include "server/pipeline/job_kind.h"
 #include "server/pipeline/job_runner.h"
 #include "spdlog/spdlog.h"
 
@@ -89,7 +90,7 @@ void JobRunner::ReportConsumed() {
   }
   if (before == reported_consumed_) return;
   reported_consumed_ = before;
-  job_.ingest()->Consumed(job_.name(), before);
+  job_.kind().Consumed(job_, before);
 }
 
 void JobRunner::SyncLedger() {

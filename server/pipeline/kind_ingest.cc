@@ -48,6 +48,16 @@ class Ingest final : public JobKind {
   absl::Status Open(Job& job, const DatasetOpener&, std::string& datasets_part) const override {
     return FindIngestFields(job, datasets_part);
   }
+
+  bool SamplesInMemory() const override { return true; }
+
+  void Connect(const Job& job, std::function<void()> wake) const override {
+    job.ingest()->AddConsumer(IngestConsumerOf(job), std::move(wake));
+  }
+
+  void Consumed(const Job& job, int64_t before) const override {
+    job.ingest()->Consumed(job.name(), before);
+  }
 };
 
 }  // namespace

@@ -46,7 +46,6 @@ TEST_F(JobRunnerTest, AnIngestJobIsWokenWhenItsStepIsSealed) {
                  "scheduler { kind: \"balanced\" max_tokens_per_rank: 64 }",
                  " ingest_streams { name: \"rollouts\" }"),
         &stream, /*prefetch_steps=*/1);
-  stream.AddConsumer(IngestConsumerOf(*job_), [r = runner_.get()] { r->Wake(); });
   // Slots are never released: a step the rank took would be freed, and
   // planned again below only while the stream holds it.
   const uint64_t id = Attach(0, /*slots=*/4);
@@ -82,7 +81,6 @@ TEST_F(JobRunnerTest, EveryRankGetsItsNextMicrobatchBeforeAnyGetsTwo) {
                  "max_tokens_per_rank: 64 }",
                  " ingest_streams { name: \"rollouts\" }"),
         &stream, /*prefetch_steps=*/1);
-  stream.AddConsumer(IngestConsumerOf(*job_), [r = runner_.get()] { r->Wake(); });
   std::vector<uint64_t> ids;
   for (int rank = 0; rank < 4; ++rank) ids.push_back(Attach(rank, /*slots=*/16));
   std::vector<int64_t> lengths;
