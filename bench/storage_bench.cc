@@ -44,6 +44,7 @@
 #include "packfeed/common/posix_file.h"
 #include "packfeed/dataset/dataset_generator.h"
 #include "packfeed/dataset/indexed_dataset.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/daemon_config.h"
 #include "server/config/job_config.h"
 

@@ -2,6 +2,7 @@
 
 #include "packfeed/common/posix_file.h"
 #include "packfeed/common/status_macros.h"
+#include "packfeed/v1/config.pb.h"
 
 namespace packfeed::server {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> AdminServerCredentials(

@@ -11,7 +11,10 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
-#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::v1 {
+class DaemonConfig;
+}  // namespace packfeed::v1
 
 namespace packfeed::server {
 

@@ -17,6 +17,7 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/transport/wire.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/batch_schedule.h"
 #include "server/config/job_config.h"
 #include "server/config/model_stages.h"

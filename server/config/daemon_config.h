@@ -10,7 +10,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "packfeed/common/defaults.h"
-#include "packfeed/v1/config.pb.h"
+
+namespace packfeed::v1 {
+class DaemonConfig;
+class JobConfig;
+}  // namespace packfeed::v1
 
 namespace packfeed::server {
 

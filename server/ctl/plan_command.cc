@@ -21,6 +21,7 @@
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
 #include "packfeed/scheduler/sampler.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/daemon_config.h"
 #include "server/config/job_config.h"
 #include "server/ctl/exit_code.h"

@@ -13,6 +13,7 @@
 #include "packfeed/dataset/npy_file.h"
 #include "packfeed/dataset/pretraining_indices.h"
 #include "packfeed/scheduler/cell_balance.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/batch_schedule.h"
 #include "server/config/daemon_config.h"
 #include "server/config/job_config.h"

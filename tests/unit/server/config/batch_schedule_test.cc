@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/daemon_config.h"
 
 namespace packfeed::server {

@@ -5,6 +5,7 @@
 #include "gtest/gtest.h"
 #include "packfeed/scheduler/cost_model.h"
 #include "packfeed/scheduler/planner.h"
+#include "packfeed/v1/config.pb.h"
 #include "server/config/job_config.h"
 
 namespace packfeed::server {
