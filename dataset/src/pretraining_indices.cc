@@ -70,6 +70,50 @@ absl::StatusOr<BlendIndices> BlendBySize(const std::vector<GptIndices>& datasets
   return BuildExhaustiveBlendIndices(counts);
 }
 
+// One dataset's GPTDataset indices over its sequences in `range`: read
+// from Megatron's cache when that holds them (`from_cache`), else built.
+absl::StatusOr<GptIndices> DatasetIndices(const PretrainingBlendOptions& options,
+                                          const MegatronCacheDescriptions& cache,
+                                          MegatronSplit split, int d,
+                                          absl::Span<const int32_t> lengths,
+                                          std::pair<int64_t, int64_t> range,
+                                          std::optional<int64_t> asked, const GptIndexOptions& gpt,
+                                          bool& from_cache) {
+  from_cache = false;
+  if (!options.cache_dir.empty()) {
+    const GptCacheKey key{options.dataset_paths[static_cast<size_t>(d)],
+                          asked,
+                          split,
+                          options.random_seed,
+                          options.sequence_length,
+                          options.split};
+    absl::StatusOr<std::optional<GptIndices>> cached =
+        ReadMegatronGptCache(cache, key, lengths, range.first, range.second, gpt);
+    if (!cached.ok()) return cached.status();
+    if (cached->has_value()) {
+      from_cache = true;
+      return **std::move(cached);
+    }
+  }
+  return BuildGptIndices(lengths, range.first, range.second, asked, gpt);
+}
+
+// BlendedDataset's check: no dataset is drawn beyond what it built.
+absl::Status CheckBlendDraws(const BlendIndices& blend, const std::vector<GptIndices>& datasets,
+                             absl::string_view split_name, double surplus) {
+  std::vector<int64_t> drawn(datasets.size(), 0);
+  for (int16_t d : blend.dataset_index) ++drawn[static_cast<size_t>(d)];
+  for (size_t d = 0; d < datasets.size(); ++d) {
+    const int64_t built = datasets[d].num_samples();
+    if (drawn[d] > built) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", split_name, " blend draws ", drawn[d], " samples of dataset ", d,
+          ", which built ", built, "; raise mid_level_dataset_surplus (now ", surplus, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(
@@ -145,24 +189,11 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(int num_datasets,
       out.lengths_[static_cast<size_t>(d)] = lengths;
       const auto range = SplitSequences(*matrix[s], static_cast<int64_t>(lengths.size()));
       out.ranges_[static_cast<size_t>(d)] = range;
-      if (!options.cache_dir.empty()) {
-        const GptCacheKey key{options.dataset_paths[static_cast<size_t>(d)],
-                              asked[static_cast<size_t>(d)],
-                              split,
-                              options.random_seed,
-                              options.sequence_length,
-                              options.split};
-        absl::StatusOr<std::optional<GptIndices>> cached =
-            ReadMegatronGptCache(cache, key, lengths, range.first, range.second, out.gpt_);
-        if (!cached.ok() || cached->has_value()) {
-          built[static_cast<size_t>(d)] =
-              cached.ok() ? absl::StatusOr<GptIndices>(**std::move(cached)) : cached.status();
-          from_cache[static_cast<size_t>(d)] = cached.ok();
-          continue;
-        }
-      }
-      built[static_cast<size_t>(d)] = BuildGptIndices(lengths, range.first, range.second,
-                                                      asked[static_cast<size_t>(d)], out.gpt_);
+      bool cached = false;
+      built[static_cast<size_t>(d)] =
+          DatasetIndices(options, cache, split, d, lengths, range, asked[static_cast<size_t>(d)],
+                         out.gpt_, cached);
+      from_cache[static_cast<size_t>(d)] = cached;
     }
   };
   std::vector<std::thread> workers;
@@ -191,18 +222,8 @@ absl::StatusOr<PretrainingIndices> PretrainingIndices::Build(int num_datasets,
   } else {
     PF_ASSIGN_OR_RETURN(out.blend_, BlendBySize(out.datasets_, requested));
   }
-  // BlendedDataset's check: no dataset is drawn beyond what it built.
-  std::vector<int64_t> drawn(static_cast<size_t>(num_datasets), 0);
-  for (int16_t d : out.blend_->dataset_index) ++drawn[static_cast<size_t>(d)];
-  for (int d = 0; d < num_datasets; ++d) {
-    const int64_t built = out.datasets_[static_cast<size_t>(d)].num_samples();
-    if (drawn[static_cast<size_t>(d)] > built) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the ", split_name, " blend draws ", drawn[static_cast<size_t>(d)],
-          " samples of dataset ", d, ", which built ", built,
-          "; raise mid_level_dataset_surplus (now ", options.mid_level_dataset_surplus, ")"));
-    }
-  }
+  PF_RETURN_IF_ERROR(
+      CheckBlendDraws(*out.blend_, out.datasets_, split_name, options.mid_level_dataset_surplus));
   out.num_samples_ = static_cast<int64_t>(out.blend_->dataset_index.size());
   return out;
 }
