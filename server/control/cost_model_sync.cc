@@ -11,7 +11,6 @@
 #include "grpcpp/grpcpp.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/scheduler/cost_fit.h"
-#include "server/config/admin_tls.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
@@ -31,21 +30,8 @@ std::vector<JobRunner*> LearningRunners(const std::vector<JobRunner*>& runners) 
 
 std::unique_ptr<grpc::ClientContext> PeerContext(const std::string& token) {
   auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() + kCallDeadline);
-  context->AddMetadata(kAdminTokenMetadata, token);
+  PeerCall(*context, token, kCallDeadline);
   return context;
-}
-
-absl::StatusOr<std::vector<std::unique_ptr<v1::Admin::Stub>>> PeerStubs(
-    const v1::DaemonConfig& config) {
-  const v1::AdminTls& tls = config.admin_tls();
-  PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                      AdminChannelCredentials(tls.ca_file(), tls.cert_file(), tls.key_file()));
-  std::vector<std::unique_ptr<v1::Admin::Stub>> stubs;
-  for (const std::string& peer : config.peers()) {
-    stubs.push_back(v1::Admin::NewStub(grpc::CreateChannel(peer, credentials)));
-  }
-  return stubs;
 }
 
 }  // namespace
@@ -117,10 +103,7 @@ absl::StatusOr<std::unique_ptr<CostModelSync>> CostModelSync::Start(
   std::unique_ptr<CostModelSync> sync(new CostModelSync());
   sync->token_ = config.admin_tcp_token();
   sync->interval_ = interval;
-  PF_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<v1::Admin::Stub>> stubs, PeerStubs(config));
-  for (size_t i = 0; i < stubs.size(); ++i) {
-    sync->peers_.push_back({config.peers(static_cast<int>(i)), std::move(stubs[i])});
-  }
+  PF_ASSIGN_OR_RETURN(sync->peers_, PeerAdmins(config));
   for (JobRunner* runner : learning) {
     sync->jobs_.push_back(std::make_unique<LearnedJob>(runner, sync->peers_.size()));
     spdlog::info("job {}: this daemon leads its learned cost model ({} peer(s))",
@@ -230,23 +213,23 @@ void CostModelSync::TakeUpPeerVersions(const v1::DaemonConfig& config,
                                        const std::vector<JobRunner*>& runners) {
   const std::vector<JobRunner*> learning = LearningRunners(runners);
   if (learning.empty() || config.peers().empty()) return;
-  absl::StatusOr<std::vector<std::unique_ptr<v1::Admin::Stub>>> stubs = PeerStubs(config);
-  if (!stubs.ok()) {
-    spdlog::warn("learned cost models: no peer channel: {}", stubs.status().ToString());
+  absl::StatusOr<std::vector<PeerAdmin>> peers = PeerAdmins(config);
+  if (!peers.ok()) {
+    spdlog::warn("learned cost models: no peer channel: {}", peers.status().ToString());
     return;
   }
   for (JobRunner* runner : learning) {
     const Job& job = runner->job();
-    for (size_t p = 0; p < stubs->size(); ++p) {
+    for (const PeerAdmin& peer : *peers) {
       v1::ShareCostRowsRequest request;
       request.set_job(job.name());
       request.set_after_row(std::numeric_limits<int64_t>::max() - 1);  // versions only
       v1::ShareCostRowsReply reply;
       const grpc::Status status =
-          (*stubs)[p]->ShareCostRows(PeerContext(config.admin_tcp_token()).get(), request, &reply);
+          peer.stub->ShareCostRows(PeerContext(config.admin_tcp_token()).get(), request, &reply);
       if (!status.ok()) {
         spdlog::warn("job {}: peer {} did not share its learned cost model versions: {}",
-                     job.name(), config.peers(static_cast<int>(p)), status.error_message());
+                     job.name(), peer.address, status.error_message());
         continue;
       }
       for (const v1::CostModelVersion& proto : reply.versions()) {
@@ -255,12 +238,10 @@ void CostModelSync::TakeUpPeerVersions(const v1::DaemonConfig& config,
             job.cost_models()->Offer(CostModelVersionOf(proto));
         if (!offered.ok()) {
           spdlog::error("job {}: peer {}'s learned cost model version {}: {}", job.name(),
-                        config.peers(static_cast<int>(p)), proto.version(),
-                        offered.status().ToString());
+                        peer.address, proto.version(), offered.status().ToString());
         } else if (*offered == CostModelVersions::Offered::kAdopted) {
           spdlog::info("job {}: learned cost model version {} (from step {}) taken up from peer {}",
-                       job.name(), proto.version(), proto.from_step(),
-                       config.peers(static_cast<int>(p)));
+                       job.name(), proto.version(), proto.from_step(), peer.address);
         }
       }
     }

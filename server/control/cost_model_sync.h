@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "packfeed/v1/config.pb.h"
 #include "packfeed/v1/service.grpc.pb.h"
+#include "server/control/peer_admin.h"
 #include "server/pipeline/job_runner.h"
 
 namespace packfeed::server {
@@ -55,10 +56,6 @@ class CostModelSync {
                                  const std::vector<JobRunner*>& runners);
 
  private:
-  struct Peer {
-    std::string address;
-    std::unique_ptr<v1::Admin::Stub> stub;
-  };
   struct LearnedJob;
 
   CostModelSync() = default;
@@ -67,7 +64,7 @@ class CostModelSync {
 
   std::string token_;
   absl::Duration interval_;
-  std::vector<Peer> peers_;
+  std::vector<PeerAdmin> peers_;
   std::vector<std::unique_ptr<LearnedJob>> jobs_;
   absl::Notification stop_;
   std::thread thread_;

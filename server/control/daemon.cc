@@ -18,6 +18,7 @@
 #include "server/config/admin_tls.h"
 #include "server/config/fingerprint.h"
 #include "server/config/job_spec.h"
+#include "server/control/peer_admin.h"
 #include "server/control/rank_partition.h"
 #include "server/control/services.h"
 #include "server/control/stats_proto.h"
@@ -80,17 +81,14 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
                         const std::vector<std::unique_ptr<Job>>& jobs,
                         const DaemonOptions& options) {
   const absl::Time deadline = absl::Now() + absl::Seconds(config.peer_timeout_seconds());
-  const v1::AdminTls& tls = config.admin_tls();
-  PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                      AdminChannelCredentials(tls.ca_file(), tls.cert_file(), tls.key_file()));
+  PF_ASSIGN_OR_RETURN(std::vector<PeerAdmin> peers, PeerAdmins(config));
   // Per job, which node hosts which ranks: this one's first.
   std::map<std::string, std::vector<HostedRanks>> hosted;
   for (const auto& job : jobs) {
     hosted[job->name()].push_back(
         {absl::StrCat("this node (", config.admin_tcp_address(), ")"), job->local_ranks()});
   }
-  for (const std::string& peer : config.peers()) {
-    auto admin = v1::Admin::NewStub(grpc::CreateChannel(peer, credentials));
+  for (const auto& [peer, admin] : peers) {
     v1::ListJobsReply reply;
     grpc::Status status;
     do {
@@ -102,8 +100,7 @@ absl::Status CheckPeers(const v1::DaemonConfig& config,
             " from now)"));
       }
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-      context.AddMetadata(kAdminTokenMetadata, config.admin_tcp_token());
+      PeerCall(context, config.admin_tcp_token(), std::chrono::seconds(2));
       status = admin->ListJobs(&context, {}, &reply);
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE &&
           status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {

@@ -9,17 +9,10 @@
 #include "grpcpp/grpcpp.h"
 #include "packfeed/common/status_macros.h"
 #include "packfeed/proto/grpc_status.h"
-#include "server/config/admin_tls.h"
+#include "server/control/peer_admin.h"
 #include "spdlog/spdlog.h"
 
 namespace packfeed::server {
-namespace {
-
-std::chrono::system_clock::time_point DeadlineIn(uint32_t ms) {
-  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
-
-}  // namespace
 
 absl::StatusOr<v1::ForwardStepRequest> ForwardRequestOf(const IngestStream& stream,
                                                         const SealedStep& step,
@@ -68,20 +61,16 @@ absl::StatusOr<v1::ForwardStepRequest> ForwardRequestOf(const IngestStream& stre
 absl::StatusOr<std::unique_ptr<PeerForwarder>> PeerForwarder::Create(
     const v1::DaemonConfig& config) {
   if (config.peers().empty()) return nullptr;
-  const v1::AdminTls& tls = config.admin_tls();
-  PF_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                      AdminChannelCredentials(tls.ca_file(), tls.cert_file(), tls.key_file()));
   // A call fails at once while its peer is down (the next sync asks again);
   // a peer back is reconnected to within a second.
   grpc::ChannelArguments arguments;
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  PF_ASSIGN_OR_RETURN(std::vector<PeerAdmin> admins, PeerAdmins(config, arguments));
   std::vector<Peer> peers;
-  for (const std::string& address : config.peers()) {
-    peers.push_back(
-        {address, v1::Admin::NewStub(grpc::CreateCustomChannel(address, credentials, arguments))});
-  }
+  for (PeerAdmin& admin : admins)
+    peers.push_back({std::move(admin.address), std::move(admin.stub)});
   return std::unique_ptr<PeerForwarder>(
       new PeerForwarder(std::move(peers), config.admin_tcp_token(), config.ingest_peers()));
 }
@@ -174,8 +163,7 @@ void PeerForwarder::SendForward(size_t p, std::shared_ptr<const v1::ForwardStepR
     v1::ForwardStepReply reply;
   };
   auto call = std::make_shared<Call>();
-  call->context->set_deadline(DeadlineIn(times_.forward_timeout_ms()));
-  call->context->AddMetadata(kAdminTokenMetadata, admin_token_);
+  PeerCall(*call->context, admin_token_, std::chrono::milliseconds(times_.forward_timeout_ms()));
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mutex_);
@@ -289,8 +277,8 @@ void PeerForwarder::SyncLoop() {
 absl::StatusOr<PeerForwarder::PeerStream> PeerForwarder::AskPeer(Peer& peer,
                                                                  const std::string& stream) {
   grpc::ClientContext context;
-  context.set_deadline(DeadlineIn(std::max<uint32_t>(times_.sync_interval_ms(), 2000)));
-  context.AddMetadata(kAdminTokenMetadata, admin_token_);
+  PeerCall(context, admin_token_,
+           std::chrono::milliseconds(std::max<uint32_t>(times_.sync_interval_ms(), 2000)));
   v1::IngestStatusRequest request;
   request.set_stream(stream);
   v1::IngestStatusReply reply;
