@@ -50,13 +50,20 @@ absl::Status InStep(const Job& job, int64_t step, const absl::Status& status) {
                       absl::StrCat("job ", job.name(), " step ", step, ": ", status.message()));
 }
 
-absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, bool serving,
-                      StepPlan& out) {
+absl::StatusOr<StepPlan> PlanBatch(
+    const Job& job, int64_t step, bool serving,
+    absl::FunctionRef<absl::Status(StepPlan& out, std::vector<int64_t>& lengths)> batch) {
+  StepPlan out;
+  out.step = step;
+  std::vector<int64_t> lengths;
+  if (absl::Status gathered = batch(out, lengths); !gathered.ok()) {
+    return InStep(job, step, gathered);
+  }
   absl::StatusOr<scheduler::GlobalPlan> plan = scheduler::PlanGlobalBatch(
-      lengths, job.PlannerOptionsFor(out.step, serving, &out.cost_model_version));
-  if (!plan.ok()) return InStep(job, out.step, plan.status());
+      lengths, job.PlannerOptionsFor(step, serving, &out.cost_model_version));
+  if (!plan.ok()) return InStep(job, step, plan.status());
   out.plan = *std::move(plan);
-  return absl::OkStatus();
+  return out;
 }
 
 absl::Status FailedRead(const Job& job, const scheduler::SampleRef& ref, absl::string_view noun,

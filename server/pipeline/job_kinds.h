@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "packfeed/dataset/pretraining_indices.h"
@@ -26,9 +27,12 @@ SlotBounds PretrainingBounds(const Job& job, SlotBounds bounds);
 // `status` with the job and step in front of its message.
 absl::Status InStep(const Job& job, int64_t step, const absl::Status& status);
 
-// The planner's plan of `lengths` (the step's samples, in order) into `out`.
-absl::Status Schedule(const Job& job, const std::vector<int64_t>& lengths, bool serving,
-                      StepPlan& out);
+// Step `step` planned: `batch` puts its samples into the plan and appends
+// their lengths, in order; the job's scheduler then plans them. Errors
+// name the job and step.
+absl::StatusOr<StepPlan> PlanBatch(
+    const Job& job, int64_t step, bool serving,
+    absl::FunctionRef<absl::Status(StepPlan& out, std::vector<int64_t>& lengths)> batch);
 
 // `read`, the failure of a sample's read, naming its file and, as `noun`
 // ("document", "sample"), its number there.

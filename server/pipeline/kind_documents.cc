@@ -37,14 +37,9 @@ class Documents final : public JobKind {
   absl::string_view name() const override { return "documents"; }
 
   absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step, bool serving) const override {
-    StepPlan out;
-    out.step = step;
-    std::vector<int64_t> lengths;
-    if (absl::Status stored = StoredBatch(job, out, lengths); !stored.ok()) {
-      return InStep(job, step, stored);
-    }
-    PF_RETURN_IF_ERROR(Schedule(job, lengths, serving, out));
-    return out;
+    return PlanBatch(job, step, serving, [&](StepPlan& out, std::vector<int64_t>& lengths) {
+      return StoredBatch(job, out, lengths);
+    });
   }
 
   void AddNeeds(const Job& job, const StepPlan& plan, int64_t sample,

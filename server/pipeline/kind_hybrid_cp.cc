@@ -68,13 +68,10 @@ class HybridCp final : public JobKind {
   absl::string_view name() const override { return "hybrid_cp"; }
 
   absl::StatusOr<StepPlan> PlanStep(const Job& job, int64_t step, bool serving) const override {
-    StepPlan out;
-    out.step = step;
-    std::vector<int64_t> lengths;
-    if (absl::Status batch = HybridCpBatch(job, out, lengths); !batch.ok()) {
-      return InStep(job, step, batch);
-    }
-    PF_RETURN_IF_ERROR(Schedule(job, lengths, serving, out));
+    auto batch = [&](StepPlan& plan, std::vector<int64_t>& lengths) {
+      return HybridCpBatch(job, plan, lengths);
+    };
+    PF_ASSIGN_OR_RETURN(StepPlan out, PlanBatch(job, step, serving, batch));
     out.hybrid_groups = scheduler::HybridGroupsOf(out.plan);
     return out;
   }

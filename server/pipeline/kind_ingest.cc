@@ -69,13 +69,12 @@ const JobKind& IngestKind() {
 
 absl::StatusOr<StepPlan> PlanSealedStep(const Job& job, std::shared_ptr<const SealedStep> sealed,
                                         bool serving) {
-  StepPlan out;
-  out.step = sealed->step;
-  out.ingested = std::move(sealed);
-  std::vector<int64_t> lengths;
-  IngestBatch(job, *out.ingested, out, lengths);
-  PF_RETURN_IF_ERROR(Schedule(job, lengths, serving, out));
-  return out;
+  const int64_t step = sealed->step;
+  return PlanBatch(job, step, serving, [&](StepPlan& out, std::vector<int64_t>& lengths) {
+    out.ingested = std::move(sealed);
+    IngestBatch(job, *out.ingested, out, lengths);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace packfeed::server
