@@ -106,7 +106,6 @@ absl::StatusOr<JobSpec> JobSpecOf(const v1::JobConfig& config) {
   const v1::Topology& t = config.topology();
   spec.layout = {static_cast<int>(t.tp()), static_cast<int>(t.pp()), static_cast<int>(t.cp()),
                  static_cast<int>(t.dp()), t.sequence_parallel()};
-  spec.vpp = static_cast<int>(t.vpp());
   spec.global_batch = config.global_batch();
   spec.seq_length = config.seq_length();
   for (uint32_t rank : config.local_ranks()) spec.local_ranks.push_back(static_cast<int>(rank));
@@ -114,7 +113,6 @@ absl::StatusOr<JobSpec> JobSpecOf(const v1::JobConfig& config) {
     for (int r = 0; r < spec.layout.world_size(); ++r) spec.local_ranks.push_back(r);
   }
   std::sort(spec.local_ranks.begin(), spec.local_ranks.end());
-  spec.ingest_stream = config.ingest_stream();
 
   const v1::SchedulerConfig& s = config.scheduler();
   PF_ASSIGN_OR_RETURN(spec.planner, PlannerOptionsOf(config));
@@ -129,8 +127,8 @@ absl::StatusOr<JobSpec> JobSpecOf(const v1::JobConfig& config) {
 
   spec.rules = SampleRulesOf(config);
   spec.sampler = SamplerOptionsOf(config, std::vector<int64_t>(config.datasets().size(), 0));
-  PF_ASSIGN_OR_RETURN(spec.stages,
-                      ModelStages::Create(config.model(), spec.layout.pp, spec.vpp, config.name()));
+  PF_ASSIGN_OR_RETURN(spec.stages, ModelStages::Create(config.model(), spec.layout.pp,
+                                                       static_cast<int>(t.vpp()), config.name()));
   for (int f = 0; f < config.side_fields_size(); ++f) {
     PF_ASSIGN_OR_RETURN(SideFieldInfo field,
                         ResolveSideField(config.side_fields(f), spec.stages,

@@ -71,7 +71,8 @@ struct PretrainingSpec {
   std::string cache_dir;
   dataset::PretrainingBlendOptions blend;
   dataset::MegatronSplit split = dataset::MegatronSplit::kTrain;
-  // The train split's schedule from consumed_samples on.
+  // The train split's schedule from consumed_samples on (JobSpecOf sets
+  // it; a BatchSchedule is never empty).
   BatchSchedule batch_schedule{{{0, 1}}, 0};
   // Its part of the fingerprint's datasets part.
   std::string canonical;
@@ -80,16 +81,13 @@ struct PretrainingSpec {
 struct JobSpec {
   std::string name;
   std::string auth_token;
-  JobLayout layout;
-  int vpp = 1;
+  JobLayout layout;  // VPP: stages.vpp()
   int64_t global_batch = 0;
   int64_t seq_length = 0;
   // The global ranks this node hosts, ascending (every rank when the
   // configuration names none).
   std::vector<int> local_ranks;
-  std::vector<DatasetSource> datasets;
-  // The ingest stream it reads; empty for a job of datasets.
-  std::string ingest_stream;
+  std::vector<DatasetSource> datasets;  // none for an ingest job
 
   scheduler::PlannerOptions planner;
   std::string scheduler_kind;          // as configured

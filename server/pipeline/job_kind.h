@@ -111,7 +111,7 @@ class JobKind {
   static absl::Status CheckEverySampleFits(const Job& job) { return job.CheckEverySampleFits(); }
 };
 
-// The kind a job of `config` is (`ingest`: it reads an ingest stream).
+// The kind a job of `spec` is (`ingest`: it reads an ingest stream).
 const JobKind& KindFor(const JobSpec& spec, bool ingest);
 
 }  // namespace packfeed::server

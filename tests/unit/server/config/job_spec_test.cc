@@ -51,7 +51,6 @@ TEST(JobSpecTest, ADocumentsJobResolvesItsDatasetsSideFieldsAndRanks) {
   EXPECT_EQ(spec->sampler.datasets[0].weight, 2);
   EXPECT_EQ(spec->sampler.global_batch, 8);
   EXPECT_FALSE(spec->pretraining.has_value());
-  EXPECT_TRUE(spec->ingest_stream.empty());
   EXPECT_TRUE(spec->fingerprint.datasets.empty());  // opening the datasets tells it
   EXPECT_FALSE(spec->fingerprint.topology.empty());
 }
