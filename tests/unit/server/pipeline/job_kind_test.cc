@@ -79,6 +79,36 @@ TEST_F(JobKindTest, EachConfigurationChoosesItsKind) {
             "ingest");
 }
 
+// What the runner asks a kind: only an ingest job's samples are in memory
+// once its step exists; it joins its stream's consumers when its runner
+// starts (Connect), and tells the stream what its ranks consumed.
+TEST_F(JobKindTest, OnlyAnIngestJobJoinsItsStreamAndReportsConsumption) {
+  constexpr const char* kScheduler = "scheduler { max_tokens_per_rank: 256 } ";
+  std::unique_ptr<Job> documents = MakeJob("DATASET_KIND_VARLEN", kScheduler);
+  std::unique_ptr<Job> hybrid = MakeJob("DATASET_KIND_PRETRAINING", kHybridCp);
+  IngestStream stream("rollouts", "", std::vector<SideFieldInfo>{}, 0);
+  std::unique_ptr<Job> ingest = MakeJob("", absl::StrCat(kScheduler, "ingest_stream: \"rollouts\""),
+                                        " ingest_streams { name: \"rollouts\" }", &stream);
+  ASSERT_NE(documents, nullptr);
+  ASSERT_NE(hybrid, nullptr);
+  ASSERT_NE(ingest, nullptr);
+  EXPECT_FALSE(documents->kind().SamplesInMemory());
+  EXPECT_FALSE(hybrid->kind().SamplesInMemory());
+  EXPECT_TRUE(ingest->kind().SamplesInMemory());
+
+  EXPECT_TRUE(stream.Stats().consumers.empty());
+  int woken = 0;
+  ingest->kind().Connect(*ingest, [&woken] { ++woken; });
+  ASSERT_EQ(stream.Stats().consumers.size(), 1u);
+  EXPECT_EQ(stream.Stats().consumers[0].job, "j");
+  ingest->kind().Consumed(*ingest, 3);
+  EXPECT_EQ(stream.Stats().consumers[0].consumed_before, 3);
+  // The other kinds have no stream to join or tell.
+  documents->kind().Connect(*documents, [&woken] { ++woken; });
+  documents->kind().Consumed(*documents, 3);
+  EXPECT_EQ(stream.Stats().consumers.size(), 1u);
+}
+
 // Each kind bounds its slots: the batch's sequences, or one per token when
 // documents cut a pretraining row; groups under dynamic CP; hybrid CP's
 // sample ids.
