@@ -51,8 +51,8 @@ deploy/install_deps.sh
 # Debug information as line tables only (-g1): backtraces and sanitizer
 # reports keep file and line, and the builds take about a sixth less time.
 phase "build (RelWithDebInfo, -Werror)"
-# The test sources one level lower (tests/CMakeLists.txt,
-# PF_TEST_COMPILE_OPTIONS): the libraries they test keep theirs.
+# Test sources one optimisation level below the libraries, here and in
+# build-asan/ (PF_TEST_COMPILE_OPTIONS, tests/CMakeLists.txt says why).
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPF_WERROR=ON \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DPF_TEST_COMPILE_OPTIONS=-O1 >/dev/null
 if ! $fast; then
@@ -62,10 +62,7 @@ if ! $fast; then
   fi
   # -O1, as the sanitizers' own documentation advises: against -O0 the
   # build takes about 40 % more CPU, and the tests run 5 to 8 times faster
-  # (a scheduler_test shard 84 s -> 16 s, dataset_test 95 s -> 12 s). The
-  # test sources alone at -O0: their compile time is mostly code generation
-  # for GoogleTest's templates, and against -O1 the build takes about
-  # 200 CPU-s less while the ASan tests take about 30 s more.
+  # (a scheduler_test shard 84 s -> 16 s, dataset_test 95 s -> 12 s).
   CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPF_FUZZ=ON \
     -DPF_WERROR=ON -DPF_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-g1 -O1" \
     -DPF_TEST_COMPILE_OPTIONS=-O0 >/dev/null
@@ -73,7 +70,8 @@ if ! $fast; then
   # CMakeLists.txt); in a session of its own, which an exit stops. A new
   # session is a new scheduler autogroup, and the kernel shares the CPU
   # equally between autogroups whatever the niceness of their processes:
-  # the autogroup's own niceness is what makes it yield.
+  # the autogroup's own niceness is what makes it yield. Where the kernel
+  # has no autogroups the write fails, and nice alone does it.
   clang_start=$(date +%s)
   setsid -w bash -c '{ echo 19 >/proc/self/autogroup; } 2>/dev/null
     exec nice -n 19 cmake --build build-asan --target pf_sanitized_suite' \
