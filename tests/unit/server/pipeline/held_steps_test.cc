@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -73,9 +74,10 @@ TEST_F(HeldStepsTest, FetchesAheadThenEvictsWhatIsBeforeAStep) {
 }
 
 TEST_F(HeldStepsTest, AFailedPlanIsKeptForTheRanksAndPlannedAgainWhenNextAskedFor) {
-  std::atomic<int> calls{0};
-  Make([&](const Job& job, int64_t step) -> absl::StatusOr<StepPlan> {
-    if (calls.fetch_add(1) == 0) return absl::InternalError("the planner broke");
+  // Owned by the planner too: it may still be planning when the body returns.
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  Make([calls](const Job& job, int64_t step) -> absl::StatusOr<StepPlan> {
+    if (calls->fetch_add(1) == 0) return absl::InternalError("the planner broke");
     return PlanStep(job, step);
   });
   EXPECT_EQ(steps_->At(1, 0, true), nullptr);
@@ -84,23 +86,23 @@ TEST_F(HeldStepsTest, AFailedPlanIsKeptForTheRanksAndPlannedAgainWhenNextAskedFo
   EXPECT_EQ(steps_->Held(1), nullptr);
   // Not begun again by reading ahead...
   steps_->FetchAhead(1, 1, 0);
-  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(calls->load(), 1);
   // ...but when a rank asks for it.
   EXPECT_EQ(steps_->At(1, 0, true), nullptr);
   ASSERT_TRUE(RunUntil([&] { return steps_->At(1, 0, true) != nullptr; }));
-  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(calls->load(), 2);
   EXPECT_EQ(held_, std::vector<int64_t>{1});
 }
 
 TEST_F(HeldStepsTest, APlanThatComesBackAfterItsStepWasEvictedIsDropped) {
-  absl::Notification go;
-  Make([&](const Job& job, int64_t step) -> absl::StatusOr<StepPlan> {
-    go.WaitForNotification();
+  auto go = std::make_shared<absl::Notification>();  // see above
+  Make([go](const Job& job, int64_t step) -> absl::StatusOr<StepPlan> {
+    go->WaitForNotification();
     return PlanStep(job, step);
   });
   EXPECT_EQ(steps_->At(0, 0, true), nullptr);
   steps_->EvictBefore(1);
-  go.Notify();
+  go->Notify();
   // The plan's one task runs, and neither holds nor fetches the step.
   ASSERT_TRUE(RunUntil([&] { return ran_ == 1; }));
   EXPECT_FALSE(RunUntilFor(absl::Milliseconds(300)));

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <utility>
 #include <vector>
@@ -211,12 +212,13 @@ TEST_F(JobRunnerTest, ARankBehindHoldsTheOthersWithinPrefetchSteps) {
 // pushes: with the plan of step 2 held back (as a 16 384-rank plan takes
 // ~170 ms), steps 0 and 1 are pushed in full and the runner answers a stats
 // call, and step 2 follows once its plan is let go. Inline planning would
-// hang here.
+// hang here. The planner goes on to later steps after the test's body
+// returns, so the notification is the planner's to keep, not the body's.
 TEST_F(JobRunnerTest, APlanUnderWayHoldsNoPushOfTheStepsPlannedBefore) {
-  absl::Notification let_go;
+  auto let_go = std::make_shared<absl::Notification>();
   JobRunnerOptions options;
-  options.plan_step = [&let_go](const Job& job, int64_t step) {
-    if (step >= 2) let_go.WaitForNotification();
+  options.plan_step = [let_go](const Job& job, int64_t step) {
+    if (step >= 2) let_go->WaitForNotification();
     return PlanStep(job, step);
   };
   StartDatasetJob(/*dp=*/1, /*prefetch_steps=*/2, std::move(options));
@@ -229,7 +231,7 @@ TEST_F(JobRunnerTest, APlanUnderWayHoldsNoPushOfTheStepsPlannedBefore) {
   EXPECT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(30)))
       << "the runner thread is stuck behind a plan";
   EXPECT_EQ(sender_->Pushed(id).size(), first_two);  // step 2 is not planned yet
-  let_go.Notify();
+  let_go->Notify();
   const size_t three = first_two + static_cast<size_t>(MicrobatchesOf(2));
   EXPECT_GE(sender_->WaitForPushes(id, three).size(), three);
 }
