@@ -132,8 +132,12 @@ def job_text(blend, tp, dp):
 # ---- one rank ----
 
 def patch_cuda_placement():
-    """The CUDA-placement patches the module docstring lists."""
+    """The CUDA-placement patches the module docstring lists (once per
+    process: the ranks inherit them from the launcher)."""
     import torch
+    if getattr(torch, "_pf_on_cpu", False):
+        return
+    torch._pf_on_cpu = True
 
     def on_cpu(factory):
         def make(*args, **kwargs):
@@ -367,34 +371,71 @@ def reference_iterator(spec, args, config, rank, tp):
 def run(mode, tp, work, blend, socket=None):
     """Runs WORLD ranks of `mode`; their per-step figures by rank."""
     dp = WORLD // tp
-    procs, outs = [], []
+    specs = [{"mode": mode, "tp": tp, "dp": dp, "work": str(work), "blend": blend,
+              "socket": socket, "out": str(work / f"{mode}-tp{tp}-{rank}.json"),
+              "log": str(work / f"{mode}-tp{tp}-{rank}.log")} for rank in range(WORLD)]
+    codes = work / f"{mode}-tp{tp}-exit-codes.json"
     started = time.monotonic()
-    for rank in range(WORLD):
-        out = work / f"{mode}-tp{tp}-{rank}.json"
-        spec = {"mode": mode, "tp": tp, "dp": dp, "work": str(work), "blend": blend,
-                "socket": socket, "out": str(out), "python_dir": os.environ.get("PF_PYTHON_DIR")}
-        # One intra-op thread per rank, as torchrun sets: eight ranks' thread
-        # pools on two cores spun against each other (186 s against 74 s for
-        # the TP 1 case).
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), PF_SPEC=json.dumps(spec),
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outs.append(out)
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=TIMEOUT_S)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"{mode} TP {tp}: ranks still running after {TIMEOUT_S} s (deadlock?)")
-    failed = [r for r, p in enumerate(procs) if p.returncode]
+    # One intra-op thread per rank, as torchrun sets: eight ranks' thread
+    # pools on two cores spun against each other (186 s against 74 s for
+    # the TP 1 case).
+    env = dict(os.environ, WORLD_SIZE=str(WORLD), PF_SPECS=json.dumps(specs),
+               PF_EXIT_CODES=str(codes), OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen([sys.executable, __file__], env=env, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        launcher_log = launcher.communicate(timeout=TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, 9)
+        launcher.wait()
+        pytest.fail(f"{mode} TP {tp}: ranks still running after {TIMEOUT_S} s (deadlock?)")
+    assert launcher.returncode == 0 and codes.exists(), \
+        f"{mode} TP {tp}: the launcher failed:\n{launcher_log[-2500:]}"
+    exit_codes = json.loads(codes.read_text())
+    logs = [pathlib.Path(spec["log"]).read_text(errors="replace") for spec in specs]
+    failed = [r for r in range(WORLD) if exit_codes[r]]
     # The rank that failed first (the others lost their peer).
     first = next((r for r in failed if "closed by peer" not in logs[r]), failed[0] if failed else 0)
     assert not failed, f"{mode} TP {tp}: ranks {failed} failed; rank {first}:\n{logs[first][-2500:]}"
     print(f"{mode}, TP {tp}: {STEPS} global batches in {time.monotonic() - started:.0f} s")
-    return [json.loads(out.read_text()) for out in outs]
+    return [json.loads(pathlib.Path(spec["out"]).read_text()) for spec in specs]
+
+
+def launch_ranks(specs, exit_codes):
+    """Imports torch and Megatron once, then forks one process per rank,
+    each writing its output to its spec's log: importing them takes about
+    11 CPU-s, which eight fresh interpreters per run paid eight times.
+    Writes the ranks' exit codes, in rank order, to exit_codes."""
+    import traceback
+    patch_cuda_placement()
+    import megatron.core.pipeline_parallel.schedules  # noqa: F401
+    import megatron.training.training  # noqa: F401
+    sys.stdout.flush()  # nothing buffered may reach the ranks' logs
+    sys.stderr.flush()
+    ranks = {}
+    for rank, spec in enumerate(specs):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.environ["RANK"] = str(rank)
+                run_rank(spec)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        ranks[pid] = rank
+    codes = [None] * len(specs)
+    while ranks:
+        pid, status = os.wait()
+        codes[ranks.pop(pid)] = os.waitstatus_to_exitcode(status)
+    pathlib.Path(exit_codes).write_text(json.dumps(codes))
 
 
 def step_totals(ranks, step):
@@ -470,5 +511,5 @@ def _bin_dir(bin_dir):
     BIN_DIR = bin_dir
 
 
-if __name__ == "__main__" and "PF_SPEC" in os.environ:
-    run_rank(json.loads(os.environ["PF_SPEC"]))
+if __name__ == "__main__" and "PF_SPECS" in os.environ:
+    launch_ranks(json.loads(os.environ["PF_SPECS"]), os.environ["PF_EXIT_CODES"])
