@@ -56,6 +56,7 @@ cannot be reached or no Python 3.12 is installed.
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -395,10 +396,10 @@ def run(mode, tp, work, blend, socket=None):
         pytest.fail(f"{mode} TP {tp}: ranks still running after {TIMEOUT_S} s (deadlock?)")
     assert launcher.returncode == 0 and codes.exists(), \
         f"{mode} TP {tp}: the launcher failed:\n{launcher_log[-2500:]}"
-    exit_codes = json.loads(codes.read_text())
+    outcome = json.loads(codes.read_text())
     logs = [pathlib.Path(spec["log"]).read_text(errors="replace") for spec in specs]
-    failed = [r for r in range(WORLD) if exit_codes[r]]
-    # The rank that failed first (the others lost their peer).
+    failed = [r for r, code in enumerate(outcome["codes"]) if code and r not in outcome["killed"]]
+    # The rank that failed first (any other lost its peer).
     first = next((r for r in failed if "closed by peer" not in logs[r]), failed[0] if failed else 0)
     assert not failed, f"{mode} TP {tp}: ranks {failed} failed; rank {first}:\n{logs[first][-2500:]}"
     print(f"{mode}, TP {tp}: {STEPS} global batches in {time.monotonic() - started:.0f} s")
@@ -409,7 +410,9 @@ def launch_ranks(specs, exit_codes):
     """Imports torch and Megatron once, then forks one process per rank,
     each writing its output to its spec's log: importing them takes about
     11 CPU-s, which eight fresh interpreters per run paid eight times.
-    Writes the ranks' exit codes, in rank order, to exit_codes."""
+    Once a rank fails the others are killed, as they would wait on it in
+    their collectives until gloo's 30-minute timeout. Writes the exit codes
+    in rank order, and the ranks it killed, to exit_codes as JSON."""
     import traceback
     patch_cuda_placement()
     import megatron.core.pipeline_parallel.schedules  # noqa: F401
@@ -418,11 +421,12 @@ def launch_ranks(specs, exit_codes):
     sys.stderr.flush()
     ranks = {}
     for rank, spec in enumerate(specs):
+        # Opened here, so a rank killed before it ran still has a log.
+        log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                log = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(log, 1)
                 os.dup2(log, 2)
                 os.environ["RANK"] = str(rank)
@@ -434,12 +438,19 @@ def launch_ranks(specs, exit_codes):
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
+        os.close(log)
         ranks[pid] = rank
-    codes = [None] * len(specs)
+    codes, killed = [None] * len(specs), []
     while ranks:
         pid, status = os.wait()
-        codes[ranks.pop(pid)] = os.waitstatus_to_exitcode(status)
-    pathlib.Path(exit_codes).write_text(json.dumps(codes))
+        rank = ranks.pop(pid)
+        codes[rank] = os.waitstatus_to_exitcode(status)
+        if codes[rank] and rank not in killed:
+            for other_pid, other in ranks.items():
+                if other not in killed:
+                    os.kill(other_pid, signal.SIGKILL)
+                    killed.append(other)
+    pathlib.Path(exit_codes).write_text(json.dumps({"codes": codes, "killed": killed}))
 
 
 def step_totals(ranks, step):
