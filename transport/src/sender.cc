@@ -444,10 +444,13 @@ absl::Status Sender::Notify(Connection& connection, uint32_t slot,
   } else {
     request = connection.endpoint->SendEager(kActiveMessageId, connection.notification);
   }
-  PF_RETURN_IF_ERROR(Wait(connection, request, "ucp_am_send_nbx(slot-ready)", deadline));
+  // Pushed once posted, not once the send completes: while Wait progresses
+  // the worker, the receiver's credit for this very slot can arrive first
+  // (seen over TCP on a loaded machine), and it must not read as a credit
+  // for a slot never pushed. A send that fails fails the connection.
   connection.filled[slot] = ++connection.pushed;
   for (const FieldDescriptor& field : layout) connection.bytes += field.bytes;
-  return absl::OkStatus();
+  return Wait(connection, request, "ucp_am_send_nbx(slot-ready)", deadline);
 }
 
 absl::Status Sender::Wait(Connection& connection, ucs_status_ptr_t request, absl::string_view call,
