@@ -1,4 +1,5 @@
-"""The exact optimum of a small planning instance, as a MILP (scipy's milp, HiGHS).
+"""The exact optimum of a small planning instance, two ways: a MILP (solve,
+scipy's milp, HiGHS) and dynamic programming over subsets (by_subsets).
 
 Same contract as the planners (scheduler/planner.h): M microbatches of N
 ranks; each microbatch's ranks tiled by CP groups (aligned power-of-two
@@ -8,6 +9,9 @@ sequence; per-rank padded tokens within the cap; CP inflation within the
 budget. Objective: the modelled step time without a pipeline,
 Σ_m (max over the microbatch's groups of their per-rank cost + μ).
 """
+
+import functools
+import math
 
 import numpy as np
 from scipy import sparse
@@ -80,6 +84,18 @@ def inflation(microbatches, cap, n):
     return spent / tokens
 
 
+def _instance(lengths, n, cap, max_rows, at_least_default_rows):
+    """Each sequence's own CP size, the padded tokens at those sizes, and
+    how many microbatches a plan may use (solve's docstring)."""
+    own = [own_cp(s, cap, n) for s in lengths]
+    tokens = sum(padded(s, c) for s, c in zip(lengths, own))
+    lower = -(-tokens // (n * cap))
+    rows = max_rows or lower + 2
+    if at_least_default_rows:
+        rows = max(rows, lower + 2)
+    return own, tokens, min(len(lengths), rows)
+
+
 def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, time_limit=60,
           at_least_default_rows=False, at_most=None):
     """(optimal step time, microbatches) or None when infeasible. Up to
@@ -87,13 +103,7 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
     at_least_default_rows, the larger of the two). With at_most, only plans
     of a step time up to it count: given a known plan's time, the search
     prunes everything worse from the start."""
-    own = [own_cp(s, cap, n) for s in lengths]
-    tokens = sum(padded(s, c) for s, c in zip(lengths, own))
-    lower = -(-tokens // (n * cap))
-    rows = max_rows or lower + 2
-    if at_least_default_rows:
-        rows = max(rows, lower + 2)
-    rows = min(len(lengths), rows)
+    own, tokens, rows = _instance(lengths, n, cap, max_rows, at_least_default_rows)
     groups = blocks(n, any_size)
     index = {}
 
@@ -194,5 +204,104 @@ def solve(lengths, n, cap, model, budget=None, max_rows=None, any_size=False, ti
                 seqs = [lengths[k[1]] for k in xs
                         if k[2] == m and k[3] == g and result.x[index[k]] > 0.5]
                 used.append((first, size, seqs))
+        plan.append(used)
+    return step_time(plan, model), plan
+
+
+def _pareto(options, limit):
+    """The options (time, spent, plan) that no other beats on both time and
+    CP tokens spent, within the spending limit; cheapest first."""
+    kept, least = [], math.inf
+    for option in sorted(options, key=lambda o: (o[0], o[1])):
+        if option[1] <= limit and option[1] < least:
+            kept.append(option)
+            least = option[1]
+    return kept
+
+
+def _submasks_with_lowest(mask):
+    """Every subset of mask holding its lowest member: each way to choose the
+    part that member belongs to, so that every partition is seen once."""
+    lowest = mask & -mask
+    sub = mask
+    while sub:
+        if sub & lowest:
+            yield sub
+        sub = (sub - 1) & mask
+
+
+def by_subsets(lengths, n, cap, model, budget=None, max_rows=None, any_size=False,
+               at_least_default_rows=False):
+    """The same optimum as solve, under the same rules, by dynamic
+    programming over the subsets of the sequences (they are few): exact, with
+    no solver tolerance, and much faster than the MILP at this size.
+
+    A microbatch is a set of groups whose sizes sum to n: any such multiset
+    of powers of two tiles n ranks with aligned blocks (placed largest
+    first), as any multiset of sizes tiles them with contiguous ones. Both a
+    microbatch's time (the max of its groups') and a plan's (the sum of its
+    microbatches') grow with their parts, and so do the CP tokens spent
+    against the budget: keeping, per subset, only the parts no other beats on
+    both is exact."""
+    own, tokens, rows = _instance(lengths, n, cap, max_rows, at_least_default_rows)
+    sizes = list(range(1, n + 1)) if any_size else [1 << b for b in range(n.bit_length())
+                                                     if 1 << b <= n]
+    limit = math.inf if budget is None else budget * tokens * (1 + 1e-12)
+    everyone = (1 << len(lengths)) - 1
+
+    # groups[c][S]: (per-rank cost, CP tokens spent, per-rank tokens) of a
+    # group of c ranks holding the sequences in S; None where a rule forbids it.
+    groups = {}
+    for c in sizes:
+        table = [(0.0, 0.0, 0)] + [None] * everyone
+        for subset in range(1, everyone + 1):
+            i = (subset & -subset).bit_length() - 1
+            rest = table[subset & (subset - 1)]
+            size = padded(lengths[i], c)
+            if rest is None or c < own[i] or rest[2] + size // c > cap:
+                continue
+            table[subset] = (rest[0] + cost(model, size, c),
+                             rest[1] + size * (c / own[i] - 1), rest[2] + size // c)
+        groups[c] = table
+
+    @functools.lru_cache(maxsize=None)
+    def tiled(subset, ranks):
+        """Ways to split subset into groups on exactly `ranks` ranks."""
+        if not subset:
+            return [(0.0, 0.0, ())] if ranks == 0 else []
+        options = []
+        for part in _submasks_with_lowest(subset):
+            for c in sizes:
+                group = groups[c][part] if c <= ranks else None
+                if group is None:
+                    continue
+                for time, spent, plan in tiled(subset ^ part, ranks - c):
+                    options.append((max(group[0], time), group[1] + spent, ((c, part),) + plan))
+        return _pareto(options, limit)
+
+    @functools.lru_cache(maxsize=None)
+    def planned(subset, microbatches):
+        """Ways to split subset into at most `microbatches` microbatches."""
+        if not subset:
+            return [(0.0, 0.0, ())]
+        if microbatches == 0:
+            return []
+        options = []
+        for part in _submasks_with_lowest(subset):
+            for time, spent, plan in tiled(part, n):
+                for rest_time, rest_spent, rest in planned(subset ^ part, microbatches - 1):
+                    options.append((time + model["microbatch"] + rest_time, spent + rest_spent,
+                                    (plan,) + rest))
+        return _pareto(options, limit)
+
+    best = planned(everyone, rows)
+    if not best:
+        return None
+    plan = []
+    for microbatch in best[0][2]:
+        used, first = [], 0
+        for c, part in sorted(microbatch, key=lambda group: -group[0]):
+            used.append((first, c, [s for i, s in enumerate(lengths) if part >> i & 1]))
+            first += c
         plan.append(used)
     return step_time(plan, model), plan
