@@ -17,7 +17,7 @@ import sys
 POSITIVE = re.compile(r"(per_s|_p50|_p99|p50_|p99_|rss|bytes_read|bytes$|_mb$|^docs$|^steps$|"
                       r"ratio|_over_|amplification|microbatches|samples|ranks)")
 # Differences of two figures, which noise may make negative.
-SIGNED = re.compile(r"overhead")
+SIGNED = re.compile(r"overhead|slowdown")
 
 
 def figures(stdout):
