@@ -5,8 +5,9 @@
 
 For random small instances of every trace family (as the optimality test
 draws them: 8 sequences, 4 ranks of 1 024 tokens), solves the exact optimum
-twice with plan_optimum.py: CP groups restricted to aligned powers of two
-(what packfeed plans), and any contiguous group (sizes 1–4, 3 included).
+twice with plan_optimum.by_subsets: CP groups restricted to aligned powers
+of two (what packfeed plans), and any contiguous group (sizes 1–4, 3
+included).
 Prints, per family and cost model, how much lower the any-size optimum is.
 """
 import argparse
@@ -66,8 +67,8 @@ def main():
                 batch = rng.sample(lengths, SEQUENCES)
                 scale = CAP / max(-(-max(batch) // (RANKS - 0.25)), sum(batch) / (2 * RANKS), 1)
                 batch = [max(1, int(s * scale)) for s in batch]
-                aligned = plan_optimum.solve(batch, RANKS, CAP, model)
-                free = plan_optimum.solve(batch, RANKS, CAP, model, any_size=True)
+                aligned = plan_optimum.by_subsets(batch, RANKS, CAP, model)
+                free = plan_optimum.by_subsets(batch, RANKS, CAP, model, any_size=True)
                 ratios.append(free[0] / aligned[0])
             ratios.sort()
             gain = sum(r < 0.99 for r in ratios) / len(ratios)
