@@ -391,7 +391,7 @@ def run(mode, tp, work, blend, socket=None):
     try:
         launcher_log = launcher.communicate(timeout=TIMEOUT_S)[0]
     except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, 9)
+        os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
         pytest.fail(f"{mode} TP {tp}: ranks still running after {TIMEOUT_S} s (deadlock?)")
     assert launcher.returncode == 0 and codes.exists(), \
