@@ -244,8 +244,7 @@ def by_subsets(lengths, n, cap, model, budget=None, max_rows=None, any_size=Fals
     against the budget: keeping, per subset, only the parts no other beats on
     both is exact."""
     own, tokens, rows = _instance(lengths, n, cap, max_rows, at_least_default_rows)
-    sizes = list(range(1, n + 1)) if any_size else [1 << b for b in range(n.bit_length())
-                                                     if 1 << b <= n]
+    sizes = sorted({size for _, size in blocks(n, any_size)})
     limit = math.inf if budget is None else budget * tokens * (1 + 1e-12)
     everyone = (1 << len(lengths)) - 1
 
